@@ -1,0 +1,26 @@
+/* include/idem/alloc.h - the one allocation hook of libidem.
+ *
+ * Every allocation libidem makes goes through these functions, so a test can
+ * make the Nth allocation fail (idem_alloc_fail_after) and check that each
+ * caller turns the failure into IDEM_E_NOMEM without leaking.
+ *
+ * THREADING: the counters are atomic; the hook itself is set once at start.
+ */
+#ifndef IDEM_ALLOC_H
+#define IDEM_ALLOC_H
+
+#include <stddef.h>
+
+void *idem_malloc(size_t size);
+void *idem_calloc(size_t n, size_t size);
+void *idem_realloc(void *ptr, size_t size);
+void idem_free(void *ptr);
+/** A copy of the n bytes at s, NUL-terminated; NULL when out of memory. */
+char *idem_strndup(const char *s, size_t n);
+char *idem_strdup(const char *s);
+
+/** Fault injection for tests: the nth allocation from now on (1-based) and
+ * every one after it fail; n = 0 turns the injection off. */
+void idem_alloc_fail_after(long n);
+
+#endif /* IDEM_ALLOC_H */

@@ -1,0 +1,60 @@
+/* include/idem/fingerprint.h - what makes two requests "the same request".
+ *
+ * SHA-256 over the method, the target (path and query), the selected
+ * request headers and the body, each framed with its length so that no two
+ * different inputs hash the same byte stream.  With json body mode the body
+ * is first reduced to canonical JSON (sorted object keys, no insignificant
+ * white space, the members named by JSON pointers removed); a body that is
+ * not valid JSON is hashed raw.
+ */
+#ifndef IDEM_FINGERPRINT_H
+#define IDEM_FINGERPRINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/error.h"
+
+#define IDEM_FP_LEN 32
+
+typedef struct idem_fp_header {
+    const char *name; /* lowercase or not: names are compared and hashed lowercased */
+    size_t name_len;
+    const char *value; /* NULL when the request does not carry the header */
+    size_t value_len;
+} idem_fp_header_t;
+
+typedef struct idem_fp_input {
+    const char *method;
+    size_t method_len;
+    const char *target; /* path with query string, as received */
+    size_t target_len;
+    const idem_fp_header_t *headers; /* in the configured order */
+    size_t n_headers;
+    const uint8_t *body;
+    size_t body_len;
+    int body_json;              /* nonzero: canonicalise the body as JSON */
+    const char *const *ignore;  /* JSON pointers to drop, with body_json */
+    size_t n_ignore;
+} idem_fp_input_t;
+
+/** Fingerprint a request.  @param[out] out IDEM_FP_LEN bytes.
+ * @return IDEM_OK, IDEM_E_NOMEM. */
+idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN]);
+
+/** Canonical JSON of text (RFC 8259), object keys sorted by their UTF-8
+ * bytes, no white space, members at the JSON pointers in ignore removed
+ * (a pointer that names nothing is skipped).
+ * @param[out] out, out_len  a NUL-terminated string owned by the caller (free
+ *                           with idem_free); NULL/0 on failure.
+ * @return IDEM_OK, IDEM_E_INVAL (not JSON), IDEM_E_NOMEM. */
+idem_err_t idem_json_canonicalize(const char *text, size_t len, const char *const *ignore,
+                                  size_t n_ignore, char **out, size_t *out_len);
+
+/** Lowercase hex of a fingerprint into out (2*IDEM_FP_LEN + 1 bytes). */
+void idem_fp_hex(const uint8_t fp[IDEM_FP_LEN], char *out);
+
+/** Lowercase hex SHA-256 of data into out (65 bytes). */
+void idem_sha256_hex(const void *data, size_t len, char *out);
+
+#endif /* IDEM_FINGERPRINT_H */

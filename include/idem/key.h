@@ -1,0 +1,45 @@
+/* include/idem/key.h - the Idempotency-Key header and the caller's scope.
+ *
+ * A key arrives as a Structured Field string ("abc", with \" and \\ escapes)
+ * or as a bare token (abc).  Either way it is 1 to 255 characters of visible
+ * ASCII (0x21-0x7E); a quoted key may also hold spaces.  The stored identity
+ * is (scope, key), where scope is the lowercase hex SHA-256 of the caller's
+ * Authorization value, or "anonymous".
+ */
+#ifndef IDEM_KEY_H
+#define IDEM_KEY_H
+
+#include <stddef.h>
+
+#include "idem/error.h"
+
+#define IDEM_KEY_MAX 255  /* characters in a key */
+#define IDEM_SCOPE_MAX 64 /* characters in a scope (hex SHA-256) */
+
+/** The identity of a record.  Both strings are NUL-terminated; neither a key
+ * nor a scope can contain NUL. */
+typedef struct idem_key_id {
+    char scope[IDEM_SCOPE_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];
+} idem_key_id_t;
+
+/** Parse the value of one Idempotency-Key header (optional white space
+ * around it is already trimmed by the caller or is trimmed here).
+ * @param[in]  value, len  the raw header value, not NUL-terminated.
+ * @param[out] out         IDEM_KEY_MAX + 1 bytes; the unescaped key, NUL-
+ *                         terminated; "" on failure.
+ * @return IDEM_OK or IDEM_E_INVAL (empty, too long, bad character, bad quoting,
+ *         trailing garbage). */
+idem_err_t idem_key_parse(const char *value, size_t len, char *out);
+
+/** The scope of a caller.
+ * @param[in]  value, len  the scope header's value; value NULL when the
+ *                         header is absent.
+ * @param[out] out         IDEM_SCOPE_MAX + 1 bytes, NUL-terminated.  */
+void idem_scope_from_header(const char *value, size_t len, char *out);
+
+/** Whether s (NUL-terminated) is a valid scope string as an admin may pass
+ * it: "anonymous" or 64 lowercase hex digits. */
+int idem_scope_valid(const char *s);
+
+#endif /* IDEM_KEY_H */

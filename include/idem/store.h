@@ -1,0 +1,106 @@
+/* include/idem/store.h - durable homes for key records, behind one API.
+ *
+ * A store is opened from a URL ("memory:", "lmdb:PATH?sync=always&map_size=1GiB",
+ * later "redis://..." and "postgres://...").  Every change goes through
+ * idem_store_exec, which applies a batch of operations in one transaction:
+ * each claim decides (idem_decide) and writes atomically, so of any number of
+ * concurrent claims of one (scope, key), in any number of threads or
+ * processes sharing the store, exactly one forwards.  Fenced operations
+ * (complete, hold, release, renew) change a record only if it still carries
+ * the caller's fence; otherwise that op's err is IDEM_E_FENCE and nothing is
+ * written.  A batch is durable when exec returns (per the store's sync mode).
+ *
+ * THREADING: a store handle may be used from any number of threads at once.
+ * exec calls are serialised inside the store; get never waits for a writer
+ * (LMDB readers are wait-free).
+ */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/engine.h"
+#include "idem/error.h"
+#include "idem/key.h"
+#include "idem/record.h"
+
+typedef struct idem_store idem_store_t;
+
+typedef enum idem_op_kind {
+    IDEM_OP_CLAIM = 1,    /* decide; on CLAIM/TAKEOVER write in_progress */
+    IDEM_OP_COMPLETE = 2, /* fenced: write completed with response */
+    IDEM_OP_HOLD = 3,     /* fenced: keep in_progress, held, until expires_at */
+    IDEM_OP_RELEASE = 4,  /* fenced: delete */
+    IDEM_OP_RENEW = 5,    /* fenced: move lease_until */
+    IDEM_OP_DELETE = 6,   /* unconditional delete (admin) */
+} idem_op_kind_t;
+
+/** One operation of a batch.  Inputs are set by the caller; outputs by exec. */
+typedef struct idem_op {
+    idem_op_kind_t kind;
+    idem_key_id_t id;
+    /* inputs */
+    uint8_t fp[IDEM_FP_LEN];   /* CLAIM */
+    int64_t now_ms;            /* CLAIM: the time of the decision */
+    int64_t lease_until_ms;    /* CLAIM, RENEW, HOLD */
+    int64_t expires_at_ms;     /* CLAIM (retention of an in_progress record), COMPLETE, HOLD */
+    uint64_t fence;            /* COMPLETE, HOLD, RELEASE, RENEW */
+    uint32_t flags;            /* COMPLETE: IDEM_REC_NOT_RETAINED when the body was not kept */
+    const idem_response_t *response; /* COMPLETE; borrowed for the call */
+    /* outputs */
+    idem_err_t err;            /* IDEM_OK, IDEM_E_FENCE, IDEM_E_NOTFOUND (DELETE) */
+    idem_decision_t decision;  /* CLAIM */
+    idem_record_t record;      /* CLAIM with REPLAY: the stored record; caller cleans up */
+} idem_op_t;
+
+/** Open a store from a URL.
+ * @param[in]  url  not retained.
+ * @param[out] out  the new store, owned by the caller; NULL on failure.
+ * @param[out] errbuf, errlen  a sentence naming the problem on failure (may be NULL).
+ * @return IDEM_OK, IDEM_E_INVAL (bad URL or option), IDEM_E_STORE_DOWN,
+ *         IDEM_E_IO, IDEM_E_NOMEM. */
+idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen);
+
+/** Close a store; NULL is a no-op.  Pending data is flushed first. */
+void idem_store_close(idem_store_t *store);
+
+/** Apply n operations in one transaction.  Each op's outputs are set.
+ * @return IDEM_OK when the batch committed (look at each op's err);
+ *         IDEM_E_STORE_DOWN, IDEM_E_STORE_FULL, IDEM_E_IO, IDEM_E_NOMEM when
+ *         nothing was written (every op's err is set to the same code). */
+idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n);
+
+/** Read a record without writing.
+ * @param[out] rec  owned by the caller (idem_record_cleanup); zeroed unless IDEM_OK.
+ * @return IDEM_OK, IDEM_E_NOTFOUND (none, or past its retention at now_ms),
+ *         IDEM_E_STORE_DOWN, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
+idem_err_t idem_store_get(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                          idem_record_t *rec);
+
+/** Remove up to max records whose retention ended before now_ms.
+ * @param[out] removed  how many were removed.  Resumes where the last call
+ * stopped, so repeated calls visit the whole store in bounded steps. */
+idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max, size_t *removed);
+
+/** Whether the store answers now: IDEM_OK or IDEM_E_STORE_DOWN. */
+idem_err_t idem_store_ping(idem_store_t *store);
+
+/** The backend's name ("memory", "lmdb"). */
+const char *idem_store_name(const idem_store_t *store);
+
+/** The backend's last error detail (an LMDB message, ...); never NULL.
+ * Valid until the next call on the store from the same thread. */
+const char *idem_store_errstr(idem_store_t *store);
+
+/* Conveniences: a batch of one. */
+idem_err_t idem_store_claim(idem_store_t *store, idem_op_t *op);
+idem_err_t idem_store_complete(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
+                               const idem_response_t *response, uint32_t flags,
+                               int64_t expires_at_ms);
+idem_err_t idem_store_release(idem_store_t *store, const idem_key_id_t *id, uint64_t fence);
+idem_err_t idem_store_renew(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
+                            int64_t lease_until_ms);
+idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id);
+
+#endif /* IDEM_STORE_H */

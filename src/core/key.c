@@ -1,0 +1,2 @@
+/* placeholder until written */
+typedef int idem__placeholder_key;

@@ -1,0 +1,106 @@
+/* src/gateway/config.h - idemd's configuration: defaults, YAML file, flags.
+ *
+ * idem_config_defaults() fills every key with SPEC section 10's default;
+ * idem_config_load_file() then overlays a YAML file, and the command line is
+ * applied over that by main.c.  Every error names the file, the line and the
+ * key ("idem.yaml:12: defaults.lease: not a duration: '3x'"), so a user can
+ * fix it without guessing.  Unknown keys are errors: a misspelt key silently
+ * ignored is a policy silently not applied.
+ */
+#ifndef IDEM_GATEWAY_CONFIG_H
+#define IDEM_GATEWAY_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IDEM_CONFIG_MAX_ROUTES 256
+#define IDEM_CONFIG_MAX_LIST 32   /* entries in a list (methods, headers, pointers, statuses) */
+
+typedef enum { IDEM_CONFLICT_REJECT = 0, IDEM_CONFLICT_WAIT = 1 } idem_on_conflict_t;
+typedef enum { IDEM_UNKNOWN_EXPIRE = 0, IDEM_UNKNOWN_HOLD = 1 } idem_on_unknown_t;
+typedef enum { IDEM_FPBODY_RAW = 0, IDEM_FPBODY_JSON = 1 } idem_fp_body_t;
+typedef enum { IDEM_STORE_ERR_CLOSED = 0, IDEM_STORE_ERR_OPEN = 1 } idem_on_store_error_t;
+typedef enum {
+    IDEM_MODE_REQUIRED = 0,
+    IDEM_MODE_OPTIONAL = 1,
+    IDEM_MODE_TOKEN = 2,
+    IDEM_MODE_OFF = 3,
+} idem_route_mode_t;
+
+/** The per-route policy: the keys of `defaults`, each overridable per route. */
+typedef struct idem_policy {
+    int64_t key_ttl_ms;
+    int64_t failure_ttl_ms;
+    int64_t lease_ms;
+    idem_on_conflict_t on_conflict;
+    idem_on_unknown_t on_unknown_outcome;
+    int64_t wait_timeout_ms;
+    idem_fp_body_t fingerprint_body;
+    char *fingerprint_headers[IDEM_CONFIG_MAX_LIST]; /* lowercased names */
+    size_t n_fingerprint_headers;
+    char *fingerprint_ignore[IDEM_CONFIG_MAX_LIST];  /* JSON pointers */
+    size_t n_fingerprint_ignore;
+    uint64_t max_response_bytes;
+    int release_statuses[IDEM_CONFIG_MAX_LIST];
+    size_t n_release_statuses;
+} idem_policy_t;
+
+typedef struct idem_route {
+    char *methods[IDEM_CONFIG_MAX_LIST]; /* uppercase method names */
+    size_t n_methods;
+    char *path;                          /* a path prefix, starts with '/' */
+    idem_route_mode_t mode;
+    idem_policy_t policy;                /* defaults overlaid with the route's keys */
+} idem_route_t;
+
+typedef struct idem_config {
+    char *listen;          /* "127.0.0.1:8080" */
+    char *admin;           /* "127.0.0.1:8081" */
+    char *upstream;        /* "http://127.0.0.1:9000" */
+    char *store;           /* "lmdb:./idem-data" */
+    int workers;           /* 1..64 */
+    int64_t upstream_timeout_ms;
+    uint64_t max_request_bytes;
+    idem_on_store_error_t on_store_error;
+    char *replay_header;   /* "X-Idempotent-Replay" */
+    char *scope_header;    /* "Authorization" */
+    uint64_t local_cache;  /* entries */
+    int64_t token_ttl_ms;
+    char *log_format;      /* "text" or "json" */
+    idem_policy_t defaults;
+    idem_route_t routes[IDEM_CONFIG_MAX_ROUTES];
+    size_t n_routes;
+} idem_config_t;
+
+/** Fill cfg with the defaults of SPEC section 10 (one route: POST, PATCH on
+ * "/" required).  @return 0, or -1 when out of memory. */
+int idem_config_defaults(idem_config_t *cfg);
+
+/** Overlay the YAML file at path on cfg (which holds defaults).  When the
+ * file has `routes`, they replace the default route; each route starts from
+ * the file's `defaults`.
+ * @param[out] err  on failure a one-line message naming file, line and key.
+ * @return 0, or -1 with err set (cfg is then left valid but partly updated). */
+int idem_config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen);
+
+/** Check values that depend on each other (listen/admin addresses parse,
+ * upstream URL is http://host:port, workers in range ...).
+ * @return 0, or -1 with err set ("--listen: ..." or "config: ..."). */
+int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen);
+
+/** Free everything cfg owns. */
+void idem_config_cleanup(idem_config_t *cfg);
+
+/** Replace the string *slot with a copy of value. @return 0 or -1 (no memory). */
+int idem_config_set_string(char **slot, const char *value);
+
+/** Parse "HOST:PORT" (IPv4, [IPv6] or a name like localhost).
+ * @param[out] host  NUL-terminated, hostlen bytes.  @return 0 or -1. */
+int idem_config_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
+
+/** The route a request matches (first match wins), or NULL (mode off). */
+const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *method,
+                                      size_t method_len, const char *path, size_t path_len);
+
+#endif /* IDEM_GATEWAY_CONFIG_H */

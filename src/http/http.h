@@ -1,0 +1,177 @@
+/* src/http/http.h - HTTP/1.1 message parsing and writing, free of I/O.
+ *
+ * The parser works on whatever bytes have arrived so far: call it again with
+ * the grown buffer and it answers INCOMPLETE until a whole head is there,
+ * then fills an idem_http_msg_t whose slices point into the caller's buffer
+ * (zero-copy: nothing is copied, the buffer must outlive the message).  Bodies
+ * are decoded by idem_http_body_t, a small state machine fed with successive
+ * pieces of input, which hands back slices of body data (chunked framing is
+ * stripped without copying).
+ *
+ * It is strict where RFC 9112 asks a recipient to be, because a proxy that is
+ * lenient where its upstream is strict (or the reverse) can be used to
+ * smuggle requests: Content-Length with Transfer-Encoding, several or invalid
+ * Content-Length values, a Transfer-Encoding other than a final "chunked",
+ * obs-fold, white space before a colon, bad token characters in a method or
+ * header name, control characters in values, bare CR, and a head larger than
+ * the limit are all errors.  A bare LF line ending is accepted.
+ *
+ * THREADING: no shared state; every function is reentrant.
+ */
+#ifndef IDEM_HTTP_H
+#define IDEM_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IDEM_HTTP_MAX_HEADERS 100           /* more is 431 */
+#define IDEM_HTTP_MAX_HEAD (16 * 1024)      /* default head limit, bytes */
+
+typedef struct idem_slice {
+    const char *ptr;
+    size_t len;
+} idem_slice_t;
+
+typedef struct idem_http_field {
+    idem_slice_t name;  /* as received (compare case-insensitively) */
+    idem_slice_t value; /* leading and trailing white space removed */
+} idem_http_field_t;
+
+typedef enum idem_http_framing {
+    IDEM_HTTP_BODY_NONE = 0,    /* no body (no CL/TE on a request; HEAD/1xx/204/304 answer) */
+    IDEM_HTTP_BODY_LENGTH = 1,  /* content_length bytes */
+    IDEM_HTTP_BODY_CHUNKED = 2, /* chunked transfer coding */
+    IDEM_HTTP_BODY_EOF = 3,     /* response read until the connection closes */
+} idem_http_framing_t;
+
+/* Results of the head parser.  Negative values are errors. */
+#define IDEM_HTTP_OK 1                   /* (never returned by parse_*; see below) */
+#define IDEM_HTTP_INCOMPLETE 0           /* need more bytes */
+#define IDEM_HTTP_E_BAD (-1)             /* malformed: 400 and close */
+#define IDEM_HTTP_E_HEAD_TOO_LARGE (-2)  /* head over the limit: 431 */
+#define IDEM_HTTP_E_TOO_MANY_HEADERS (-3)/* over IDEM_HTTP_MAX_HEADERS: 431 */
+#define IDEM_HTTP_E_VERSION (-4)         /* not HTTP/1.0 or 1.1: 505 */
+#define IDEM_HTTP_E_SMUGGLE (-5)         /* ambiguous framing (CL+TE, bad CL, bad TE): 400 */
+#define IDEM_HTTP_E_BODY (-6)            /* malformed body (chunk syntax): 400 */
+#define IDEM_HTTP_E_BODY_TOO_LARGE (-7)  /* body over the caller's limit: 413 */
+
+typedef struct idem_http_msg {
+    /* request line (requests only) */
+    idem_slice_t method;
+    idem_slice_t target;
+    /* status line (responses only) */
+    int status;
+    idem_slice_t reason;
+    int version_minor;                 /* 0 for HTTP/1.0, 1 for HTTP/1.1 */
+    idem_http_field_t fields[IDEM_HTTP_MAX_HEADERS];
+    size_t n_fields;
+    size_t head_len;                   /* bytes of the head, final blank line included */
+    idem_http_framing_t framing;
+    uint64_t content_length;           /* with IDEM_HTTP_BODY_LENGTH */
+    bool keep_alive;                   /* per version and Connection */
+    bool expect_continue;              /* request: Expect: 100-continue */
+    bool upgrade;                      /* Connection: upgrade / Upgrade header present */
+} idem_http_msg_t;
+
+/** Incremental parsing state of one head: only remembers how far the blank
+ * line was searched, so a head arriving byte by byte costs O(n) overall. */
+typedef struct idem_http_head_state {
+    size_t scanned;
+} idem_http_head_state_t;
+
+/** Parse a request head from buf[0..len).
+ * @param st        zero it before the first call of each message.
+ * @param max_head  the head limit in bytes (IDEM_HTTP_MAX_HEAD).
+ * @return head length (> 0) when complete, IDEM_HTTP_INCOMPLETE, or an
+ *         IDEM_HTTP_E_* code. */
+int idem_http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
+                            size_t max_head, idem_http_msg_t *msg);
+
+/** Parse a response head.  request_method is the method of the request it
+ * answers (HEAD responses have no body), so the framing is set correctly for
+ * HEAD, 1xx, 204 and 304.  Returns as idem_http_parse_request. */
+int idem_http_parse_response(idem_http_head_state_t *st, const char *buf, size_t len,
+                             size_t max_head, idem_slice_t request_method,
+                             idem_http_msg_t *msg);
+
+/** The first field named name (case-insensitive), or NULL. */
+const idem_http_field_t *idem_http_find(const idem_http_msg_t *msg, const char *name);
+
+/** How many fields are named name. */
+size_t idem_http_count(const idem_http_msg_t *msg, const char *name);
+
+/** Case-insensitive equality of a slice and a NUL-terminated string. */
+bool idem_slice_eq_ci(idem_slice_t s, const char *str);
+
+/** Whether name is a hop-by-hop header (Connection, Keep-Alive, Proxy-*,
+ * TE, Trailer, Transfer-Encoding, Upgrade) or one listed in the message's
+ * Connection header. */
+bool idem_http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name);
+
+/* ---- bodies ------------------------------------------------------------ */
+
+typedef struct idem_http_body {
+    idem_http_framing_t framing;
+    uint64_t remaining;   /* LENGTH: bytes left; CHUNKED: left in this chunk */
+    int state;            /* chunked decoder state (private) */
+    uint64_t limit;       /* maximum decoded body bytes; 0 = none */
+    uint64_t total;       /* decoded bytes so far */
+    size_t line_len;      /* bytes of the current chunk-size/trailer line (bounded) */
+} idem_http_body_t;
+
+#define IDEM_HTTP_BODY_DATA 1  /* *data holds body bytes */
+#define IDEM_HTTP_BODY_DONE 2  /* message complete; *consumed bytes used */
+/* IDEM_HTTP_INCOMPLETE: all input consumed, need more. */
+
+/** Start decoding the body of msg, refusing more than limit decoded bytes
+ * (0: no limit). */
+void idem_http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64_t limit);
+
+/** Feed input.  Consumes a prefix of in (*consumed bytes) and returns
+ * IDEM_HTTP_BODY_DATA with *data pointing into in, IDEM_HTTP_BODY_DONE when
+ * the body ended, IDEM_HTTP_INCOMPLETE when all input was consumed without
+ * data or end, or IDEM_HTTP_E_BODY / IDEM_HTTP_E_BODY_TOO_LARGE.  Call again
+ * with the rest of the input until it returns INCOMPLETE or DONE.  For EOF
+ * framing call idem_http_body_eof when the connection closes. */
+int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
+                        idem_slice_t *data);
+
+/** The connection closed: IDEM_HTTP_BODY_DONE for EOF framing, else
+ * IDEM_HTTP_E_BODY (the message was cut short). */
+int idem_http_body_eof(idem_http_body_t *b);
+
+/* ---- writing ----------------------------------------------------------- */
+
+/** A growable byte buffer with a hard cap (curl's dynbuf). */
+typedef struct idem_buf {
+    char *data;
+    size_t len;
+    size_t cap;   /* allocated */
+    size_t max;   /* never grows past this; 0 = no cap */
+} idem_buf_t;
+
+void idem_buf_init(idem_buf_t *b, size_t max);
+void idem_buf_cleanup(idem_buf_t *b);
+void idem_buf_reset(idem_buf_t *b);      /* len = 0, keeps memory */
+/** Append; returns 0, or -1 when it would pass max or memory ran out (the
+ * buffer is left as it was). */
+int idem_buf_append(idem_buf_t *b, const void *p, size_t n);
+int idem_buf_append_str(idem_buf_t *b, const char *s);
+int idem_buf_appendf(idem_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Remove the first n bytes. */
+void idem_buf_consume(idem_buf_t *b, size_t n);
+
+/** Append "HTTP/1.1 <status> <reason>\r\n". */
+int idem_http_write_status(idem_buf_t *b, int status);
+/** Append "Name: value\r\n". */
+int idem_http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
+                          size_t value_len);
+/** Append one chunk of chunked coding (nothing for n == 0). */
+int idem_http_write_chunk(idem_buf_t *b, const void *data, size_t n);
+/** Append the last chunk "0\r\n\r\n". */
+int idem_http_write_last_chunk(idem_buf_t *b);
+/** The standard reason phrase of status ("OK"), or "Unknown". */
+const char *idem_http_reason(int status);
+
+#endif /* IDEM_HTTP_H */
