@@ -16,6 +16,7 @@
 #include "idem/error.h"
 
 #define IDEM_FP_LEN 32
+#define IDEM_JSON_MAX_DEPTH 64 /* nested arrays/objects; deeper is not JSON here */
 
 typedef struct idem_fp_header {
     const char *name; /* lowercase or not: names are compared and hashed lowercased */
@@ -38,23 +39,34 @@ typedef struct idem_fp_input {
     size_t n_ignore;
 } idem_fp_input_t;
 
-/** Fingerprint a request.  @param[out] out IDEM_FP_LEN bytes.
- * @return IDEM_OK, IDEM_E_NOMEM. */
+/** Fingerprint a request.  The exact byte stream hashed is described at the
+ * top of src/core/fingerprint.c.  @param[out] out IDEM_FP_LEN bytes; zero on
+ * failure.
+ * @return IDEM_OK, IDEM_E_NOMEM, IDEM_E_INVAL (in or out NULL, or a NULL
+ *         pointer with a nonzero length). */
 idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN]);
 
 /** Canonical JSON of text (RFC 8259), object keys sorted by their UTF-8
  * bytes, no white space, members at the JSON pointers in ignore removed
- * (a pointer that names nothing is skipped).
+ * (a pointer that names nothing is skipped, and so are "" and a malformed
+ * one).  A duplicate object key, \u0000, invalid UTF-8, an integer beyond
+ * int64 and nesting deeper than IDEM_JSON_MAX_DEPTH count as not JSON;
+ * 1 and 1.0 stay different.  See src/core/fingerprint.c.
  * @param[out] out, out_len  a NUL-terminated string owned by the caller (free
  *                           with idem_free); NULL/0 on failure.
  * @return IDEM_OK, IDEM_E_INVAL (not JSON), IDEM_E_NOMEM. */
 idem_err_t idem_json_canonicalize(const char *text, size_t len, const char *const *ignore,
                                   size_t n_ignore, char **out, size_t *out_len);
 
+/** Whether ptr is a well-formed RFC 6901 JSON pointer: "" or "/" followed by
+ * tokens in which every "~" is followed by "0" or "1".  For config checks. */
+int idem_json_pointer_valid(const char *ptr);
+
 /** Lowercase hex of a fingerprint into out (2*IDEM_FP_LEN + 1 bytes). */
 void idem_fp_hex(const uint8_t fp[IDEM_FP_LEN], char *out);
 
-/** Lowercase hex SHA-256 of data into out (65 bytes). */
+/** Lowercase hex SHA-256 of data into out (65 bytes); "" in the (out of
+ * memory) case that libcrypto fails. */
 void idem_sha256_hex(const void *data, size_t len, char *out);
 
 #endif /* IDEM_FINGERPRINT_H */

@@ -35,7 +35,9 @@ idem_err_t idem_key_parse(const char *value, size_t len, char *out);
 /** The scope of a caller.
  * @param[in]  value, len  the scope header's value; value NULL when the
  *                         header is absent.
- * @param[out] out         IDEM_SCOPE_MAX + 1 bytes, NUL-terminated.  */
+ * @param[out] out         IDEM_SCOPE_MAX + 1 bytes, NUL-terminated; "" (not
+ *                         a valid scope) in the out-of-memory case that
+ *                         libcrypto cannot hash, which a caller must refuse. */
 void idem_scope_from_header(const char *value, size_t len, char *out);
 
 /** Whether s (NUL-terminated) is a valid scope string as an admin may pass

@@ -2,7 +2,7 @@
  *
  * Durations: a whole number followed by ms, s, m, h or d ("250ms", "30s",
  * "5m", "24h"); sizes: a whole number alone (bytes) or followed by B, KiB,
- * MiB, GiB (also KB/MB/GB meaning the same powers of 1024 and k/K/M/G).
+ * MiB, GiB (also KB/MB/GB meaning the same powers of 1024, and kB, k/K/M/G).
  * White space around is not accepted; overflow is an error.
  */
 #ifndef IDEM_UNITS_H

@@ -1,2 +1,498 @@
-/* placeholder until written */
-typedef int idem__placeholder_admin;
+/* src/gateway/admin.c - idemd's admin listener (SPEC section 11).
+ *
+ * A thread of its own with its own loop, so that a scrape or an operator's
+ * lookup never waits behind client traffic and a flood of clients never
+ * hides /healthz.  Endpoints:
+ *
+ *   GET /healthz             200 while the process runs
+ *   GET /readyz              200 when the store answers, else 503
+ *   GET /metrics             Prometheus text
+ *   GET /keys/{key}?scope=S  the record as JSON, 404 when there is none
+ *   DELETE /keys/{key}?scope=S  removes it (204), 404 when there is none
+ *
+ * The key is percent-encoded in the path; scope defaults to "anonymous".
+ * Times are RFC 3339 UTC strings with milliseconds.  Requests are small:
+ * a body is read and dropped up to 64 KiB, anything larger is refused.
+ *
+ * THREADING: the admin thread only; it reads the store (thread-safe) and
+ * the metrics (atomics).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "gateway/gateway.h"
+#include "idem/clock.h"
+#include "idem/fingerprint.h"
+
+#define ADMIN_BODY_MAX (64 * 1024)
+#define ADMIN_BUF_MAX (IDEM_HTTP_MAX_HEAD + ADMIN_BODY_MAX + 4096)
+
+struct idem_admin {
+    idem_gw_t *gw;
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t stop_async;
+    pthread_t thread;
+};
+
+typedef struct {
+    uv_tcp_t tcp;
+    idem_admin_t *admin;
+    char *buf;
+    size_t len, cap;
+    idem_http_head_state_t hs;
+    bool closing;
+} admin_conn_t;
+
+typedef struct {
+    uv_write_t wr;
+    admin_conn_t *conn;
+    bool close;
+    char data[];
+} admin_write_t;
+
+static void on_admin_conn_freed(uv_handle_t *h)
+{
+    admin_conn_t *c = h->data;
+    free(c->buf);
+    free(c);
+}
+
+static void admin_conn_close(admin_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+}
+
+static void on_admin_written(uv_write_t *wr, int status)
+{
+    admin_write_t *w = (admin_write_t *)wr;
+    admin_conn_t *c = w->conn;
+    if ((status < 0 || w->close) && !c->closing) {
+        c->closing = true;
+        uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+    }
+    free(w);
+}
+
+static void admin_send(admin_conn_t *c, int status, const char *ctype, const char *body,
+                       size_t blen, bool close)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_http_write_status(&out, status);
+    if (ctype)
+        idem_buf_appendf(&out, "Content-Type: %s\r\n", ctype);
+    if (status != 204)
+        idem_buf_appendf(&out, "Content-Length: %zu\r\n", blen);
+    if (close)
+        idem_buf_append_str(&out, "Connection: close\r\n");
+    idem_buf_append_str(&out, "\r\n");
+    idem_buf_append(&out, body, blen);
+    admin_write_t *w = malloc(sizeof *w + out.len);
+    if (!w) {
+        idem_buf_cleanup(&out);
+        admin_conn_close(c);
+        return;
+    }
+    w->conn = c;
+    w->close = close;
+    memcpy(w->data, out.data, out.len);
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)out.len);
+    idem_buf_cleanup(&out);
+    if (uv_write(&w->wr, (uv_stream_t *)&c->tcp, &b, 1, on_admin_written) != 0) {
+        free(w);
+        admin_conn_close(c);
+    }
+}
+
+static void admin_problem(admin_conn_t *c, int status, const char *type, const char *detail,
+                          bool close)
+{
+    char typebuf[96];
+    snprintf(typebuf, sizeof typebuf, "urn:idem:problem:%s", type);
+    json_t *obj = json_pack("{s:s, s:s, s:i, s:s}", "type", typebuf, "title",
+                            idem_problem_title(type), "status", status, "detail", detail);
+    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    if (body) {
+        admin_send(c, status, "application/problem+json", body, strlen(body), close);
+        free(body);
+    } else {
+        admin_conn_close(c);
+    }
+}
+
+static void rfc3339(int64_t ms, char *out, size_t n)
+{
+    time_t s = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    size_t k = strftime(out, n, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + k, n - k, ".%03dZ", (int)(ms % 1000));
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..n) into out (cap bytes incl. NUL). -1 on a bad escape,
+ * a decoded NUL or overflow. */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (ch == '%') {
+            if (i + 2 >= n)
+                return -1;
+            int hi = hexval(s[i + 1]), lo = hexval(s[i + 2]);
+            if (hi < 0 || lo < 0)
+                return -1;
+            ch = (char)(hi * 16 + lo);
+            i += 2;
+        } else if (ch == '+') {
+            ch = ' ';
+        }
+        if (ch == '\0' || k + 1 >= cap)
+            return -1;
+        out[k++] = ch;
+    }
+    out[k] = '\0';
+    return (int)k;
+}
+
+/* The value of query parameter name in q[0..n), percent-decoded. */
+static int query_param(const char *q, size_t n, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && q[j] != '&')
+            j++;
+        if (j - i > nl && memcmp(q + i, name, nl) == 0 && q[i + nl] == '=')
+            return pct_decode(q + i + nl + 1, j - i - nl - 1, out, cap);
+        i = j + 1;
+    }
+    return -2;
+}
+
+static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
+{
+    idem_gw_t *gw = c->admin->gw;
+    bool is_get = idem_slice_eq_ci(m->method, "GET");
+    bool is_delete = idem_slice_eq_ci(m->method, "DELETE");
+    if (!is_get && !is_delete) {
+        admin_problem(c, 405, "method-not-allowed", "use GET or DELETE", close);
+        return;
+    }
+    const char *p = m->target.ptr + 6; /* after "/keys/" */
+    size_t plen = m->target.len - 6;
+    size_t klen = 0;
+    while (klen < plen && p[klen] != '?')
+        klen++;
+    idem_key_id_t id;
+    memset(&id, 0, sizeof id);
+    int n = pct_decode(p, klen, id.key, sizeof id.key);
+    bool key_ok = n > 0;
+    for (int i = 0; key_ok && i < n; i++)
+        if ((unsigned char)id.key[i] < 0x20 || (unsigned char)id.key[i] > 0x7e)
+            key_ok = false;
+    if (!key_ok) {
+        admin_problem(c, 400, "invalid-key", "the key in the path is not a valid key", close);
+        return;
+    }
+    memcpy(id.scope, "anonymous", 10);
+    if (klen < plen) {
+        int sr = query_param(p + klen + 1, plen - klen - 1, "scope", id.scope, sizeof id.scope);
+        if (sr == -1 || (sr >= 0 && !idem_scope_valid(id.scope))) {
+            admin_problem(c, 400, "invalid-scope",
+                          "scope is \"anonymous\" or 64 lowercase hex digits", close);
+            return;
+        }
+        if (sr == -2)
+            memcpy(id.scope, "anonymous", 10);
+    }
+    int64_t now = idem_clock_now(NULL);
+    if (is_delete) {
+        idem_record_t rec;
+        idem_err_t err = idem_store_get(gw->store, &id, now, &rec);
+        if (err == IDEM_OK)
+            idem_record_cleanup(&rec);
+        if (err == IDEM_OK || err == IDEM_E_NOTFOUND) {
+            idem_err_t derr = idem_store_delete(gw->store, &id);
+            if (derr == IDEM_OK && err == IDEM_OK) {
+                admin_send(c, 204, NULL, "", 0, close);
+                return;
+            }
+            if (derr == IDEM_OK || derr == IDEM_E_NOTFOUND) {
+                admin_problem(c, 404, "not-found", "no record for this key and scope", close);
+                return;
+            }
+            err = derr;
+        }
+        admin_problem(c, 503, "store-unavailable", idem_strerror(err), close);
+        return;
+    }
+    idem_record_t rec;
+    idem_err_t err = idem_store_get(gw->store, &id, now, &rec);
+    if (err == IDEM_E_NOTFOUND) {
+        admin_problem(c, 404, "not-found", "no record for this key and scope", close);
+        return;
+    }
+    if (err != IDEM_OK) {
+        admin_problem(c, 503, "store-unavailable", idem_strerror(err), close);
+        return;
+    }
+    char fphex[2 * IDEM_FP_LEN + 1], lease[40], expires[40];
+    idem_fp_hex(rec.fingerprint, fphex);
+    rfc3339(rec.lease_until_ms, lease, sizeof lease);
+    rfc3339(rec.expires_at_ms, expires, sizeof expires);
+    bool done = rec.state == IDEM_STATE_COMPLETED;
+    json_t *obj = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s?, s:s, s:b}", "scope", id.scope, "key",
+                            id.key, "state", done ? "completed" : "in_progress", "fence",
+                            (json_int_t)rec.fence, "fingerprint", fphex, "lease_expires_at",
+                            done ? NULL : lease, "expires_at", expires, "held",
+                            (rec.flags & IDEM_REC_HELD) != 0);
+    if (obj && done) {
+        json_object_set_new(obj, "status", json_integer(rec.response.status));
+        json_object_set_new(obj, "body_retained", json_boolean(!(rec.flags & IDEM_REC_NOT_RETAINED)));
+    }
+    idem_record_cleanup(&rec);
+    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    if (!body) {
+        admin_problem(c, 500, "internal", "out of memory", close);
+        return;
+    }
+    admin_send(c, 200, "application/json", body, strlen(body), close);
+    free(body);
+}
+
+static bool target_is(const idem_http_msg_t *m, const char *path)
+{
+    size_t n = strlen(path);
+    return m->target.len >= n && memcmp(m->target.ptr, path, n) == 0 &&
+           (m->target.len == n || m->target.ptr[n] == '?');
+}
+
+static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
+{
+    idem_gw_t *gw = c->admin->gw;
+    bool close = !m->keep_alive;
+    bool is_get = idem_slice_eq_ci(m->method, "GET") || idem_slice_eq_ci(m->method, "HEAD");
+    if (m->target.len > 6 && memcmp(m->target.ptr, "/keys/", 6) == 0) {
+        admin_keys(c, m, close);
+        return;
+    }
+    bool known = target_is(m, "/healthz") || target_is(m, "/readyz") || target_is(m, "/metrics");
+    if (!known) {
+        admin_problem(c, 404, "not-found", "no such admin endpoint", close);
+        return;
+    }
+    if (!is_get) {
+        admin_problem(c, 405, "method-not-allowed", "use GET", close);
+        return;
+    }
+    if (target_is(m, "/healthz")) {
+        const char *b = "{\"status\":\"ok\"}";
+        admin_send(c, 200, "application/json", b, strlen(b), close);
+    } else if (target_is(m, "/readyz")) {
+        idem_err_t err = idem_store_ping(gw->store);
+        atomic_store(&gw->store_ok, err == IDEM_OK);
+        if (err == IDEM_OK) {
+            const char *b = "{\"status\":\"ready\"}";
+            admin_send(c, 200, "application/json", b, strlen(b), close);
+        } else {
+            admin_problem(c, 503, "store-unavailable", idem_store_errstr(gw->store), close);
+        }
+    } else {
+        idem_buf_t out;
+        idem_buf_init(&out, 4u << 20);
+        if (idem_metrics_render(&gw->metrics, &out) == 0)
+            admin_send(c, 200, "text/plain; version=0.0.4", out.data, out.len, close);
+        else
+            admin_problem(c, 500, "internal", "metrics too large", close);
+        idem_buf_cleanup(&out);
+    }
+}
+
+static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    admin_conn_t *c = h->data;
+    (void)suggested;
+    if (c->cap - c->len < 4096) {
+        size_t ncap = c->cap ? c->cap * 2 : 8192;
+        if (ncap > ADMIN_BUF_MAX)
+            ncap = ADMIN_BUF_MAX;
+        char *n = ncap > c->cap ? realloc(c->buf, ncap) : NULL;
+        if (n) {
+            c->buf = n;
+            c->cap = ncap;
+        }
+    }
+    *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    admin_conn_t *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        if (!c->closing) {
+            c->closing = true;
+            uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+        }
+        return;
+    }
+    if (c->closing)
+        return;
+    c->len += (size_t)nread;
+    while (c->len > 0 && !c->closing) {
+        idem_http_msg_t m;
+        int rc = idem_http_parse_request(&c->hs, c->buf, c->len, IDEM_HTTP_MAX_HEAD, &m);
+        if (rc == IDEM_HTTP_INCOMPLETE) {
+            if (c->len >= c->cap && c->cap >= ADMIN_BUF_MAX)
+                admin_problem(c, 431, "headers-too-large", "request too large", true);
+            return;
+        }
+        if (rc < 0) {
+            admin_problem(c, rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS ? 431 : 400,
+                          rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS
+                              ? "headers-too-large"
+                              : "bad-request",
+                          "malformed admin request", true);
+            uv_read_stop(s);
+            return;
+        }
+        size_t total = (size_t)rc;
+        if (m.framing == IDEM_HTTP_BODY_CHUNKED ||
+            (m.framing == IDEM_HTTP_BODY_LENGTH && m.content_length > ADMIN_BODY_MAX)) {
+            admin_problem(c, 413, "request-too-large", "admin requests carry no body", true);
+            uv_read_stop(s);
+            return;
+        }
+        if (m.framing == IDEM_HTTP_BODY_LENGTH)
+            total += (size_t)m.content_length;
+        if (c->len < total)
+            return;
+        memset(&c->hs, 0, sizeof c->hs);
+        admin_handle(c, &m);
+        memmove(c->buf, c->buf + total, c->len - total);
+        c->len -= total;
+    }
+}
+
+static void on_admin_connection(uv_stream_t *server, int status)
+{
+    idem_admin_t *a = server->data;
+    if (status < 0)
+        return;
+    admin_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->admin = a;
+    uv_tcp_init(&a->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) != 0) {
+        c->closing = true;
+        uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+    }
+}
+
+static void admin_close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (uv_is_closing(h))
+        return;
+    if (h->type == UV_TCP && h->data && h->data != arg) {
+        admin_conn_t *c = h->data;
+        c->closing = true;
+        uv_close(h, on_admin_conn_freed);
+        return;
+    }
+    uv_close(h, NULL);
+}
+
+static void on_admin_stop(uv_async_t *as)
+{
+    idem_admin_t *a = as->data;
+    uv_close((uv_handle_t *)&a->listener, NULL);
+    a->listener.data = NULL;
+    uv_close((uv_handle_t *)&a->stop_async, NULL);
+    uv_walk(&a->loop, admin_close_walk, NULL);
+}
+
+static void *admin_main(void *arg)
+{
+    idem_admin_t *a = arg;
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **out, char *err,
+                     size_t errlen)
+{
+    *out = NULL;
+    idem_admin_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    a->gw = gw;
+    uv_loop_init(&a->loop);
+    struct sockaddr_storage ss;
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
+    if (rc != 0)
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+    if (rc == 0) {
+        uv_tcp_init(&a->loop, &a->listener);
+        a->listener.data = a;
+        rc = uv_tcp_bind(&a->listener, (const struct sockaddr *)&ss, 0);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&a->listener, 128, on_admin_connection);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "--admin: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+        a->listener.data = NULL;
+        uv_walk(&a->loop, admin_close_walk, NULL);
+        uv_run(&a->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&a->loop);
+        free(a);
+        return -1;
+    }
+    uv_async_init(&a->loop, &a->stop_async, on_admin_stop);
+    a->stop_async.data = a;
+    if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
+        snprintf(err, errlen, "cannot start the admin thread");
+        return -1;
+    }
+    *out = a;
+    return 0;
+}
+
+void idem_admin_stop(idem_admin_t *a)
+{
+    if (!a)
+        return;
+    uv_async_send(&a->stop_async);
+    pthread_join(a->thread, NULL);
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&a->loop);
+    free(a);
+}

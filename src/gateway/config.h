@@ -99,6 +99,11 @@ int idem_config_set_string(char **slot, const char *value);
  * @param[out] host  NUL-terminated, hostlen bytes.  @return 0 or -1. */
 int idem_config_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
 
+/** Parse an upstream URL "http://HOST:PORT" or "http://HOST:PORT/" (the
+ * scheme case-insensitive; no https, user information, path, query or
+ * fragment).  @param[out] host  as idem_config_parse_addr.  @return 0 or -1. */
+int idem_config_parse_upstream(const char *url, char *host, size_t hostlen, int *port);
+
 /** The route a request matches (first match wins), or NULL (mode off). */
 const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *method,
                                       size_t method_len, const char *path, size_t path_len);

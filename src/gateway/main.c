@@ -1,2 +1,294 @@
-/* placeholder until written */
-typedef int idem__placeholder_main;
+/* src/gateway/main.c - idemd: the command line, start-up and shutdown.
+ *
+ * Configuration is layered: SPEC section 10's defaults, then the YAML file
+ * (--config), then the flags.  Any problem with them is one line on stderr
+ * naming it, and exit status 2.  `idemd -t` stops after that check.
+ *
+ * Start-up order: open the store, start the writer thread, bind every
+ * worker's listener (so a port in use fails before anything runs), start
+ * the admin thread, then the workers.  SIGTERM/SIGINT reverse it: workers
+ * stop accepting and finish what is in flight (their completions go through
+ * the writer), then the admin thread stops, then the writer applies its last
+ * batch, then the store is closed and idemd exits 0.
+ *
+ * THREADING: the main thread only waits for signals; see gateway.h.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/gateway.h"
+#include "idem/units.h"
+
+#define IDEM_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fputs("usage: idemd [--config FILE] [--listen ADDR:PORT] [--upstream URL] [--store URL]\n"
+          "             [--admin ADDR:PORT] [--workers N] [--log-format json|text]\n"
+          "             [-t] [--version] [--help]\n"
+          "\n"
+          "An idempotency gateway: a reverse proxy that runs each keyed POST/PATCH once\n"
+          "and answers every repeat with the first answer (Idempotency-Key).\n"
+          "\n"
+          "  --config FILE       YAML configuration (docs/configuration.md)\n"
+          "  --listen ADDR:PORT  public listener (default 127.0.0.1:8080)\n"
+          "  --upstream URL      http://HOST:PORT of the service (default http://127.0.0.1:9000)\n"
+          "  --store URL         lmdb:PATH[?sync=always|interval&map_size=SIZE] or memory:\n"
+          "                      (default lmdb:./idem-data)\n"
+          "  --admin ADDR:PORT   admin listener: /healthz /readyz /metrics /keys (default 127.0.0.1:8081)\n"
+          "  --workers N         worker threads (default 1)\n"
+          "  --log-format F      json or text (default text)\n"
+          "  -t                  check the configuration and exit (0 good, 2 bad)\n"
+          "  --version           print the version\n",
+          f);
+}
+
+static int fail(const char *msg)
+{
+    fprintf(stderr, "idemd: %s\n", msg);
+    return 2;
+}
+
+/* The value of a flag given as "--flag value" or "--flag=value". */
+static const char *flag_value(int argc, char **argv, int *i, const char *name, bool *matched)
+{
+    size_t n = strlen(name);
+    *matched = false;
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=') {
+        *matched = true;
+        return argv[*i] + n + 1;
+    }
+    if (argv[*i][n] != '\0')
+        return NULL;
+    *matched = true;
+    if (*i + 1 >= argc)
+        return NULL;
+    return argv[++*i];
+}
+
+typedef struct {
+    const char *config, *listen, *upstream, *store, *admin, *workers, *log_format;
+    bool test, version, help;
+} args_t;
+
+static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen)
+{
+    static const char *const names[] = {"--config", "--listen", "--upstream", "--store",
+                                        "--admin", "--workers", "--log-format"};
+    memset(a, 0, sizeof *a);
+    const char **slots[] = {&a->config, &a->listen, &a->upstream, &a->store,
+                            &a->admin, &a->workers, &a->log_format};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "--test") == 0) {
+            a->test = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            a->version = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            a->help = true;
+            continue;
+        }
+        bool done = false;
+        for (size_t k = 0; k < sizeof names / sizeof names[0] && !done; k++) {
+            bool matched;
+            const char *v = flag_value(argc, argv, &i, names[k], &matched);
+            if (!matched)
+                continue;
+            if (!v) {
+                snprintf(err, errlen, "%s: needs a value", names[k]);
+                return -1;
+            }
+            *slots[k] = v;
+            done = true;
+        }
+        if (!done) {
+            snprintf(err, errlen, "unknown argument '%s' (see --help)", argv[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int apply_flags(idem_config_t *cfg, const args_t *a, char *err, size_t errlen)
+{
+    if ((a->listen && idem_config_set_string(&cfg->listen, a->listen)) ||
+        (a->upstream && idem_config_set_string(&cfg->upstream, a->upstream)) ||
+        (a->store && idem_config_set_string(&cfg->store, a->store)) ||
+        (a->admin && idem_config_set_string(&cfg->admin, a->admin))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (a->workers) {
+        char *end;
+        errno = 0;
+        long n = strtol(a->workers, &end, 10);
+        if (errno || *end || end == a->workers || n < 1 || n > 64) {
+            snprintf(err, errlen, "--workers: must be a whole number from 1 to 64: '%s'", a->workers);
+            return -1;
+        }
+        cfg->workers = (int)n;
+    }
+    if (a->log_format) {
+        if (strcmp(a->log_format, "json") != 0 && strcmp(a->log_format, "text") != 0) {
+            snprintf(err, errlen, "--log-format: must be json or text: '%s'", a->log_format);
+            return -1;
+        }
+        if (idem_config_set_string(&cfg->log_format, a->log_format)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Resolve the upstream URL (validated as http://host:port) once. */
+static int resolve_upstream(idem_gw_t *gw, char *err, size_t errlen)
+{
+    const char *hp = gw->cfg->upstream + strlen("http://");
+    size_t n = strcspn(hp, "/");
+    if (n >= sizeof gw->upstream_hostport) {
+        snprintf(err, errlen, "--upstream: too long");
+        return -1;
+    }
+    memcpy(gw->upstream_hostport, hp, n);
+    gw->upstream_hostport[n] = '\0';
+    char host[256];
+    int port;
+    if (idem_config_parse_addr(gw->upstream_hostport, host, sizeof host, &port) != 0) {
+        snprintf(err, errlen, "--upstream: not http://HOST:PORT: '%s'", gw->cfg->upstream);
+        return -1;
+    }
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0 || !res) {
+        snprintf(err, errlen, "--upstream: cannot resolve '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    memcpy(&gw->upstream_addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    char err[1024];
+    args_t a;
+    if (parse_args(argc, argv, &a, err, sizeof err) != 0)
+        return fail(err);
+    if (a.help) {
+        usage(stdout);
+        return 0;
+    }
+    if (a.version) {
+        printf("idemd %s\n", IDEM_VERSION);
+        return 0;
+    }
+    static idem_config_t cfg;
+    if (idem_config_defaults(&cfg) != 0)
+        return fail("out of memory");
+    if (a.config && idem_config_load_file(&cfg, a.config, err, sizeof err) != 0) {
+        idem_config_cleanup(&cfg);
+        return fail(err);
+    }
+    if (apply_flags(&cfg, &a, err, sizeof err) != 0 ||
+        idem_config_validate(&cfg, err, sizeof err) != 0) {
+        idem_config_cleanup(&cfg);
+        return fail(err);
+    }
+    static idem_gw_t gw;
+    gw.cfg = &cfg;
+    gw.log_json = strcmp(cfg.log_format, "json") == 0;
+    if (resolve_upstream(&gw, err, sizeof err) != 0) {
+        idem_config_cleanup(&cfg);
+        return fail(err);
+    }
+    if (a.test) {
+        printf("idemd: configuration OK\n");
+        idem_config_cleanup(&cfg);
+        return 0;
+    }
+
+    /* Signals are taken by sigwait in this thread only. */
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+    if (serr != IDEM_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
+        idem_config_cleanup(&cfg);
+        return fail(msg);
+    }
+    atomic_store(&gw.store_ok, true);
+    if (idem_writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
+        idem_store_close(gw.store);
+        idem_config_cleanup(&cfg);
+        return fail("cannot start the store writer thread");
+    }
+    char host[256];
+    int port;
+    idem_config_parse_addr(cfg.listen, host, sizeof host, &port);
+    gw.nworkers = cfg.workers;
+    gw.workers = calloc((size_t)gw.nworkers, sizeof *gw.workers);
+    int rc = gw.workers ? 0 : -1;
+    int inited = 0;
+    for (int i = 0; i < gw.nworkers && rc == 0; i++) {
+        rc = idem_worker_init(&gw.workers[i], &gw, i, host, port, err, sizeof err);
+        inited = i + 1;
+    }
+    idem_admin_t *admin = NULL;
+    if (rc == 0) {
+        char ahost[256];
+        int aport;
+        idem_config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
+        rc = idem_admin_start(&gw, ahost, aport, &admin, err, sizeof err);
+    }
+    if (rc != 0) {
+        for (int i = 0; i < inited; i++)
+            idem_worker_cleanup(&gw.workers[i]);
+        free(gw.workers);
+        idem_writer_stop(&gw.writer);
+        idem_store_close(gw.store);
+        idem_config_cleanup(&cfg);
+        return fail(err);
+    }
+    for (int i = 0; i < gw.nworkers; i++)
+        pthread_create(&gw.workers[i].thread, NULL, idem_worker_main, &gw.workers[i]);
+    idem_log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
+             cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    idem_log(&gw, "info", "%s: finishing requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    atomic_store(&gw.stopping, true);
+    for (int i = 0; i < gw.nworkers; i++)
+        idem_worker_request_stop(&gw.workers[i]);
+    for (int i = 0; i < gw.nworkers; i++)
+        pthread_join(gw.workers[i].thread, NULL);
+    idem_admin_stop(admin);
+    /* The writer goes before the loops are torn down: a job it still hands
+     * back (a forced shutdown) must find its worker's async handle. */
+    idem_writer_stop(&gw.writer);
+    for (int i = 0; i < gw.nworkers; i++)
+        idem_worker_cleanup(&gw.workers[i]);
+    idem_store_close(gw.store);
+    free(gw.workers);
+    idem_log(&gw, "info", "stopped");
+    idem_config_cleanup(&cfg);
+    return 0;
+}

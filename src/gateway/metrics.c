@@ -1,2 +1,93 @@
-/* placeholder until written */
-typedef int idem__placeholder_metrics;
+/* src/gateway/metrics.c - counters and histograms for /metrics.
+ *
+ * Every counter is an atomic that any thread bumps without a lock; the admin
+ * thread reads them when scraped and renders Prometheus' text format.  The
+ * histograms have fixed buckets (seconds), enough to see a p50 and a p99 of
+ * an upstream or a store commit without per-thread merging.
+ */
+#include <stdio.h>
+
+#include "gateway/gateway.h"
+
+static const char *const outcome_names[] = {
+#define IDEM__OUTCOME_NAME(name, text) text,
+    IDEM_OUTCOMES(IDEM__OUTCOME_NAME)
+#undef IDEM__OUTCOME_NAME
+};
+
+/* Upper bounds of the buckets in microseconds. */
+static const uint64_t bucket_us[IDEM_HIST_BUCKETS] = {
+    100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
+    5000000,
+};
+
+const char *idem_outcome_name(idem_outcome_t o)
+{
+    return (unsigned)o < IDEM_OUT__COUNT ? outcome_names[o] : "unknown";
+}
+
+void idem_metrics_count(idem_metrics_t *m, idem_outcome_t o)
+{
+    if ((unsigned)o < IDEM_OUT__COUNT)
+        atomic_fetch_add_explicit(&m->requests[o], 1, memory_order_relaxed);
+}
+
+void idem_hist_observe(idem_hist_t *h, uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    size_t i = 0;
+    while (i < IDEM_HIST_BUCKETS && us > bucket_us[i])
+        i++;
+    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
+}
+
+static int render_hist(idem_buf_t *out, const char *name, const char *help, idem_hist_t *h)
+{
+    int rc = idem_buf_appendf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i <= IDEM_HIST_BUCKETS; i++) {
+        cum += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+        if (i < IDEM_HIST_BUCKETS)
+            rc |= idem_buf_appendf(out, "%s_bucket{le=\"%g\"} %llu\n", name,
+                                   (double)bucket_us[i] / 1e6, (unsigned long long)cum);
+        else
+            rc |= idem_buf_appendf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                                   (unsigned long long)cum);
+    }
+    rc |= idem_buf_appendf(out, "%s_sum %.6f\n%s_count %llu\n", name,
+                           (double)atomic_load(&h->sum_us) / 1e6, name,
+                           (unsigned long long)atomic_load(&h->count));
+    return rc;
+}
+
+int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
+{
+    int rc = idem_buf_append_str(out, "# HELP idem_requests_total Requests by what idemd did with them.\n"
+                                      "# TYPE idem_requests_total counter\n");
+    for (int i = 0; i < IDEM_OUT__COUNT; i++)
+        rc |= idem_buf_appendf(out, "idem_requests_total{outcome=\"%s\"} %llu\n", outcome_names[i],
+                               (unsigned long long)atomic_load(&m->requests[i]));
+    rc |= idem_buf_appendf(out,
+                           "# HELP idem_in_flight Requests being processed now.\n"
+                           "# TYPE idem_in_flight gauge\nidem_in_flight %lld\n",
+                           (long long)atomic_load(&m->in_flight));
+    rc |= idem_buf_appendf(out,
+                           "# HELP idem_store_batches_total Store writer transactions.\n"
+                           "# TYPE idem_store_batches_total counter\nidem_store_batches_total %llu\n"
+                           "# HELP idem_store_ops_total Operations applied by the store writer.\n"
+                           "# TYPE idem_store_ops_total counter\nidem_store_ops_total %llu\n"
+                           "# HELP idem_store_errors_total Store writer transactions that failed.\n"
+                           "# TYPE idem_store_errors_total counter\nidem_store_errors_total %llu\n",
+                           (unsigned long long)atomic_load(&m->store_batches),
+                           (unsigned long long)atomic_load(&m->store_ops),
+                           (unsigned long long)atomic_load(&m->store_errors));
+    rc |= render_hist(out, "idem_upstream_duration_seconds",
+                      "Time from forwarding a request to its whole response.", &m->upstream_latency);
+    rc |= render_hist(out, "idem_store_commit_duration_seconds",
+                      "Time of one store writer transaction.", &m->store_latency);
+    rc |= render_hist(out, "idem_request_duration_seconds",
+                      "Time from a request's head to its response.", &m->request_latency);
+    return rc ? -1 : 0;
+}

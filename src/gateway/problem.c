@@ -1,2 +1,76 @@
-/* placeholder until written */
-typedef int idem__placeholder_problem;
+/* src/gateway/problem.c - RFC 9457 problem+json responses made by idemd.
+ *
+ * Every error idemd itself answers is one of these, so a client can always
+ * tell idemd's word from the upstream's: Content-Type
+ * application/problem+json and a body
+ * {"type":"urn:idem:problem:<type>","title":...,"status":N,"detail":...}.
+ * The type names are part of the contract (SPEC section 8); the titles are
+ * fixed per type, the detail says what happened to this request.
+ */
+#include <string.h>
+
+#include <jansson.h>
+
+#include "gateway/gateway.h"
+
+static const struct {
+    const char *type;
+    const char *title;
+} titles[] = {
+    {"invalid-key", "Invalid Idempotency-Key"},
+    {"missing-key", "Idempotency-Key required"},
+    {"key-reused", "Idempotency-Key reused with another request"},
+    {"in-flight", "A request with this Idempotency-Key is in progress"},
+    {"upstream-unreachable", "Upstream unreachable"},
+    {"upstream-outcome-unknown", "Outcome of the upstream request unknown"},
+    {"response-not-retained", "Response too large to be retained"},
+    {"store-unavailable", "Idempotency store unavailable"},
+    {"request-too-large", "Request body too large"},
+    {"headers-too-large", "Request header fields too large"},
+    {"bad-request", "Malformed HTTP request"},
+    {"version-not-supported", "HTTP version not supported"},
+    {"missing-token", "Idempotency-Token required"},
+    {"invalid-token", "Invalid Idempotency-Token"},
+    {"token-used", "Idempotency-Token already used"},
+    {"not-found", "Not found"},
+    {"method-not-allowed", "Method not allowed"},
+    {"internal", "Internal error"},
+};
+
+const char *idem_problem_title(const char *type)
+{
+    for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
+        if (strcmp(titles[i].type, type) == 0)
+            return titles[i].title;
+    return "Error";
+}
+
+int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
+                       int64_t retry_after, bool close, bool keep_alive_10)
+{
+    char typebuf[96];
+    snprintf(typebuf, sizeof typebuf, "urn:idem:problem:%s", type);
+    json_t *obj = json_pack("{s:s, s:s, s:i, s:s}", "type", typebuf, "title",
+                            idem_problem_title(type), "status", status, "detail",
+                            detail ? detail : "");
+    if (!obj)
+        return -1;
+    char *body = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(obj);
+    if (!body)
+        return -1;
+    size_t blen = strlen(body);
+    int rc = idem_http_write_status(out, status);
+    rc |= idem_buf_appendf(out, "Content-Type: application/problem+json\r\nContent-Length: %zu\r\n",
+                           blen);
+    if (retry_after > 0)
+        rc |= idem_buf_appendf(out, "Retry-After: %lld\r\n", (long long)retry_after);
+    if (close)
+        rc |= idem_buf_append_str(out, "Connection: close\r\n");
+    else if (keep_alive_10)
+        rc |= idem_buf_append_str(out, "Connection: keep-alive\r\n");
+    rc |= idem_buf_append_str(out, "\r\n");
+    rc |= idem_buf_append(out, body, blen);
+    free(body);
+    return rc ? -1 : 0;
+}

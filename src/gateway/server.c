@@ -1,2 +1,1353 @@
-/* placeholder until written */
-typedef int idem__placeholder_server;
+/* src/gateway/server.c - a worker's loop: client connections and the life of
+ * a request.
+ *
+ * Each worker thread runs one uv_loop_t with its own listener (SO_REUSEPORT,
+ * so the kernel spreads connections over the workers).  A client connection
+ * reads and parses one request at a time (pipelined requests wait in the
+ * read buffer), buffers its body up to max_request_bytes, and hands the
+ * whole request to req_dispatch, which follows SPEC sections 1-5:
+ *
+ *   route -> key -> scope -> fingerprint -> fast read of the record
+ *     completed/mismatch/in-flight: answer at once (no writer round trip)
+ *     none/expired lease: CLAIM through the writer (decide + write atomically)
+ *       forward (renewing the lease every lease/3) -> upstream outcome
+ *       -> COMPLETE / RELEASE / HOLD through the writer (fenced)
+ *       -> answer the client only once the outcome is durable.
+ *
+ * INVARIANTS: a request is answered at most once; its store work is finished
+ * (completed, released or left to its lease) even when its client has gone;
+ * a request is freed only when it has no writer job, no timer and no
+ * upstream connection left.
+ * THREADING: everything here runs on the worker's loop thread, except the
+ * writer's hand-back into w->done (under done_mu).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "gateway/gateway.h"
+#include "idem/alloc.h"
+#include "idem/clock.h"
+#include "idem/fingerprint.h"
+
+#define READ_CHUNK (64 * 1024)
+#define CONN_IDLE_MS 60000        /* keep-alive connection with nothing to do */
+#define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
+#define STREAM_HIGH_MARK (1u << 20) /* pause the upstream when the client lags this much */
+#define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
+
+typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
+
+struct idem_conn {
+    uv_tcp_t tcp;
+    idem_worker_t *w;
+    idem_link_t link;
+    char *rbuf;        /* unparsed input */
+    size_t rlen, rcap;
+    idem_http_head_state_t hs;
+    conn_state_t state;
+    idem_http_body_t body;
+    idem_req_t *req;   /* the request being read or answered */
+    bool reading;
+    bool keep_alive;   /* for the response being written */
+    bool close_after;  /* close once the queued writes are done */
+    size_t queued;     /* bytes in uv_write requests not yet done */
+    int writes;        /* uv_write requests not yet done */
+    int closes;        /* handles (tcp, timer) whose close callback is pending */
+    bool processing;   /* inside conn_process: answers made now loop, not recurse */
+    uv_timer_t timer;
+};
+
+typedef struct {
+    uv_write_t wr;
+    idem_conn_t *conn;
+    size_t len;
+    char data[];
+} write_req_t;
+
+static void conn_close(idem_conn_t *c);
+static void conn_process(idem_conn_t *c);
+static void conn_response_done(idem_conn_t *c, bool keep_alive);
+static void req_dispatch(idem_req_t *req);
+static void req_claim(idem_req_t *req);
+static void req_maybe_free(idem_req_t *req);
+static void worker_maybe_exit(idem_worker_t *w);
+
+static idem_gw_t *req_gw(const idem_req_t *req) { return req->w->gw; }
+
+/* ---- writing to a client ---------------------------------------------- */
+
+static void on_write(uv_write_t *wr, int status)
+{
+    write_req_t *r = (write_req_t *)wr;
+    idem_conn_t *c = r->conn;
+    c->queued -= r->len;
+    c->writes--;
+    free(r);
+    if (status < 0 && c->state != CS_CLOSED) {
+        conn_close(c);
+        return;
+    }
+    if (c->req && c->req->streaming && c->queued < STREAM_HIGH_MARK / 2)
+        idem_proxy_on_client_drain(c->req);
+    if (c->close_after && c->writes == 0 && c->state != CS_CLOSED)
+        conn_close(c);
+}
+
+void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
+{
+    if (!c || c->state == CS_CLOSED || n == 0)
+        return;
+    write_req_t *r = malloc(sizeof *r + n);
+    if (!r) {
+        conn_close(c);
+        return;
+    }
+    r->conn = c;
+    r->len = n;
+    memcpy(r->data, p, n);
+    uv_buf_t b = uv_buf_init(r->data, (unsigned)n);
+    if (uv_write(&r->wr, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
+        free(r);
+        conn_close(c);
+        return;
+    }
+    c->queued += n;
+    c->writes++;
+}
+
+size_t idem_conn_queue_size(idem_conn_t *c) { return c ? c->queued : 0; }
+
+/* ---- connections --------------------------------------------------------- */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    idem_conn_t *c = h->data;
+    /* Two handles (tcp and timer) close; free on the second. */
+    if (--c->closes > 0)
+        return;
+    idem_worker_t *w = c->w;
+    free(c->rbuf);
+    free(c);
+    worker_maybe_exit(w);
+}
+
+static void conn_close(idem_conn_t *c)
+{
+    if (c->state == CS_CLOSED)
+        return;
+    c->state = CS_CLOSED;
+    idem_list_remove(&c->link);
+    if (c->req) {
+        /* The request goes on without its client: its outcome is still stored. */
+        idem_req_t *req = c->req;
+        c->req = NULL;
+        req->conn = NULL;
+        if (req->streaming)
+            idem_proxy_abort(req);
+        req_maybe_free(req);
+    }
+    uv_timer_stop(&c->timer);
+    c->closes = 2;
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+}
+
+static void on_conn_timer(uv_timer_t *t)
+{
+    idem_conn_t *c = t->data;
+    /* Idle keep-alive, a client too slow to send its request, or the end of
+     * draining after an error: all end the same way. */
+    if (c->state == CS_BUSY)
+        return;
+    conn_close(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    idem_conn_t *c = h->data;
+    (void)suggested;
+    if (c->state == CS_DRAIN) {
+        static __thread char sink[16384];
+        *buf = uv_buf_init(sink, sizeof sink);
+        return;
+    }
+    if (c->rcap - c->rlen < READ_CHUNK / 4) {
+        size_t ncap = c->rlen + READ_CHUNK;
+        char *n = realloc(c->rbuf, ncap);
+        if (!n) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        c->rbuf = n;
+        c->rcap = ncap;
+    }
+    *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void conn_stop_reading(idem_conn_t *c)
+{
+    if (c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    idem_conn_t *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        /* EOF or error: a request still being answered keeps running. */
+        conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (c->state == CS_DRAIN)
+        return;
+    c->rlen += (size_t)nread;
+    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    conn_process(c);
+}
+
+static void conn_start_reading(idem_conn_t *c)
+{
+    if (!c->reading && c->state != CS_CLOSED) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = true;
+    }
+}
+
+static void conn_consume(idem_conn_t *c, size_t n)
+{
+    memmove(c->rbuf, c->rbuf + n, c->rlen - n);
+    c->rlen -= n;
+}
+
+static void on_shutdown_done(uv_shutdown_t *sd, int status)
+{
+    (void)status;
+    free(sd);
+}
+
+/* Answer with an error of idemd's own and close the connection, after
+ * reading (and dropping) what the client may still be sending for a while,
+ * so it sees the answer rather than a reset. */
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    if (idem_problem_write(&out, status, type, detail, 0, true, false) == 0)
+        idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    if (c->state == CS_CLOSED)
+        return;
+    c->state = CS_DRAIN;
+    c->rlen = 0;
+    uv_shutdown_t *sd = malloc(sizeof *sd);
+    if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
+        free(sd);
+    conn_start_reading(c);
+    uv_timer_start(&c->timer, on_conn_timer, CONN_DRAIN_MS, 0);
+}
+
+static int head_error_status(int rc, const char **type, const char **detail)
+{
+    switch (rc) {
+    case IDEM_HTTP_E_HEAD_TOO_LARGE:
+        *type = "headers-too-large";
+        *detail = "the request head is larger than 16 KiB";
+        return 431;
+    case IDEM_HTTP_E_TOO_MANY_HEADERS:
+        *type = "headers-too-large";
+        *detail = "the request has more than 100 header fields";
+        return 431;
+    case IDEM_HTTP_E_VERSION:
+        *type = "version-not-supported";
+        *detail = "only HTTP/1.0 and HTTP/1.1 are supported";
+        return 505;
+    case IDEM_HTTP_E_SMUGGLE:
+        *type = "bad-request";
+        *detail = "ambiguous message framing (Content-Length / Transfer-Encoding)";
+        return 400;
+    default:
+        *type = "bad-request";
+        *detail = "malformed HTTP request";
+        return 400;
+    }
+}
+
+static idem_req_t *req_create(idem_conn_t *c, size_t head_len)
+{
+    idem_worker_t *w = c->w;
+    idem_req_t *req = calloc(1, sizeof *req);
+    if (!req)
+        return NULL;
+    req->head = malloc(head_len);
+    if (!req->head) {
+        free(req);
+        return NULL;
+    }
+    memcpy(req->head, c->rbuf, head_len);
+    idem_http_head_state_t hs = {0};
+    int rc = idem_http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
+    if (rc <= 0) {
+        free(req->head);
+        free(req);
+        return NULL;
+    }
+    req->w = w;
+    req->conn = c;
+    req->t_start_ns = idem_clock_mono_ns();
+    req->outcome = IDEM_OUT_PASSTHROUGH;
+    idem_buf_init(&req->body, w->gw->cfg->max_request_bytes);
+    idem_buf_init(&req->resp_body, 0);
+    idem_list_push(&w->reqs, &req->link);
+    atomic_fetch_add(&w->gw->metrics.in_flight, 1);
+    uv_timer_init(&w->loop, &req->timer);
+    req->timer.data = req;
+    req->timer_open = true;
+    return req;
+}
+
+/* Parse and collect as much of the current request as the buffer holds. */
+static void conn_process_loop(idem_conn_t *c);
+
+static void conn_process(idem_conn_t *c)
+{
+    if (c->processing)
+        return;
+    c->processing = true;
+    conn_process_loop(c);
+    c->processing = false;
+}
+
+static void conn_process_loop(idem_conn_t *c)
+{
+    idem_worker_t *w = c->w;
+    const idem_config_t *cfg = w->gw->cfg;
+    for (;;) {
+        if (c->state == CS_HEAD) {
+            if (c->rlen == 0)
+                return;
+            idem_http_msg_t msg;
+            int rc = idem_http_parse_request(&c->hs, c->rbuf, c->rlen, IDEM_HTTP_MAX_HEAD, &msg);
+            if (rc == IDEM_HTTP_INCOMPLETE)
+                return;
+            if (rc < 0) {
+                const char *type, *detail;
+                int status = head_error_status(rc, &type, &detail);
+                idem_metrics_count(&w->gw->metrics,
+                                   status == 431 ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST);
+                conn_fail(c, status, type, detail);
+                return;
+            }
+            size_t head_len = (size_t)rc;
+            memset(&c->hs, 0, sizeof c->hs);
+            if (msg.framing == IDEM_HTTP_BODY_LENGTH && msg.content_length > cfg->max_request_bytes) {
+                idem_metrics_count(&w->gw->metrics, IDEM_OUT_TOO_LARGE);
+                conn_fail(c, 413, "request-too-large", "the request body is larger than max_request_bytes");
+                return;
+            }
+            idem_req_t *req = req_create(c, head_len);
+            if (!req) {
+                conn_fail(c, 500, "internal", "out of memory");
+                return;
+            }
+            conn_consume(c, head_len);
+            c->req = req;
+            if (req->msg.framing == IDEM_HTTP_BODY_NONE) {
+                c->state = CS_BUSY;
+            } else {
+                idem_http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
+                c->state = CS_BODY;
+                if (req->msg.expect_continue && req->msg.version_minor == 1 && c->rlen == 0)
+                    idem_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            }
+        }
+        if (c->state == CS_BODY) {
+            idem_req_t *req = c->req;
+            size_t off = 0;
+            int rc;
+            for (;;) {
+                size_t used = 0;
+                idem_slice_t data = {0};
+                rc = idem_http_body_feed(&c->body, c->rbuf + off, c->rlen - off, &used, &data);
+                off += used;
+                if (rc == IDEM_HTTP_BODY_DATA) {
+                    if (idem_buf_append(&req->body, data.ptr, data.len) != 0) {
+                        rc = IDEM_HTTP_E_BODY_TOO_LARGE;
+                        break;
+                    }
+                    continue;
+                }
+                break;
+            }
+            conn_consume(c, off);
+            if (rc == IDEM_HTTP_INCOMPLETE)
+                return;
+            if (rc < 0) {
+                bool big = rc == IDEM_HTTP_E_BODY_TOO_LARGE;
+                idem_metrics_count(&w->gw->metrics, big ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST);
+                c->req = NULL;
+                req->conn = NULL;
+                req->finished = true;
+                req->responded = true;
+                req->status = big ? 413 : 400;
+                req_maybe_free(req);
+                conn_fail(c, big ? 413 : 400, big ? "request-too-large" : "bad-request",
+                          big ? "the request body is larger than max_request_bytes"
+                              : "malformed request body");
+                return;
+            }
+            c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
+        }
+        if (c->state == CS_BUSY) {
+            /* One request at a time: later pipelined ones wait in rbuf. */
+            conn_stop_reading(c);
+            uv_timer_stop(&c->timer);
+            req_dispatch(c->req);
+            /* Answered at once (a replay, an error): go on with what is
+             * pipelined behind it, in this loop rather than recursively. */
+            if (c->state == CS_HEAD && c->rlen > 0)
+                continue;
+            return;
+        }
+        return;
+    }
+}
+
+/* The response of c->req is wholly queued. */
+static void conn_response_done(idem_conn_t *c, bool keep_alive)
+{
+    if (!c || c->state == CS_CLOSED)
+        return;
+    idem_req_t *req = c->req;
+    c->req = NULL;
+    if (req) {
+        req->conn = NULL;
+        req_maybe_free(req);
+    }
+    if (!keep_alive || c->w->stopping) {
+        c->close_after = true;
+        if (c->writes == 0)
+            conn_close(c);
+        return;
+    }
+    c->state = CS_HEAD;
+    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    conn_start_reading(c);
+    if (c->rlen > 0 && !c->processing)
+        conn_process(c);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    idem_worker_t *w = server->data;
+    if (status < 0)
+        return;
+    idem_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->w = w;
+    uv_tcp_init(&w->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_timer_init(&w->loop, &c->timer);
+    c->timer.data = c;
+    c->state = CS_HEAD;
+    idem_list_push(&w->conns, &c->link);
+    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    conn_start_reading(c);
+}
+
+/* ---- answering a request ------------------------------------------------ */
+
+static bool client_keep_alive(const idem_req_t *req)
+{
+    return req->msg.keep_alive && !req->w->stopping;
+}
+
+/* Queue buf as the whole response of req and finish the connection's turn. */
+static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
+{
+    req->status = status;
+    req->responded = true;
+    idem_conn_t *c = req->conn;
+    if (c) {
+        idem_conn_write(c, buf->data, buf->len);
+        conn_response_done(c, client_keep_alive(req));
+    }
+}
+
+static void req_problem(idem_req_t *req, int status, const char *type, const char *detail,
+                        int64_t retry_after)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    bool ka = client_keep_alive(req);
+    if (idem_problem_write(&out, status, type, detail, retry_after, !ka,
+                           ka && req->msg.version_minor == 0) == 0)
+        req_send(req, &out, status);
+    idem_buf_cleanup(&out);
+}
+
+static void write_connection_header(const idem_req_t *req, idem_buf_t *out)
+{
+    if (!client_keep_alive(req))
+        idem_buf_append_str(out, "Connection: close\r\n");
+    else if (req->msg.version_minor == 0)
+        idem_buf_append_str(out, "Connection: keep-alive\r\n");
+}
+
+/* Replay a stored response (SPEC section 3, completed). */
+static void req_replay(idem_req_t *req, const idem_record_t *rec)
+{
+    const idem_response_t *r = &rec->response;
+    const idem_config_t *cfg = req_gw(req)->cfg;
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_http_write_status(&out, r->status);
+    for (size_t i = 0; i < r->n_headers; i++)
+        idem_http_write_field(&out, r->headers[i].name, r->headers[i].name_len, r->headers[i].value,
+                              r->headers[i].value_len);
+    idem_buf_appendf(&out, "%s: true\r\n", cfg->replay_header);
+    bool bodiless = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
+    if (!bodiless)
+        idem_buf_appendf(&out, "Content-Length: %zu\r\n", r->body_len);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    if (!bodiless && !idem_slice_eq_ci(req->msg.method, "HEAD"))
+        idem_buf_append(&out, r->body, r->body_len);
+    req_send(req, &out, r->status);
+    idem_buf_cleanup(&out);
+}
+
+/* The upstream's captured response, relayed as the client's answer. */
+static void req_respond_upstream(idem_req_t *req)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    const idem_http_msg_t *m = &req->resp;
+    bool head_req = idem_slice_eq_ci(req->msg.method, "HEAD");
+    bool bodiless = m->framing == IDEM_HTTP_BODY_NONE;
+    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name))
+            continue;
+        /* A bodiless answer keeps the upstream's Content-Length (HEAD tells the
+         * size of what GET would send); otherwise ours replaces it. */
+        if (idem_slice_eq_ci(f->name, "Content-Length") && !(bodiless && head_req))
+            continue;
+        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    }
+    if (req->bypassed)
+        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
+    if (!bodiless)
+        idem_buf_appendf(&out, "Content-Length: %zu\r\n", req->resp_body.len);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    if (!bodiless && !head_req)
+        idem_buf_append(&out, req->resp_body.data, req->resp_body.len);
+    req_send(req, &out, m->status);
+    idem_buf_cleanup(&out);
+}
+
+/* Answer as a repeat of req would be answered, from the decision on rec. */
+static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_record_t *rec)
+{
+    switch (d.kind) {
+    case IDEM_DECIDE_REPLAY:
+        req->outcome = IDEM_OUT_REPLAY;
+        req->fence = rec->fence;
+        req_replay(req, rec);
+        break;
+    case IDEM_DECIDE_MISMATCH:
+        req->outcome = IDEM_OUT_MISMATCH;
+        req_problem(req, 422, "key-reused",
+                    "this Idempotency-Key was used with a different request", 0);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT:
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        req_problem(req, 409, "in-flight",
+                    "a request with this Idempotency-Key is still being processed", d.retry_after_s);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+        req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
+        req_problem(req, 409, "upstream-outcome-unknown",
+                    "the outcome of the first request with this key is unknown; an operator "
+                    "must remove the key before it can run again",
+                    d.retry_after_s);
+        break;
+    case IDEM_DECIDE_NOT_RETAINED:
+        req->outcome = IDEM_OUT_NOT_RETAINED;
+        req_problem(req, 409, "response-not-retained",
+                    "the first response with this key was too large to keep; it is not run again",
+                    0);
+        break;
+    case IDEM_DECIDE_CLAIM:
+    case IDEM_DECIDE_TAKEOVER:
+        /* Only reachable when a stale owner re-reads: the key is free again
+         * but this request already ran, so it must not run again here. */
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        req_problem(req, 409, "in-flight", "the lease on this key was lost; retry", 1);
+        break;
+    }
+}
+
+static void req_store_unavailable(idem_req_t *req, const char *detail)
+{
+    req->outcome = IDEM_OUT_STORE_ERROR;
+    atomic_store(&req->w->gw->store_ok, false);
+    req_problem(req, 503, "store-unavailable", detail, 1);
+}
+
+/* ---- the writer round trip ------------------------------------------------ */
+
+void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
+{
+    job->worker = w;
+    idem_writer_submit(&w->gw->writer, job);
+}
+
+static void req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb)
+{
+    job->cb = cb;
+    job->data = req;
+    req->pending_jobs++;
+    idem_worker_submit(req->w, job);
+}
+
+static void job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind)
+{
+    memset(&job->op, 0, sizeof job->op);
+    job->op.kind = kind;
+    job->op.id = req->id;
+    job->op.fence = req->fence;
+}
+
+static void on_done_async(uv_async_t *a)
+{
+    idem_worker_t *w = a->data;
+    idem_link_t done;
+    idem_list_init(&done);
+    pthread_mutex_lock(&w->done_mu);
+    if (!idem_list_empty(&w->done)) {
+        done.next = w->done.next;
+        done.prev = w->done.prev;
+        done.next->prev = &done;
+        done.prev->next = &done;
+        idem_list_init(&w->done);
+    }
+    pthread_mutex_unlock(&w->done_mu);
+    while (!idem_list_empty(&done)) {
+        idem_link_t *l = done.next;
+        idem_list_remove(l);
+        idem_wjob_t *job = IDEM_CONTAINER(l, idem_wjob_t, link);
+        idem_req_t *req = job->data;
+        req->pending_jobs--;
+        job->cb(job);
+        req_maybe_free(req);
+    }
+}
+
+/* ---- lease renewal ---------------------------------------------------------- */
+
+static void on_renew_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->renew_busy = false;
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE)
+        idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
+                 req->id.key);
+}
+
+static void on_renew_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    if (req->renew_busy || !req->renewing)
+        return;
+    job_init(req, &req->renew_job, IDEM_OP_RENEW);
+    req->renew_job.op.lease_until_ms = idem_clock_now(NULL) + req->policy->lease_ms;
+    req->renew_busy = true;
+    req_submit(req, &req->renew_job, on_renew_done);
+}
+
+static void req_start_renewing(idem_req_t *req)
+{
+    uint64_t every = (uint64_t)(req->policy->lease_ms / 3);
+    if (every < 10)
+        every = 10;
+    req->renewing = true;
+    uv_timer_start(&req->timer, on_renew_timer, every, every);
+}
+
+static void req_stop_renewing(idem_req_t *req)
+{
+    if (req->renewing) {
+        req->renewing = false;
+        uv_timer_stop(&req->timer);
+    }
+}
+
+/* ---- the upstream's outcome ------------------------------------------------- */
+
+static bool is_release_status(const idem_policy_t *p, int status)
+{
+    for (size_t i = 0; i < p->n_release_statuses; i++)
+        if (p->release_statuses[i] == status)
+            return true;
+    return false;
+}
+
+/* The record was taken over while this request ran: answer as a repeat. */
+static void req_answer_as_repeat(idem_req_t *req)
+{
+    idem_record_t rec;
+    int64_t now = idem_clock_now(NULL);
+    idem_err_t err = idem_store_get(req_gw(req)->store, &req->id, now, &rec);
+    if (err == IDEM_OK) {
+        idem_decision_t d = idem_decide(&rec, req->fp, now);
+        req_answer_decision(req, d, &rec);
+        idem_record_cleanup(&rec);
+    } else if (err == IDEM_E_NOTFOUND) {
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        req_problem(req, 409, "in-flight", "the lease on this key was lost; retry", 1);
+    } else {
+        req_store_unavailable(req, "the store did not answer");
+    }
+}
+
+static void req_start_stream(idem_req_t *req);
+
+static void on_outcome_stored(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
+                 idem_strerror(job->batch_err));
+        if (req->streaming)
+            idem_proxy_abort(req);
+        req_store_unavailable(req, "the upstream answered but its response could not be recorded");
+        return;
+    }
+    if (job->op.err == IDEM_E_FENCE) {
+        if (req->streaming)
+            idem_proxy_abort(req);
+        req_answer_as_repeat(req);
+        return;
+    }
+    if (req->streaming)
+        req_start_stream(req);
+    else
+        req_respond_upstream(req);
+}
+
+/* Build the list of response headers that a replay repeats. */
+static int req_collect_store_headers(idem_req_t *req)
+{
+    const idem_http_msg_t *m = &req->resp;
+    req->store_headers = calloc(m->n_fields ? m->n_fields : 1, sizeof *req->store_headers);
+    if (!req->store_headers)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
+            continue;
+        req->store_headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr, f->value.len};
+    }
+    req->n_store_headers = n;
+    return 0;
+}
+
+/* Record the upstream's answer (fenced), then answer the client. */
+static void req_store_outcome(idem_req_t *req, bool retained)
+{
+    const idem_policy_t *p = req->policy;
+    int status = req->resp.status;
+    req_stop_renewing(req);
+    int64_t now = idem_clock_now(NULL);
+    if (is_release_status(p, status)) {
+        job_init(req, &req->job, IDEM_OP_RELEASE);
+        req_submit(req, &req->job, on_outcome_stored);
+        return;
+    }
+    if (req_collect_store_headers(req) != 0) {
+        req_store_unavailable(req, "out of memory");
+        return;
+    }
+    idem_response_t *resp = calloc(1, sizeof *resp);
+    if (!resp) {
+        req_store_unavailable(req, "out of memory");
+        return;
+    }
+    resp->status = status;
+    resp->headers = req->store_headers;
+    resp->n_headers = req->n_store_headers;
+    if (retained) {
+        resp->body = (const uint8_t *)req->resp_body.data;
+        resp->body_len = req->resp_body.len;
+    }
+    job_init(req, &req->job, IDEM_OP_COMPLETE);
+    req->job.op.response = resp;
+    req->job.op.flags = retained ? 0 : IDEM_REC_NOT_RETAINED;
+    req->job.op.expires_at_ms = now + (status >= 500 ? p->failure_ttl_ms : p->key_ttl_ms);
+    req_submit(req, &req->job, on_outcome_stored);
+}
+
+void idem_req_upstream_done(idem_req_t *req)
+{
+    idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
+    if (!req->keyed) {
+        req->finished = true;
+        req_respond_upstream(req);
+        return;
+    }
+    req_store_outcome(req, true);
+}
+
+void idem_req_upstream_overflow(idem_req_t *req)
+{
+    req->streaming = true;
+    if (!req->keyed) {
+        req->finished = true;
+        req_start_stream(req);
+        return;
+    }
+    req_store_outcome(req, false);
+}
+
+/* A release (nothing sent) or hold (outcome unknown) was applied.  The
+ * client was answered already: the answer does not depend on the store. */
+static void on_failure_recorded(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK)
+        idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
+                 idem_strerror(job->batch_err));
+}
+
+void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
+{
+    req_stop_renewing(req);
+    if (why == IDEM_UP_CONNECT_FAILED) {
+        req->outcome = IDEM_OUT_UPSTREAM_UNREACHABLE;
+        if (req->keyed) {
+            /* Nothing was sent: the key is free to run again. */
+            job_init(req, &req->job, IDEM_OP_RELEASE);
+            req_submit(req, &req->job, on_failure_recorded);
+        } else {
+            req->finished = true;
+        }
+        req_problem(req, 502, "upstream-unreachable", "could not connect to the upstream", 0);
+        return;
+    }
+    req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
+    if (req->keyed && req->policy->on_unknown_outcome == IDEM_UNKNOWN_HOLD) {
+        int64_t now = idem_clock_now(NULL);
+        job_init(req, &req->job, IDEM_OP_HOLD);
+        req->job.op.lease_until_ms = now + req->policy->key_ttl_ms;
+        req->job.op.expires_at_ms = now + req->policy->key_ttl_ms;
+        req_submit(req, &req->job, on_failure_recorded);
+    } else {
+        /* expire: the record stays in_progress until its lease runs out. */
+        req->finished = true;
+    }
+    if (why == IDEM_UP_TIMEOUT)
+        req_problem(req, 504, "upstream-outcome-unknown",
+                    "the upstream did not answer within upstream_timeout; the request may "
+                    "or may not have taken effect",
+                    0);
+    else
+        req_problem(req, 502, "upstream-outcome-unknown",
+                    why == IDEM_UP_BAD_RESPONSE
+                        ? "the upstream's answer was not valid HTTP; the request may or may not "
+                          "have taken effect"
+                        : "the connection to the upstream broke before a whole response; the "
+                          "request may or may not have taken effect",
+                    0);
+}
+
+/* ---- streaming a response over the capture limit --------------------------- */
+
+static void req_start_stream(idem_req_t *req)
+{
+    idem_conn_t *c = req->conn;
+    if (!c) {
+        idem_proxy_abort(req);
+        return;
+    }
+    const idem_http_msg_t *m = &req->resp;
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
+            continue;
+        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    }
+    if (req->bypassed)
+        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
+    if (m->framing == IDEM_HTTP_BODY_LENGTH) {
+        idem_buf_appendf(&out, "Content-Length: %llu\r\n", (unsigned long long)m->content_length);
+        write_connection_header(req, &out);
+    } else if (req->msg.version_minor == 1) {
+        req->stream_chunked = true;
+        idem_buf_append_str(&out, "Transfer-Encoding: chunked\r\n");
+        write_connection_header(req, &out);
+    } else {
+        req->stream_close = true;
+        idem_buf_append_str(&out, "Connection: close\r\n");
+    }
+    idem_buf_append_str(&out, "\r\n");
+    req->status = m->status;
+    req->responded = true;
+    idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    if (req->resp_body.len)
+        idem_req_stream_data(req, req->resp_body.data, req->resp_body.len);
+    idem_buf_cleanup(&req->resp_body);
+    idem_proxy_resume(req);
+}
+
+bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
+{
+    idem_conn_t *c = req->conn;
+    if (!c)
+        return false;
+    if (req->stream_chunked) {
+        idem_buf_t out;
+        idem_buf_init(&out, 0);
+        idem_http_write_chunk(&out, p, n);
+        idem_conn_write(c, out.data, out.len);
+        idem_buf_cleanup(&out);
+    } else {
+        idem_conn_write(c, p, n);
+    }
+    return idem_conn_queue_size(c) > STREAM_HIGH_MARK;
+}
+
+void idem_req_stream_end(idem_req_t *req, bool complete)
+{
+    req->streaming = false;
+    idem_conn_t *c = req->conn;
+    if (!c) {
+        req_maybe_free(req);
+        return;
+    }
+    if (!complete) {
+        /* The body was cut short: the client must see that, not a short body. */
+        c->req = NULL;
+        req->conn = NULL;
+        c->close_after = true;
+        if (c->writes == 0)
+            conn_close(c);
+        req_maybe_free(req);
+        return;
+    }
+    if (req->stream_chunked)
+        idem_conn_write(c, "0\r\n\r\n", 5);
+    conn_response_done(c, client_keep_alive(req) && !req->stream_close);
+}
+
+/* ---- dispatch: SPEC sections 1-5 ------------------------------------------ */
+
+static void req_forward(idem_req_t *req)
+{
+    req->t_up_ns = idem_clock_mono_ns();
+    const idem_policy_t *p = req->policy;
+    req->capture_limit = p->max_response_bytes;
+    idem_proxy_forward(req);
+}
+
+static void req_passthrough(idem_req_t *req)
+{
+    req->keyed = false;
+    req->finished = false;
+    if (req->outcome != IDEM_OUT_BYPASSED)
+        req->outcome = IDEM_OUT_PASSTHROUGH;
+    req_forward(req);
+}
+
+static void on_store_error(idem_req_t *req, idem_err_t err)
+{
+    if (req_gw(req)->cfg->on_store_error == IDEM_STORE_ERR_OPEN) {
+        req->bypassed = true;
+        req->outcome = IDEM_OUT_BYPASSED;
+        req_passthrough(req);
+        return;
+    }
+    req->finished = true;
+    req_store_unavailable(req, err == IDEM_E_STORE_FULL ? "the idempotency store is full"
+                                                        : "the idempotency store did not answer");
+}
+
+static void on_wait_timer(uv_timer_t *t);
+
+/* A repeat found its key in flight. */
+static void req_in_flight(idem_req_t *req, idem_decision_t d)
+{
+    int64_t now = idem_clock_now(NULL);
+    if (req->policy->on_conflict == IDEM_CONFLICT_WAIT && d.kind == IDEM_DECIDE_IN_FLIGHT) {
+        if (req->wait_deadline_ms == 0)
+            req->wait_deadline_ms = now + req->policy->wait_timeout_ms;
+        if (now < req->wait_deadline_ms && !req->w->stopping) {
+            uv_timer_start(&req->timer, on_wait_timer, WAIT_POLL_MS, 0);
+            return;
+        }
+        /* Waited long enough: answer in-flight with the time left. */
+    }
+    req->finished = true;
+    req_answer_decision(req, d, NULL);
+}
+
+static void on_claim_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
+        on_store_error(req, job->batch_err);
+        return;
+    }
+    atomic_store(&req->w->gw->store_ok, true);
+    idem_decision_t d = job->op.decision;
+    switch (d.kind) {
+    case IDEM_DECIDE_CLAIM:
+    case IDEM_DECIDE_TAKEOVER:
+        req->fence = d.fence;
+        req->outcome = d.kind == IDEM_DECIDE_CLAIM ? IDEM_OUT_NEW : IDEM_OUT_TAKEOVER;
+        if (req->wait_deadline_ms)
+            req->outcome = IDEM_OUT_NEW;
+        req_start_renewing(req);
+        req_forward(req);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT:
+    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+        req_in_flight(req, d);
+        break;
+    default:
+        req->finished = true;
+        req_answer_decision(req, d, &job->op.record);
+        break;
+    }
+    idem_record_cleanup(&job->op.record);
+}
+
+static void req_claim(idem_req_t *req)
+{
+    const idem_policy_t *p = req->policy;
+    int64_t now = idem_clock_now(NULL);
+    job_init(req, &req->job, IDEM_OP_CLAIM);
+    memcpy(req->job.op.fp, req->fp, IDEM_FP_LEN);
+    req->job.op.now_ms = now;
+    req->job.op.lease_until_ms = now + p->lease_ms;
+    req->job.op.expires_at_ms = now + p->key_ttl_ms;
+    req_submit(req, &req->job, on_claim_done);
+}
+
+/* Read the record without the writer: most repeats end here. */
+static void req_lookup(idem_req_t *req)
+{
+    idem_record_t rec;
+    int64_t now = idem_clock_now(NULL);
+    idem_err_t err = idem_store_get(req_gw(req)->store, &req->id, now, &rec);
+    if (err == IDEM_E_NOTFOUND) {
+        req_claim(req);
+        return;
+    }
+    if (err != IDEM_OK) {
+        on_store_error(req, err);
+        return;
+    }
+    idem_decision_t d = idem_decide(&rec, req->fp, now);
+    if (idem_decision_forwards(d.kind)) {
+        idem_record_cleanup(&rec);
+        req_claim(req); /* the writer decides again, atomically */
+        return;
+    }
+    if (d.kind == IDEM_DECIDE_IN_FLIGHT || d.kind == IDEM_DECIDE_IN_FLIGHT_UNKNOWN) {
+        idem_record_cleanup(&rec);
+        req_in_flight(req, d);
+        return;
+    }
+    req->finished = true;
+    req_answer_decision(req, d, &rec);
+    idem_record_cleanup(&rec);
+}
+
+static void on_wait_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    req_lookup(req);
+}
+
+static int req_fingerprint(idem_req_t *req)
+{
+    const idem_policy_t *p = req->policy;
+    idem_fp_header_t hdrs[IDEM_CONFIG_MAX_LIST];
+    for (size_t i = 0; i < p->n_fingerprint_headers; i++) {
+        const idem_http_field_t *f = idem_http_find(&req->msg, p->fingerprint_headers[i]);
+        hdrs[i].name = p->fingerprint_headers[i];
+        hdrs[i].name_len = strlen(p->fingerprint_headers[i]);
+        hdrs[i].value = f ? f->value.ptr : NULL;
+        hdrs[i].value_len = f ? f->value.len : 0;
+    }
+    idem_fp_input_t in = {
+        .method = req->msg.method.ptr,
+        .method_len = req->msg.method.len,
+        .target = req->msg.target.ptr,
+        .target_len = req->msg.target.len,
+        .headers = hdrs,
+        .n_headers = p->n_fingerprint_headers,
+        .body = (const uint8_t *)req->body.data,
+        .body_len = req->body.len,
+        .body_json = p->fingerprint_body == IDEM_FPBODY_JSON,
+        .ignore = (const char *const *)p->fingerprint_ignore,
+        .n_ignore = p->n_fingerprint_ignore,
+    };
+    return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
+}
+
+static void req_dispatch(idem_req_t *req)
+{
+    const idem_gw_t *gw = req_gw(req);
+    const idem_config_t *cfg = gw->cfg;
+    const idem_http_msg_t *m = &req->msg;
+    size_t path_len = 0;
+    while (path_len < m->target.len && m->target.ptr[path_len] != '?')
+        path_len++;
+    req->route = idem_config_match(cfg, m->method.ptr, m->method.len, m->target.ptr, path_len);
+    req->policy = req->route ? &req->route->policy : &cfg->defaults;
+    if (!req->route || req->route->mode == IDEM_MODE_OFF) {
+        req_passthrough(req);
+        return;
+    }
+    if (req->route->mode == IDEM_MODE_TOKEN) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_TOKEN;
+        req_problem(req, 501, "internal", "token routes are not supported by this build", 0);
+        return;
+    }
+    size_t n_keys = idem_http_count(m, "Idempotency-Key");
+    if (n_keys == 0) {
+        if (req->route->mode == IDEM_MODE_OPTIONAL) {
+            req_passthrough(req);
+            return;
+        }
+        req->finished = true;
+        req->outcome = IDEM_OUT_MISSING_KEY;
+        req_problem(req, 400, "missing-key", "this route requires an Idempotency-Key header", 0);
+        return;
+    }
+    const idem_http_field_t *kf = idem_http_find(m, "Idempotency-Key");
+    if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, req->id.key) != IDEM_OK) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_INVALID_KEY;
+        req_problem(req, 400, "invalid-key",
+                    n_keys > 1 ? "the Idempotency-Key header was given more than once"
+                               : "an Idempotency-Key is 1 to 255 visible ASCII characters, "
+                                 "bare or as a quoted string",
+                    0);
+        return;
+    }
+    const idem_http_field_t *sf = idem_http_find(m, cfg->scope_header);
+    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, req->id.scope);
+    if (req_fingerprint(req) != 0) {
+        req->finished = true;
+        req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    req->keyed = true;
+    req_lookup(req);
+}
+
+/* ---- a request's end ----------------------------------------------------- */
+
+static void on_req_timer_closed(uv_handle_t *h)
+{
+    idem_req_t *req = h->data;
+    idem_worker_t *w = req->w;
+    free(req->head);
+    idem_buf_cleanup(&req->body);
+    idem_buf_cleanup(&req->resp_body);
+    free(req->resp_head);
+    free(req->store_headers);
+    free((void *)req->job.op.response);
+    free(req);
+    worker_maybe_exit(w);
+}
+
+static void req_maybe_free(idem_req_t *req)
+{
+    if (req->conn || req->pending_jobs > 0 || req->up || req->streaming)
+        return;
+    if (!req->responded && !req->finished)
+        return;
+    if (req->keyed && !req->finished)
+        return;
+    if (!req->timer_open)
+        return;
+    /* This request is done: log it, count it, free it. */
+    idem_gw_t *gw = req->w->gw;
+    idem_metrics_count(&gw->metrics, req->outcome);
+    idem_hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
+    atomic_fetch_sub(&gw->metrics.in_flight, 1);
+    idem_log_request(req->w, req);
+    idem_list_remove(&req->link);
+    req->timer_open = false;
+    req->renewing = false;
+    uv_timer_stop(&req->timer);
+    uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);
+}
+
+/* ---- the worker ------------------------------------------------------------ */
+
+static void on_log_check(uv_check_t *h)
+{
+    idem_worker_t *w = h->data;
+    if (w->log.len)
+        idem_log_flush(w);
+}
+
+static void close_if_open(uv_handle_t *h)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void worker_maybe_exit(idem_worker_t *w)
+{
+    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->conns))
+        return;
+    idem_proxy_close_idle(w);
+    close_if_open((uv_handle_t *)&w->done_async);
+    close_if_open((uv_handle_t *)&w->stop_async);
+    close_if_open((uv_handle_t *)&w->log_check);
+    close_if_open((uv_handle_t *)&w->shutdown_timer);
+}
+
+static void on_shutdown_timer(uv_timer_t *t)
+{
+    /* In-flight work took too long: close every client.  Requests still
+     * waiting for their upstream keep their lease; it runs out by itself. */
+    idem_worker_t *w = t->data;
+    idem_log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections", w->index);
+    while (!idem_list_empty(&w->conns))
+        conn_close(IDEM_CONTAINER(w->conns.next, idem_conn_t, link));
+    idem_link_t *l = w->reqs.next;
+    while (l != &w->reqs) {
+        idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
+        l = l->next;
+        if (req->up || req->streaming)
+            idem_proxy_abort(req);
+    }
+    uv_stop(&w->loop);
+}
+
+static void on_stop_async(uv_async_t *a)
+{
+    idem_worker_t *w = a->data;
+    if (w->stopping)
+        return;
+    w->stopping = true;
+    close_if_open((uv_handle_t *)&w->listener);
+    /* Idle connections close now; busy ones after their response. */
+    idem_link_t *l = w->conns.next;
+    while (l != &w->conns) {
+        idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
+        l = l->next;
+        if (!c->req)
+            conn_close(c);
+    }
+    idem_proxy_close_idle(w);
+    uint64_t grace = (uint64_t)w->gw->cfg->upstream_timeout_ms + 5000;
+    uv_timer_start(&w->shutdown_timer, on_shutdown_timer, grace, 0);
+    uv_unref((uv_handle_t *)&w->shutdown_timer);
+    worker_maybe_exit(w);
+}
+
+void idem_worker_request_stop(idem_worker_t *w) { uv_async_send(&w->stop_async); }
+
+int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *host, int port,
+                     char *err, size_t errlen)
+{
+    memset(w, 0, sizeof *w);
+    w->gw = gw;
+    w->index = index;
+    idem_list_init(&w->done);
+    idem_list_init(&w->conns);
+    idem_list_init(&w->idle_up);
+    idem_list_init(&w->reqs);
+    idem_buf_init(&w->log, 1u << 20);
+    pthread_mutex_init(&w->done_mu, NULL);
+    uv_loop_init(&w->loop);
+    uv_async_init(&w->loop, &w->done_async, on_done_async);
+    w->done_async.data = w;
+    uv_async_init(&w->loop, &w->stop_async, on_stop_async);
+    w->stop_async.data = w;
+    uv_check_init(&w->loop, &w->log_check);
+    w->log_check.data = w;
+    uv_check_start(&w->log_check, on_log_check);
+    uv_unref((uv_handle_t *)&w->log_check);
+    uv_timer_init(&w->loop, &w->shutdown_timer);
+    w->shutdown_timer.data = w;
+
+    struct sockaddr_storage ss;
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
+    if (rc != 0)
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+    if (rc != 0) {
+        snprintf(err, errlen, "--listen: not an IP address: %s", host);
+        return -1;
+    }
+    uv_tcp_init_ex(&w->loop, &w->listener, ss.ss_family);
+    w->listener.data = w;
+    uv_os_fd_t fd;
+    int one = 1;
+    if (uv_fileno((uv_handle_t *)&w->listener, &fd) == 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    rc = uv_tcp_bind(&w->listener, (const struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&w->listener, 1024, on_connection);
+    if (rc != 0) {
+        snprintf(err, errlen, "--listen: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+void *idem_worker_main(void *arg)
+{
+    idem_worker_t *w = arg;
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    idem_log_flush(w);
+    return NULL;
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void idem_worker_cleanup(idem_worker_t *w)
+{
+    uv_walk(&w->loop, close_any, NULL);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+    pthread_mutex_destroy(&w->done_mu);
+    idem_buf_cleanup(&w->log);
+}

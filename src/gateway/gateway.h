@@ -1,0 +1,288 @@
+/* src/gateway/gateway.h - the shared types of idemd.
+ *
+ * idemd is one process with N worker threads, each running its own uv_loop_t
+ * with its own listener (SO_REUSEPORT), client connections and pool of
+ * keep-alive upstream connections; one store writer thread that applies
+ * every queued claim, completion, renewal and release in one transaction
+ * (group commit) and posts results back to the worker that asked; and one
+ * admin thread with its own loop for /healthz, /readyz, /metrics and /keys.
+ *
+ * A request lives in a req_t from the moment its head is parsed until its
+ * outcome is stored and its response written (or its client has gone).  A
+ * request outlives its client connection: a client that hangs up does not
+ * stop the upstream call, and its result is still stored, so the repeat the
+ * client sends next gets the answer.
+ *
+ * THREADING: everything in a worker is touched only by its loop thread,
+ * except the done list (the writer thread pushes to it under its mutex) and
+ * the metrics (atomics).  The config and the store handle are shared,
+ * read-only and thread-safe respectively.
+ */
+#ifndef IDEM_GATEWAY_H
+#define IDEM_GATEWAY_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "gateway/config.h"
+#include "http/http.h"
+#include "idem/engine.h"
+#include "idem/key.h"
+#include "idem/record.h"
+#include "idem/store.h"
+
+typedef struct idem_gw idem_gw_t;
+typedef struct idem_worker idem_worker_t;
+typedef struct idem_conn idem_conn_t;
+typedef struct idem_req idem_req_t;
+typedef struct idem_upconn idem_upconn_t;
+typedef struct idem_wjob idem_wjob_t;
+
+/* ---- intrusive doubly linked list --------------------------------------- */
+
+typedef struct idem_link {
+    struct idem_link *prev, *next;
+} idem_link_t;
+
+static inline void idem_list_init(idem_link_t *head) { head->prev = head->next = head; }
+static inline bool idem_list_empty(const idem_link_t *head) { return head->next == head; }
+static inline void idem_list_push(idem_link_t *head, idem_link_t *l)
+{
+    l->prev = head->prev;
+    l->next = head;
+    head->prev->next = l;
+    head->prev = l;
+}
+static inline void idem_list_remove(idem_link_t *l)
+{
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    l->prev = l->next = l;
+}
+#define IDEM_CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* ---- metrics ------------------------------------------------------------ */
+
+#define IDEM_OUTCOMES(X)                                                                     \
+    X(NEW, "new") X(TAKEOVER, "takeover") X(REPLAY, "replay") X(IN_FLIGHT, "in_flight")    \
+    X(MISMATCH, "mismatch") X(MISSING_KEY, "missing_key") X(INVALID_KEY, "invalid_key")    \
+    X(PASSTHROUGH, "passthrough") X(STORE_ERROR, "store_error") X(BYPASSED, "bypassed")    \
+    X(NOT_RETAINED, "not_retained") X(OUTCOME_UNKNOWN, "outcome_unknown")                  \
+    X(UPSTREAM_UNREACHABLE, "upstream_unreachable") X(BAD_REQUEST, "bad_request")          \
+    X(TOO_LARGE, "too_large") X(WAITED, "waited") X(TOKEN, "token")
+
+typedef enum {
+#define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
+    IDEM_OUTCOMES(IDEM__OUTCOME_ENUM)
+#undef IDEM__OUTCOME_ENUM
+    IDEM_OUT__COUNT
+} idem_outcome_t;
+
+#define IDEM_HIST_BUCKETS 14
+
+typedef struct idem_hist {
+    _Atomic uint64_t buckets[IDEM_HIST_BUCKETS + 1]; /* last: +Inf */
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_us;
+} idem_hist_t;
+
+typedef struct idem_metrics {
+    _Atomic uint64_t requests[IDEM_OUT__COUNT];
+    _Atomic int64_t in_flight;        /* requests being processed now */
+    _Atomic uint64_t store_batches;   /* writer transactions */
+    _Atomic uint64_t store_ops;       /* operations in them */
+    _Atomic uint64_t store_errors;
+    idem_hist_t upstream_latency;
+    idem_hist_t store_latency;        /* one writer transaction */
+    idem_hist_t request_latency;
+} idem_metrics_t;
+
+void idem_metrics_count(idem_metrics_t *m, idem_outcome_t o);
+void idem_hist_observe(idem_hist_t *h, uint64_t ns);
+/** Render Prometheus text into out.  @return 0 or -1 (out full). */
+int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out);
+const char *idem_outcome_name(idem_outcome_t o);
+
+/* ---- the store writer ---------------------------------------------------- */
+
+typedef void (*idem_wjob_cb)(idem_wjob_t *job);
+
+/** One operation queued for the writer thread.  Owned by whoever queued it;
+ * it must stay alive until its callback runs on the owner's loop thread. */
+struct idem_wjob {
+    idem_op_t op;
+    idem_err_t batch_err;  /* the batch's own result (store down, full ...) */
+    idem_wjob_cb cb;       /* runs on the worker's loop thread */
+    void *data;
+    idem_worker_t *worker; /* whose loop gets the result */
+    idem_link_t link;
+};
+
+typedef struct idem_writer {
+    idem_store_t *store;
+    idem_metrics_t *metrics;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    idem_link_t queue;
+    bool stopping;
+    bool started;
+} idem_writer_t;
+
+int idem_writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
+/** Queue a job; its callback runs later on job->worker's loop. */
+void idem_writer_submit(idem_writer_t *w, idem_wjob_t *job);
+/** Apply what is queued, then stop the thread. */
+void idem_writer_stop(idem_writer_t *w);
+
+/* ---- the process ----------------------------------------------------- */
+
+struct idem_gw {
+    idem_config_t *cfg;
+    idem_store_t *store;
+    idem_writer_t writer;
+    idem_metrics_t metrics;
+    struct sockaddr_storage upstream_addr; /* resolved once at start */
+    char upstream_hostport[300];           /* for logs */
+    int nworkers;
+    idem_worker_t *workers;
+    _Atomic bool stopping;
+    bool log_json;
+    _Atomic bool store_ok;                 /* last store answer was good */
+};
+
+struct idem_worker {
+    idem_gw_t *gw;
+    int index;
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_async_t done_async;  /* the writer posted results */
+    uv_async_t stop_async;  /* the main thread asks us to stop */
+    uv_check_t log_check;   /* flushes the log buffer once per loop turn */
+    uv_timer_t shutdown_timer;
+    pthread_mutex_t done_mu;
+    idem_link_t done;       /* idem_wjob_t, filled by the writer thread */
+    idem_link_t conns;      /* open client connections */
+    idem_link_t idle_up;    /* idle keep-alive upstream connections */
+    size_t n_idle_up;
+    idem_link_t reqs;       /* requests in progress */
+    idem_buf_t log;         /* pending log lines */
+    bool stopping;
+    pthread_t thread;
+};
+
+/* server.c */
+int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *host, int port,
+                     char *err, size_t errlen);
+void *idem_worker_main(void *arg);
+/** Ask a worker to stop: close its listener, finish what is in flight. */
+void idem_worker_request_stop(idem_worker_t *w);
+void idem_worker_cleanup(idem_worker_t *w);
+/** Queue a job for the writer on behalf of req's worker. */
+void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job);
+
+/* admin.c */
+typedef struct idem_admin idem_admin_t;
+int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **out, char *err,
+                     size_t errlen);
+void idem_admin_stop(idem_admin_t *a);
+
+/* log.c */
+void idem_log(idem_gw_t *gw, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/** One access-log line for a finished request into the worker's buffer. */
+void idem_log_request(idem_worker_t *w, const idem_req_t *req);
+void idem_log_flush(idem_worker_t *w);
+
+/* problem.c */
+/** Append a whole problem+json response to out.
+ * @param retry_after  seconds for a Retry-After header, or 0 for none.
+ * @param close        whether to add Connection: close. */
+int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
+                       int64_t retry_after, bool close, bool keep_alive_10);
+const char *idem_problem_title(const char *type);
+
+/* ---- a request ---------------------------------------------------------- */
+
+typedef enum {
+    IDEM_UP_OK = 0,
+    IDEM_UP_CONNECT_FAILED, /* nothing was sent */
+    IDEM_UP_BROKEN,         /* sent, the connection broke before a whole response */
+    IDEM_UP_TIMEOUT,        /* sent, no whole response before upstream_timeout */
+    IDEM_UP_BAD_RESPONSE,   /* sent, the answer was not valid HTTP */
+} idem_up_result_t;
+
+struct idem_req {
+    idem_worker_t *w;
+    idem_conn_t *conn;            /* NULL once the client has gone */
+    idem_link_t link;             /* in w->reqs */
+    char *head;                   /* a copy of the request head; msg points into it */
+    idem_http_msg_t msg;
+    idem_buf_t body;              /* the decoded request body */
+    const idem_route_t *route;    /* NULL: no route (off) */
+    const idem_policy_t *policy;  /* route's or defaults */
+    bool keyed;                   /* goes through the store */
+    bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
+    idem_key_id_t id;
+    uint8_t fp[IDEM_FP_LEN];
+    uint64_t fence;
+    uint64_t t_start_ns;
+    int64_t wait_deadline_ms;     /* on_conflict: wait */
+    idem_outcome_t outcome;
+    int status;                   /* what the client was answered */
+    bool renewing;
+    bool finished;                /* the store work is done */
+    bool responded;               /* a response was queued to the client */
+    uv_timer_t timer;             /* renewal, or waiting for a repeat's owner */
+    bool timer_open;
+    int pending_jobs;             /* writer jobs not yet returned */
+    idem_wjob_t job;              /* claim/complete/release/hold */
+    idem_wjob_t renew_job;
+    bool renew_busy;
+    /* upstream */
+    idem_upconn_t *up;
+    uint64_t t_up_ns;
+    char *resp_head;              /* a copy of the response head */
+    idem_http_msg_t resp;         /* the upstream's response head, points into resp_head */
+    idem_buf_t resp_body;         /* captured (bounded) body */
+    uint64_t capture_limit;
+    bool streaming;               /* body over the capture limit: relayed as it comes */
+    bool stream_chunked;          /* the client gets chunked coding */
+    bool stream_close;            /* the client gets close-delimited body */
+    idem_header_t *store_headers; /* response headers kept for replay */
+    size_t n_store_headers;
+};
+
+/* proxy.c: the upstream side of a request. */
+/** Send req (head and body) to the upstream over a pooled or new connection.
+ * Exactly one of idem_req_upstream_done / _overflow / _failed is called later. */
+void idem_proxy_forward(idem_req_t *req);
+/** After _overflow: start relaying the rest of the body to the client. */
+void idem_proxy_resume(idem_req_t *req);
+/** The request no longer wants its upstream connection (client gone while
+ * streaming, shutdown): close it. */
+void idem_proxy_abort(idem_req_t *req);
+/** Close every idle pooled connection of w. */
+void idem_proxy_close_idle(idem_worker_t *w);
+
+/* server.c: callbacks from proxy.c */
+void idem_req_upstream_done(idem_req_t *req);
+void idem_req_upstream_overflow(idem_req_t *req);
+void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why);
+/** Streaming: a piece of body for the client (copied). @return whether the
+ * client's send queue is over its mark (the caller should pause). */
+bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n);
+void idem_req_stream_end(idem_req_t *req, bool complete);
+/** The client's queue drained below its mark: proxy.c may read again. */
+void idem_proxy_on_client_drain(idem_req_t *req);
+
+/* server.c: writing to a client. */
+/** Queue bytes (copied) on the request's client; no-op if the client left. */
+void idem_conn_write(idem_conn_t *c, const void *p, size_t n);
+size_t idem_conn_queue_size(idem_conn_t *c);
+
+#endif /* IDEM_GATEWAY_H */
