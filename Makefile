@@ -1,0 +1,46 @@
+# idem - the commands of README.md.  The build itself is Meson + ninja;
+# every target first installs any missing Debian package (scripts/deps.sh).
+.PHONY: all build build-asan run test test-quick bench fuzz lint clean
+
+MESON_OPTS ?=
+FUZZ_SECONDS ?= 60
+
+all: build
+
+build:
+	@scripts/deps.sh build
+	@test -f build/build.ninja || meson setup build --buildtype=release -Db_ndebug=false $(MESON_OPTS) >/dev/null
+	@ninja -C build
+	@echo "built: build/idemd build/examples/demo-upstream"
+
+build-asan:
+	@scripts/deps.sh test
+	@test -f build-asan/build.ninja || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false $(MESON_OPTS) >/dev/null
+	@ninja -C build-asan
+
+# The demo: an upstream on :9000 and idemd on :8080 with ./idem-data.
+run: build
+	@scripts/run.sh
+
+# Every test: unit, store conformance and black-box, on the optimised and on
+# the sanitizer build, then the HTTP fuzzers for FUZZ_SECONDS, then lint.
+test: build build-asan
+	@python3 scripts/run_tests.py --fuzz-seconds $(FUZZ_SECONDS)
+
+# The same without the sanitizer build and the fuzzers.
+test-quick: build
+	@python3 scripts/run_tests.py --builds build --fuzz-seconds 0
+
+bench: build
+	@scripts/deps.sh bench
+	@bash bench/run.sh
+
+fuzz:
+	@scripts/deps.sh test
+	@bash fuzz/run.sh $(FUZZ_SECONDS)
+
+lint:
+	@sh scripts/lint.sh
+
+clean:
+	rm -rf build build-asan build-fuzz fuzz/corpus-work

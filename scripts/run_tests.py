@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""scripts/run_tests.py - run every test suite of idem and add up the results.
+
+`make test` calls this after building two trees: build/ (optimised) and
+build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer).  For each tree it
+runs every Criterion binary (unit and store suites) and the black-box suite
+against that tree's idemd; then the HTTP fuzzers for a bounded time, and the
+lint.  Criterion's and unittest's own summaries are parsed so the last line
+counts test cases, not binaries:
+
+    N passed, N failed
+
+A sanitizer report (ASan, LSan, UBSan) in any output counts as a failure even
+when the runner itself said the test passed, because Criterion reports a
+leak found in a forked test worker but keeps its verdict.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SANITIZER_RE = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:")
+CRITERION_RE = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+
+
+class Tally:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.failures = []
+
+    def add(self, name, passed, failed):
+        self.passed += passed
+        self.failed += failed
+        if failed:
+            self.failures.append(f"{name}: {failed} failed")
+
+
+def run(cmd, env=None, timeout=None, cwd=ROOT):
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, text=True, errors="replace")
+        out, rc = p.stdout, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or "") if isinstance(e.stdout, str) else (e.stdout or b"").decode("utf-8", "replace")
+        out += f"\n[run_tests] TIMEOUT after {timeout}s\n"
+        rc = -1
+    return rc, out, time.monotonic() - start
+
+
+def sanitizer_env(env):
+    env = dict(env)
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:strict_string_checks=1")
+    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    return env
+
+
+def criterion_suites(build):
+    found = []
+    for sub in ("tests/unit", "tests/store"):
+        d = os.path.join(build, sub)
+        if not os.path.isdir(d):
+            continue
+        for name in sorted(os.listdir(d)):
+            path = os.path.join(d, name)
+            if name.startswith("test_") and os.access(path, os.X_OK) and os.path.isfile(path):
+                found.append(path)
+    return found
+
+
+def run_criterion(tally, build, label, env, log):
+    for exe in criterion_suites(build):
+        name = f"{label}:{os.path.basename(exe)}"
+        rc, out, secs = run([exe, "--jobs=2", "--ascii"], env=env, timeout=900)
+        log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
+        m = CRITERION_RE.search(out)
+        if m:
+            passed, failing, crashing = int(m.group(2)), int(m.group(3)), int(m.group(4))
+            failed = failing + crashing
+        else:
+            passed, failed = 0, 1
+        if SANITIZER_RE.search(out):
+            failed += 1
+        if rc != 0 and failed == 0:
+            failed = 1
+        tally.add(name, passed, failed)
+        print(f"  {name}: {passed} passed, {failed} failed ({secs:.1f}s)", flush=True)
+
+
+def run_blackbox(tally, build, label, env, log, pattern):
+    env = dict(env)
+    env["IDEMD"] = os.path.join(ROOT, build, "idemd")
+    env["IDEM_BUILD"] = os.path.join(ROOT, build)
+    cmd = [sys.executable, "-m", "unittest", "discover", "-s", "tests/blackbox", "-t", ".", "-p", pattern, "-v"]
+    rc, out, secs = run(cmd, env=env, timeout=2400)
+    name = f"{label}:blackbox"
+    log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
+    ran = re.search(r"^Ran (\d+) tests?", out, re.M)
+    total = int(ran.group(1)) if ran else 0
+    failed = 0
+    m = re.search(r"^FAILED \(([^)]*)\)", out, re.M)
+    if m:
+        for part in m.group(1).split(","):
+            k, _, v = part.strip().partition("=")
+            if k in ("failures", "errors", "unexpected successes"):
+                failed += int(v)
+    skipped = 0
+    s = re.search(r"skipped=(\d+)", out)
+    if s:
+        skipped = int(s.group(1))
+    if total == 0 or (rc != 0 and failed == 0):
+        failed = max(failed, 1)
+    passed = max(total - failed - skipped, 0)
+    tally.add(name, passed, failed)
+    print(f"  {name}: {passed} passed, {failed} failed, {skipped} skipped ({secs:.1f}s)", flush=True)
+
+
+def run_step(tally, name, cmd, log, timeout=900, env=None):
+    rc, out, secs = run(cmd, timeout=timeout, env=env)
+    log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
+    tally.add(name, 1 if rc == 0 else 0, 0 if rc == 0 else 1)
+    print(f"  {name}: {'passed' if rc == 0 else 'FAILED'} ({secs:.1f}s)", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--builds", default="build,build-asan", help="comma-separated build dirs")
+    ap.add_argument("--fuzz-seconds", type=int, default=int(os.environ.get("IDEM_FUZZ_SECONDS", "60")))
+    ap.add_argument("--blackbox", default="test_*.py", help="black-box file pattern")
+    ap.add_argument("--log", default="build/test-log.txt")
+    args = ap.parse_args()
+
+    tally = Tally()
+    os.makedirs(os.path.dirname(os.path.join(ROOT, args.log)), exist_ok=True)
+    with open(os.path.join(ROOT, args.log), "w") as log:
+        print("lint:", flush=True)
+        run_step(tally, "lint", ["sh", "scripts/lint.sh"], log)
+        for build in args.builds.split(","):
+            label = "asan" if "asan" in build else "plain"
+            env = sanitizer_env(os.environ) if label == "asan" else dict(os.environ)
+            print(f"{build}:", flush=True)
+            run_criterion(tally, build, label, env, log)
+            run_blackbox(tally, build, label, env, log, args.blackbox)
+        if args.fuzz_seconds > 0:
+            print("fuzz:", flush=True)
+            run_step(tally, "fuzz", ["bash", "fuzz/run.sh", str(args.fuzz_seconds)], log,
+                     timeout=args.fuzz_seconds * 3 + 900)
+    if tally.failures:
+        print("failures (details in %s):" % args.log)
+        for f in tally.failures:
+            print("  " + f)
+    print(f"{tally.passed} passed, {tally.failed} failed", flush=True)
+    return 0 if tally.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
