@@ -517,7 +517,8 @@ static int duration(ctx_t *c, const yaml_node_t *n, const char *key, bool zero_o
     return 0;
 }
 
-static int size(ctx_t *c, const yaml_node_t *n, const char *key, uint64_t *out)
+/* A size; zero_ok is false where 0 would read as "no limit" downstream. */
+static int size(ctx_t *c, const yaml_node_t *n, const char *key, bool zero_ok, uint64_t *out)
 {
     char shown[80];
     uint64_t bytes;
@@ -528,6 +529,8 @@ static int size(ctx_t *c, const yaml_node_t *n, const char *key, uint64_t *out)
         show(shown, sizeof shown, v);
         return fail(c, n, key, "not a size: '%s'", shown);
     }
+    if (bytes == 0 && !zero_ok)
+        return fail(c, n, key, "must be at least 1 byte");
     *out = bytes;
     return 0;
 }
@@ -668,7 +671,7 @@ static int policy_key(ctx_t *c, const yaml_node_t *v, const char *key, int index
     case P_FAILURE_TTL: return duration(c, v, key, true, &p->failure_ttl_ms);
     case P_LEASE: return duration(c, v, key, false, &p->lease_ms);
     case P_WAIT_TIMEOUT: return duration(c, v, key, true, &p->wait_timeout_ms);
-    case P_MAX_RESPONSE: return size(c, v, key, &p->max_response_bytes);
+    case P_MAX_RESPONSE: return size(c, v, key, true, &p->max_response_bytes);
     case P_RELEASE: return status_list(c, v, key, p);
     case P_FP_HEADERS:
         return string_list(c, v, key, L_HEADER, p->fingerprint_headers,
@@ -894,7 +897,7 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
             break;
         case T_UPSTREAM_TIMEOUT: rc = duration(c, n, key, false, &cfg->upstream_timeout_ms); break;
         case T_TOKEN_TTL: rc = duration(c, n, key, false, &cfg->token_ttl_ms); break;
-        case T_MAX_REQUEST: rc = size(c, n, key, &cfg->max_request_bytes); break;
+        case T_MAX_REQUEST: rc = size(c, n, key, false, &cfg->max_request_bytes); break;
         case T_ON_STORE_ERROR:
             rc = choice(c, n, key, store_error_names, 2, &e);
             if (rc == 0)
@@ -1068,6 +1071,8 @@ int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         BAD("upstream: %s: '%s'", why, shown);
     if (cfg->store == NULL || cfg->store[0] == '\0')
         BAD("store: must not be empty");
+    if (cfg->max_request_bytes == 0)
+        BAD("max_request_bytes: must be at least 1 byte");
     if (cfg->workers < 1 || cfg->workers > MAX_WORKERS)
         BAD("workers: must be a whole number from 1 to %d", MAX_WORKERS);
     show(shown, sizeof shown, cfg->replay_header ? cfg->replay_header : "");

@@ -255,6 +255,7 @@ struct idem_req {
     bool stream_close;            /* the client gets close-delimited body */
     idem_header_t *store_headers; /* response headers kept for replay */
     size_t n_store_headers;
+    idem_response_t store_resp;   /* what COMPLETE stores; points into resp_head/resp_body */
 };
 
 /* proxy.c: the upstream side of a request. */

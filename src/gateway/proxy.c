@@ -295,7 +295,8 @@ static void up_read_start(idem_upconn_t *u)
 static void on_up_timeout(uv_timer_t *t)
 {
     idem_upconn_t *u = t->data;
-    up_fail(u, IDEM_UP_TIMEOUT);
+    /* A connection never made means nothing was sent. */
+    up_fail(u, u->state == UP_CONNECTING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_TIMEOUT);
 }
 
 /* ---- sending the request ------------------------------------------------- */

@@ -138,13 +138,19 @@ static void conn_close(idem_conn_t *c)
 {
     if (c->state == CS_CLOSED)
         return;
+    conn_state_t was = c->state;
     c->state = CS_CLOSED;
     idem_list_remove(&c->link);
     if (c->req) {
-        /* The request goes on without its client: its outcome is still stored. */
+        /* A dispatched request goes on without its client: its outcome is
+         * still stored.  One whose body never arrived is simply dropped. */
         idem_req_t *req = c->req;
         c->req = NULL;
         req->conn = NULL;
+        if (was == CS_BODY || was == CS_HEAD) {
+            req->finished = true;
+            req->responded = true;
+        }
         if (req->streaming)
             idem_proxy_abort(req);
         req_maybe_free(req);
@@ -484,6 +490,8 @@ static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
     if (c) {
         idem_conn_write(c, buf->data, buf->len);
         conn_response_done(c, client_keep_alive(req));
+    } else {
+        req_maybe_free(req);
     }
 }
 
@@ -786,11 +794,7 @@ static void req_store_outcome(idem_req_t *req, bool retained)
         req_store_unavailable(req, "out of memory");
         return;
     }
-    idem_response_t *resp = calloc(1, sizeof *resp);
-    if (!resp) {
-        req_store_unavailable(req, "out of memory");
-        return;
-    }
+    idem_response_t *resp = &req->store_resp;
     resp->status = status;
     resp->headers = req->store_headers;
     resp->n_headers = req->n_store_headers;
@@ -1184,7 +1188,6 @@ static void on_req_timer_closed(uv_handle_t *h)
     idem_buf_cleanup(&req->resp_body);
     free(req->resp_head);
     free(req->store_headers);
-    free((void *)req->job.op.response);
     free(req);
     worker_maybe_exit(w);
 }
