@@ -80,9 +80,16 @@ typedef struct idem_http_head_state {
     size_t scanned;
 } idem_http_head_state_t;
 
-/** Parse a request head from buf[0..len).
+/** Parse a request head from buf[0..len).  Besides the rules above, a second
+ * Host field and a target that is none of origin-form ("/..."), absolute- or
+ * authority-form ("scheme:..." / "host:port") or "*" (OPTIONS only) are
+ * IDEM_HTTP_E_BAD.  Up to two empty lines before the request line are skipped
+ * and counted in the head length.
  * @param st        zero it before the first call of each message.
- * @param max_head  the head limit in bytes (IDEM_HTTP_MAX_HEAD).
+ * @param max_head  the head limit in bytes (IDEM_HTTP_MAX_HEAD); a head still
+ *                  unfinished when len reaches it is IDEM_HTTP_E_HEAD_TOO_LARGE
+ *                  at once.
+ * @param msg       filled on success; its slices point into buf.
  * @return head length (> 0) when complete, IDEM_HTTP_INCOMPLETE, or an
  *         IDEM_HTTP_E_* code. */
 int idem_http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
@@ -106,18 +113,20 @@ bool idem_slice_eq_ci(idem_slice_t s, const char *str);
 
 /** Whether name is a hop-by-hop header (Connection, Keep-Alive, Proxy-*,
  * TE, Trailer, Transfer-Encoding, Upgrade) or one listed in the message's
- * Connection header. */
+ * Connection header (msg may be NULL: then only the fixed list). */
 bool idem_http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name);
 
 /* ---- bodies ------------------------------------------------------------ */
 
 typedef struct idem_http_body {
     idem_http_framing_t framing;
-    uint64_t remaining;   /* LENGTH: bytes left; CHUNKED: left in this chunk */
+    uint64_t remaining;   /* LENGTH: bytes left; CHUNKED: left in this chunk
+                             (or the size being read on a chunk-size line) */
     int state;            /* chunked decoder state (private) */
     uint64_t limit;       /* maximum decoded body bytes; 0 = none */
     uint64_t total;       /* decoded bytes so far */
-    size_t line_len;      /* bytes of the current chunk-size/trailer line (bounded) */
+    size_t line_len;      /* bytes of the current chunk-size line (at most 4 KiB),
+                             or of the trailer section so far (at most 16 KiB) */
 } idem_http_body_t;
 
 #define IDEM_HTTP_BODY_DATA 1  /* *data holds body bytes */
@@ -137,8 +146,9 @@ void idem_http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64
 int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
                         idem_slice_t *data);
 
-/** The connection closed: IDEM_HTTP_BODY_DONE for EOF framing, else
- * IDEM_HTTP_E_BODY (the message was cut short). */
+/** The connection closed: IDEM_HTTP_BODY_DONE for EOF framing (and for a
+ * body that was already complete), else IDEM_HTTP_E_BODY (the message was cut
+ * short), or the error the decoder already returned. */
 int idem_http_body_eof(idem_http_body_t *b);
 
 /* ---- writing ----------------------------------------------------------- */
@@ -162,9 +172,11 @@ int idem_buf_appendf(idem_buf_t *b, const char *fmt, ...) __attribute__((format(
 /** Remove the first n bytes. */
 void idem_buf_consume(idem_buf_t *b, size_t n);
 
-/** Append "HTTP/1.1 <status> <reason>\r\n". */
+/** Append "HTTP/1.1 <status> <reason>\r\n"; -1 also for a status outside
+ * 100..999. */
 int idem_http_write_status(idem_buf_t *b, int status);
-/** Append "Name: value\r\n". */
+/** Append "Name: value\r\n"; -1 also when name is not a non-empty token or
+ * value holds CR, LF or NUL (no header injection), buffer unchanged. */
 int idem_http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
                           size_t value_len);
 /** Append one chunk of chunked coding (nothing for n == 0). */

@@ -1,0 +1,173 @@
+/* fuzz/fuzz_http_request.c - libFuzzer target for the request side of
+ * src/http: the head parser and the body decoder, on pipelined input.
+ *
+ * The first input byte chooses the split point and the piece size; the rest
+ * is parsed as a sequence of requests, one after another, as a
+ * connection would deliver them.  For each head the parse is done at once
+ * and also in two pieces (a prefix of a length chosen by the first byte,
+ * copied to its own allocation so that reading past it is caught, then the
+ * whole buffer with the same state); both must agree.  Each body is decoded
+ * at once and again in small pieces; both must agree byte for byte.
+ * Invariants checked: slices lie inside the head, head_len <= len and the
+ * limit, n_fields within bounds, decoded bytes never exceed the input, data
+ * slices lie inside what was consumed, and every call makes progress.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/http.h"
+
+#define MAX_HEAD 2048          /* small, so the 431 path is reached */
+#define BODY_LIMIT (64 * 1024) /* the 413 path too */
+#define MAX_MESSAGES 8
+
+#define CHECK(c)                                                                   \
+    do {                                                                           \
+        if (!(c)) {                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+            abort();                                                               \
+        }                                                                          \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static bool inside(idem_slice_t s, const char *buf, size_t len)
+{
+    if (s.len == 0)
+        return true;
+    return s.ptr >= buf && s.len <= len && (size_t)(s.ptr - buf) <= len - s.len;
+}
+
+static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t len)
+{
+    CHECK(rc > 0 && (size_t)rc == m->head_len);
+    CHECK(m->head_len <= len && m->head_len <= MAX_HEAD);
+    CHECK(m->method.len > 0 && inside(m->method, buf, m->head_len));
+    CHECK(m->target.len > 0 && inside(m->target, buf, m->head_len));
+    CHECK(m->version_minor == 0 || m->version_minor == 1);
+    CHECK(m->n_fields <= IDEM_HTTP_MAX_HEADERS);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        CHECK(m->fields[i].name.len > 0);
+        CHECK(inside(m->fields[i].name, buf, m->head_len));
+        CHECK(inside(m->fields[i].value, buf, m->head_len));
+    }
+    CHECK(m->framing == IDEM_HTTP_BODY_NONE || m->framing == IDEM_HTTP_BODY_LENGTH ||
+          m->framing == IDEM_HTTP_BODY_CHUNKED);
+    CHECK(m->framing == IDEM_HTTP_BODY_LENGTH || m->content_length == 0);
+    CHECK(m->content_length <= ((uint64_t)1 << 53));
+    CHECK(!m->expect_continue || m->version_minor == 1);
+    CHECK(m->framing != IDEM_HTTP_BODY_CHUNKED || m->version_minor == 1);
+    CHECK(idem_http_count(m, "content-length") <= 1);
+}
+
+/* Decode the body in in[0..len) arriving in pieces of `piece` bytes (0: at
+ * once); decoded bytes go to out.  Returns the decoder's last result. */
+static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t piece, char *out,
+                  size_t *out_len, size_t *used)
+{
+    idem_http_body_t b;
+    idem_http_body_init(&b, m, BODY_LIMIT);
+    size_t off = 0, avail = 0;
+    *out_len = 0;
+    for (;;) {
+        if (avail < len && (avail == off || piece == 0))
+            avail = (piece == 0 || len - avail < piece) ? len : avail + piece;
+        size_t c = 0;
+        idem_slice_t d;
+        int rc = idem_http_body_feed(&b, in + off, avail - off, &c, &d);
+        CHECK(c <= avail - off);
+        off += c;
+        if (rc == IDEM_HTTP_BODY_DATA) {
+            CHECK(d.len > 0 && c > 0);
+            CHECK(d.ptr >= in && d.ptr + d.len <= in + off);
+            memcpy(out + *out_len, d.ptr, d.len);
+            *out_len += d.len;
+            CHECK(*out_len <= off && *out_len <= BODY_LIMIT);
+            CHECK(b.total == *out_len);
+        } else if (rc == IDEM_HTTP_INCOMPLETE && avail < len) {
+            CHECK(off == avail);
+        } else {
+            CHECK(rc == IDEM_HTTP_BODY_DONE || rc == IDEM_HTTP_INCOMPLETE ||
+                  rc == IDEM_HTTP_E_BODY || rc == IDEM_HTTP_E_BODY_TOO_LARGE);
+            if (rc == IDEM_HTTP_INCOMPLETE) {
+                CHECK(off == len);
+                CHECK(idem_http_body_eof(&b) == IDEM_HTTP_E_BODY);
+            }
+            *used = off;
+            return rc;
+        }
+    }
+}
+
+/* Parse buf[0..len) as a head at once and in two pieces; both must agree. */
+static int parse_head(const char *buf, size_t len, size_t split, idem_http_msg_t *m)
+{
+    idem_http_head_state_t st = {0};
+    int rc = idem_http_parse_request(&st, buf, len, MAX_HEAD, m);
+    CHECK(rc <= (int)len);
+    if (rc > 0)
+        check_msg(m, rc, buf, len);
+
+    if (split > len)
+        split = len;
+    char *prefix = malloc(split ? split : 1);
+    CHECK(prefix != NULL);
+    memcpy(prefix, buf, split);
+    static idem_http_msg_t m2;
+    idem_http_head_state_t st2 = {0};
+    int rc1 = idem_http_parse_request(&st2, prefix, split, MAX_HEAD, &m2);
+    free(prefix);
+    CHECK(st2.scanned <= split);
+    if (rc1 == IDEM_HTTP_INCOMPLETE) {
+        int rc2 = idem_http_parse_request(&st2, buf, len, MAX_HEAD, &m2);
+        CHECK(rc2 == rc);
+        if (rc2 > 0) {
+            CHECK(m2.n_fields == m->n_fields && m2.framing == m->framing &&
+                  m2.content_length == m->content_length && m2.keep_alive == m->keep_alive);
+        }
+    } else {
+        /* a verdict on the prefix is the verdict on the whole */
+        CHECK(rc1 == rc);
+    }
+    return rc;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static idem_http_msg_t m;
+    const char *buf = (const char *)data;
+    if (size < 1)
+        return 0;
+    size_t split_byte = data[0], piece = (size_t)(data[0] % 13) + 1;
+    buf += 1;
+    size -= 1;
+
+    char *out1 = malloc(size + 1), *out2 = malloc(size + 1);
+    CHECK(out1 != NULL && out2 != NULL);
+    size_t off = 0;
+    for (int n = 0; n < MAX_MESSAGES && off < size; n++) {
+        size_t left = size - off;
+        int rc = parse_head(buf + off, left, split_byte * left / 255, &m);
+        if (rc <= 0)
+            break;
+        (void)idem_http_is_hop_by_hop(&m, (idem_slice_t){"x-a", 3});
+        off += (size_t)rc;
+        size_t len1 = 0, len2 = 0, used1 = 0, used2 = 0;
+        int b1 = decode(&m, buf + off, size - off, 0, out1, &len1, &used1);
+        int b2 = decode(&m, buf + off, size - off, piece, out2, &len2, &used2);
+        CHECK(b1 == b2);
+        CHECK(len1 == len2 && memcmp(out1, out2, len1) == 0);
+        CHECK(used1 == used2);
+        CHECK(len1 <= used1);
+        if (m.framing == IDEM_HTTP_BODY_NONE)
+            CHECK(b1 == IDEM_HTTP_BODY_DONE && used1 == 0);
+        if (b1 != IDEM_HTTP_BODY_DONE)
+            break;
+        off += used1;
+    }
+    free(out1);
+    free(out2);
+    return 0;
+}
