@@ -74,19 +74,26 @@ typedef struct idem_config {
 } idem_config_t;
 
 /** Fill cfg with the defaults of SPEC section 10 (one route: POST, PATCH on
- * "/" required).  @return 0, or -1 when out of memory. */
+ * "/" required; log_format "text").  cfg need not be initialised; its strings
+ * are then owned by it (replace them with idem_config_set_string, free them
+ * with idem_config_cleanup).  @return 0, or -1 when out of memory (cfg is
+ * then cleaned up). */
 int idem_config_defaults(idem_config_t *cfg);
 
 /** Overlay the YAML file at path on cfg (which holds defaults).  When the
  * file has `routes`, they replace the default route; each route starts from
- * the file's `defaults`.
+ * the file's `defaults` (wherever `defaults` stands in the file) and keeps
+ * the keys it sets itself.  Strict: unknown or repeated keys, wrong shapes,
+ * empty values, files over 1 MiB and a second YAML document are errors.
+ * See docs/configuration.md.
  * @param[out] err  on failure a one-line message naming file, line and key.
  * @return 0, or -1 with err set (cfg is then left valid but partly updated). */
 int idem_config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen);
 
 /** Check values that depend on each other (listen/admin addresses parse,
- * upstream URL is http://host:port, workers in range ...).
- * @return 0, or -1 with err set ("--listen: ..." or "config: ..."). */
+ * upstream URL is http://host:port, workers in range ...).  Run it after the
+ * flags are applied: the message names the key, not where it came from.
+ * @return 0, or -1 with err set ("listen: not HOST:PORT ...: 'x'"). */
 int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen);
 
 /** Free everything cfg owns. */

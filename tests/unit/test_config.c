@@ -1,0 +1,816 @@
+/* tests/unit/test_config.c - idemd's configuration (src/gateway/config.c).
+ *
+ * Each test writes its YAML into a fresh temporary directory as idem.yaml,
+ * so that error messages can be compared whole: "<path>:<line>: <key>:
+ * <problem>".  The configuration under test is one static idem_config_t
+ * (it is large) filled with the defaults before each test and freed after.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gateway/config.h"
+#include "idem/alloc.h"
+
+static idem_config_t cfg;
+static char dir[64];
+static char path[128];
+static char err[512];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/idem-config-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/idem.yaml", dir);
+    err[0] = '\0';
+    cr_assert_eq(idem_config_defaults(&cfg), 0);
+}
+
+static void teardown(void)
+{
+    idem_config_cleanup(&cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
+TestSuite(config, .init = setup, .fini = teardown);
+
+static void write_file(const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+}
+
+static int load(const char *text)
+{
+    write_file(text);
+    return idem_config_load_file(&cfg, path, err, sizeof err);
+}
+
+/* Load text, expect failure with exactly "<path>:<line>: <rest>". */
+static void expect_error(const char *text, int line, const char *rest)
+{
+    char want[512];
+    cr_assert_eq(load(text), -1, "loaded although it should fail: %s", text);
+    snprintf(want, sizeof want, "%s:%d: %s", path, line, rest);
+    cr_assert_str_eq(err, want);
+}
+
+/* ---- defaults ------------------------------------------------------------ */
+
+Test(config, defaults_are_spec_section_10)
+{
+    cr_assert_str_eq(cfg.listen, "127.0.0.1:8080");
+    cr_assert_str_eq(cfg.admin, "127.0.0.1:8081");
+    cr_assert_str_eq(cfg.upstream, "http://127.0.0.1:9000");
+    cr_assert_str_eq(cfg.store, "lmdb:./idem-data");
+    cr_assert_eq(cfg.workers, 1);
+    cr_assert_eq(cfg.upstream_timeout_ms, 60000);
+    cr_assert_eq(cfg.max_request_bytes, 10u * 1024 * 1024);
+    cr_assert_eq(cfg.on_store_error, IDEM_STORE_ERR_CLOSED);
+    cr_assert_str_eq(cfg.replay_header, "X-Idempotent-Replay");
+    cr_assert_str_eq(cfg.scope_header, "Authorization");
+    cr_assert_eq(cfg.local_cache, 0);
+    cr_assert_eq(cfg.token_ttl_ms, 300000);
+    cr_assert_str_eq(cfg.log_format, "text");
+}
+
+static void assert_default_policy(const idem_policy_t *p)
+{
+    cr_assert_eq(p->key_ttl_ms, 24LL * 3600 * 1000);
+    cr_assert_eq(p->failure_ttl_ms, 5 * 60 * 1000);
+    cr_assert_eq(p->lease_ms, 30000);
+    cr_assert_eq(p->on_conflict, IDEM_CONFLICT_REJECT);
+    cr_assert_eq(p->on_unknown_outcome, IDEM_UNKNOWN_EXPIRE);
+    cr_assert_eq(p->wait_timeout_ms, 10000);
+    cr_assert_eq(p->fingerprint_body, IDEM_FPBODY_RAW);
+    cr_assert_eq(p->n_fingerprint_headers, 0);
+    cr_assert_eq(p->n_fingerprint_ignore, 0);
+    cr_assert_eq(p->max_response_bytes, 1024 * 1024);
+    cr_assert_eq(p->n_release_statuses, 2);
+    cr_assert_eq(p->release_statuses[0], 429);
+    cr_assert_eq(p->release_statuses[1], 503);
+}
+
+Test(config, default_policy_is_spec_section_10)
+{
+    assert_default_policy(&cfg.defaults);
+}
+
+Test(config, default_route_is_post_patch_on_root_required)
+{
+    cr_assert_eq(cfg.n_routes, 1);
+    const idem_route_t *r = &cfg.routes[0];
+    cr_assert_eq(r->n_methods, 2);
+    cr_assert_str_eq(r->methods[0], "POST");
+    cr_assert_str_eq(r->methods[1], "PATCH");
+    cr_assert_str_eq(r->path, "/");
+    cr_assert_eq(r->mode, IDEM_MODE_REQUIRED);
+    assert_default_policy(&r->policy);
+}
+
+Test(config, defaults_are_valid)
+{
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, defaults_fail_cleanly_when_memory_runs_out)
+{
+    static idem_config_t c2;
+    for (long n = 1;; n++) {
+        idem_alloc_fail_after(n);
+        int rc = idem_config_defaults(&c2);
+        idem_alloc_fail_after(0);
+        if (rc == 0)
+            break;
+        cr_assert_eq(rc, -1);
+        cr_assert_null(c2.listen); /* cleaned up, nothing left to leak */
+        cr_assert_eq(c2.n_routes, 0);
+        cr_assert_lt(n, 100);
+    }
+    idem_config_cleanup(&c2);
+}
+
+/* ---- files that load ----------------------------------------------------- */
+
+Test(config, empty_file_keeps_defaults)
+{
+    cr_assert_eq(load(""), 0, "%s", err);
+    cr_assert_str_eq(cfg.listen, "127.0.0.1:8080");
+    cr_assert_eq(cfg.n_routes, 1);
+    assert_default_policy(&cfg.routes[0].policy);
+}
+
+Test(config, comments_and_bare_document_marker_keep_defaults)
+{
+    cr_assert_eq(load("# nothing here\n---\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg.store, "lmdb:./idem-data");
+    cr_assert_eq(cfg.n_routes, 1);
+}
+
+static const char full_file[] =
+    "listen: 0.0.0.0:18080\n"
+    "admin: '[::1]:18081'\n"
+    "upstream: http://backend.local:9100/\n"
+    "store: redis://cache:6379/2\n"
+    "workers: 8\n"
+    "upstream_timeout: 15s\n"
+    "max_request_bytes: 2MiB\n"
+    "on_store_error: open\n"
+    "replay_header: X-Replayed\n"
+    "scope_header: X-Tenant\n"
+    "local_cache: 5000\n"
+    "token_ttl: 2m\n"
+    "log_format: json\n"
+    "defaults:\n"
+    "  key_ttl: 48h\n"
+    "  failure_ttl: 1m\n"
+    "  lease: 45s\n"
+    "  on_conflict: wait\n"
+    "  on_unknown_outcome: hold\n"
+    "  wait_timeout: 2500ms\n"
+    "  fingerprint_body: json\n"
+    "  fingerprint_headers: [Content-Type, X-Api-Version]\n"
+    "  fingerprint_ignore: [/client_time, \"\", /a~1b]\n"
+    "  max_response_bytes: 64KiB\n"
+    "  release_statuses: [429, 503, 409]\n"
+    "routes:\n"
+    "  - methods: [POST]\n"
+    "    path: /payments\n"
+    "    mode: token\n"
+    "  - methods: [PUT, DELETE]\n"
+    "    path: /orders/\n"
+    "    mode: optional\n"
+    "    lease: 5s\n";
+
+Test(config, full_file_sets_every_top_level_key)
+{
+    cr_assert_eq(load(full_file), 0, "%s", err);
+    cr_assert_str_eq(cfg.listen, "0.0.0.0:18080");
+    cr_assert_str_eq(cfg.admin, "[::1]:18081");
+    cr_assert_str_eq(cfg.upstream, "http://backend.local:9100/");
+    cr_assert_str_eq(cfg.store, "redis://cache:6379/2");
+    cr_assert_eq(cfg.workers, 8);
+    cr_assert_eq(cfg.upstream_timeout_ms, 15000);
+    cr_assert_eq(cfg.max_request_bytes, 2u * 1024 * 1024);
+    cr_assert_eq(cfg.on_store_error, IDEM_STORE_ERR_OPEN);
+    cr_assert_str_eq(cfg.replay_header, "X-Replayed");
+    cr_assert_str_eq(cfg.scope_header, "X-Tenant");
+    cr_assert_eq(cfg.local_cache, 5000);
+    cr_assert_eq(cfg.token_ttl_ms, 120000);
+    cr_assert_str_eq(cfg.log_format, "json");
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, full_file_sets_every_defaults_key)
+{
+    cr_assert_eq(load(full_file), 0, "%s", err);
+    const idem_policy_t *p = &cfg.defaults;
+    cr_assert_eq(p->key_ttl_ms, 48LL * 3600 * 1000);
+    cr_assert_eq(p->failure_ttl_ms, 60000);
+    cr_assert_eq(p->lease_ms, 45000);
+    cr_assert_eq(p->on_conflict, IDEM_CONFLICT_WAIT);
+    cr_assert_eq(p->on_unknown_outcome, IDEM_UNKNOWN_HOLD);
+    cr_assert_eq(p->wait_timeout_ms, 2500);
+    cr_assert_eq(p->fingerprint_body, IDEM_FPBODY_JSON);
+    cr_assert_eq(p->n_fingerprint_headers, 2);
+    cr_assert_str_eq(p->fingerprint_headers[0], "content-type");
+    cr_assert_str_eq(p->fingerprint_headers[1], "x-api-version");
+    cr_assert_eq(p->n_fingerprint_ignore, 3);
+    cr_assert_str_eq(p->fingerprint_ignore[0], "/client_time");
+    cr_assert_str_eq(p->fingerprint_ignore[1], "");
+    cr_assert_str_eq(p->fingerprint_ignore[2], "/a~1b");
+    cr_assert_eq(p->max_response_bytes, 64 * 1024);
+    cr_assert_eq(p->n_release_statuses, 3);
+    cr_assert_eq(p->release_statuses[2], 409);
+}
+
+Test(config, full_file_routes_replace_the_default_route)
+{
+    cr_assert_eq(load(full_file), 0, "%s", err);
+    cr_assert_eq(cfg.n_routes, 2);
+    cr_assert_eq(cfg.routes[0].n_methods, 1);
+    cr_assert_str_eq(cfg.routes[0].methods[0], "POST");
+    cr_assert_str_eq(cfg.routes[0].path, "/payments");
+    cr_assert_eq(cfg.routes[0].mode, IDEM_MODE_TOKEN);
+    cr_assert_eq(cfg.routes[1].n_methods, 2);
+    cr_assert_str_eq(cfg.routes[1].methods[1], "DELETE");
+    cr_assert_str_eq(cfg.routes[1].path, "/orders/");
+    cr_assert_eq(cfg.routes[1].mode, IDEM_MODE_OPTIONAL);
+}
+
+Test(config, quoted_numbers_are_accepted)
+{
+    cr_assert_eq(load("workers: '4'\n"), 0, "%s", err);
+    cr_assert_eq(cfg.workers, 4);
+}
+
+Test(config, empty_routes_list_leaves_no_route)
+{
+    cr_assert_eq(load("routes: []\n"), 0, "%s", err);
+    cr_assert_eq(cfg.n_routes, 0);
+    cr_assert_null(idem_config_match(&cfg, "POST", 4, "/x", 2));
+}
+
+Test(config, route_without_methods_path_or_mode_takes_the_default_route_values)
+{
+    cr_assert_eq(load("routes:\n  - lease: 1s\n"), 0, "%s", err);
+    cr_assert_eq(cfg.n_routes, 1);
+    cr_assert_eq(cfg.routes[0].n_methods, 2);
+    cr_assert_str_eq(cfg.routes[0].methods[0], "POST");
+    cr_assert_str_eq(cfg.routes[0].methods[1], "PATCH");
+    cr_assert_str_eq(cfg.routes[0].path, "/");
+    cr_assert_eq(cfg.routes[0].mode, IDEM_MODE_REQUIRED);
+}
+
+/* ---- inheritance --------------------------------------------------------- */
+
+Test(config, routes_inherit_defaults_written_before_them)
+{
+    cr_assert_eq(load("defaults:\n"
+                      "  lease: 7s\n"
+                      "  fingerprint_headers: [X-A]\n"
+                      "routes:\n"
+                      "  - path: /a\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.routes[0].policy.lease_ms, 7000);
+    cr_assert_eq(cfg.routes[0].policy.n_fingerprint_headers, 1);
+    cr_assert_str_eq(cfg.routes[0].policy.fingerprint_headers[0], "x-a");
+    cr_assert_eq(cfg.routes[0].policy.key_ttl_ms, 24LL * 3600 * 1000); /* untouched default */
+}
+
+Test(config, routes_inherit_defaults_written_after_them)
+{
+    cr_assert_eq(load("routes:\n"
+                      "  - path: /a\n"
+                      "defaults:\n"
+                      "  lease: 7s\n"
+                      "  on_conflict: wait\n"
+                      "  fingerprint_ignore: [/t]\n"),
+                 0, "%s", err);
+    const idem_policy_t *p = &cfg.routes[0].policy;
+    cr_assert_eq(p->lease_ms, 7000);
+    cr_assert_eq(p->on_conflict, IDEM_CONFLICT_WAIT);
+    cr_assert_eq(p->n_fingerprint_ignore, 1);
+    cr_assert_str_eq(p->fingerprint_ignore[0], "/t");
+}
+
+Test(config, route_overrides_only_the_keys_it_sets)
+{
+    cr_assert_eq(load("routes:\n"
+                      "  - path: /a\n"
+                      "    lease: 2s\n"
+                      "    release_statuses: []\n"
+                      "    fingerprint_headers: [X-Own]\n"
+                      "defaults:\n"
+                      "  lease: 7s\n"
+                      "  wait_timeout: 3s\n"
+                      "  release_statuses: [500]\n"
+                      "  fingerprint_headers: [X-Default]\n"),
+                 0, "%s", err);
+    const idem_policy_t *p = &cfg.routes[0].policy;
+    cr_assert_eq(p->lease_ms, 2000);
+    cr_assert_eq(p->n_release_statuses, 0);
+    cr_assert_eq(p->n_fingerprint_headers, 1);
+    cr_assert_str_eq(p->fingerprint_headers[0], "x-own");
+    cr_assert_eq(p->wait_timeout_ms, 3000);
+}
+
+Test(config, routes_do_not_share_policy_between_each_other)
+{
+    cr_assert_eq(load("routes:\n"
+                      "  - path: /a\n"
+                      "    fingerprint_body: json\n"
+                      "  - path: /b\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.routes[0].policy.fingerprint_body, IDEM_FPBODY_JSON);
+    cr_assert_eq(cfg.routes[1].policy.fingerprint_body, IDEM_FPBODY_RAW);
+}
+
+Test(config, defaults_without_routes_apply_to_the_default_route)
+{
+    cr_assert_eq(load("defaults:\n  key_ttl: 1h\n"), 0, "%s", err);
+    cr_assert_eq(cfg.n_routes, 1);
+    cr_assert_str_eq(cfg.routes[0].path, "/");
+    cr_assert_eq(cfg.routes[0].policy.key_ttl_ms, 3600000);
+}
+
+Test(config, a_list_in_the_file_replaces_the_default_list)
+{
+    cr_assert_eq(load("defaults:\n  release_statuses: [502]\n"), 0, "%s", err);
+    cr_assert_eq(cfg.defaults.n_release_statuses, 1);
+    cr_assert_eq(cfg.defaults.release_statuses[0], 502);
+}
+
+Test(config, yaml_aliases_are_followed)
+{
+    cr_assert_eq(load("defaults:\n"
+                      "  fingerprint_headers: &h [X-A, X-B]\n"
+                      "routes:\n"
+                      "  - path: /a\n"
+                      "    fingerprint_headers: *h\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.routes[0].policy.n_fingerprint_headers, 2);
+    cr_assert_str_eq(cfg.routes[0].policy.fingerprint_headers[1], "x-b");
+}
+
+Test(config, load_fails_cleanly_when_memory_runs_out)
+{
+    write_file(full_file);
+    for (long n = 1;; n++) {
+        idem_alloc_fail_after(n);
+        int rc = idem_config_load_file(&cfg, path, err, sizeof err);
+        idem_alloc_fail_after(0);
+        if (rc == 0)
+            break;
+        cr_assert(strstr(err, "out of memory") != NULL, "%s", err);
+        cr_assert_lt(n, 1000);
+        /* cfg must stay valid: start over from a fresh one (ASan checks leaks) */
+        idem_config_cleanup(&cfg);
+        cr_assert_eq(idem_config_defaults(&cfg), 0);
+    }
+    cr_assert_eq(cfg.n_routes, 2);
+}
+
+/* ---- errors -------------------------------------------------------------- */
+
+Test(config, bad_duration_names_file_line_and_key)
+{
+    expect_error("workers: 2\n"
+                 "defaults:\n"
+                 "  key_ttl: 1h\n"
+                 "  lease: 3x\n",
+                 4, "defaults.lease: not a duration: '3x'");
+}
+
+Test(config, duration_of_zero_is_refused_for_a_lease)
+{
+    expect_error("defaults:\n  lease: 0s\n", 2, "defaults.lease: must be longer than 0");
+}
+
+Test(config, bad_size_is_refused)
+{
+    expect_error("max_request_bytes: 10 MB\n", 1, "max_request_bytes: not a size: '10 MB'");
+}
+
+Test(config, zero_request_limit_is_refused_but_zero_response_limit_is_not)
+{
+    expect_error("max_request_bytes: 0\n", 1, "max_request_bytes: must be at least 1 byte");
+    cr_assert_eq(load("defaults:\n  max_response_bytes: 0\n"), 0, "%s", err);
+    cr_assert_eq(cfg.defaults.max_response_bytes, 0);
+}
+
+Test(config, bad_route_mode_names_the_route_index)
+{
+    expect_error("routes:\n"
+                 "  - path: /a\n"
+                 "    mode: off\n"
+                 "  - path: /b\n"
+                 "    mode: sometimes\n",
+                 5, "routes[1].mode: must be one of required, optional, token, off");
+}
+
+Test(config, bad_enums_are_refused)
+{
+    expect_error("on_store_error: maybe\n", 1, "on_store_error: must be one of closed, open");
+    expect_error("defaults:\n  on_conflict: queue\n", 2,
+                 "defaults.on_conflict: must be one of reject, wait");
+    expect_error("defaults:\n  on_unknown_outcome: retry\n", 2,
+                 "defaults.on_unknown_outcome: must be one of expire, hold");
+    expect_error("defaults:\n  fingerprint_body: xml\n", 2,
+                 "defaults.fingerprint_body: must be one of raw, json");
+    expect_error("log_format: yaml\n", 1, "log_format: must be one of json, text");
+}
+
+Test(config, unknown_top_level_key_is_refused)
+{
+    expect_error("listen: 127.0.0.1:1234\nlisten_addr: x\n", 2, "listen_addr: unknown key");
+}
+
+Test(config, unknown_key_in_defaults_is_refused)
+{
+    expect_error("defaults:\n  leese: 3s\n", 2, "defaults.leese: unknown key");
+}
+
+Test(config, unknown_key_in_a_route_is_refused)
+{
+    expect_error("routes:\n  - path: /a\n    methdos: [POST]\n", 3, "routes[0].methdos: unknown key");
+}
+
+Test(config, key_given_twice_is_refused)
+{
+    expect_error("workers: 2\nworkers: 3\n", 2, "workers: key given twice");
+}
+
+Test(config, list_where_a_value_belongs_is_refused)
+{
+    expect_error("store: [a, b]\n", 1, "store: expected a single value, found a list");
+}
+
+Test(config, mapping_where_a_value_belongs_is_refused)
+{
+    expect_error("defaults:\n  lease:\n    s: 3\n", 3,
+                 "defaults.lease: expected a single value, found a mapping");
+}
+
+Test(config, value_where_a_list_belongs_is_refused)
+{
+    expect_error("defaults:\n  release_statuses: 429\n", 2,
+                 "defaults.release_statuses: expected a list, found a single value");
+}
+
+Test(config, empty_value_is_refused)
+{
+    expect_error("store:\n", 1, "store: missing value");
+    expect_error("defaults:\n  fingerprint_headers:\n", 2,
+                 "defaults.fingerprint_headers: expected a list (write [] for none)");
+}
+
+Test(config, defaults_must_be_a_mapping)
+{
+    expect_error("defaults: [1]\n", 1, "defaults: expected a mapping of keys, found a list");
+}
+
+Test(config, workers_out_of_range_are_refused)
+{
+    expect_error("workers: 0\n", 1, "workers: must be a whole number from 1 to 64");
+    expect_error("workers: 65\n", 1, "workers: must be a whole number from 1 to 64");
+    expect_error("workers: -1\n", 1, "workers: must be a whole number from 1 to 64");
+}
+
+Test(config, release_status_outside_100_599_is_refused)
+{
+    expect_error("defaults:\n  release_statuses: [429,\n    600]\n", 3,
+                 "defaults.release_statuses[1]: must be a whole number from 100 to 599");
+}
+
+Test(config, lowercase_method_is_refused)
+{
+    expect_error("routes:\n  - methods: [POST, post]\n", 2,
+                 "routes[0].methods[1]: not an uppercase method name: 'post'");
+}
+
+Test(config, empty_method_list_is_refused)
+{
+    expect_error("routes:\n  - methods: []\n", 2,
+                 "routes[0].methods: must list at least one method");
+}
+
+Test(config, path_without_leading_slash_is_refused)
+{
+    expect_error("routes:\n  - path: payments\n", 2,
+                 "routes[0].path: must start with '/': 'payments'");
+}
+
+Test(config, bad_fingerprint_header_name_is_refused)
+{
+    expect_error("defaults:\n  fingerprint_headers: ['X A']\n", 2,
+                 "defaults.fingerprint_headers[0]: not a header name: 'X A'");
+}
+
+Test(config, bad_json_pointer_is_refused)
+{
+    expect_error("defaults:\n  fingerprint_ignore: [client_time]\n", 2,
+                 "defaults.fingerprint_ignore[0]: not a JSON pointer (\"\" or starting with /): "
+                 "'client_time'");
+    expect_error("defaults:\n  fingerprint_ignore: [/a~2]\n", 2,
+                 "defaults.fingerprint_ignore[0]: not a JSON pointer (\"\" or starting with /): "
+                 "'/a~2'");
+}
+
+Test(config, list_longer_than_the_limit_is_refused)
+{
+    char text[1024];
+    size_t used = (size_t)snprintf(text, sizeof text, "defaults:\n  fingerprint_headers: [");
+    for (int i = 0; i <= IDEM_CONFIG_MAX_LIST; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%sh%d", i ? ", " : "", i);
+    snprintf(text + used, sizeof text - used, "]\n");
+    char want[128];
+    snprintf(want, sizeof want, "defaults.fingerprint_headers: too many entries (at most %d)",
+             IDEM_CONFIG_MAX_LIST);
+    expect_error(text, 2, want);
+}
+
+Test(config, more_routes_than_the_limit_are_refused)
+{
+    static char text[64 * 1024];
+    size_t used = (size_t)snprintf(text, sizeof text, "routes:\n");
+    for (int i = 0; i <= IDEM_CONFIG_MAX_ROUTES; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "  - path: /r%d\n", i);
+    char want[128];
+    snprintf(want, sizeof want, "routes: too many routes (at most %d)", IDEM_CONFIG_MAX_ROUTES);
+    expect_error(text, 2, want);
+}
+
+Test(config, exactly_the_route_limit_is_accepted)
+{
+    static char text[64 * 1024];
+    size_t used = (size_t)snprintf(text, sizeof text, "routes:\n");
+    for (int i = 0; i < IDEM_CONFIG_MAX_ROUTES; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "  - path: /r%d\n", i);
+    cr_assert_eq(load(text), 0, "%s", err);
+    cr_assert_eq(cfg.n_routes, IDEM_CONFIG_MAX_ROUTES);
+}
+
+Test(config, bad_listen_address_in_the_file_is_refused)
+{
+    expect_error("listen: localhost\n", 1,
+                 "listen: not HOST:PORT (port 1-65535, IPv6 in brackets): 'localhost'");
+}
+
+Test(config, https_upstream_is_refused)
+{
+    expect_error("\nupstream: https://api:443\n", 2,
+                 "upstream: https is not supported (idemd speaks plain HTTP to its upstream): "
+                 "'https://api:443'");
+}
+
+Test(config, bad_replay_header_is_refused)
+{
+    expect_error("replay_header: 'X Replay'\n", 1, "replay_header: not a header name: 'X Replay'");
+}
+
+Test(config, yaml_syntax_error_gives_its_line)
+{
+    cr_assert_eq(load("listen: 127.0.0.1:1\nadmin: 127.0.0.1:2\nstore: [a\nworkers: 2\n"), -1);
+    char want[256];
+    snprintf(want, sizeof want, "%s:", path);
+    cr_assert(strncmp(err, want, strlen(want)) == 0, "%s", err);
+    cr_assert(strstr(err, "YAML syntax error") != NULL, "%s", err);
+    /* the unclosed flow list is detected where the file ends or the next key is */
+    long line = strtol(err + strlen(want), NULL, 10);
+    cr_assert(line >= 3 && line <= 5, "%s", err);
+}
+
+Test(config, yaml_syntax_error_mid_file_points_at_its_line)
+{
+    expect_error("workers: 2\nlisten: a: b\n", 2,
+                 "YAML syntax error: mapping values are not allowed in this context");
+}
+
+Test(config, top_level_list_is_refused)
+{
+    expect_error("- a\n- b\n", 1, "the top level must be a mapping of keys");
+}
+
+Test(config, second_document_is_refused)
+{
+    expect_error("workers: 2\n---\nworkers: 3\n", 3, "only one YAML document is allowed");
+}
+
+Test(config, missing_file_is_reported_with_strerror)
+{
+    char want[256];
+    cr_assert_eq(idem_config_load_file(&cfg, path, err, sizeof err), -1);
+    snprintf(want, sizeof want, "%s: cannot read: No such file or directory", path);
+    cr_assert_str_eq(err, want);
+}
+
+Test(config, file_over_one_mebibyte_is_refused)
+{
+    static char text[1024 * 1024 + 16];
+    memset(text, '#', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    char want[256];
+    cr_assert_eq(load(text), -1);
+    snprintf(want, sizeof want, "%s: larger than 1 MiB", path);
+    cr_assert_str_eq(err, want);
+}
+
+/* ---- addresses ----------------------------------------------------------- */
+
+Test(config, parse_addr_accepts_ipv4_ipv6_and_names)
+{
+    char host[64];
+    int port;
+    cr_assert_eq(idem_config_parse_addr("127.0.0.1:8080", host, sizeof host, &port), 0);
+    cr_assert_str_eq(host, "127.0.0.1");
+    cr_assert_eq(port, 8080);
+    cr_assert_eq(idem_config_parse_addr("[::1]:1", host, sizeof host, &port), 0);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(port, 1);
+    cr_assert_eq(idem_config_parse_addr("localhost:65535", host, sizeof host, &port), 0);
+    cr_assert_str_eq(host, "localhost");
+    cr_assert_eq(port, 65535);
+}
+
+Test(config, parse_addr_refuses_bad_ports)
+{
+    char host[64];
+    int port;
+    const char *bad[] = {"localhost", "localhost:", "localhost:0", "localhost:65536",
+                         "localhost:80x", "localhost:+80", "localhost:000080"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(idem_config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
+}
+
+Test(config, parse_addr_refuses_bad_hosts)
+{
+    char host[64];
+    int port;
+    const char *bad[] = {":80", "::1:80", "[::1]80", "[zz]:80", "[]:80", "a b:80",
+                         "999.1.1.1:80", "[::1:80"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(idem_config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
+        cr_assert_str_eq(host, "");
+        cr_assert_eq(port, 0);
+    }
+}
+
+Test(config, parse_addr_refuses_a_host_longer_than_the_buffer)
+{
+    char host[5];
+    int port;
+    cr_assert_eq(idem_config_parse_addr("abcd:80", host, sizeof host, &port), 0);
+    cr_assert_eq(idem_config_parse_addr("abcde:80", host, sizeof host, &port), -1);
+}
+
+Test(config, parse_upstream_takes_host_and_port)
+{
+    char host[64];
+    int port;
+    cr_assert_eq(idem_config_parse_upstream("HTTP://[::1]:9000/", host, sizeof host, &port), 0);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(port, 9000);
+    cr_assert_eq(idem_config_parse_upstream("http://api:80/v1", host, sizeof host, &port), -1);
+    cr_assert_eq(idem_config_parse_upstream("http://api", host, sizeof host, &port), -1);
+}
+
+/* ---- validate ------------------------------------------------------------ */
+
+static void expect_invalid(const char *want_prefix)
+{
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), -1);
+    cr_assert(strncmp(err, want_prefix, strlen(want_prefix)) == 0, "got '%s', want '%s...'", err,
+              want_prefix);
+}
+
+Test(config, validate_refuses_a_bad_listen_address)
+{
+    idem_config_set_string(&cfg.listen, "8080");
+    expect_invalid("listen: not HOST:PORT");
+}
+
+Test(config, validate_refuses_a_bad_admin_address)
+{
+    idem_config_set_string(&cfg.admin, "[::1]");
+    expect_invalid("admin: not HOST:PORT");
+}
+
+Test(config, validate_refuses_admin_on_the_listen_address)
+{
+    idem_config_set_string(&cfg.admin, cfg.listen);
+    expect_invalid("admin: must not be the same address as listen");
+}
+
+Test(config, validate_refuses_upstreams_other_than_http_host_port)
+{
+    const char *bad[] = {"https://a:1", "ftp://a:1", "http://a", "http://a:1/x", "http://a:1?q",
+                         "http://u@a:1", "a:1", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        idem_config_set_string(&cfg.upstream, bad[i]);
+        expect_invalid("upstream: ");
+    }
+}
+
+Test(config, validate_accepts_upstream_with_a_trailing_slash)
+{
+    idem_config_set_string(&cfg.upstream, "http://[::1]:9000/");
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, validate_refuses_an_empty_store)
+{
+    idem_config_set_string(&cfg.store, "");
+    expect_invalid("store: must not be empty");
+}
+
+Test(config, validate_refuses_bad_header_names)
+{
+    idem_config_set_string(&cfg.replay_header, "X-Replay:");
+    expect_invalid("replay_header: not a header name");
+    idem_config_set_string(&cfg.replay_header, "X-Replay");
+    idem_config_set_string(&cfg.scope_header, "");
+    expect_invalid("scope_header: not a header name");
+}
+
+Test(config, validate_refuses_workers_out_of_range)
+{
+    cfg.workers = 65;
+    expect_invalid("workers: must be a whole number from 1 to 64");
+}
+
+Test(config, validate_refuses_an_unknown_log_format)
+{
+    idem_config_set_string(&cfg.log_format, "xml");
+    expect_invalid("log_format: must be one of json, text");
+}
+
+/* ---- matching ------------------------------------------------------------ */
+
+static const idem_route_t *match(const char *method, const char *target)
+{
+    return idem_config_match(&cfg, method, strlen(method), target, strlen(target));
+}
+
+Test(config, default_route_matches_post_and_patch_only)
+{
+    cr_assert_eq(match("POST", "/anything"), &cfg.routes[0]);
+    cr_assert_eq(match("PATCH", "/"), &cfg.routes[0]);
+    cr_assert_null(match("GET", "/anything"));
+    cr_assert_null(match("PUT", "/anything"));
+}
+
+Test(config, method_match_is_case_sensitive)
+{
+    cr_assert_null(match("post", "/anything"));
+}
+
+Test(config, first_matching_route_wins)
+{
+    cr_assert_eq(load("routes:\n"
+                      "  - {methods: [POST], path: /payments/refunds, mode: off}\n"
+                      "  - {methods: [POST], path: /payments, mode: token}\n"
+                      "  - {methods: [POST, PUT], path: /, mode: optional}\n"),
+                 0, "%s", err);
+    cr_assert_eq(match("POST", "/payments/refunds/7"), &cfg.routes[0]);
+    cr_assert_eq(match("POST", "/payments/7"), &cfg.routes[1]);
+    cr_assert_eq(match("PUT", "/payments/7"), &cfg.routes[2]);
+    cr_assert_eq(match("POST", "/other"), &cfg.routes[2]);
+    cr_assert_null(match("PATCH", "/other"));
+}
+
+Test(config, path_is_a_plain_byte_prefix)
+{
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /pay}\n"), 0, "%s", err);
+    cr_assert_not_null(match("POST", "/pay"));
+    cr_assert_not_null(match("POST", "/payments"));
+    cr_assert_null(match("POST", "/pa"));
+    cr_assert_null(match("POST", "/Pay"));
+}
+
+Test(config, query_string_is_not_part_of_the_path)
+{
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /a/b}\n"), 0, "%s", err);
+    cr_assert_null(match("POST", "/a?/b"));
+    cr_assert_not_null(match("POST", "/a/b?x=1"));
+}
+
+Test(config, absolute_form_target_matches_on_its_path)
+{
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /a}\n"), 0, "%s", err);
+    cr_assert_not_null(match("POST", "http://example.com/a/1?x"));
+    cr_assert_null(match("POST", "http://example.com/b"));
+    cr_assert_null(match("POST", "http://example.com"));
+}
+
+Test(config, method_length_is_respected)
+{
+    /* the method slice is not NUL-terminated in a request buffer */
+    cr_assert_null(idem_config_match(&cfg, "POSTX", 5, "/", 1));
+    cr_assert_not_null(idem_config_match(&cfg, "POSTX", 4, "/", 1));
+}
