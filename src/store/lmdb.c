@@ -1,2 +1,658 @@
-/* placeholder until written */
-typedef int idem__placeholder_lmdb;
+/* src/store/lmdb.c - the embedded, durable store ("lmdb:PATH").
+ *
+ * An LMDB environment in directory PATH (created, mode 0700, if missing)
+ * with one named database, "records", mapping scope '\0' key to the encoded
+ * record (src/core/record.c).  Every exec is one LMDB write transaction:
+ * for each op it reads the current value, lets idem__store_apply decide
+ * (the same code the memory store runs), and writes the new value in place
+ * with MDB_RESERVE, so the claim path allocates nothing.  LMDB allows one
+ * writer at a time across all threads and processes, which is what makes a
+ * claim exclusive: of any number of claims of one key, in any number of
+ * processes sharing PATH, the first to commit forwards and every later one
+ * sees its record.
+ *
+ * Durability.  sync=always (default) keeps LMDB's default flags: a commit
+ * returns after fsync, so a claim is durable before its request is
+ * forwarded.  Concurrent requests share one fsync in two ways: a caller may
+ * batch them into one exec, and concurrent exec calls on one environment
+ * are group-committed here: they queue, and one of them (the leader) runs
+ * the whole queue as one transaction while the others wait for its commit.
+ * sync=interval opens the environment with MDB_NOSYNC, and a flusher thread
+ * calls mdb_env_sync every 100 ms and once at close: a crash of the process loses nothing, a power loss loses
+ * up to the last 100 ms.  MDB_WRITEMAP is not used; docs/stores.md has the
+ * measurements and the reasons (with it, a full disk kills the process with
+ * SIGBUS instead of failing a commit).
+ *
+ * One environment per directory per process.  LMDB forbids opening the same
+ * environment twice in one process (its fcntl locks are per process, so a
+ * second open would re-initialise the lock file under the first).  Handles
+ * opened on one directory therefore share one refcounted `struct env` from a
+ * process-wide registry keyed by the directory's (device, inode); entries
+ * of another pid (inherited over fork) are ignored, since a child must open
+ * its own environment.  Several processes may open PATH at once: LMDB's
+ * lock file coordinates them, and open runs mdb_reader_check to free the
+ * reader slots of processes that died.  All sharers should use one map_size.
+ *
+ * Retention.  get treats a record past expires_at as absent; sweep deletes
+ * such records in bounded steps, scanning with a cursor from where the last
+ * call stopped (a key saved in the handle) and wrapping around at the end.
+ *
+ * Errors: MDB_MAP_FULL is IDEM_E_STORE_FULL (the transaction is aborted,
+ * reads go on working); a full reader table or a panic is IDEM_E_STORE_DOWN;
+ * anything else IDEM_E_IO; the LMDB text goes to idem_store_errstr.
+ *
+ * THREADING: the environment is opened with MDB_NOTLS, so a read-only
+ * transaction belongs to no thread; get and ping may run in any number of
+ * threads and never wait for the writer.  exec queues under the
+ * environment's qlock and the leader takes LMDB's writer lock; sweep takes
+ * it directly.  The registry has its own mutex, the sweep position another.
+ */
+#include <errno.h>
+#include <lmdb.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "idem/alloc.h"
+#include "idem/units.h"
+#include "store/store_impl.h"
+
+#define DEFAULT_MAP_SIZE (1ull << 30)
+#define MIN_MAP_SIZE (64ull << 10)
+#define MAX_MAP_SIZE (1ull << 44) /* 16 TiB: beyond that, a typo */
+#define MAX_READERS 512
+#define FLUSH_INTERVAL_NS 100000000L
+#define DB_NAME "records"
+#define GROUP_MAX_OPS 10000 /* ops in one group-commit transaction, past the first batch */
+
+/* A caller's batch waiting for the group commit (lives on its stack). */
+struct job {
+    struct job *next;
+    idem_op_t *ops;
+    size_t n;
+    int done;          /* set by the leader, under qlock */
+    idem_err_t result; /* the transaction's outcome */
+    char errstr[200];  /* its detail, for the caller's idem_store_errstr */
+};
+
+/* One open environment, shared by every handle of its directory in this process. */
+struct env {
+    struct env *next; /* registry list */
+    dev_t dev;
+    ino_t ino;
+    pid_t pid;    /* the process that opened it */
+    int refs;     /* handles using it; guarded by registry_lock */
+    int nosync;   /* opened with sync=interval (MDB_NOSYNC) */
+    MDB_env *env;
+    MDB_dbi dbi;
+    /* the flusher (nosync only) */
+    pthread_t flusher;
+    pthread_mutex_t flock;
+    pthread_cond_t fcond;
+    int stopping;           /* guarded by flock */
+    atomic_int sync_failed; /* the last background mdb_env_sync failed */
+    /* the group commit queue */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    struct job *qhead;
+    struct job **qtail;
+    int leading; /* a caller is running a transaction for the queue */
+};
+
+struct lmdb_store {
+    struct idem_store base; /* first: an lmdb_store is an idem_store */
+    struct env *e;
+    pthread_mutex_t sweep_lock;
+    char sweep_key[IDEM_STORE_KEY_MAX]; /* where the next sweep starts */
+    size_t sweep_klen;                  /* 0: from the first record */
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct env *registry;
+
+/* Map an LMDB code to ours, keeping the detail for idem_store_errstr. */
+static idem_err_t fail(struct lmdb_store *s, const char *what, int rc)
+{
+    idem__store_seterr(&s->base, "lmdb %s: %s", what, mdb_strerror(rc));
+    switch (rc) {
+    case MDB_MAP_FULL:
+        return IDEM_E_STORE_FULL;
+    case MDB_READERS_FULL:
+    case MDB_MAP_RESIZED:
+    case MDB_PANIC:
+        return IDEM_E_STORE_DOWN;
+    default:
+        return IDEM_E_IO;
+    }
+}
+
+static int begin(struct lmdb_store *s, unsigned flags, MDB_txn **txn)
+{
+    int rc = mdb_txn_begin(s->e->env, NULL, flags, txn);
+    if (rc == MDB_READERS_FULL) {
+        /* Slots of dead processes are freed lazily; try once more after. */
+        int dead = 0;
+        if (mdb_reader_check(s->e->env, &dead) == 0 && dead > 0)
+            rc = mdb_txn_begin(s->e->env, NULL, flags, txn);
+    }
+    return rc;
+}
+
+/* ---- the flusher (sync=interval) ---------------------------------------- */
+
+static void *flusher_main(void *arg)
+{
+    struct env *e = arg;
+    struct timespec at;
+
+    pthread_mutex_lock(&e->flock);
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    while (!e->stopping) {
+        at.tv_nsec += FLUSH_INTERVAL_NS;
+        if (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        while (!e->stopping && pthread_cond_timedwait(&e->fcond, &e->flock, &at) != ETIMEDOUT)
+            ;
+        pthread_mutex_unlock(&e->flock);
+        atomic_store(&e->sync_failed, mdb_env_sync(e->env, 1) != 0);
+        pthread_mutex_lock(&e->flock);
+    }
+    pthread_mutex_unlock(&e->flock);
+    return NULL;
+}
+
+static int flusher_start(struct env *e)
+{
+    pthread_condattr_t ca;
+
+    pthread_mutex_init(&e->flock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->fcond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&e->flusher, NULL, flusher_main, e) != 0) {
+        pthread_cond_destroy(&e->fcond);
+        pthread_mutex_destroy(&e->flock);
+        return -1;
+    }
+    return 0;
+}
+
+static void flusher_stop(struct env *e)
+{
+    pthread_mutex_lock(&e->flock);
+    e->stopping = 1;
+    pthread_cond_signal(&e->fcond);
+    pthread_mutex_unlock(&e->flock);
+    pthread_join(e->flusher, NULL); /* it syncs once more on its way out */
+    pthread_cond_destroy(&e->fcond);
+    pthread_mutex_destroy(&e->flock);
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+struct opts {
+    int nosync;
+    uint64_t map_size;
+};
+
+static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, size_t errlen)
+{
+    char name[IDEM_STORE_OPT_MAX + 1], value[IDEM_STORE_OPT_MAX + 1];
+    int r;
+
+    o->nosync = 0;
+    o->map_size = DEFAULT_MAP_SIZE;
+    while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
+        if (strcmp(name, "sync") == 0) {
+            if (strcmp(value, "always") == 0) {
+                o->nosync = 0;
+            } else if (strcmp(value, "interval") == 0) {
+                o->nosync = 1;
+            } else {
+                idem__store_errbuf(errbuf, errlen,
+                                   "lmdb store option sync=%s: expected always or interval",
+                                   value);
+                return IDEM_E_INVAL;
+            }
+        } else if (strcmp(name, "map_size") == 0) {
+            uint64_t size;
+            if (idem_parse_size(value, &size) != IDEM_OK || size < MIN_MAP_SIZE ||
+                size > MAX_MAP_SIZE) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "lmdb store option map_size=%s: expected a size from "
+                                   "64KiB to 16TiB, e.g. 1GiB",
+                                   value);
+                return IDEM_E_INVAL;
+            }
+            /* LMDB maps whole pages. */
+            long page = sysconf(_SC_PAGESIZE);
+            uint64_t ps = page > 0 ? (uint64_t)page : 4096u;
+            o->map_size = (size + ps - 1) / ps * ps;
+        } else {
+            idem__store_errbuf(errbuf, errlen,
+                               "unknown option \"%s\" for store lmdb: (known: sync, map_size)",
+                               name);
+            return IDEM_E_INVAL;
+        }
+    }
+    return r < 0 ? IDEM_E_INVAL : IDEM_OK;
+}
+
+/* Open a new environment in dir (registry_lock held). */
+static idem_err_t env_create(const char *dir, const struct stat *st, const struct opts *o,
+                             struct env **out, char *errbuf, size_t errlen)
+{
+    struct env *e = idem_calloc(1, sizeof *e);
+    MDB_txn *txn = NULL;
+    const char *what;
+    int rc;
+
+    if (e == NULL)
+        return IDEM_E_NOMEM;
+    e->dev = st->st_dev;
+    e->ino = st->st_ino;
+    e->pid = getpid();
+    e->nosync = o->nosync;
+    atomic_init(&e->sync_failed, 0);
+    e->qtail = &e->qhead;
+
+    if ((rc = mdb_env_create(&e->env)) != 0) {
+        what = "mdb_env_create";
+        goto fail;
+    }
+    if ((rc = mdb_env_set_maxreaders(e->env, MAX_READERS)) != 0 ||
+        (rc = mdb_env_set_maxdbs(e->env, 2)) != 0 ||
+        (rc = mdb_env_set_mapsize(e->env, (size_t)o->map_size)) != 0) {
+        what = "configuring the environment";
+        goto fail;
+    }
+    /* No MDB_WRITEMAP: see docs/stores.md (a full disk would be SIGBUS). */
+    unsigned flags = MDB_NOTLS | (o->nosync ? MDB_NOSYNC : 0);
+    if ((rc = mdb_env_open(e->env, dir, flags, 0600)) != 0) {
+        what = "mdb_env_open";
+        goto fail;
+    }
+    int dead = 0;
+    mdb_reader_check(e->env, &dead); /* free slots of dead processes; best effort */
+    if ((rc = mdb_txn_begin(e->env, NULL, 0, &txn)) != 0) {
+        what = "mdb_txn_begin";
+        goto fail;
+    }
+    if ((rc = mdb_dbi_open(txn, DB_NAME, MDB_CREATE, &e->dbi)) != 0) {
+        mdb_txn_abort(txn);
+        what = "mdb_dbi_open";
+        goto fail;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {
+        what = "creating the records database";
+        goto fail;
+    }
+    if (o->nosync && flusher_start(e) != 0) {
+        idem__store_errbuf(errbuf, errlen, "lmdb store %s: cannot start the flusher thread",
+                           dir);
+        mdb_env_close(e->env);
+        idem_free(e);
+        return IDEM_E_NOMEM;
+    }
+    pthread_mutex_init(&e->qlock, NULL);
+    pthread_cond_init(&e->qcond, NULL);
+    *out = e;
+    return IDEM_OK;
+
+fail:
+    idem__store_errbuf(errbuf, errlen, "lmdb store %s: %s: %s", dir, what, mdb_strerror(rc));
+    if (e->env != NULL)
+        mdb_env_close(e->env);
+    idem_free(e);
+    return rc == MDB_MAP_FULL ? IDEM_E_STORE_FULL : IDEM_E_IO;
+}
+
+static void env_release(struct env *e)
+{
+    pthread_mutex_lock(&registry_lock);
+    if (--e->refs > 0) {
+        pthread_mutex_unlock(&registry_lock);
+        return;
+    }
+    for (struct env **pp = &registry; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (e->nosync) {
+        flusher_stop(e);
+        mdb_env_sync(e->env, 1); /* the last 100 ms, also if the flusher never ran */
+    }
+    mdb_env_close(e->env);
+    pthread_cond_destroy(&e->qcond);
+    pthread_mutex_destroy(&e->qlock);
+    idem_free(e);
+}
+
+static idem_err_t lmdb_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    size_t path_len;
+    const char *query;
+    char dir[PATH_MAX];
+    struct opts o;
+    struct stat st;
+
+    idem__store_split(rest, &path_len, &query);
+    if (path_len == 0) {
+        idem__store_errbuf(errbuf, errlen, "store URL lmdb: needs a directory (lmdb:PATH)");
+        return IDEM_E_INVAL;
+    }
+    if (path_len >= sizeof dir) {
+        idem__store_errbuf(errbuf, errlen, "lmdb store path is longer than %d bytes",
+                           PATH_MAX - 1);
+        return IDEM_E_INVAL;
+    }
+    memcpy(dir, rest, path_len);
+    dir[path_len] = '\0';
+    idem_err_t err = parse_opts(query, &o, errbuf, errlen);
+    if (err != IDEM_OK)
+        return err;
+
+    struct lmdb_store *s = idem_calloc(1, sizeof *s);
+    if (s == NULL)
+        return IDEM_E_NOMEM;
+    s->base.ops = &idem__store_lmdb_ops;
+
+    pthread_mutex_lock(&registry_lock);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        idem__store_errbuf(errbuf, errlen, "lmdb store: cannot create directory %s: %s", dir,
+                           strerror(errno));
+        err = IDEM_E_IO;
+    } else if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        idem__store_errbuf(errbuf, errlen, "lmdb store: %s is not a directory", dir);
+        err = IDEM_E_IO;
+    } else {
+        pid_t pid = getpid();
+        struct env *e = registry;
+        while (e != NULL && !(e->dev == st.st_dev && e->ino == st.st_ino && e->pid == pid))
+            e = e->next;
+        if (e != NULL && e->nosync != o.nosync) {
+            idem__store_errbuf(errbuf, errlen,
+                               "lmdb store %s is already open in this process with sync=%s",
+                               dir, e->nosync ? "interval" : "always");
+            err = IDEM_E_INVAL;
+        } else if (e == NULL) {
+            err = env_create(dir, &st, &o, &e, errbuf, errlen);
+            if (err == IDEM_OK) {
+                e->next = registry;
+                registry = e;
+            }
+        }
+        if (err == IDEM_OK) {
+            e->refs++;
+            s->e = e;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+
+    if (err != IDEM_OK) {
+        idem_free(s);
+        return err;
+    }
+    pthread_mutex_init(&s->sweep_lock, NULL);
+    *out = &s->base;
+    return IDEM_OK;
+}
+
+static void lmdb_close(idem_store_t *base)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    env_release(s->e);
+    pthread_mutex_destroy(&s->sweep_lock);
+    idem_free(s);
+}
+
+/* ---- the ops ------------------------------------------------------------- */
+
+/* Apply one caller's ops inside txn; 0 or the LMDB code that stops the txn. */
+static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const char **what)
+{
+    char key[IDEM_STORE_KEY_MAX];
+    idem_record_t next;
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        idem_op_t *op = &ops[i];
+        if (op->err != IDEM_OK)
+            continue;
+        MDB_val k = {idem__store_key(&op->id, key), key}, v;
+        rc = mdb_get(txn, dbi, &k, &v);
+        if (rc != 0 && rc != MDB_NOTFOUND) {
+            *what = "mdb_get";
+            return rc;
+        }
+        const uint8_t *cur = rc == 0 ? v.mv_data : NULL;
+        switch (idem__store_apply(op, cur, rc == 0 ? v.mv_size : 0, &next)) {
+        case IDEM__STORE_KEEP:
+            break;
+        case IDEM__STORE_PUT: {
+            MDB_val nv = {idem_record_encoded_size(&next), NULL};
+            if ((rc = mdb_put(txn, dbi, &k, &nv, MDB_RESERVE)) != 0) {
+                *what = "mdb_put";
+                return rc;
+            }
+            idem_record_encode_into(&next, nv.mv_data);
+            break;
+        }
+        case IDEM__STORE_DEL:
+            if ((rc = mdb_del(txn, dbi, &k, NULL)) != 0) {
+                *what = "mdb_del";
+                return rc;
+            }
+            break;
+        }
+    }
+    return 0;
+}
+
+/* One write transaction over every job of the list. */
+static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
+{
+    MDB_txn *txn;
+    const char *what = "";
+    int rc;
+
+    if ((rc = begin(s, 0, &txn)) != 0)
+        return fail(s, "mdb_txn_begin", rc);
+    for (struct job *j = jobs; j != NULL; j = j->next) {
+        if ((rc = apply_ops(txn, s->e->dbi, j->ops, j->n, &what)) != 0) {
+            mdb_txn_abort(txn);
+            return fail(s, what, rc);
+        }
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0)
+        return fail(s, "mdb_txn_commit", rc);
+    return IDEM_OK;
+}
+
+/* Group commit: callers queue their batch; whoever finds no leader becomes
+ * it, takes the queue (up to GROUP_MAX_OPS ops) and runs it as one
+ * transaction, one fsync for all, then wakes the others.  Alone, a caller
+ * simply leads its own batch.  A transaction that fails fails every batch in
+ * it with the same code (a full map or an I/O error is not one caller's). */
+static idem_err_t lmdb_exec(idem_store_t *base, idem_op_t *ops, size_t n)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    struct env *e = s->e;
+    struct job me = {.ops = ops, .n = n};
+
+    pthread_mutex_lock(&e->qlock);
+    *e->qtail = &me;
+    e->qtail = &me.next;
+    while (!me.done) {
+        if (e->leading) {
+            pthread_cond_wait(&e->qcond, &e->qlock);
+            continue;
+        }
+        e->leading = 1;
+        struct job *first = e->qhead, *last = first;
+        size_t total = first->n;
+        while (last->next != NULL && total + last->next->n <= GROUP_MAX_OPS) {
+            last = last->next;
+            total += last->n;
+        }
+        e->qhead = last->next;
+        if (e->qhead == NULL)
+            e->qtail = &e->qhead;
+        last->next = NULL;
+        pthread_mutex_unlock(&e->qlock);
+
+        idem_err_t err = run_jobs(s, first);
+
+        pthread_mutex_lock(&e->qlock);
+        for (struct job *j = first; j != NULL; j = j->next) {
+            j->result = err;
+            if (err != IDEM_OK)
+                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            j->done = 1;
+        }
+        e->leading = 0;
+        pthread_cond_broadcast(&e->qcond);
+    }
+    pthread_mutex_unlock(&e->qlock);
+    if (me.result != IDEM_OK)
+        idem__store_seterr(base, "%s", me.errstr);
+    return me.result;
+}
+
+static idem_err_t lmdb_get(idem_store_t *base, const idem_key_id_t *id, int64_t now_ms,
+                           idem_record_t *rec)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    char key[IDEM_STORE_KEY_MAX];
+    MDB_val k = {idem__store_key(id, key), key}, v;
+    MDB_txn *txn;
+    idem_err_t err;
+    int rc;
+
+    if ((rc = begin(s, MDB_RDONLY, &txn)) != 0) {
+        err = fail(s, "mdb_txn_begin", rc);
+        return err == IDEM_E_IO ? IDEM_E_STORE_DOWN : err;
+    }
+    rc = mdb_get(txn, s->e->dbi, &k, &v);
+    if (rc == MDB_NOTFOUND) {
+        err = IDEM_E_NOTFOUND;
+    } else if (rc != 0) {
+        fail(s, "mdb_get", rc);
+        err = IDEM_E_STORE_DOWN;
+    } else {
+        err = idem_record_decode(v.mv_data, v.mv_size, rec);
+        if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
+            idem_record_cleanup(rec);
+            err = IDEM_E_NOTFOUND;
+        }
+    }
+    mdb_txn_abort(txn);
+    return err;
+}
+
+static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    MDB_txn *txn;
+    MDB_cursor *c;
+    MDB_val k, v;
+    idem_record_t head;
+    char at[IDEM_STORE_KEY_MAX]; /* the position after this call */
+    size_t at_len = 0, visited = 0, gone = 0;
+    const char *what = "mdb_cursor_open";
+    int rc;
+
+    pthread_mutex_lock(&s->sweep_lock);
+    if ((rc = begin(s, 0, &txn)) != 0) {
+        pthread_mutex_unlock(&s->sweep_lock);
+        return fail(s, "mdb_txn_begin", rc);
+    }
+    if ((rc = mdb_cursor_open(txn, s->e->dbi, &c)) != 0)
+        goto abort;
+    what = "sweeping";
+    if (s->sweep_klen > 0) {
+        k.mv_data = s->sweep_key;
+        k.mv_size = s->sweep_klen;
+        rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+    } else {
+        rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+    }
+    while (rc == 0) {
+        if (visited == max) {
+            if (k.mv_size <= sizeof at) { /* longer: not ours; start over next time */
+                memcpy(at, k.mv_data, k.mv_size);
+                at_len = k.mv_size;
+            }
+            break;
+        }
+        visited++;
+        if (idem_record_decode_head(v.mv_data, v.mv_size, &head) == IDEM_OK &&
+            head.expires_at_ms <= now_ms) {
+            if ((rc = mdb_cursor_del(c, 0)) != 0)
+                goto abort;
+            gone++;
+        }
+        /* After a delete the cursor already rests on the next record, and
+         * LMDB's MDB_NEXT returns that one rather than skipping it. */
+        rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+    }
+    if (rc != 0 && rc != MDB_NOTFOUND)
+        goto abort;
+    mdb_cursor_close(c);
+    if (gone == 0) {
+        mdb_txn_abort(txn); /* nothing written: no commit, no fsync */
+    } else if ((rc = mdb_txn_commit(txn)) != 0) {
+        pthread_mutex_unlock(&s->sweep_lock);
+        return fail(s, "mdb_txn_commit", rc);
+    }
+    memcpy(s->sweep_key, at, at_len);
+    s->sweep_klen = at_len; /* 0 at the end: wrap around */
+    pthread_mutex_unlock(&s->sweep_lock);
+    *removed = gone;
+    return IDEM_OK;
+
+abort:
+    mdb_txn_abort(txn); /* also closes the cursor */
+    pthread_mutex_unlock(&s->sweep_lock);
+    return fail(s, what, rc);
+}
+
+static idem_err_t lmdb_ping(idem_store_t *base)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    MDB_txn *txn;
+    int rc = begin(s, MDB_RDONLY, &txn);
+
+    if (rc != 0) {
+        fail(s, "mdb_txn_begin", rc);
+        return IDEM_E_STORE_DOWN;
+    }
+    mdb_txn_abort(txn);
+    if (atomic_load(&s->e->sync_failed)) {
+        idem__store_seterr(base, "lmdb: the background mdb_env_sync failed");
+        return IDEM_E_STORE_DOWN;
+    }
+    return IDEM_OK;
+}
+
+const struct idem_store_ops idem__store_lmdb_ops = {
+    .name = "lmdb",
+    .scheme = "lmdb",
+    .open = lmdb_open,
+    .close = lmdb_close,
+    .exec = lmdb_exec,
+    .get = lmdb_get,
+    .sweep = lmdb_sweep,
+    .ping = lmdb_ping,
+};

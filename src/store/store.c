@@ -1,2 +1,396 @@
-/* placeholder until written */
-typedef int idem__placeholder_store;
+/* src/store/store.c - the one store API over every backend.
+ *
+ * idem_store_open picks a backend by the URL's scheme from a table (one line
+ * per backend: "memory:", "lmdb:"; "redis://" and "postgres://" will be one
+ * line each) and hands it the rest of the URL.  Every other public function
+ * checks its arguments once here and calls through the backend's vtable, so
+ * backends see only well-formed calls (see store_impl.h for exactly what is
+ * checked).  The conveniences (claim, complete, release, renew, delete) are
+ * batches of one op.
+ *
+ * The semantics of each op on a stored record are written once, in
+ * idem__store_apply, on top of idem_decide: a backend that decides in C
+ * reads the current value inside its transaction, calls it, and writes what
+ * it says.  That is how memory and LMDB (and later PostgreSQL) cannot
+ * disagree.
+ *
+ * Error details: idem__store_seterr writes a thread-local buffer tagged with
+ * the store it belongs to, so idem_store_errstr(store) gives the detail of
+ * the last failure of that store in the calling thread, or "".
+ *
+ * THREADING: nothing here has shared mutable state except the thread-local
+ * error buffer; see each backend for its locking.
+ */
+#include "store/store_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "idem/alloc.h"
+
+static const struct idem_store_ops *const backends[] = {
+    &idem__store_memory_ops,
+    &idem__store_lmdb_ops,
+};
+
+#define SCHEME_MAX 32
+
+static _Thread_local struct {
+    const idem_store_t *owner; /* the store the text belongs to */
+    char text[256];
+} tls_err;
+
+/* ---- helpers for backends ----------------------------------------------- */
+
+void idem__store_seterr(idem_store_t *store, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_err.text, sizeof tls_err.text, fmt, ap);
+    va_end(ap);
+    tls_err.owner = store;
+}
+
+void idem__store_errbuf(char *errbuf, size_t errlen, const char *fmt, ...)
+{
+    if (errbuf == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, errlen, fmt, ap);
+    va_end(ap);
+}
+
+size_t idem__store_key(const idem_key_id_t *id, char *buf)
+{
+    size_t sl = strlen(id->scope), kl = strlen(id->key);
+    memcpy(buf, id->scope, sl);
+    buf[sl] = '\0';
+    memcpy(buf + sl + 1, id->key, kl);
+    return sl + 1 + kl;
+}
+
+void idem__store_split(const char *rest, size_t *path_len, const char **query)
+{
+    const char *q = strchr(rest, '?');
+    if (q == NULL) {
+        *path_len = strlen(rest);
+        *query = rest + *path_len;
+    } else {
+        *path_len = (size_t)(q - rest);
+        *query = q + 1;
+    }
+}
+
+int idem__store_next_opt(const char **query, char *name, char *value, char *errbuf,
+                         size_t errlen)
+{
+    const char *q = *query;
+    if (*q == '\0')
+        return 0;
+    size_t len = strcspn(q, "&");
+    const char *eq = memchr(q, '=', len);
+    if (eq == NULL || eq == q) {
+        idem__store_errbuf(errbuf, errlen, "store URL option \"%.*s\" is not name=value",
+                           (int)(len > 64 ? 64 : len), q);
+        return -1;
+    }
+    size_t nl = (size_t)(eq - q), vl = len - nl - 1;
+    if (nl > IDEM_STORE_OPT_MAX || vl > IDEM_STORE_OPT_MAX) {
+        idem__store_errbuf(errbuf, errlen, "store URL option \"%.*s\" is too long",
+                           (int)(nl > 64 ? 64 : nl), q);
+        return -1;
+    }
+    memcpy(name, q, nl);
+    name[nl] = '\0';
+    memcpy(value, eq + 1, vl);
+    value[vl] = '\0';
+    q += len;
+    if (*q == '&')
+        q++;
+    *query = q;
+    return 1;
+}
+
+/* ---- the semantics of one op --------------------------------------------- */
+
+/* The fenced ops' common check; head is the decoded head of cur. */
+static int owns(idem_op_t *op, const uint8_t *cur, size_t cur_len, idem_record_t *head)
+{
+    if (cur == NULL) {
+        op->err = IDEM_E_FENCE;
+        return 0;
+    }
+    if (idem_record_decode_head(cur, cur_len, head) != IDEM_OK) {
+        op->err = IDEM_E_CORRUPT;
+        return 0;
+    }
+    if (head->state != IDEM_STATE_IN_PROGRESS || head->fence != op->fence) {
+        op->err = IDEM_E_FENCE;
+        return 0;
+    }
+    return 1;
+}
+
+idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t cur_len,
+                                       idem_record_t *next)
+{
+    idem_record_t head;
+
+    memset(next, 0, sizeof *next);
+    switch (op->kind) {
+    case IDEM_OP_CLAIM:
+        if (cur != NULL && idem_record_decode_head(cur, cur_len, &head) != IDEM_OK) {
+            op->err = IDEM_E_CORRUPT;
+            return IDEM__STORE_KEEP;
+        }
+        op->decision = idem_decide(cur ? &head : NULL, op->fp, op->now_ms);
+        if (idem_decision_forwards(op->decision.kind)) {
+            next->state = IDEM_STATE_IN_PROGRESS;
+            memcpy(next->fingerprint, op->fp, IDEM_FP_LEN);
+            next->fence = op->decision.fence;
+            next->lease_until_ms = op->lease_until_ms;
+            next->expires_at_ms = op->expires_at_ms;
+            return IDEM__STORE_PUT;
+        }
+        if (op->decision.kind == IDEM_DECIDE_REPLAY)
+            op->err = idem_record_decode(cur, cur_len, &op->record);
+        return IDEM__STORE_KEEP;
+
+    case IDEM_OP_COMPLETE:
+        if (!owns(op, cur, cur_len, &head))
+            return IDEM__STORE_KEEP;
+        *next = head;
+        next->state = IDEM_STATE_COMPLETED;
+        next->flags = op->flags;
+        next->lease_until_ms = 0;
+        next->expires_at_ms = op->expires_at_ms;
+        next->response = *op->response;
+        return IDEM__STORE_PUT;
+
+    case IDEM_OP_HOLD:
+        if (!owns(op, cur, cur_len, &head))
+            return IDEM__STORE_KEEP;
+        *next = head;
+        next->flags |= IDEM_REC_HELD;
+        next->lease_until_ms = op->lease_until_ms;
+        next->expires_at_ms = op->expires_at_ms;
+        return IDEM__STORE_PUT;
+
+    case IDEM_OP_RENEW:
+        if (!owns(op, cur, cur_len, &head))
+            return IDEM__STORE_KEEP;
+        *next = head;
+        next->lease_until_ms = op->lease_until_ms;
+        if (next->expires_at_ms < op->lease_until_ms)
+            next->expires_at_ms = op->lease_until_ms;
+        return IDEM__STORE_PUT;
+
+    case IDEM_OP_RELEASE:
+        return owns(op, cur, cur_len, &head) ? IDEM__STORE_DEL : IDEM__STORE_KEEP;
+
+    case IDEM_OP_DELETE:
+        if (cur == NULL) {
+            op->err = IDEM_E_NOTFOUND;
+            return IDEM__STORE_KEEP;
+        }
+        return IDEM__STORE_DEL;
+    }
+    op->err = IDEM_E_INVAL; /* store.c refuses unknown kinds; never reached */
+    return IDEM__STORE_KEEP;
+}
+
+/* ---- argument checks ---------------------------------------------------- */
+
+static int id_ok(const idem_key_id_t *id)
+{
+    return id->scope[0] != '\0' && id->key[0] != '\0' &&
+           memchr(id->scope, '\0', sizeof id->scope) != NULL &&
+           memchr(id->key, '\0', sizeof id->key) != NULL;
+}
+
+static idem_err_t check_op(const idem_op_t *op)
+{
+    if (op->kind < IDEM_OP_CLAIM || op->kind > IDEM_OP_DELETE || !id_ok(&op->id))
+        return IDEM_E_INVAL;
+    if (op->kind == IDEM_OP_COMPLETE) {
+        const idem_response_t *r = op->response;
+        if (r == NULL || (op->flags & ~IDEM_REC_NOT_RETAINED) != 0 ||
+            (r->n_headers > 0 && r->headers == NULL) || (r->body_len > 0 && r->body == NULL) ||
+            r->status < 0)
+            return IDEM_E_INVAL;
+        idem_record_t probe = {.response = *r};
+        if (idem_record_encoded_size(&probe) == 0)
+            return IDEM_E_TOOBIG;
+    }
+    return IDEM_OK;
+}
+
+/* ---- the public API ----------------------------------------------------- */
+
+idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (errbuf != NULL && errlen > 0)
+        errbuf[0] = '\0';
+    if (url == NULL || out == NULL) {
+        idem__store_errbuf(errbuf, errlen, "no store URL given");
+        return IDEM_E_INVAL;
+    }
+    const char *colon = strchr(url, ':');
+    if (colon == NULL || colon == url || colon - url > SCHEME_MAX) {
+        idem__store_errbuf(errbuf, errlen,
+                           "store URL \"%.64s\" has no scheme (expected memory: or lmdb:PATH)",
+                           url);
+        return IDEM_E_INVAL;
+    }
+    size_t sl = (size_t)(colon - url);
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        const struct idem_store_ops *ops = backends[i];
+        if (strlen(ops->scheme) == sl && memcmp(ops->scheme, url, sl) == 0)
+            return ops->open(colon + 1, out, errbuf, errlen);
+    }
+    idem__store_errbuf(errbuf, errlen,
+                       "unknown store scheme \"%.*s\" (this build knows memory: and lmdb:)",
+                       (int)sl, url);
+    return IDEM_E_INVAL;
+}
+
+void idem_store_close(idem_store_t *store)
+{
+    if (store != NULL)
+        store->ops->close(store);
+}
+
+idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n)
+{
+    if (n == 0)
+        return IDEM_OK;
+    if (ops == NULL)
+        return IDEM_E_INVAL;
+
+    idem_err_t err = IDEM_OK;
+    if (store == NULL || n > IDEM_STORE_BATCH_MAX)
+        err = IDEM_E_INVAL;
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
+        ops[i].err = err == IDEM_OK ? check_op(&ops[i]) : err;
+        memset(&ops[i].decision, 0, sizeof ops[i].decision);
+        memset(&ops[i].record, 0, sizeof ops[i].record);
+        valid += ops[i].err == IDEM_OK;
+    }
+    if (err != IDEM_OK)
+        return err;
+    if (valid == 0)
+        return IDEM_OK; /* nothing to apply: no transaction needed */
+
+    err = store->ops->exec(store, ops, n);
+    if (err != IDEM_OK) {
+        for (size_t i = 0; i < n; i++) {
+            idem_record_cleanup(&ops[i].record);
+            memset(&ops[i].decision, 0, sizeof ops[i].decision);
+            ops[i].err = err;
+        }
+    }
+    return err;
+}
+
+idem_err_t idem_store_get(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                          idem_record_t *rec)
+{
+    memset(rec, 0, sizeof *rec);
+    if (store == NULL || id == NULL || !id_ok(id))
+        return IDEM_E_INVAL;
+    return store->ops->get(store, id, now_ms, rec);
+}
+
+idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max, size_t *removed)
+{
+    *removed = 0;
+    if (store == NULL)
+        return IDEM_E_INVAL;
+    if (max == 0)
+        return IDEM_OK;
+    return store->ops->sweep(store, now_ms, max, removed);
+}
+
+idem_err_t idem_store_ping(idem_store_t *store)
+{
+    return store == NULL ? IDEM_E_INVAL : store->ops->ping(store);
+}
+
+const char *idem_store_name(const idem_store_t *store)
+{
+    return store == NULL ? "none" : store->ops->name;
+}
+
+const char *idem_store_errstr(idem_store_t *store)
+{
+    if (store == NULL)
+        return "";
+    if (store->ops->errstr != NULL)
+        return store->ops->errstr(store);
+    return tls_err.owner == store ? tls_err.text : "";
+}
+
+/* ---- conveniences: batches of one --------------------------------------- */
+
+static idem_err_t one(idem_store_t *store, idem_op_t *op)
+{
+    idem_err_t err = idem_store_exec(store, op, 1);
+    return err != IDEM_OK ? err : op->err;
+}
+
+idem_err_t idem_store_claim(idem_store_t *store, idem_op_t *op)
+{
+    op->kind = IDEM_OP_CLAIM;
+    return one(store, op);
+}
+
+static void init_op(idem_op_t *op, idem_op_kind_t kind, const idem_key_id_t *id)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    if (id != NULL)
+        op->id = *id;
+}
+
+idem_err_t idem_store_complete(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
+                               const idem_response_t *response, uint32_t flags,
+                               int64_t expires_at_ms)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_COMPLETE, id);
+    op.fence = fence;
+    op.response = response;
+    op.flags = flags;
+    op.expires_at_ms = expires_at_ms;
+    return one(store, &op);
+}
+
+idem_err_t idem_store_release(idem_store_t *store, const idem_key_id_t *id, uint64_t fence)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_RELEASE, id);
+    op.fence = fence;
+    return one(store, &op);
+}
+
+idem_err_t idem_store_renew(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
+                            int64_t lease_until_ms)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_RENEW, id);
+    op.fence = fence;
+    op.lease_until_ms = lease_until_ms;
+    return one(store, &op);
+}
+
+idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_DELETE, id);
+    return one(store, &op);
+}

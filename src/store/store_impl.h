@@ -1,0 +1,130 @@
+/* src/store/store_impl.h - what a store backend provides, and what it gets.
+ *
+ * The public API (include/idem/store.h) is a thin dispatcher in store.c over
+ * one vtable per backend.  A backend defines a `const struct idem_store_ops`
+ * with designated initialisers and a struct whose FIRST member is a
+ * `struct idem_store` (so a backend's handle is also an idem_store_t *), and
+ * is listed in the scheme table of store.c.  Adding Redis or PostgreSQL is
+ * one new file plus one line in that table.
+ *
+ * What store.c does before a backend sees a call, so backends need not:
+ *   - open: the URL is split at the first ':' and the scheme picks the
+ *     backend; open gets the rest ("./dir?sync=always" for "lmdb:./dir?...").
+ *   - exec: n is 1..IDEM_STORE_BATCH_MAX and every op has been checked:
+ *     outputs are reset (err, decision, record zeroed), and an op store.c
+ *     refuses (bad kind, empty or unterminated scope/key, a completion that
+ *     cannot be encoded) has its err set already.  A backend applies exactly
+ *     the ops whose err is IDEM_OK on entry and leaves the others alone.
+ *   - get: id is checked, rec zeroed.
+ *
+ * What a backend promises: exec applies the ops in order, in one atomic
+ * transaction (a later op of a batch sees what an earlier one wrote), with the
+ * semantics of idem__store_apply below, so that all backends that decide in C
+ * behave the same; a batch-level failure (the whole transaction was not
+ * written) is returned as the result, and store.c then makes every op's err
+ * that code and frees any replayed record.  Backend details go to
+ * idem__store_seterr, read back by idem_store_errstr.
+ *
+ * THREADING: every op except open and close may be called from any number of
+ * threads at once on one handle; a backend serialises what it must.
+ */
+#ifndef IDEM_STORE_IMPL_H
+#define IDEM_STORE_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/store.h"
+
+/* Most operations one exec accepts; a larger batch is IDEM_E_INVAL. */
+#define IDEM_STORE_BATCH_MAX 10000
+/* Bytes of a (scope, key) identity as backends key it: scope '\0' key. */
+#define IDEM_STORE_KEY_MAX (IDEM_SCOPE_MAX + 1 + IDEM_KEY_MAX)
+/* Longest option name and value accepted in a store URL's query. */
+#define IDEM_STORE_OPT_MAX 64
+
+struct idem_store_ops {
+    const char *name;   /* "memory", "lmdb": idem_store_name() */
+    const char *scheme; /* the URL scheme before ':' that selects this backend */
+    /* rest: the URL after "scheme:"; on failure *out stays NULL and errbuf
+     * (errlen bytes, may be NULL) names the problem. */
+    idem_err_t (*open)(const char *rest, idem_store_t **out, char *errbuf, size_t errlen);
+    void (*close)(idem_store_t *store);
+    idem_err_t (*exec)(idem_store_t *store, idem_op_t *ops, size_t n);
+    idem_err_t (*get)(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                      idem_record_t *rec);
+    idem_err_t (*sweep)(idem_store_t *store, int64_t now_ms, size_t max, size_t *removed);
+    idem_err_t (*ping)(idem_store_t *store);
+    /* Optional: the backend keeps its own error text (e.g. a client
+     * library's); NULL means the text set with idem__store_seterr. */
+    const char *(*errstr)(idem_store_t *store);
+};
+
+/* The head of every backend's handle. */
+struct idem_store {
+    const struct idem_store_ops *ops;
+};
+
+/* The backends store.c knows (one per file). */
+extern const struct idem_store_ops idem__store_memory_ops;
+extern const struct idem_store_ops idem__store_lmdb_ops;
+
+/* ---- helpers for backends (store.c) -------------------------------------- */
+
+/* Record a detail for idem_store_errstr(store) in the calling thread. */
+void idem__store_seterr(idem_store_t *store, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* snprintf into an open() error buffer; errbuf may be NULL. */
+void idem__store_errbuf(char *errbuf, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Write id as backends key it (scope '\0' key) into buf, which holds
+ * IDEM_STORE_KEY_MAX bytes; returns the length. */
+size_t idem__store_key(const idem_key_id_t *id, char *buf);
+
+/* Split a URL rest "PATH?opt=v&opt=v" at '?': *path_len is the length of
+ * PATH and *query points after the '?' (or at the final NUL). */
+void idem__store_split(const char *rest, size_t *path_len, const char **query);
+
+/* Take the next "name=value" of a query into name and value (each
+ * IDEM_STORE_OPT_MAX + 1 bytes, NUL-terminated) and advance *query.
+ * Returns 1 for an option, 0 at the end, -1 for a malformed one (no '=',
+ * empty name, too long), with a sentence in errbuf. */
+int idem__store_next_opt(const char **query, char *name, char *value, char *errbuf,
+                         size_t errlen);
+
+/* What the backend must do with the stored value after idem__store_apply. */
+typedef enum idem__store_action {
+    IDEM__STORE_KEEP = 0, /* write nothing */
+    IDEM__STORE_PUT = 1,  /* store idem_record_encode_into(next) under the key */
+    IDEM__STORE_DEL = 2,  /* delete the key */
+} idem__store_action_t;
+
+/* Apply one op (err IDEM_OK on entry) to the value the store holds for its
+ * key (cur, cur_len; cur NULL when there is none).  Sets op->err,
+ * op->decision and, for a replay, op->record, and says what to write.  On
+ * PUT, *next is the record to store; it may point at op->response (borrowed)
+ * but never into cur, so a backend may overwrite cur's storage while it
+ * encodes next.
+ *
+ *   CLAIM     idem_decide; CLAIM/TAKEOVER -> PUT a fresh in_progress record
+ *             (op's fp, lease_until, expires_at, the new fence); REPLAY -> the
+ *             whole record decoded into op->record (err NOMEM if that fails).
+ *   COMPLETE  record present, in_progress, same fence -> PUT completed with
+ *             op's response, flags and expires_at; else err IDEM_E_FENCE.
+ *   HOLD      same check -> PUT in_progress + IDEM_REC_HELD, op's lease_until
+ *             and expires_at.
+ *   RENEW     same check -> PUT with op's lease_until; expires_at is raised to
+ *             the new lease end if it was earlier, so a record never expires
+ *             under a live lease.
+ *   RELEASE   same check -> DEL.
+ *   DELETE    present -> DEL; absent -> err IDEM_E_NOTFOUND.
+ * A stored value that does not decode makes the op IDEM_E_CORRUPT (DELETE
+ * still removes it).  Retention is not checked by fenced ops: a record past
+ * expires_at that is still present and still carries the caller's fence was
+ * claimed by nobody else, so its owner may still finish it. */
+idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t cur_len,
+                                       idem_record_t *next);
+
+#endif /* IDEM_STORE_IMPL_H */

@@ -1,0 +1,1063 @@
+/* tests/store/test_store_conformance.c - one contract, every backend.
+ *
+ * Each STORE_CASE below is compiled into one Criterion test per backend
+ * listed in BACKENDS: the same claims, fences, leases and expiries must give
+ * the same answers from memory: and lmdb: (and, when they exist, redis://
+ * and postgres://: one line in BACKENDS plus a setup function that opens a
+ * fresh, empty store).  Time is passed explicitly to every op, so leases and
+ * retentions run out without sleeping.  Tests that only make sense for one
+ * backend (durability across reopen, processes sharing a directory, a full
+ * map) follow the shared cases.
+ *
+ * Each test runs in its own process (Criterion), with the store `st` opened
+ * by the backend's setup and closed (and its directory removed) by teardown.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "idem/alloc.h"
+#include "idem/store.h"
+#include "store/store_impl.h" /* IDEM_STORE_BATCH_MAX, IDEM_STORE_KEY_MAX */
+
+#define T0 1700000000000ll
+#define LEASE 30000ll
+#define TTL 86400000ll
+
+static idem_store_t *st;
+static char dir[64];          /* the backend's temporary directory, or "" */
+static char url[128];
+
+/* ---- fixtures ------------------------------------------------------------ */
+
+static void open_store(void)
+{
+    char err[256] = "";
+    idem_err_t rc = idem_store_open(url, &st, err, sizeof err);
+    cr_assert_eq(rc, IDEM_OK, "open %s: %s (%s)", url, idem_err_name(rc), err);
+}
+
+static void make_dir(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/idem-store-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+}
+
+static void rm_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    char p[PATH_MAX];
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static void setup_memory(void)
+{
+    dir[0] = '\0';
+    snprintf(url, sizeof url, "memory:");
+    open_store();
+}
+
+static void setup_lmdb(void)
+{
+    make_dir();
+    snprintf(url, sizeof url, "lmdb:%s", dir);
+    open_store();
+}
+
+static void teardown(void)
+{
+    idem_store_close(st);
+    st = NULL;
+    if (dir[0] != '\0')
+        rm_tree(dir);
+}
+
+/* One Test per backend for each STORE_CASE.  A new backend is one X line. */
+#define BACKENDS(X, name) \
+    X(memory, name)       \
+    X(lmdb, name)
+
+#define STORE_TEST_FOR(backend, name)                                           \
+    Test(store_##backend, name, .init = setup_##backend, .fini = teardown)      \
+    {                                                                           \
+        name##_case();                                                          \
+    }
+
+#define STORE_CASE(name)              \
+    static void name##_case(void);    \
+    BACKENDS(STORE_TEST_FOR, name)    \
+    static void name##_case(void)
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static idem_key_id_t kid_in(const char *scope, const char *key)
+{
+    idem_key_id_t id;
+    memset(&id, 0, sizeof id);
+    snprintf(id.scope, sizeof id.scope, "%s", scope);
+    snprintf(id.key, sizeof id.key, "%s", key);
+    return id;
+}
+
+static idem_key_id_t kid(const char *key)
+{
+    return kid_in("anonymous", key);
+}
+
+static void fp_fill(uint8_t *fp, int c)
+{
+    memset(fp, c, IDEM_FP_LEN);
+}
+
+static idem_op_t claim_op_in(const char *scope, const char *key, int fpc, int64_t now)
+{
+    idem_op_t op;
+    memset(&op, 0, sizeof op);
+    op.kind = IDEM_OP_CLAIM;
+    op.id = kid_in(scope, key);
+    fp_fill(op.fp, fpc);
+    op.now_ms = now;
+    op.lease_until_ms = now + LEASE;
+    op.expires_at_ms = now + TTL;
+    return op;
+}
+
+static idem_op_t claim_op(const char *key, int fpc, int64_t now)
+{
+    return claim_op_in("anonymous", key, fpc, now);
+}
+
+/* Claim on st and return the decision (replayed record cleaned up). */
+static idem_decision_t claim_on(idem_store_t *s, const char *key, int fpc, int64_t now)
+{
+    idem_op_t op = claim_op(key, fpc, now);
+    idem_err_t rc = idem_store_claim(s, &op);
+    cr_assert_eq(rc, IDEM_OK, "claim %s: %s (%s)", key, idem_err_name(rc),
+                 idem_store_errstr(s));
+    idem_record_cleanup(&op.record);
+    return op.decision;
+}
+
+static idem_decision_t claim(const char *key, int fpc, int64_t now)
+{
+    return claim_on(st, key, fpc, now);
+}
+
+static const idem_header_t resp_headers[] = {
+    {"Content-Type", 12, "application/json", 16},
+    {"X-Bin", 5, "\x00\xff\r\n", 4},
+    {"Empty", 5, "", 0},
+};
+static const uint8_t resp_body[] = "{\"id\":1,\"nul\":\"\x00\",\"end\":true}";
+static const idem_response_t resp = {201, resp_headers, 3, resp_body, sizeof resp_body - 1};
+
+static idem_err_t complete(const char *key, uint64_t fence, int64_t expires)
+{
+    idem_key_id_t id = kid(key);
+    return idem_store_complete(st, &id, fence, &resp, 0, expires);
+}
+
+static idem_err_t get(const char *key, int64_t now, idem_record_t *rec)
+{
+    idem_key_id_t id = kid(key);
+    return idem_store_get(st, &id, now, rec);
+}
+
+static void expect_resp_eq(const idem_response_t *a, const idem_response_t *b)
+{
+    cr_expect_eq(a->status, b->status);
+    cr_assert_eq(a->n_headers, b->n_headers);
+    for (size_t i = 0; i < a->n_headers; i++) {
+        cr_assert_eq(a->headers[i].name_len, b->headers[i].name_len);
+        cr_assert_eq(a->headers[i].value_len, b->headers[i].value_len);
+        cr_expect_eq(memcmp(a->headers[i].name, b->headers[i].name, a->headers[i].name_len), 0);
+        cr_expect_eq(memcmp(a->headers[i].value, b->headers[i].value, a->headers[i].value_len),
+                     0);
+    }
+    cr_assert_eq(a->body_len, b->body_len);
+    cr_expect_eq(memcmp(a->body, b->body, a->body_len), 0);
+}
+
+/* ---- the shared cases ---------------------------------------------------- */
+
+STORE_CASE(first_claim_forwards_with_fence_1)
+{
+    idem_decision_t d = claim("k", 1, T0);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(d.fence, 1);
+}
+
+STORE_CASE(repeat_in_flight_is_in_flight_with_retry_after)
+{
+    claim("k", 1, T0);
+    idem_decision_t d = claim("k", 1, T0 + 10500);
+    cr_expect_eq(d.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(d.fence, 1);
+    cr_expect_eq(d.retry_after_s, 20); /* 19.5 s left, rounded up */
+}
+
+STORE_CASE(complete_then_claim_replays_byte_exact)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    idem_op_t op = claim_op("k", 1, T0 + 5);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    cr_expect_eq(op.decision.fence, 1);
+    cr_expect_eq(op.record.state, IDEM_STATE_COMPLETED);
+    cr_expect_eq(op.record.fence, 1);
+    cr_expect_eq(op.record.expires_at_ms, T0 + TTL);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+}
+
+STORE_CASE(other_fingerprint_on_completed_is_mismatch)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    cr_expect_eq(claim("k", 2, T0 + 5).kind, IDEM_DECIDE_MISMATCH);
+}
+
+STORE_CASE(other_fingerprint_in_flight_is_mismatch)
+{
+    claim("k", 1, T0);
+    cr_expect_eq(claim("k", 2, T0 + 5).kind, IDEM_DECIDE_MISMATCH);
+}
+
+STORE_CASE(expired_lease_is_taken_over_with_fence_2)
+{
+    claim("k", 1, T0);
+    idem_decision_t d = claim("k", 1, T0 + LEASE);
+    cr_expect_eq(d.kind, IDEM_DECIDE_TAKEOVER);
+    cr_expect_eq(d.fence, 2);
+    /* The new owner holds a fresh lease. */
+    cr_expect_eq(claim("k", 1, T0 + LEASE + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(stale_complete_after_takeover_is_refused_and_changes_nothing)
+{
+    claim("k", 1, T0);
+    claim("k", 1, T0 + LEASE);
+    cr_expect_eq(complete("k", 1, T0 + TTL), IDEM_E_FENCE);
+
+    idem_record_t rec;
+    cr_assert_eq(get("k", T0 + LEASE + 1, &rec), IDEM_OK);
+    cr_expect_eq(rec.state, IDEM_STATE_IN_PROGRESS);
+    cr_expect_eq(rec.fence, 2);
+    cr_expect_eq(rec.lease_until_ms, T0 + LEASE + LEASE);
+    cr_expect_eq(rec.response.body_len, 0);
+    idem_record_cleanup(&rec);
+}
+
+STORE_CASE(new_owner_completes_after_takeover)
+{
+    claim("k", 1, T0);
+    claim("k", 1, T0 + LEASE);
+    cr_expect_eq(complete("k", 2, T0 + TTL), IDEM_OK);
+    cr_expect_eq(complete("k", 1, T0 + TTL), IDEM_E_FENCE);
+    cr_expect_eq(claim("k", 1, T0 + LEASE + 1).kind, IDEM_DECIDE_REPLAY);
+}
+
+STORE_CASE(second_complete_is_refused_and_first_result_kept)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    idem_key_id_t id = kid("k");
+    idem_response_t other = {500, NULL, 0, (const uint8_t *)"x", 1};
+    cr_expect_eq(idem_store_complete(st, &id, 1, &other, 0, T0 + TTL), IDEM_E_FENCE);
+    idem_record_t rec;
+    cr_assert_eq(get("k", T0, &rec), IDEM_OK);
+    expect_resp_eq(&rec.response, &resp);
+    idem_record_cleanup(&rec);
+}
+
+STORE_CASE(complete_of_missing_key_is_fence)
+{
+    cr_expect_eq(complete("nobody", 1, T0 + TTL), IDEM_E_FENCE);
+    idem_record_t rec;
+    cr_expect_eq(get("nobody", T0, &rec), IDEM_E_NOTFOUND);
+}
+
+STORE_CASE(renew_moves_the_lease)
+{
+    claim("k", 1, T0);
+    idem_key_id_t id = kid("k");
+    cr_assert_eq(idem_store_renew(st, &id, 1, T0 + 2 * LEASE), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + LEASE).kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(claim("k", 1, T0 + 2 * LEASE).kind, IDEM_DECIDE_TAKEOVER);
+}
+
+STORE_CASE(renew_past_retention_keeps_the_record)
+{
+    idem_op_t op = claim_op("k", 1, T0);
+    op.expires_at_ms = T0 + LEASE; /* retention no longer than the lease */
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    idem_key_id_t id = kid("k");
+    cr_assert_eq(idem_store_renew(st, &id, 1, T0 + 3 * LEASE), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 2 * LEASE).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(renew_with_stale_fence_is_refused)
+{
+    claim("k", 1, T0);
+    claim("k", 1, T0 + LEASE); /* fence 2, lease to T0 + 2 LEASE */
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_renew(st, &id, 1, T0 + 10 * LEASE), IDEM_E_FENCE);
+    idem_record_t rec;
+    cr_assert_eq(get("k", T0 + LEASE, &rec), IDEM_OK);
+    cr_expect_eq(rec.lease_until_ms, T0 + 2 * LEASE);
+    idem_record_cleanup(&rec);
+}
+
+STORE_CASE(renew_of_completed_is_refused)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_renew(st, &id, 1, T0 + 2 * LEASE), IDEM_E_FENCE);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_REPLAY);
+}
+
+STORE_CASE(release_deletes_so_the_next_claim_forwards)
+{
+    claim("k", 1, T0);
+    idem_key_id_t id = kid("k");
+    cr_assert_eq(idem_store_release(st, &id, 1), IDEM_OK);
+    idem_decision_t d = claim("k", 1, T0 + 1);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(d.fence, 1);
+}
+
+STORE_CASE(stale_release_is_refused)
+{
+    claim("k", 1, T0);
+    claim("k", 1, T0 + LEASE);
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_release(st, &id, 1), IDEM_E_FENCE);
+    cr_expect_eq(claim("k", 1, T0 + LEASE + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(release_of_missing_key_is_fence)
+{
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_release(st, &id, 1), IDEM_E_FENCE);
+}
+
+STORE_CASE(hold_gives_in_flight_unknown_after_the_lease)
+{
+    claim("k", 1, T0);
+    idem_op_t op;
+    memset(&op, 0, sizeof op);
+    op.kind = IDEM_OP_HOLD;
+    op.id = kid("k");
+    op.fence = 1;
+    op.lease_until_ms = T0 + LEASE;
+    op.expires_at_ms = T0 + TTL;
+    cr_assert_eq(idem_store_exec(st, &op, 1), IDEM_OK);
+    cr_assert_eq(op.err, IDEM_OK);
+    idem_decision_t d = claim("k", 1, T0 + 2 * LEASE);
+    cr_expect_eq(d.kind, IDEM_DECIDE_IN_FLIGHT_UNKNOWN);
+    cr_expect_eq(d.retry_after_s, (TTL - 2 * LEASE) / 1000);
+}
+
+STORE_CASE(stale_hold_is_refused)
+{
+    claim("k", 1, T0);
+    claim("k", 1, T0 + LEASE);
+    idem_op_t op;
+    memset(&op, 0, sizeof op);
+    op.kind = IDEM_OP_HOLD;
+    op.id = kid("k");
+    op.fence = 1;
+    op.expires_at_ms = T0 + TTL;
+    cr_assert_eq(idem_store_exec(st, &op, 1), IDEM_OK);
+    cr_expect_eq(op.err, IDEM_E_FENCE);
+}
+
+STORE_CASE(not_retained_flag_gives_not_retained)
+{
+    claim("k", 1, T0);
+    idem_key_id_t id = kid("k");
+    idem_response_t nobody = {200, NULL, 0, NULL, 0};
+    cr_assert_eq(idem_store_complete(st, &id, 1, &nobody, IDEM_REC_NOT_RETAINED, T0 + TTL),
+                 IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_NOT_RETAINED);
+}
+
+STORE_CASE(completed_past_retention_is_claimed_with_next_fence)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + 1000), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 999).kind, IDEM_DECIDE_REPLAY);
+    idem_decision_t d = claim("k", 1, T0 + 1000);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(d.fence, 2);
+}
+
+STORE_CASE(get_returns_the_record_until_retention_then_notfound)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + 1000), IDEM_OK);
+    idem_record_t rec;
+    cr_assert_eq(get("k", T0 + 999, &rec), IDEM_OK);
+    cr_expect_eq(rec.state, IDEM_STATE_COMPLETED);
+    cr_expect_eq(rec.fence, 1);
+    uint8_t fp[IDEM_FP_LEN];
+    fp_fill(fp, 1);
+    cr_expect_eq(memcmp(rec.fingerprint, fp, IDEM_FP_LEN), 0);
+    expect_resp_eq(&rec.response, &resp);
+    idem_record_cleanup(&rec);
+    cr_expect_eq(get("k", T0 + 1000, &rec), IDEM_E_NOTFOUND);
+    cr_expect_null(rec.owned);
+}
+
+STORE_CASE(get_of_missing_key_is_notfound)
+{
+    idem_record_t rec;
+    cr_expect_eq(get("nothing", T0, &rec), IDEM_E_NOTFOUND);
+}
+
+STORE_CASE(sweep_removes_expired_and_keeps_live_in_bounded_steps)
+{
+    char key[32];
+    idem_op_t ops[300];
+    for (int i = 0; i < 300; i++) {
+        snprintf(key, sizeof key, "sweep-%d", i);
+        ops[i] = claim_op(key, 1, T0);
+        ops[i].expires_at_ms = (i % 2) ? T0 + TTL : T0 + 1000;
+    }
+    cr_assert_eq(idem_store_exec(st, ops, 300), IDEM_OK);
+
+    size_t total = 0, removed, calls = 0;
+    while (total < 150 && calls < 100) {
+        cr_assert_eq(idem_store_sweep(st, T0 + 2000, 40, &removed), IDEM_OK);
+        cr_assert_leq(removed, 40);
+        total += removed;
+        calls++;
+    }
+    cr_expect_eq(total, 150);
+    /* Another full pass finds nothing more to remove. */
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(idem_store_sweep(st, T0 + 2000, 40, &removed), IDEM_OK);
+        cr_expect_eq(removed, 0);
+    }
+    /* Read at T0, when every record was live: only the odd ones are left. */
+    for (int i = 0; i < 300; i++) {
+        idem_record_t rec;
+        snprintf(key, sizeof key, "sweep-%d", i);
+        idem_err_t rc = get(key, T0, &rec);
+        cr_expect_eq(rc, (i % 2) ? IDEM_OK : IDEM_E_NOTFOUND, "key %s", key);
+        idem_record_cleanup(&rec);
+    }
+}
+
+STORE_CASE(sweep_with_nothing_expired_removes_nothing)
+{
+    claim("k", 1, T0);
+    size_t removed = 99;
+    cr_assert_eq(idem_store_sweep(st, T0 + 1, 100, &removed), IDEM_OK);
+    cr_expect_eq(removed, 0);
+    cr_expect_eq(claim("k", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(delete_removes_a_record_and_missing_is_notfound)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_delete(st, &id), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_CLAIM);
+    idem_key_id_t none = kid("none");
+    cr_expect_eq(idem_store_delete(st, &none), IDEM_E_NOTFOUND);
+}
+
+STORE_CASE(batch_with_two_claims_of_one_key_forwards_once)
+{
+    idem_op_t ops[2] = {claim_op("k", 1, T0), claim_op("k", 1, T0)};
+    cr_assert_eq(idem_store_exec(st, ops, 2), IDEM_OK);
+    cr_expect_eq(ops[0].err, IDEM_OK);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[0].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(ops[1].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(batch_applies_ops_in_order_with_their_own_results)
+{
+    claim("done", 1, T0);
+    idem_op_t ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0] = claim_op("a", 1, T0);
+    ops[1].kind = IDEM_OP_COMPLETE; /* completes the claim made by ops[0] */
+    ops[1].id = kid("a");
+    ops[1].fence = 1;
+    ops[1].response = &resp;
+    ops[1].expires_at_ms = T0 + TTL;
+    ops[2].kind = IDEM_OP_COMPLETE; /* stale: refused alone */
+    ops[2].id = kid("done");
+    ops[2].fence = 7;
+    ops[2].response = &resp;
+    ops[2].expires_at_ms = T0 + TTL;
+    ops[3] = claim_op("a", 1, T0 + 1);
+    cr_assert_eq(idem_store_exec(st, ops, 4), IDEM_OK);
+    cr_expect_eq(ops[0].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[2].err, IDEM_E_FENCE);
+    cr_expect_eq(ops[3].decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&ops[3].record.response, &resp);
+    idem_record_cleanup(&ops[3].record);
+}
+
+STORE_CASE(invalid_op_is_refused_alone)
+{
+    idem_op_t ops[3] = {claim_op("", 1, T0), claim_op("ok", 1, T0), claim_op("x", 1, T0)};
+    ops[2].kind = (idem_op_kind_t)42;
+    cr_assert_eq(idem_store_exec(st, ops, 3), IDEM_OK);
+    cr_expect_eq(ops[0].err, IDEM_E_INVAL);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(ops[2].err, IDEM_E_INVAL);
+}
+
+STORE_CASE(complete_without_response_is_inval)
+{
+    claim("k", 1, T0);
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_complete(st, &id, 1, NULL, 0, T0 + TTL), IDEM_E_INVAL);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(oversized_batch_is_inval)
+{
+    static idem_op_t ops[IDEM_STORE_BATCH_MAX + 1];
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        ops[i] = claim_op("k", 1, T0);
+    cr_expect_eq(idem_store_exec(st, ops, sizeof ops / sizeof ops[0]), IDEM_E_INVAL);
+    cr_expect_eq(ops[0].err, IDEM_E_INVAL);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+}
+
+STORE_CASE(scopes_isolate_keys)
+{
+    idem_op_t a = claim_op_in("anonymous", "k", 1, T0);
+    idem_op_t b = claim_op_in("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                              "k", 2, T0);
+    cr_assert_eq(idem_store_claim(st, &a), IDEM_OK);
+    cr_assert_eq(idem_store_claim(st, &b), IDEM_OK);
+    cr_expect_eq(a.decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(b.decision.kind, IDEM_DECIDE_CLAIM);
+}
+
+STORE_CASE(longest_scope_and_key_round_trip)
+{
+    char key[IDEM_KEY_MAX + 1];
+    memset(key, 'k', IDEM_KEY_MAX);
+    key[IDEM_KEY_MAX] = '\0';
+    const char *scope = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    idem_op_t op = claim_op_in(scope, key, 1, T0);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_CLAIM);
+    op = claim_op_in(scope, key, 1, T0 + 1);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+STORE_CASE(replay_out_of_memory_is_nomem_and_changes_nothing)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    idem_alloc_fail_after(1);
+    idem_err_t rc = idem_store_claim(st, &op);
+    idem_alloc_fail_after(0);
+    cr_expect_eq(rc, IDEM_E_NOMEM);
+    cr_expect_null(op.record.owned);
+    cr_expect_eq(claim("k", 1, T0 + 2).kind, IDEM_DECIDE_REPLAY);
+}
+
+STORE_CASE(ping_answers)
+{
+    cr_expect_eq(idem_store_ping(st), IDEM_OK);
+}
+
+#define RACE_THREADS 8
+#define RACE_CLAIMS 200
+#define RACE_KEYS 50
+
+struct race {
+    idem_store_t *stores[2]; /* thread i uses stores[i % 2] */
+    atomic_int forwarded[RACE_KEYS];
+    atomic_int failures;
+    atomic_int next;           /* hands out thread numbers */
+    pthread_barrier_t barrier; /* all threads claim each key at once */
+};
+
+static void *race_thread(void *arg)
+{
+    struct race *r = arg;
+    int me = atomic_fetch_add(&r->next, 1);
+    idem_store_t *s = r->stores[me % 2];
+    char key[32];
+    for (int i = 0; i < RACE_CLAIMS; i++) {
+        int k = i % RACE_KEYS;
+        snprintf(key, sizeof key, "race-%d", k);
+        idem_op_t op = claim_op(key, 1, T0);
+        pthread_barrier_wait(&r->barrier);
+        if (idem_store_claim(s, &op) != IDEM_OK) {
+            atomic_fetch_add(&r->failures, 1);
+            continue;
+        }
+        if (idem_decision_forwards(op.decision.kind))
+            atomic_fetch_add(&r->forwarded[k], 1);
+        idem_record_cleanup(&op.record);
+    }
+    return NULL;
+}
+
+static void race(idem_store_t *a, idem_store_t *b)
+{
+    static struct race r; /* zeroed */
+    pthread_t t[RACE_THREADS];
+    r.stores[0] = a;
+    r.stores[1] = b;
+    pthread_barrier_init(&r.barrier, NULL, RACE_THREADS);
+    for (int i = 0; i < RACE_THREADS; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, race_thread, &r), 0);
+    for (int i = 0; i < RACE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&r.barrier);
+    cr_expect_eq(atomic_load(&r.failures), 0);
+    for (int k = 0; k < RACE_KEYS; k++)
+        cr_expect_eq(atomic_load(&r.forwarded[k]), 1, "key race-%d forwarded %d times", k,
+                     atomic_load(&r.forwarded[k]));
+}
+
+#define BATCH_THREADS 8
+#define BATCH_ROUNDS 20
+#define BATCH_OPS 10
+
+static void *batch_thread(void *arg)
+{
+    long t = (long)arg;
+    char key[32];
+    for (int r = 0; r < BATCH_ROUNDS; r++) {
+        idem_op_t ops[2 * BATCH_OPS];
+        memset(ops, 0, sizeof ops);
+        for (int i = 0; i < BATCH_OPS; i++) {
+            snprintf(key, sizeof key, "b-%ld-%d-%d", t, r, i);
+            ops[i] = claim_op(key, 1, T0);
+            ops[BATCH_OPS + i].kind = IDEM_OP_COMPLETE;
+            ops[BATCH_OPS + i].id = ops[i].id;
+            ops[BATCH_OPS + i].fence = 1;
+            ops[BATCH_OPS + i].response = &resp;
+            ops[BATCH_OPS + i].expires_at_ms = T0 + TTL;
+        }
+        if (idem_store_exec(st, ops, 2 * BATCH_OPS) != IDEM_OK)
+            return (void *)1;
+        for (int i = 0; i < 2 * BATCH_OPS; i++)
+            if (ops[i].err != IDEM_OK || (i < BATCH_OPS && ops[i].decision.kind != IDEM_DECIDE_CLAIM))
+                return (void *)2;
+    }
+    return NULL;
+}
+
+STORE_CASE(concurrent_batches_all_apply_with_their_own_results)
+{
+    pthread_t t[BATCH_THREADS];
+    for (long i = 0; i < BATCH_THREADS; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, batch_thread, (void *)i), 0);
+    for (int i = 0; i < BATCH_THREADS; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_expect_null(ret, "thread %d failed (%p)", i, ret);
+    }
+    char key[32];
+    for (int i = 0; i < BATCH_THREADS; i++) {
+        for (int r = 0; r < BATCH_ROUNDS; r++) {
+            for (int j = 0; j < BATCH_OPS; j++) {
+                snprintf(key, sizeof key, "b-%d-%d-%d", i, r, j);
+                cr_expect_eq(claim(key, 1, T0 + 1).kind, IDEM_DECIDE_REPLAY, "key %s", key);
+            }
+        }
+    }
+}
+
+STORE_CASE(claim_race_forwards_each_key_exactly_once)
+{
+    race(st, st);
+}
+
+/* ---- any backend: URLs ---------------------------------------------------- */
+
+static void expect_bad_url(const char *u)
+{
+    char err[256] = "";
+    idem_store_t *s = (idem_store_t *)&err; /* must be reset to NULL */
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_INVAL, "url %s", u);
+    cr_expect_null(s, "url %s", u);
+    cr_expect_neq(err[0], '\0', "no message for url %s", u);
+}
+
+Test(store, bad_urls_are_inval_with_a_message)
+{
+    expect_bad_url(NULL);
+    expect_bad_url("");
+    expect_bad_url("memory");
+    expect_bad_url("nosuch://host");
+    expect_bad_url("memory:extra");
+    expect_bad_url("memory:?size=1");
+    expect_bad_url("lmdb:");
+    expect_bad_url("lmdb:?sync=always");
+    expect_bad_url("lmdb:/tmp/idem-never-created?sync=sometimes");
+    expect_bad_url("lmdb:/tmp/idem-never-created?sync");
+    expect_bad_url("lmdb:/tmp/idem-never-created?=always");
+    expect_bad_url("lmdb:/tmp/idem-never-created?map_size=lots");
+    expect_bad_url("lmdb:/tmp/idem-never-created?map_size=1KiB");
+    expect_bad_url("lmdb:/tmp/idem-never-created?map_size=-1");
+    expect_bad_url("lmdb:/tmp/idem-never-created?bogus=1");
+    expect_bad_url("lmdb:/tmp/idem-never-created?sync=always&bogus=1");
+    struct stat sb;
+    cr_expect_neq(stat("/tmp/idem-never-created", &sb), 0, "a bad URL created its directory");
+}
+
+Test(store, unknown_scheme_names_it)
+{
+    char err[256] = "";
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open("nosuch://host", &s, err, sizeof err), IDEM_E_INVAL);
+    cr_expect(strstr(err, "unknown store scheme") != NULL, "message: %s", err);
+    cr_expect(strstr(err, "nosuch") != NULL, "message: %s", err);
+}
+
+Test(store, unknown_option_names_it)
+{
+    char err[256] = "";
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open("lmdb:/tmp/idem-never-created?colour=red", &s, err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect(strstr(err, "colour") != NULL, "message: %s", err);
+}
+
+Test(store, null_store_calls_are_safe)
+{
+    idem_op_t op = claim_op("k", 1, T0);
+    size_t removed = 1;
+    idem_record_t rec;
+    idem_key_id_t id = kid("k");
+    cr_expect_eq(idem_store_exec(NULL, &op, 1), IDEM_E_INVAL);
+    cr_expect_eq(idem_store_get(NULL, &id, T0, &rec), IDEM_E_INVAL);
+    cr_expect_eq(idem_store_sweep(NULL, T0, 10, &removed), IDEM_E_INVAL);
+    cr_expect_eq(removed, 0);
+    cr_expect_eq(idem_store_ping(NULL), IDEM_E_INVAL);
+    idem_store_close(NULL);
+}
+
+Test(store_memory, is_named_memory, .init = setup_memory, .fini = teardown)
+{
+    cr_expect_str_eq(idem_store_name(st), "memory");
+}
+
+Test(store_memory, claim_out_of_memory_is_nomem_alone, .init = setup_memory,
+     .fini = teardown)
+{
+    idem_op_t ops[2] = {claim_op("a", 1, T0), claim_op("b", 1, T0)};
+    idem_alloc_fail_after(1); /* the first op's new entry */
+    idem_err_t rc = idem_store_exec(st, ops, 2);
+    idem_alloc_fail_after(0);
+    cr_assert_eq(rc, IDEM_OK);
+    cr_expect_eq(ops[0].err, IDEM_E_NOMEM);
+    cr_expect_eq(ops[0].decision.kind, 0, "a failed claim must not say it forwards");
+    cr_expect_eq(ops[1].err, IDEM_E_NOMEM); /* every allocation after fails too */
+    idem_decision_t d = claim("a", 1, T0 + 1);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(d.fence, 1);
+}
+
+/* ---- LMDB only ------------------------------------------------------------ */
+
+Test(store_lmdb, is_named_lmdb, .init = setup_lmdb, .fini = teardown)
+{
+    cr_expect_str_eq(idem_store_name(st), "lmdb");
+}
+
+Test(store_lmdb, data_survives_close_and_reopen, .init = setup_lmdb, .fini = teardown)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    claim("open", 1, T0);
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_lmdb, creates_missing_directory_private, .init = setup_lmdb, .fini = teardown)
+{
+    char sub[PATH_MAX], u[PATH_MAX + 16];
+    snprintf(sub, sizeof sub, "%s/new", dir);
+    snprintf(u, sizeof u, "lmdb:%s", sub);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    struct stat sb;
+    cr_assert_eq(stat(sub, &sb), 0);
+    cr_expect(S_ISDIR(sb.st_mode));
+    cr_expect_eq(sb.st_mode & 0777, 0700);
+    idem_store_close(s);
+}
+
+Test(store_lmdb, directory_that_cannot_be_made_is_io, .init = setup_lmdb, .fini = teardown)
+{
+    char u[PATH_MAX + 32], err[256] = "";
+    snprintf(u, sizeof u, "lmdb:%s/missing/deeper", dir);
+    idem_store_t *s;
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_IO);
+    cr_expect_null(s);
+    cr_expect_neq(err[0], '\0');
+}
+
+Test(store_lmdb, two_handles_on_one_directory_never_both_forward, .init = setup_lmdb,
+     .fini = teardown)
+{
+    idem_store_t *second;
+    cr_assert_eq(idem_store_open(url, &second, NULL, 0), IDEM_OK);
+    race(st, second);
+    /* What one handle wrote, the other reads. */
+    cr_expect_eq(claim_on(second, "race-0", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_store_close(second);
+    cr_expect_eq(claim("race-0", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_lmdb, other_sync_mode_on_open_directory_is_refused, .init = setup_lmdb,
+     .fini = teardown)
+{
+    char u[PATH_MAX + 32], err[256] = "";
+    snprintf(u, sizeof u, "%s?sync=interval", url);
+    idem_store_t *s;
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_INVAL);
+    cr_expect(strstr(err, "sync") != NULL, "message: %s", err);
+}
+
+#define FORK_KEYS 300
+
+/* Claim every fork key on s; out[k] = 1 when this side forwarded it. */
+static int claim_all(idem_store_t *s, uint8_t *out, int reverse)
+{
+    char key[32];
+    for (int i = 0; i < FORK_KEYS; i++) {
+        int k = reverse ? FORK_KEYS - 1 - i : i;
+        snprintf(key, sizeof key, "fork-%d", k);
+        idem_op_t op = claim_op(key, 1, T0);
+        if (idem_store_claim(s, &op) != IDEM_OK)
+            return -1;
+        out[k] = (uint8_t)idem_decision_forwards(op.decision.kind);
+    }
+    return 0;
+}
+
+Test(store_lmdb, another_process_never_forwards_a_key_we_forwarded, .init = setup_lmdb,
+     .fini = teardown)
+{
+    int res[2], go[2];
+    cr_assert_eq(pipe(res), 0);
+    cr_assert_eq(pipe(go), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* The child: its own handle (never the parent's), claims, reports. */
+        uint8_t mine[FORK_KEYS] = {0};
+        idem_store_t *s;
+        char c;
+        close(res[0]);
+        close(go[1]);
+        if (idem_store_open(url, &s, NULL, 0) != IDEM_OK)
+            _exit(2);
+        if (read(go[0], &c, 1) != 1)
+            _exit(3);
+        if (claim_all(s, mine, 1) != 0)
+            _exit(4);
+        idem_store_close(s);
+        if (write(res[1], mine, sizeof mine) != (ssize_t)sizeof mine)
+            _exit(5);
+        _exit(0);
+    }
+    close(res[1]);
+    close(go[0]);
+    uint8_t ours[FORK_KEYS] = {0}, theirs[FORK_KEYS] = {0};
+    cr_assert_eq(write(go[1], "g", 1), 1);
+    cr_assert_eq(claim_all(st, ours, 0), 0);
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof theirs && (n = read(res[0], theirs + got, sizeof theirs - got)) > 0)
+        got += (size_t)n;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    cr_assert_eq(got, sizeof theirs);
+    int both = 0, shared = 0;
+    for (int k = 0; k < FORK_KEYS; k++) {
+        cr_expect_eq(ours[k] + theirs[k], 1, "key fork-%d forwarded %d times", k,
+                     ours[k] + theirs[k]);
+        both += ours[k] && theirs[k];
+        shared += theirs[k];
+    }
+    cr_expect_eq(both, 0);
+    cr_expect_gt(shared, 0, "the child forwarded nothing: no real contention");
+}
+
+Test(store_lmdb, full_map_is_store_full_and_reads_still_work, .init = setup_lmdb,
+     .fini = teardown)
+{
+    char u[PATH_MAX + 64], key[32];
+    snprintf(u, sizeof u, "lmdb:%s/small?map_size=64KiB", dir);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+
+    static uint8_t big[6000];
+    memset(big, 'b', sizeof big);
+    idem_response_t r = {200, NULL, 0, big, sizeof big};
+    idem_err_t rc = IDEM_OK;
+    int i, stored = 0;
+    for (i = 0; i < 100 && rc == IDEM_OK; i++) {
+        snprintf(key, sizeof key, "big-%d", i);
+        idem_op_t ops[2] = {claim_op(key, 1, T0)};
+        ops[1].kind = IDEM_OP_COMPLETE;
+        ops[1].id = ops[0].id;
+        ops[1].fence = 1;
+        ops[1].response = &r;
+        ops[1].expires_at_ms = T0 + TTL;
+        rc = idem_store_exec(s, ops, 2);
+        if (rc == IDEM_OK)
+            stored++;
+        else
+            cr_expect_eq(ops[0].err, rc, "op errors not set to the batch error");
+    }
+    cr_assert_eq(rc, IDEM_E_STORE_FULL, "after %d batches: %s", i, idem_err_name(rc));
+    cr_expect(strstr(idem_store_errstr(s), "MAP_FULL") != NULL, "errstr: %s",
+              idem_store_errstr(s));
+    cr_assert_gt(stored, 0);
+
+    /* The failed batch left nothing behind. */
+    idem_key_id_t id = kid(key);
+    idem_record_t rec;
+    cr_expect_eq(idem_store_get(s, &id, T0, &rec), IDEM_E_NOTFOUND);
+    /* Reads go on working. */
+    id = kid("big-0");
+    cr_assert_eq(idem_store_get(s, &id, T0, &rec), IDEM_OK);
+    cr_expect_eq(rec.response.body_len, sizeof big);
+    idem_record_cleanup(&rec);
+    cr_expect_eq(claim_on(s, "big-0", 1, T0 + 1).kind, IDEM_DECIDE_REPLAY);
+    cr_expect_eq(idem_store_ping(s), IDEM_OK);
+    /* Deleting makes room again. */
+    for (int j = 0; j < stored; j++) {
+        snprintf(key, sizeof key, "big-%d", j);
+        id = kid(key);
+        cr_expect_eq(idem_store_delete(s, &id), IDEM_OK, "delete %s: %s", key,
+                     idem_store_errstr(s));
+    }
+    cr_expect_eq(claim_on(s, "after", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(s);
+}
+
+Test(store_lmdb, sync_interval_works_and_flushes_at_close, .init = setup_lmdb,
+     .fini = teardown)
+{
+    char u[PATH_MAX + 64];
+    snprintf(u, sizeof u, "lmdb:%s/interval?sync=interval", dir);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    cr_expect_eq(claim_on(s, "k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(s);
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    cr_expect_eq(claim_on(s, "k", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_store_close(s);
+}
+
+/* Write a raw value under (anonymous, key) with LMDB directly, the store closed. */
+static void put_raw(const char *key, const void *val, size_t len)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    char k[IDEM_STORE_KEY_MAX];
+    size_t kl = (size_t)snprintf(k, sizeof k, "anonymous%c%s", 0, key);
+    MDB_val mk = {kl, k}, mv = {len, (void *)val};
+    cr_assert_eq(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 2);
+    cr_assert_eq(mdb_env_open(env, dir, 0, 0600), 0);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "records", 0, &dbi), 0);
+    cr_assert_eq(mdb_put(txn, dbi, &mk, &mv, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+Test(store_lmdb, corrupt_value_is_corrupt_and_can_be_deleted, .init = setup_lmdb,
+     .fini = teardown)
+{
+    idem_store_close(st);
+    st = NULL;
+    put_raw("bad", "IDR\x01garbage", 11);
+    open_store();
+    idem_op_t op = claim_op("bad", 1, T0);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_E_CORRUPT);
+    idem_record_t rec;
+    cr_expect_eq(get("bad", T0, &rec), IDEM_E_CORRUPT);
+    cr_expect_eq(complete("bad", 1, T0 + TTL), IDEM_E_CORRUPT);
+    size_t removed;
+    cr_expect_eq(idem_store_sweep(st, T0 + 2 * TTL, 100, &removed), IDEM_OK);
+    idem_key_id_t id = kid("bad");
+    cr_expect_eq(idem_store_delete(st, &id), IDEM_OK);
+    cr_expect_eq(claim("bad", 1, T0).kind, IDEM_DECIDE_CLAIM);
+}
+
+Test(store_lmdb, sweep_resumes_across_a_reopened_handle, .init = setup_lmdb, .fini = teardown)
+{
+    /* A fresh handle starts at the beginning and still finds everything. */
+    char key[32];
+    idem_op_t ops[100];
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof key, "s-%03d", i);
+        ops[i] = claim_op(key, 1, T0);
+        ops[i].expires_at_ms = T0 + 1;
+    }
+    cr_assert_eq(idem_store_exec(st, ops, 100), IDEM_OK);
+    size_t removed, total = 0;
+    cr_assert_eq(idem_store_sweep(st, T0 + 5, 30, &removed), IDEM_OK);
+    total += removed;
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    for (int i = 0; i < 10 && total < 100; i++) {
+        cr_assert_eq(idem_store_sweep(st, T0 + 5, 30, &removed), IDEM_OK);
+        total += removed;
+    }
+    cr_expect_eq(total, 100);
+}
