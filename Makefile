@@ -9,7 +9,7 @@ all: build
 
 build:
 	@scripts/deps.sh build
-	@test -f build/build.ninja || meson setup build --buildtype=release -Db_ndebug=false $(MESON_OPTS) >/dev/null
+	@test -f build/build.ninja || meson setup build --buildtype=debugoptimized $(MESON_OPTS) >/dev/null
 	@ninja -C build
 	@echo "built: build/idemd build/examples/demo-upstream"
 
