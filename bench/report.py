@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""bench/report.py - turn one `make bench` run into a table and a JSON file.
+
+bench/run.sh leaves, in its work directory, one wrk output per row and
+round (<row>.r<N>.wrk), for the idemd rows the /metrics text scraped before
+and after each measured run (<row>.r<N>.metrics.before/.after), and
+meta.json (parameters and environment).  This script parses wrk's summary
+(Requests/sec, the 50% and 99% lines of --latency, non-2xx answers, socket
+errors), takes each figure's median over a row's rounds, works out each
+row's ratio to nginx proxy_pass and to nginx direct (ratio of the medians),
+checks the targets of the benchmark issue, prints a table and writes
+everything, every round's raw wrk output included, to
+RESULTS_DIR/bench-<UTC time>.json (and latest.json).
+
+Usage: report.py WORKDIR RESULTS_DIR.  Exit status 0, or 1 when
+BENCH_STRICT=1 and a target was missed or a row had errors.  Python stdlib
+only.
+"""
+import json
+import os
+import re
+import sys
+import time
+
+ROWS = [
+    ("nginx-direct", "nginx direct"),
+    ("nginx-proxy", "nginx proxy_pass"),
+    ("idemd-new-always", "idemd new key, sync=always"),
+    ("idemd-new-interval", "idemd new key, sync=interval"),
+    ("idemd-replay", "idemd replay"),
+]
+
+# Minimum ratio of requests/s to nginx proxy_pass, per idemd row.  Every
+# idemd row must also have a p99 no worse than nginx proxy_pass's.
+RPS_TARGETS = {
+    "idemd-new-always": 0.5,
+    "idemd-new-interval": 0.9,
+    "idemd-replay": 2.0,
+}
+
+UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+
+
+def to_ms(text):
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m|h)", text.strip())
+    if not m:
+        raise ValueError("not a wrk duration: %r" % text)
+    return float(m.group(1)) * UNIT_MS[m.group(2)]
+
+
+def parse_wrk(text):
+    """The figures of one wrk --latency summary."""
+    out = {"rps": None, "p50_ms": None, "p75_ms": None, "p90_ms": None, "p99_ms": None,
+           "requests": None, "seconds": None, "non_2xx_3xx": 0,
+           "socket_errors": {"connect": 0, "read": 0, "write": 0, "timeout": 0}}
+    m = re.search(r"^Requests/sec:\s+([0-9.]+)", text, re.M)
+    if m:
+        out["rps"] = float(m.group(1))
+    for pct in ("50", "75", "90", "99"):
+        m = re.search(r"^\s+%s%%\s+(\S+)" % pct, text, re.M)
+        if m:
+            out["p%s_ms" % pct] = to_ms(m.group(1))
+    m = re.search(r"^\s+(\d+) requests in ([0-9.]+)(us|ms|s|m|h)", text, re.M)
+    if m:
+        out["requests"] = int(m.group(1))
+        out["seconds"] = to_ms(m.group(2) + m.group(3)) / 1e3
+    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    if m:
+        out["non_2xx_3xx"] = int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    if m:
+        out["socket_errors"] = dict(zip(("connect", "read", "write", "timeout"),
+                                        map(int, m.groups())))
+    return out
+
+
+def parse_metrics(text):
+    """Prometheus text to {name{labels}: value}, only the lines we use."""
+    vals = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.rsplit(" ", 1)
+        if len(parts) != 2:
+            continue
+        try:
+            vals[parts[0]] = float(parts[1])
+        except ValueError:
+            pass
+    return vals
+
+
+def metrics_delta_raw(before, after):
+    """Every counter's growth during one measured run."""
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def summarise_delta(d):
+    """What idemd counted during the measured runs of a row."""
+    outcomes = {}
+    for k, v in d.items():
+        m = re.fullmatch(r'idem_requests_total\{outcome="([^"]+)"\}', k)
+        if m and v:
+            outcomes[m.group(1)] = int(v)
+    res = {"outcomes": outcomes}
+    for name in ("idem_store_batches_total", "idem_store_ops_total", "idem_store_errors_total"):
+        if name in d:
+            res[name.replace("idem_", "").replace("_total", "")] = int(d[name])
+    if res.get("store_batches"):
+        res["store_ops_per_batch"] = round(res["store_ops"] / res["store_batches"], 2)
+    for h in ("store_commit", "upstream", "request"):
+        base = "idem_%s_duration_seconds" % h
+        cnt, tot = d.get(base + "_count"), d.get(base + "_sum")
+        if cnt:
+            res["%s_mean_ms" % h] = round(tot / cnt * 1e3, 3)
+    return res
+
+
+def median(values):
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def fmt_ms(v):
+    if v is None:
+        return "-"
+    return "%.2fms" % v if v >= 1 else "%.0fus" % (v * 1e3)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: report.py WORKDIR RESULTS_DIR")
+    work, results_dir = sys.argv[1], sys.argv[2]
+    with open(os.path.join(work, "meta.json")) as f:
+        meta = json.load(f)
+
+    rows = []
+    for name, label in ROWS:
+        rounds = []
+        for k in range(1, 100):
+            path = os.path.join(work, "%s.r%d.wrk" % (name, k))
+            if not os.path.exists(path):
+                break
+            with open(path) as f:
+                raw = f.read()
+            rnd = {"round": k, **parse_wrk(raw), "wrk_output": raw}
+            mb, ma = (os.path.join(work, "%s.r%d.metrics.%s" % (name, k, s)) for s in ("before", "after"))
+            if os.path.exists(mb) and os.path.exists(ma):
+                with open(mb) as f1, open(ma) as f2:
+                    rnd["delta"] = metrics_delta_raw(parse_metrics(f1.read()), parse_metrics(f2.read()))
+            rounds.append(rnd)
+        if not rounds:
+            continue
+        row = {"name": name, "label": label, "rounds": len(rounds)}
+        for field in ("rps", "p50_ms", "p75_ms", "p90_ms", "p99_ms"):
+            row[field] = median([r[field] for r in rounds])
+        row["rps_min"] = min((r["rps"] for r in rounds if r["rps"] is not None), default=None)
+        row["rps_max"] = max((r["rps"] for r in rounds if r["rps"] is not None), default=None)
+        row["non_2xx_3xx"] = sum(r["non_2xx_3xx"] for r in rounds)
+        row["socket_errors"] = {k: sum(r["socket_errors"][k] for r in rounds)
+                                for k in ("connect", "read", "write", "timeout")}
+        deltas = [r.pop("delta") for r in rounds if "delta" in r]
+        if deltas:
+            total = {}
+            for d in deltas:
+                for k, v in d.items():
+                    total[k] = total.get(k, 0.0) + v
+            row["idemd"] = summarise_delta(total)
+        row["per_round"] = rounds
+        rows.append(row)
+
+    by = {r["name"]: r for r in rows}
+    proxy, direct = by.get("nginx-proxy"), by.get("nginx-direct")
+    missed = []
+    for r in rows:
+        r["vs_proxy"] = (r["rps"] / proxy["rps"]) if proxy and proxy["rps"] and r["rps"] else None
+        r["vs_direct"] = (r["rps"] / direct["rps"]) if direct and direct["rps"] and r["rps"] else None
+        errs = r["non_2xx_3xx"] + sum(r["socket_errors"].values())
+        r["errors"] = errs
+        if r["name"] in RPS_TARGETS:
+            want = RPS_TARGETS[r["name"]]
+            ok_rps = r["vs_proxy"] is not None and r["vs_proxy"] >= want
+            ok_p99 = (proxy is not None and r["p99_ms"] is not None and proxy["p99_ms"] is not None
+                      and r["p99_ms"] <= proxy["p99_ms"])
+            r["target"] = {"rps_vs_proxy_min": want, "rps_met": ok_rps,
+                           "p99_max_ms": proxy["p99_ms"] if proxy else None, "p99_met": ok_p99}
+            if not ok_rps:
+                missed.append("%s: %.2fx nginx proxy_pass, target >= %.1fx"
+                              % (r["label"], r["vs_proxy"] or 0, want))
+            if not ok_p99:
+                missed.append("%s: p99 %s, nginx proxy_pass %s"
+                              % (r["label"], fmt_ms(r["p99_ms"]), fmt_ms(proxy and proxy["p99_ms"])))
+        if errs:
+            missed.append("%s: %d non-2xx answers, socket errors %s"
+                          % (r["label"], r["non_2xx_3xx"], r["socket_errors"]))
+
+    # The table.
+    print()
+    print("idem bench  %s  git %s  %s CPUs (load at start %s)"
+          % (meta.get("date"), meta.get("git"), meta.get("cpus"), meta.get("loadavg_at_start")))
+    print("wrk -t%s -c%s -d%ss, median of %s interleaved rounds; %s keys preloaded; LMDB on %s"
+          % (meta.get("threads"), meta.get("connections"), meta.get("seconds"), meta.get("rounds"),
+             meta.get("preload"), meta.get("data_fs")))
+    hdr = "%-30s %10s %15s %9s %9s %8s %8s  %s" % ("row", "req/s", "(min-max)", "p50", "p99",
+                                                  "/proxy", "/direct", "target")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        t = r.get("target")
+        if t:
+            tgt = "rps>=%.1fx %s, p99 %s" % (t["rps_vs_proxy_min"], "MET" if t["rps_met"] else "MISSED",
+                                            "MET" if t["p99_met"] else "MISSED")
+        else:
+            tgt = "(baseline)"
+        if r["errors"]:
+            tgt += "  ERRORS: %d" % r["errors"]
+        print("%-30s %10s %15s %9s %9s %8s %8s  %s" % (
+            r["label"],
+            "%.0f" % r["rps"] if r["rps"] else "-",
+            "(%.0f-%.0f)" % (r["rps_min"], r["rps_max"]) if r["rps_min"] else "",
+            fmt_ms(r["p50_ms"]), fmt_ms(r["p99_ms"]),
+            "%.2fx" % r["vs_proxy"] if r["vs_proxy"] else "-",
+            "%.2fx" % r["vs_direct"] if r["vs_direct"] else "-",
+            tgt))
+    print()
+    for r in rows:
+        m = r.get("idemd")
+        if not m:
+            continue
+        bits = ["outcomes " + ", ".join("%s=%d" % kv for kv in sorted(m["outcomes"].items()))]
+        if m.get("store_batches"):
+            bits.append("store commits %d (%.1f ops each, mean %.2fms)"
+                        % (m["store_batches"], m.get("store_ops_per_batch", 0),
+                           m.get("store_commit_mean_ms", 0)))
+        if m.get("store_errors"):
+            bits.append("STORE ERRORS %d" % m["store_errors"])
+        print("  %-28s %s" % (r["label"] + ":", "; ".join(bits)))
+    if missed:
+        print()
+        print("not met / errors:")
+        for s in missed:
+            print("  - " + s)
+
+    os.makedirs(results_dir, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    doc = {"meta": meta, "rows": rows, "not_met": missed}
+    out = os.path.join(results_dir, "bench-%s.json" % stamp)
+    for p in (out, os.path.join(results_dir, "latest.json")):
+        with open(p, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    print()
+    print("results: %s" % out)
+    if os.environ.get("BENCH_STRICT") == "1" and missed:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

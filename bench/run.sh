@@ -1,0 +1,441 @@
+#!/usr/bin/env bash
+# bench/run.sh - `make bench`: idemd against nginx, in one run, with wrk.
+#
+# Rows, in this order (bench/README.md explains each):
+#   nginx-direct        wrk -> nginx "upstream" server (a fixed JSON 200)
+#   nginx-proxy         wrk -> nginx proxy_pass (keep-alive pool) -> upstream
+#   idemd-new-always    wrk -> idemd -> upstream, a fresh key per request,
+#                       LMDB sync=always, store preloaded with BENCH_PRELOAD keys
+#   idemd-new-interval  the same with sync=interval (its own copy of the store)
+#   idemd-replay        wrk -> idemd, one completed key: every request a replay
+# Every row sends the same POST (bench/post.lua), so the client's work per
+# request is the same everywhere.  The rows are measured BENCH_ROUNDS times,
+# interleaved (round 1 of every row, then round 2 ...), so a load that comes
+# and goes on the machine spreads over all rows instead of spoiling one;
+# both idemd processes (sync=always and sync=interval, each on its own copy
+# of the preloaded store) therefore run for the whole benchmark, and the
+# replay row uses the sync=always one.  bench/report.py takes each row's
+# median over the rounds, prints the table (req/s, p50, p99, ratio to nginx
+# proxy_pass and to nginx direct, targets) and writes
+# bench/results/bench-<time>.json.
+#
+# Everything runs on loopback with ports picked free at start, in a fresh
+# directory under BENCH_TMPDIR (nginx prefix, LMDB stores, wrk outputs);
+# an EXIT trap stops every process this script started and removes that
+# directory, on success, failure or ^C.  Every step is bounded by `timeout`.
+# nginx runs in the foreground as the current user (root on the bench
+# machine: its worker then runs as nobody) and is stopped by its pid.  Not
+# part of `make test`.
+#
+# Environment (defaults in brackets):
+#   IDEM_BUILD            build directory with idemd and bench/idem-preload [build]
+#   BENCH_SECONDS         length of each measured wrk run [10]
+#   BENCH_CONNECTIONS     wrk connections [32]
+#   BENCH_THREADS         wrk threads [1]
+#   BENCH_WARMUP          seconds of unmeasured wrk load before each measured run [2]
+#   BENCH_ROUNDS          measured runs per row, interleaved; the median is reported [3]
+#   BENCH_PRELOAD         completed keys written to the store first; 0 skips [1000000]
+#   BENCH_MAP_SIZE        LMDB map_size of the stores [4GiB]
+#   BENCH_WORKERS         idemd --workers [1]
+#   BENCH_PROFILE         1: after the rounds, one more run per idemd row under perf
+#                         stat and perf record (not measured), and print where idemd's
+#                         time goes: self and inclusive time by function [0]
+#   BENCH_LOG             1: keep idemd's log (one line per request) in the results [0]
+#   BENCH_TMPDIR          where the work directory goes; must not be tmpfs for
+#                         sync=always to mean anything [$TMPDIR or /tmp]
+#   BENCH_RESULTS         where the JSON goes [bench/results]
+#   BENCH_STRICT          1: exit 1 when a target is missed or a row had errors [0]
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+IDEM_BUILD=${IDEM_BUILD:-build}
+BENCH_SECONDS=${BENCH_SECONDS:-10}
+BENCH_CONNECTIONS=${BENCH_CONNECTIONS:-32}
+BENCH_THREADS=${BENCH_THREADS:-1}
+BENCH_WARMUP=${BENCH_WARMUP:-2}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_PRELOAD=${BENCH_PRELOAD:-1000000}
+BENCH_MAP_SIZE=${BENCH_MAP_SIZE:-4GiB}
+BENCH_WORKERS=${BENCH_WORKERS:-1}
+BENCH_PROFILE=${BENCH_PROFILE:-0}
+BENCH_LOG=${BENCH_LOG:-0}
+BENCH_TMPDIR=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
+BENCH_RESULTS=${BENCH_RESULTS:-bench/results}
+export BENCH_STRICT=${BENCH_STRICT:-0}
+
+# Messages go to fd 9, a copy of the original stderr: a trap that fires
+# while a command's output is redirected to a file still reaches the user.
+exec 9>&2
+say() { printf 'bench: %s\n' "$*" >&9; }
+die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
+
+for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
+  BENCH_WORKERS; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
+done
+((BENCH_SECONDS >= 1 && BENCH_SECONDS <= 3600)) || die "BENCH_SECONDS must be 1..3600"
+((BENCH_CONNECTIONS >= 1 && BENCH_CONNECTIONS <= 4000)) || die "BENCH_CONNECTIONS must be 1..4000"
+((BENCH_THREADS >= 1 && BENCH_THREADS <= BENCH_CONNECTIONS)) ||
+  die "BENCH_THREADS must be 1..BENCH_CONNECTIONS"
+((BENCH_WARMUP <= 600)) || die "BENCH_WARMUP must be at most 600"
+((BENCH_ROUNDS >= 1 && BENCH_ROUNDS <= 20)) || die "BENCH_ROUNDS must be 1..20"
+((BENCH_WORKERS >= 1 && BENCH_WORKERS <= 64)) || die "BENCH_WORKERS must be 1..64"
+
+case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
+IDEMD=$IDEM_BUILD/idemd
+PRELOAD_BIN=$IDEM_BUILD/bench/idem-preload
+LUA=$ROOT/bench/post.lua
+
+for t in nginx wrk curl python3 timeout; do
+  command -v "$t" >/dev/null || die "$t is not installed (make bench installs it: scripts/deps.sh bench)"
+done
+[[ -x $IDEMD ]] || die "$IDEMD is missing: run 'make build', or set IDEM_BUILD"
+if ((BENCH_PRELOAD > 0)) && [[ ! -x $PRELOAD_BIN ]]; then
+  die "$PRELOAD_BIN is missing (built from bench/preload.c); or set BENCH_PRELOAD=0"
+fi
+newer=$(find src include -name '*.[ch]' -newer "$IDEMD" -print -quit 2>/dev/null || true)
+[[ -z $newer ]] || say "warning: $newer is newer than $IDEMD: the binary may be stale"
+if [[ $BENCH_PROFILE == 1 ]] && ! command -v perf >/dev/null; then
+  say "warning: BENCH_PROFILE=1 but perf is not installed: no profile"
+  BENCH_PROFILE=0
+fi
+
+# ---- work directory and clean-up -------------------------------------------
+
+mkdir -p "$BENCH_TMPDIR"
+WORK=$(mktemp -d "$BENCH_TMPDIR/idem-bench.XXXXXX")
+PIDS=()  # every background process we started, stopped in reverse order
+
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "process $pid did not stop in 10s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    stop_pid "${PIDS[i]}"
+  done
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'say interrupted; exit 130' INT TERM
+
+forget_pid() {
+  local keep=() p
+  for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+# ---- helpers ------------------------------------------------------------------
+
+# Six distinct free loopback ports (held open together while picked).
+read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT < <(python3 - <<'PY'
+import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+)
+
+# Random per run, so that keys of reruns against one store never collide.
+RUNID=b$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+# http_code METHOD URL [curl args...]: the status, or 000 when no answer.
+http_code() {
+  local m=$1 u=$2
+  shift 2
+  curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X "$m" "$@" "$u" 2>/dev/null || true
+}
+
+# wait_http URL PID SECONDS: until GET URL answers 200, while PID lives.
+wait_http() {
+  local url=$1 pid=$2 secs=$3 i
+  for ((i = 0; i < secs * 10; i++)); do
+    [[ $(http_code GET "$url") == 200 ]] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+wrk_cmd() { # SECONDS URL MODE ARG [--latency]
+  local secs=$1 url=$2 mode=$3 arg=$4
+  shift 4
+  timeout --kill-after=5 $((secs + 60)) \
+    wrk -t"$BENCH_THREADS" -c"$BENCH_CONNECTIONS" -d"${secs}s" --timeout 10s "$@" \
+    -s "$LUA" "$url" -- "$mode" "$arg"
+}
+
+# measure ROW ROUND URL MODE ARG [ADMIN_URL]: warm up, then the measured run
+# to $WORK/ROW.rROUND.wrk; with ADMIN_URL, /metrics is scraped around it.
+measure() {
+  local row=$1 round=$2 url=$3 mode=$4 arg=$5 admin=${6:-}
+  local out=$WORK/$row.r$round
+  if ((BENCH_WARMUP > 0)); then
+    # A unique-key warm-up uses keys of its own.
+    local warm_arg=$arg
+    [[ $mode == unique ]] && warm_arg=${arg}w
+    wrk_cmd "$BENCH_WARMUP" "$url" "$mode" "$warm_arg" >"$out.warmup" 2>&1 ||
+      die "$row: warm-up wrk failed: $(tail -3 "$out.warmup")"
+  fi
+  if [[ -n $admin ]]; then
+    curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.before" ||
+      die "$row: cannot read $admin/metrics (did idemd die?)"
+  fi
+  wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$arg" --latency >"$out.wrk" 2>&1 ||
+    die "$row: wrk failed: $(tail -3 "$out.wrk")"
+  if [[ -n $admin ]]; then
+    curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.after" ||
+      die "$row: cannot read $admin/metrics after the run (did idemd die?)"
+  fi
+  local rps p99 non2xx
+  rps=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$out.wrk")
+  p99=$(awk '$1 == "99%" {print $2}' "$out.wrk")
+  non2xx=$(awk -F': *' '/Non-2xx or 3xx responses/ {print $2}' "$out.wrk")
+  say "round $round/$BENCH_ROUNDS  $(printf '%-20s' "$row") ${rps:-?} req/s, p99 ${p99:-?}${non2xx:+, $non2xx NON-2XX ANSWERS}"
+}
+
+# profile ROW URL MODE ARG PID: one more (unmeasured) run with perf on PID.
+profile() {
+  local row=$1 url=$2 mode=$3 arg=$4 pid=$5
+  say "$row: profiling idemd (pid $pid) for ${BENCH_SECONDS}s"
+  local pdata=$WORK/$row.perf.data out=$WORK/$row.profile.txt
+  # DWARF call chains (from .eh_frame, so any build works): an optimised
+  # build has no frame pointers.  499 Hz keeps the data to ~100 MB.
+  timeout $((BENCH_SECONDS + 60)) perf record -F 499 --call-graph dwarf,16384 -p "$pid" -o "$pdata" \
+    -- sleep "$BENCH_SECONDS" >"$WORK/$row.perf-record.log" 2>&1 &
+  local rec=$!
+  PIDS+=("$rec")
+  timeout $((BENCH_SECONDS + 60)) perf stat -e task-clock,context-switches,cpu-migrations,page-faults \
+    -p "$pid" -- sleep "$BENCH_SECONDS" >"$WORK/$row.perf-stat.txt" 2>&1 &
+  local st=$!
+  PIDS+=("$st")
+  local warg=$arg
+  [[ $mode == unique ]] && warg=${arg}p
+  wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$warg" --latency >"$WORK/$row.profile.wrk" 2>&1 || true
+  wait "$rec" 2>/dev/null || true
+  wait "$st" 2>/dev/null || true
+  forget_pid "$rec"
+  forget_pid "$st"
+  {
+    echo "== $row: wrk during the profile (perf adds overhead) =="
+    grep -E 'Requests/sec|requests in' "$WORK/$row.profile.wrk" || true
+    echo
+    echo "== perf stat -p <idemd> =="
+    grep -vE '^\s*$' "$WORK/$row.perf-stat.txt" || true
+    echo
+    echo "== perf report: self time by symbol, all of idemd's threads =="
+    timeout 300 perf report -i "$pdata" --stdio --no-children -g none --sort dso,symbol \
+      --percent-limit 0.7 2>/dev/null | grep -vE '^#|^\s*$' | head -40 || true
+    echo
+    echo "== perf report: inclusive time (callees included) of idemd's own and library functions =="
+    timeout 300 perf report -i "$pdata" --stdio --children -g none --sort symbol \
+      2>/dev/null | grep -vE '^#|^\s*$|\[k\]|\] 0x[0-9a-f]+ ' | head -45 || true
+  } >"$out"
+  cat "$out" >&9
+}
+
+# ---- nginx ------------------------------------------------------------------
+
+NGX=$WORK/nginx
+mkdir -p "$NGX"
+sed -e "s#@PREFIX@#$NGX#g" -e "s#@UPSTREAM_PORT@#$UP_PORT#g" -e "s#@PROXY_PORT@#$PROXY_PORT#g" \
+  bench/nginx.conf.in >"$NGX/nginx.conf"
+timeout 30 nginx -t -q -e "$NGX/nginx-error.log" -p "$NGX/" -c "$NGX/nginx.conf" ||
+  die "nginx -t refused $NGX/nginx.conf"
+nginx -e "$NGX/nginx-error.log" -p "$NGX/" -c "$NGX/nginx.conf" -g 'daemon off;' \
+  >"$NGX/stdout.log" 2>&1 &
+NGINX_PID=$!
+PIDS+=("$NGINX_PID")
+UP_URL=http://127.0.0.1:$UP_PORT/
+PROXY_URL=http://127.0.0.1:$PROXY_PORT/
+wait_http "$UP_URL" "$NGINX_PID" 15 || die "nginx did not start: $(tail -5 "$NGX/nginx-error.log")"
+[[ $(http_code POST "$PROXY_URL" -d '{}') == 200 ]] || die "nginx proxy_pass does not answer 200"
+
+# ---- parameters, for the report ---------------------------------------------------
+
+data_fs=$(df --output=fstype "$WORK" 2>/dev/null | tail -1 || stat -f -c %T "$WORK")
+[[ $data_fs != tmpfs ]] ||
+  say "warning: $WORK is on tmpfs: fsync costs nothing there, sync=always is not measured"
+export BENCH_META_DATE BENCH_META_GIT BENCH_META_FS BENCH_META_CPUS BENCH_META_KERNEL \
+  BENCH_META_NGINX BENCH_META_WRK BENCH_META_IDEMD BENCH_META_CPU BENCH_META_LOAD
+BENCH_META_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+BENCH_META_GIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
+BENCH_META_FS=$data_fs
+BENCH_META_CPUS=$(nproc)
+BENCH_META_KERNEL=$(uname -r)
+BENCH_META_NGINX=$(nginx -v 2>&1 | sed 's/.*version: //')
+BENCH_META_WRK=$(wrk -v 2>&1 | head -1 || true)
+BENCH_META_IDEMD="$IDEMD ($("$IDEMD" --version 2>/dev/null || echo '?'))"
+BENCH_META_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+BENCH_META_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)
+export IDEM_BUILD BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS \
+  BENCH_PRELOAD BENCH_MAP_SIZE BENCH_WORKERS
+write_meta() { # extra JSON fields as NAME=VALUE... (strings)
+  python3 - "$WORK/meta.json" "$@" <<'PY'
+import json, os, sys
+e = os.environ
+path = sys.argv[1]
+meta = {
+    "date": e["BENCH_META_DATE"], "git": e["BENCH_META_GIT"],
+    "cpus": int(e["BENCH_META_CPUS"]), "cpu": e["BENCH_META_CPU"], "kernel": e["BENCH_META_KERNEL"],
+    "nginx": e["BENCH_META_NGINX"], "wrk": e["BENCH_META_WRK"], "idemd": e["BENCH_META_IDEMD"],
+    "build": e["IDEM_BUILD"], "seconds": int(e["BENCH_SECONDS"]),
+    "connections": int(e["BENCH_CONNECTIONS"]), "threads": int(e["BENCH_THREADS"]),
+    "warmup_seconds": int(e["BENCH_WARMUP"]), "rounds": int(e["BENCH_ROUNDS"]),
+    "preload": int(e["BENCH_PRELOAD"]), "map_size": e["BENCH_MAP_SIZE"],
+    "workers": int(e["BENCH_WORKERS"]), "data_fs": e["BENCH_META_FS"],
+    "loadavg_at_start": e["BENCH_META_LOAD"],
+}
+if os.path.exists(path):
+    with open(path) as f:
+        meta.update(json.load(f))
+for kv in sys.argv[2:]:
+    k, _, v = kv.partition("=")
+    meta[k] = v
+with open(path, "w") as f:
+    json.dump(meta, f, indent=2)
+PY
+}
+write_meta
+
+say "work dir $WORK ($data_fs); nginx upstream :$UP_PORT, proxy :$PROXY_PORT;" \
+    "idemd sync=always :$IDEM_A_PORT (admin :$ADMIN_A_PORT), sync=interval :$IDEM_I_PORT (admin :$ADMIN_I_PORT)"
+
+# ---- the stores -------------------------------------------------------------------
+
+ALWAYS_DIR=$WORK/store-always
+INTERVAL_DIR=$WORK/store-interval
+preload_secs=0
+if ((BENCH_PRELOAD > 0)); then
+  say "preloading $BENCH_PRELOAD completed keys ($PRELOAD_BIN)"
+  t0=$(date +%s.%N)
+  timeout --kill-after=5 "${BENCH_PRELOAD_TIMEOUT:-1800}" "$PRELOAD_BIN" \
+    "lmdb:$ALWAYS_DIR?sync=interval&map_size=$BENCH_MAP_SIZE" "$BENCH_PRELOAD" \
+    >"$WORK/preload.log" 2>&1 || die "idem-preload failed: $(tail -5 "$WORK/preload.log")"
+  t1=$(date +%s.%N)
+  preload_secs=$(python3 -c "print(round($t1 - $t0, 1))")
+  # The sync=interval process gets a copy of the same store (LMDB is closed
+  # now; the lock file is re-created on open).
+  mkdir -p "$INTERVAL_DIR"
+  chmod 700 "$INTERVAL_DIR"
+  cp "$ALWAYS_DIR/data.mdb" "$INTERVAL_DIR/data.mdb"
+  say "preloaded in ${preload_secs}s; data.mdb $(du -h --apparent-size "$ALWAYS_DIR/data.mdb" | cut -f1)"
+fi
+write_meta preload_seconds="$preload_secs" \
+  store_bytes="$(stat -c %s "$ALWAYS_DIR/data.mdb" 2>/dev/null || echo 0)"
+
+# ---- idemd --------------------------------------------------------------------------
+
+cat >"$WORK/idemd.yaml" <<'EOF'
+# bench/run.sh: every POST needs a key; nothing else is keyed.
+routes:
+  - methods: [POST]
+    path: /
+    mode: required
+EOF
+
+# start_idemd NAME PORT ADMIN_PORT STORE_URL: sets IDEMD_PID.
+start_idemd() {
+  local name=$1 port=$2 aport=$3 url=$4 log=/dev/null
+  local args=(--config "$WORK/idemd.yaml" --listen "127.0.0.1:$port" --admin "127.0.0.1:$aport"
+              --upstream "http://127.0.0.1:$UP_PORT" --store "$url" --workers "$BENCH_WORKERS")
+  timeout 30 "$IDEMD" -t "${args[@]}" >/dev/null || die "idemd -t refused the bench configuration"
+  [[ $BENCH_LOG == 1 ]] && log=$WORK/$name.idemd.log
+  "$IDEMD" "${args[@]}" 2>"$log" &
+  IDEMD_PID=$!
+  PIDS+=("$IDEMD_PID")
+  if ! wait_http "http://127.0.0.1:$aport/readyz" "$IDEMD_PID" 60; then
+    local st=running
+    kill -0 "$IDEMD_PID" 2>/dev/null || { wait "$IDEMD_PID" && st=0 || st=$?; }
+    die "$name: idemd did not become ready (status $st); rerun with BENCH_LOG=1 to keep its log"
+  fi
+}
+
+# stop_idemd NAME PID: SIGTERM, and it should exit 0 (SPEC section 10).
+stop_idemd() {
+  local name=$1 pid=$2 rc=0
+  kill -TERM "$pid" 2>/dev/null || true
+  timeout 30 tail --pid="$pid" -f /dev/null || { say "$name: idemd did not stop in 30s"; kill -KILL "$pid"; }
+  wait "$pid" || rc=$?
+  forget_pid "$pid"
+  ((rc == 0)) || say "warning: $name: idemd exited with status $rc on SIGTERM"
+  write_meta "${name}_exit_status=$rc"
+}
+
+BODY='{"amount":1250,"currency":"EUR","account":"acct_1","note":"bench"}'
+
+# check_key URL KEY: the first POST is forwarded (200), the second is a replay.
+check_key() {
+  local url=$1 key=$2 hdrs code
+  code=$(http_code POST "$url" -H 'Content-Type: application/json' \
+    -H "Idempotency-Key: $key" --data-raw "$BODY")
+  [[ $code == 200 ]] || die "idemd at $url answered $code to a first POST with key $key (want 200)"
+  hdrs=$(curl -s -D - -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' \
+    -H "Idempotency-Key: $key" --data-raw "$BODY" "$url" | tr -d '\r')
+  grep -qi '^HTTP/1.1 200' <<<"$hdrs" || die "idemd's replay of $key is not a 200: $(head -1 <<<"$hdrs")"
+  grep -qi '^x-idempotent-replay: *true' <<<"$hdrs" ||
+    die "idemd's second answer for $key carries no X-Idempotent-Replay: true"
+}
+
+IDEM_A_URL=http://127.0.0.1:$IDEM_A_PORT/
+IDEM_I_URL=http://127.0.0.1:$IDEM_I_PORT/
+ADMIN_A_URL=http://127.0.0.1:$ADMIN_A_PORT
+ADMIN_I_URL=http://127.0.0.1:$ADMIN_I_PORT
+start_idemd idemd-always "$IDEM_A_PORT" "$ADMIN_A_PORT" "lmdb:$ALWAYS_DIR?sync=always&map_size=$BENCH_MAP_SIZE"
+ALWAYS_PID=$IDEMD_PID
+start_idemd idemd-interval "$IDEM_I_PORT" "$ADMIN_I_PORT" "lmdb:$INTERVAL_DIR?sync=interval&map_size=$BENCH_MAP_SIZE"
+INTERVAL_PID=$IDEMD_PID
+check_key "$IDEM_A_URL" "$RUNID-check-always"
+check_key "$IDEM_I_URL" "$RUNID-check-interval"
+# The replay row's key: completed once here, replayed by every request after.
+REPLAY_KEY=$RUNID-replay
+check_key "$IDEM_A_URL" "$REPLAY_KEY"
+
+# ---- the rounds ----------------------------------------------------------------------
+
+for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+  measure nginx-direct "$r" "$UP_URL" unique "$RUNID-d$r"
+  measure nginx-proxy "$r" "$PROXY_URL" unique "$RUNID-p$r"
+  measure idemd-new-always "$r" "$IDEM_A_URL" unique "$RUNID-a$r" "$ADMIN_A_URL"
+  measure idemd-new-interval "$r" "$IDEM_I_URL" unique "$RUNID-i$r" "$ADMIN_I_URL"
+  measure idemd-replay "$r" "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ADMIN_A_URL"
+done
+
+if [[ $BENCH_PROFILE == 1 ]]; then
+  profile idemd-new-always "$IDEM_A_URL" unique "$RUNID-a" "$ALWAYS_PID"
+  profile idemd-new-interval "$IDEM_I_URL" unique "$RUNID-i" "$INTERVAL_PID"
+  profile idemd-replay "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ALWAYS_PID"
+fi
+
+stop_idemd idemd-always "$ALWAYS_PID"
+stop_idemd idemd-interval "$INTERVAL_PID"
+
+# ---- the report ------------------------------------------------------------------------
+
+mkdir -p "$BENCH_RESULTS"
+for f in "$WORK"/*.profile.txt "$WORK"/*.idemd.log; do
+  [[ -f $f ]] || continue
+  case $f in
+    *.profile.txt) cp "$f" "$BENCH_RESULTS/$(basename "$f" .profile.txt)-$RUNID.profile.txt" ;;
+    *.idemd.log) gzip -c "$f" >"$BENCH_RESULTS/$(basename "$f")-$RUNID.gz" ;;
+  esac
+done
+python3 bench/report.py "$WORK" "$BENCH_RESULTS"
