@@ -441,6 +441,7 @@ static void on_admin_stop(uv_async_t *as)
 static void *admin_main(void *arg)
 {
     idem_admin_t *a = arg;
+    pthread_setname_np(pthread_self(), "idem-admin");
     uv_run(&a->loop, UV_RUN_DEFAULT);
     return NULL;
 }

@@ -170,6 +170,7 @@ struct idem_worker {
     idem_link_t idle_up;    /* idle keep-alive upstream connections */
     size_t n_idle_up;
     idem_link_t reqs;       /* requests in progress */
+    idem_link_t graveyard;  /* requests ended this loop turn, freed by log_check */
     idem_buf_t log;         /* pending log lines */
     bool stopping;
     pthread_t thread;
@@ -238,7 +239,8 @@ struct idem_req {
     bool finished;                /* the store work is done */
     bool responded;               /* a response was queued to the client */
     uv_timer_t timer;             /* renewal, or waiting for a repeat's owner */
-    bool timer_open;
+    bool timer_open;              /* timer initialised (made on first use) */
+    bool dead;                    /* ended: logged, counted, waiting to be freed */
     int pending_jobs;             /* writer jobs not yet returned */
     idem_wjob_t job;              /* claim/complete/release/hold */
     idem_wjob_t renew_job;

@@ -18,14 +18,31 @@
 
 #define LOG_FLUSH_AT (32 * 1024)
 
+/* RFC 3339 UTC with milliseconds.  The date and time of day are formatted
+ * once per second per thread; a request line only adds the milliseconds. */
 static void timestamp(char *out, size_t n)
 {
+    static __thread time_t cached_sec = -1;
+    static __thread char cached[32];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    size_t k = strftime(out, n, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000);
+    if (ts.tv_sec != cached_sec) {
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        strftime(cached, sizeof cached, "%Y-%m-%dT%H:%M:%S", &tm);
+        cached_sec = ts.tv_sec;
+    }
+    unsigned ms = (unsigned)(ts.tv_nsec / 1000000) % 1000u;
+    size_t k = strnlen(cached, sizeof cached);
+    if (n < k + 6)
+        return;
+    memcpy(out, cached, k);
+    out[k] = '.';
+    out[k + 1] = (char)('0' + ms / 100);
+    out[k + 2] = (char)('0' + ms / 10 % 10);
+    out[k + 3] = (char)('0' + ms % 10);
+    out[k + 4] = 'Z';
+    out[k + 5] = '\0';
 }
 
 /* Append s (n bytes) as the inside of a JSON string. */

@@ -37,6 +37,7 @@
 #define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
 #define STREAM_HIGH_MARK (1u << 20) /* pause the upstream when the client lags this much */
 #define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
+#define RBUF_PAUSE (256 * 1024)   /* stop reading a busy connection past this much pipelined input */
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
 
@@ -57,6 +58,7 @@ struct idem_conn {
     int writes;        /* uv_write requests not yet done */
     int closes;        /* handles (tcp, timer) whose close callback is pending */
     bool processing;   /* inside conn_process: answers made now loop, not recurse */
+    bool peer_eof;     /* the client half-closed after its request: answer, then close */
     uv_timer_t timer;
 };
 
@@ -206,6 +208,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     idem_conn_t *c = s->data;
     (void)buf;
     if (nread < 0) {
+        if (nread == UV_EOF && c->state == CS_BUSY) {
+            /* A client may half-close once its request is sent: it still
+             * gets its answer. */
+            c->peer_eof = true;
+            conn_stop_reading(c);
+            return;
+        }
         /* EOF or error: a request still being answered keeps running. */
         conn_close(c);
         return;
@@ -215,6 +224,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (c->state == CS_DRAIN)
         return;
     c->rlen += (size_t)nread;
+    if (c->state == CS_BUSY) {
+        /* Pipelined input waits for the current answer.  Reading goes on
+         * (stopping and restarting costs two epoll_ctl calls per request)
+         * until a bound. */
+        if (c->rlen >= RBUF_PAUSE)
+            conn_stop_reading(c);
+        return;
+    }
     uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
     conn_process(c);
 }
@@ -313,9 +330,6 @@ static idem_req_t *req_create(idem_conn_t *c, size_t head_len)
     idem_buf_init(&req->resp_body, 0);
     idem_list_push(&w->reqs, &req->link);
     atomic_fetch_add(&w->gw->metrics.in_flight, 1);
-    uv_timer_init(&w->loop, &req->timer);
-    req->timer.data = req;
-    req->timer_open = true;
     return req;
 }
 
@@ -412,9 +426,8 @@ static void conn_process_loop(idem_conn_t *c)
             c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
         }
         if (c->state == CS_BUSY) {
-            /* One request at a time: later pipelined ones wait in rbuf. */
-            conn_stop_reading(c);
-            uv_timer_stop(&c->timer);
+            /* One request at a time: later pipelined ones wait in rbuf.
+             * The idle timer ignores a busy connection. */
             req_dispatch(c->req);
             /* Answered at once (a replay, an error): go on with what is
              * pipelined behind it, in this loop rather than recursively. */
@@ -437,7 +450,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         req->conn = NULL;
         req_maybe_free(req);
     }
-    if (!keep_alive || c->w->stopping) {
+    if (!keep_alive || c->w->stopping || c->peer_eof) {
         c->close_after = true;
         if (c->writes == 0)
             conn_close(c);
@@ -689,20 +702,33 @@ static void on_renew_timer(uv_timer_t *t)
     req_submit(req, &req->renew_job, on_renew_done);
 }
 
+/* The request's timer (renewal, or polling while waiting), made on first use:
+ * most requests never need one. */
+static void req_timer_start(idem_req_t *req, uv_timer_cb cb, uint64_t timeout, uint64_t repeat)
+{
+    if (!req->timer_open) {
+        uv_timer_init(&req->w->loop, &req->timer);
+        req->timer.data = req;
+        req->timer_open = true;
+    }
+    uv_timer_start(&req->timer, cb, timeout, repeat);
+}
+
 static void req_start_renewing(idem_req_t *req)
 {
     uint64_t every = (uint64_t)(req->policy->lease_ms / 3);
     if (every < 10)
         every = 10;
     req->renewing = true;
-    uv_timer_start(&req->timer, on_renew_timer, every, every);
+    req_timer_start(req, on_renew_timer, every, every);
 }
 
 static void req_stop_renewing(idem_req_t *req)
 {
     if (req->renewing) {
         req->renewing = false;
-        uv_timer_stop(&req->timer);
+        if (req->timer_open)
+            uv_timer_stop(&req->timer);
     }
 }
 
@@ -1008,7 +1034,7 @@ static void req_in_flight(idem_req_t *req, idem_decision_t d)
         if (req->wait_deadline_ms == 0)
             req->wait_deadline_ms = now + req->policy->wait_timeout_ms;
         if (now < req->wait_deadline_ms && !req->w->stopping) {
-            uv_timer_start(&req->timer, on_wait_timer, WAIT_POLL_MS, 0);
+            req_timer_start(req, on_wait_timer, WAIT_POLL_MS, 0);
             return;
         }
         /* Waited long enough: answer in-flight with the time left. */
@@ -1179,17 +1205,34 @@ static void req_dispatch(idem_req_t *req)
 
 /* ---- a request's end ----------------------------------------------------- */
 
-static void on_req_timer_closed(uv_handle_t *h)
+static void req_free(idem_req_t *req)
 {
-    idem_req_t *req = h->data;
-    idem_worker_t *w = req->w;
     free(req->head);
     idem_buf_cleanup(&req->body);
     idem_buf_cleanup(&req->resp_body);
     free(req->resp_head);
     free(req->store_headers);
     free(req);
+}
+
+static void on_req_timer_closed(uv_handle_t *h)
+{
+    idem_req_t *req = h->data;
+    idem_worker_t *w = req->w;
+    req_free(req);
     worker_maybe_exit(w);
+}
+
+/* Free the requests that ended during this loop turn.  They are not freed
+ * where they end, because the code that ended them may still look at them
+ * on its way out. */
+static void free_graveyard(idem_worker_t *w)
+{
+    while (!idem_list_empty(&w->graveyard)) {
+        idem_link_t *l = w->graveyard.next;
+        idem_list_remove(l);
+        req_free(IDEM_CONTAINER(l, idem_req_t, link));
+    }
 }
 
 static void req_maybe_free(idem_req_t *req)
@@ -1200,8 +1243,9 @@ static void req_maybe_free(idem_req_t *req)
         return;
     if (req->keyed && !req->finished)
         return;
-    if (!req->timer_open)
+    if (req->dead)
         return;
+    req->dead = true;
     /* This request is done: log it, count it, free it. */
     idem_gw_t *gw = req->w->gw;
     idem_metrics_count(&gw->metrics, req->outcome);
@@ -1209,10 +1253,13 @@ static void req_maybe_free(idem_req_t *req)
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
     idem_log_request(req->w, req);
     idem_list_remove(&req->link);
-    req->timer_open = false;
     req->renewing = false;
-    uv_timer_stop(&req->timer);
-    uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);
+    if (req->timer_open) {
+        uv_timer_stop(&req->timer);
+        uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);
+    } else {
+        idem_list_push(&req->w->graveyard, &req->link);
+    }
 }
 
 /* ---- the worker ------------------------------------------------------------ */
@@ -1222,6 +1269,7 @@ static void on_log_check(uv_check_t *h)
     idem_worker_t *w = h->data;
     if (w->log.len)
         idem_log_flush(w);
+    free_graveyard(w);
 }
 
 static void close_if_open(uv_handle_t *h)
@@ -1237,8 +1285,8 @@ static void worker_maybe_exit(idem_worker_t *w)
     idem_proxy_close_idle(w);
     close_if_open((uv_handle_t *)&w->done_async);
     close_if_open((uv_handle_t *)&w->stop_async);
-    close_if_open((uv_handle_t *)&w->log_check);
     close_if_open((uv_handle_t *)&w->shutdown_timer);
+    /* log_check is unreferenced: it flushes and frees until the loop ends. */
 }
 
 static void on_shutdown_timer(uv_timer_t *t)
@@ -1293,6 +1341,7 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
     idem_list_init(&w->conns);
     idem_list_init(&w->idle_up);
     idem_list_init(&w->reqs);
+    idem_list_init(&w->graveyard);
     idem_buf_init(&w->log, 1u << 20);
     pthread_mutex_init(&w->done_mu, NULL);
     uv_loop_init(&w->loop);
@@ -1334,8 +1383,12 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
 void *idem_worker_main(void *arg)
 {
     idem_worker_t *w = arg;
+    char name[16];
+    snprintf(name, sizeof name, "idem-worker-%d", w->index);
+    pthread_setname_np(pthread_self(), name);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     idem_log_flush(w);
+    free_graveyard(w);
     return NULL;
 }
 
@@ -1351,6 +1404,8 @@ void idem_worker_cleanup(idem_worker_t *w)
     uv_walk(&w->loop, close_any, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
+    free_graveyard(w);
+    idem_log_flush(w);
     pthread_mutex_destroy(&w->done_mu);
     idem_buf_cleanup(&w->log);
 }

@@ -59,6 +59,7 @@ static void apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
 static void *writer_main(void *arg)
 {
     idem_writer_t *wr = arg;
+    pthread_setname_np(pthread_self(), "idem-writer");
     idem_wjob_t *jobs[WRITER_BATCH_MAX];
     int64_t last_sweep = idem_clock_now(NULL);
     pthread_mutex_lock(&wr->mu);
