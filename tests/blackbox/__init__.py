@@ -1,0 +1,1 @@
+"""idem's black-box tests: Python standard library only; see harness.py."""

@@ -1,0 +1,122 @@
+"""Concurrency (SPEC section 3): atomic claims and lease renewal.
+
+Of any number of concurrent requests with one key exactly one is forwarded;
+the others get 409 in-flight or, once it completed, the replay.  While a
+forwarded request runs its owner renews the lease every third of it, so a
+slow upstream is never run twice.
+"""
+
+import threading
+import time
+import unittest
+
+try:
+    from . import harness as h
+except ImportError:
+    import harness as h
+
+
+class Duplicates(h.IdemTestCase):
+    def check_duplicates(self, workers):
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"defaults": {"lease": "10s"}},
+                             extra_args=["--workers", str(workers)])
+        up.set_reply(delay=0.5)
+        k = h.new_key()
+        results = h.in_threads([lambda: d.post(key=k, timeout=30) for _ in range(50)])
+        for r in results:
+            self.assertNotIsInstance(r, BaseException, r)
+        self.assertEqual(up.count(key=k), 1, "one key ran %d times" % up.count(key=k))
+        firsts = [r for r in results if r.status == 200 and not r.replayed]
+        self.assertEqual(len(firsts), 1, [r.status for r in results])
+        for r in results:
+            if r.status == 409:
+                self.assertProblem(r, 409, "in-flight")
+            else:
+                self.assertEqual(r.status, 200, r)
+                self.assertEqual(r.body, firsts[0].body)
+        self.assertReplayOf(d.post(key=k), firsts[0])
+
+    def test_50_concurrent_duplicates_run_once(self):
+        self.check_duplicates(1)
+
+    def test_50_concurrent_duplicates_run_once_with_4_workers(self):
+        self.check_duplicates(4)
+
+    def test_concurrent_distinct_keys_all_run(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, {}, extra_args=["--workers", "2"])
+        up.set_reply(delay=0.2)
+        keys = [h.new_key() for _ in range(40)]
+        results = h.in_threads([lambda k=k: d.post(key=k, timeout=30) for k in keys])
+        for r in results:
+            self.assertNotIsInstance(r, BaseException, r)
+            self.assertEqual(r.status, 200, r)
+            self.assertNotReplay(r)
+        for k in keys:
+            self.assertEqual(up.count(key=k), 1)
+
+    def test_mixed_duplicates_and_mismatches(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"defaults": {"lease": "10s"}})
+        up.set_reply(delay=0.3)
+        k = h.new_key()
+        fns = [lambda: d.post(key=k, body=b"A", timeout=30) for _ in range(10)] + \
+              [lambda: d.post(key=k, body=b"B", timeout=30) for _ in range(10)]
+        results = h.in_threads(fns)
+        for r in results:
+            self.assertNotIsInstance(r, BaseException, r)
+        self.assertEqual(up.count(key=k), 1)
+        winner = up.requests(key=k)[0].body
+        for i, r in enumerate(results):
+            body = b"A" if i < 10 else b"B"
+            if body != winner:
+                self.assertProblem(r, 422, "key-reused")
+            else:
+                self.assertIn(r.status, (200, 409), r)
+
+
+class LeaseRenewal(h.IdemTestCase):
+    def test_slow_upstream_keeps_its_lease(self):
+        # lease 1 s, the upstream takes 3.5 s: without renewal the lease would
+        # be gone at 1 s and a repeat at 2 s would run the request again
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"defaults": {"lease": "1s"}, "upstream_timeout": "10s"})
+        up.set_reply(delay=3.5, body=b"slow answer")
+        k = h.new_key()
+        t0 = time.monotonic()
+        bg = h.Background(lambda: d.post(key=k, timeout=30))
+        up.wait_seen(1)
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
+        r = d.post(key=k)
+        self.assertProblem(r, 409, "in-flight")
+        self.assertRetryAfter(r, 0, 2)
+        time.sleep(0.7)
+        self.assertProblem(d.post(key=k), 409, "in-flight")
+        first = bg.result()
+        self.assertEqual(first.status, 200)
+        self.assertEqual(first.body, b"slow answer")
+        self.assertEqual(up.count(key=k), 1, "the slow request was run twice")
+        self.assertReplayOf(d.post(key=k), first)
+        self.assertEqual(up.count(key=k), 1)
+
+    def test_lease_expiry_moves_forward_while_running(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"defaults": {"lease": "1500ms"}, "upstream_timeout": "10s"})
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.set_reply(wait=gate)
+        k = h.new_key()
+        bg = h.Background(lambda: d.post(key=k, timeout=30))
+        up.wait_seen(1)
+        l1 = h.parse_time(d.get_key(k).json()["lease_expires_at"])
+        time.sleep(2.0)
+        l2 = h.parse_time(d.get_key(k).json()["lease_expires_at"])
+        self.assertGreater(l2, l1 + 0.5, "the lease was not renewed")
+        self.assertGreater(l2, time.time())
+        gate.set()
+        bg.result()
+
+
+if __name__ == "__main__":
+    unittest.main()

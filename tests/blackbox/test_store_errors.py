@@ -1,0 +1,114 @@
+"""SPEC section 7: when the store fails.
+
+The failure made here is an LMDB map that is full (lmdb:PATH?map_size=small):
+claims can no longer be written.
+  on_store_error: closed (default) -> 503 store-unavailable + Retry-After,
+                                      nothing forwarded
+  on_store_error: open             -> forwarded without idempotency, the
+                                      answer carries Idempotency-Bypassed:
+                                      store-unavailable
+Both count outcome="store_error".  /readyz is 200 while the store answers.
+"""
+
+import http.client
+import os
+import unittest
+
+try:
+    from . import harness as h
+except ImportError:
+    import harness as h
+
+MAP_SIZE = "256KiB"
+MAX_FILL = 20000
+
+
+def small_store(tmp):
+    return "lmdb:%s?map_size=%s" % (os.path.join(tmp, "data"), MAP_SIZE)
+
+
+class StoreFull(h.IdemTestCase):
+    def setUp(self):
+        super().setUp()
+        if not h.store_is_lmdb():
+            self.skipTest("map full needs the lmdb store")
+
+    def fill(self, d, up, until):
+        """Send fresh keys (responses of 1 KiB, so records are large) until
+        until(resp, key) is true; return (resp, key).  Every answer on the way
+        must be the upstream's 200 or a store-unavailable 503."""
+        up.set_reply(body=b"r" * 1024)
+        conn = http.client.HTTPConnection(h.HOST, d.port, timeout=15)
+        self.addCleanup(conn.close)
+        for i in range(MAX_FILL):
+            k = h.new_key("fill%d" % i)
+            try:
+                r = h.request(d.port, "POST", "/pay", body=b"{}", key=k, conn=conn)
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                conn = http.client.HTTPConnection(h.HOST, d.port, timeout=15)
+                r = h.request(d.port, "POST", "/pay", body=b"{}", key=k, conn=conn)
+            if until(r, k):
+                return r, k
+            if r.status != 200:
+                self.assertProblem(r, 503, "store-unavailable")
+        self.fail("the store did not fill up after %d keys" % MAX_FILL)
+
+    def test_closed_answers_503_and_forwards_nothing(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        r, k = self.fill(d, up, lambda r, k: r.status == 503 and up.count(key=k) == 0)
+        self.assertProblem(r, 503, "store-unavailable")
+        self.assertRetryAfter(r, 0)
+        self.assertEqual(up.count(key=k), 0)
+
+    def test_store_error_is_counted(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        r, k = self.fill(d, up, lambda r, k: r.status == 503 and up.count(key=k) == 0)
+        before = d.outcome("store_error")
+        self.assertGreaterEqual(before, 1)
+        r = d.post(key=k, body=b"{}")
+        if r.status == 503:
+            self.assertEqual(d.outcome_reaches("store_error", before + 1), before + 1)
+
+    def test_completed_keys_are_still_replayed_when_full(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        k0 = h.new_key()
+        up.set_reply(body=b"early")
+        first = d.post(key=k0, body=b"{}")
+        self.fill(d, up, lambda r, k: r.status == 503 and up.count(key=k) == 0)
+        n = up.count()
+        self.assertReplayOf(d.post(key=k0, body=b"{}"), first)
+        self.assertEqual(up.count(), n)
+
+    def test_process_keeps_serving_when_full(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        self.fill(d, up, lambda r, k: r.status == 503 and up.count(key=k) == 0)
+        self.assertEqual(d.admin("GET", "/healthz").status, 200)
+        self.assertEqual(d.request("GET", "/passthrough").status, 200)  # off: no store
+
+    def test_open_forwards_without_idempotency(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"on_store_error": "open"}, store=small_store(self.tmp))
+        r, k = self.fill(d, up, lambda r, k: r.header("Idempotency-Bypassed") is not None)
+        self.assertEqual(r.header("Idempotency-Bypassed"), "store-unavailable")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.body, b"r" * 1024)  # the upstream's answer
+        self.assertEqual(up.count(key=k), 1)
+        self.assertNotReplay(r)
+        before = d.outcome("store_error")
+        self.assertGreaterEqual(before, 1)
+
+
+class ReadyWhenHealthy(h.IdemTestCase):
+    def test_readyz_is_200_while_the_store_answers(self):
+        up, d = self.setup_pair()
+        r = d.admin("GET", "/readyz")
+        self.assertEqual(r.status, 200, r)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,146 @@
+"""SPEC section 9: stores chosen by URL with --store.
+
+  lmdb:PATH (?sync=always default, ?sync=interval, map_size)  one host
+  memory:                                                     in process
+  redis://..., postgres://...  run the whole suite with IDEM_BB_STORE=<url>
+Expired records are removed by a background sweeper, so a store whose
+records all expired has room again.  Completed records may be cached in
+process (local_cache): a cache must never replay what the store no longer
+holds (deleted or expired).
+"""
+
+import os
+import time
+import unittest
+
+try:
+    from . import harness as h
+except ImportError:
+    import harness as h
+
+
+class StoreUrls(h.IdemTestCase):
+    def roundtrip(self, d, up):
+        k = h.new_key()
+        first = d.post(key=k)
+        self.assertEqual(first.status, 200, first)
+        self.assertReplayOf(d.post(key=k), first)
+        self.assertEqual(up.count(key=k), 1)
+
+    def test_memory_store(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store="memory:")
+        self.roundtrip(d, up)
+
+    def test_memory_store_forgets_on_restart(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store="memory:")
+        k = h.new_key()
+        d.post(key=k)
+        self.assertEqual(d.stop(), 0)
+        d.start()
+        self.assertFalse(d.post(key=k).replayed)
+
+    def test_lmdb_sync_always(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store="lmdb:%s?sync=always" % os.path.join(self.tmp, "s"))
+        self.roundtrip(d, up)
+
+    def test_lmdb_sync_interval_survives_a_crash_of_idemd(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store="lmdb:%s?sync=interval" % os.path.join(self.tmp, "s"))
+        k = h.new_key()
+        first = d.post(key=k)
+        d.kill()  # the process dies, the machine does not: nothing is lost
+        d.start()
+        self.assertReplayOf(d.post(key=k), first)
+
+    def test_bad_lmdb_option_is_a_usage_error(self):
+        lp, ap = h.free_ports(2)
+        store = "lmdb:%s?sync=sometimes" % os.path.join(self.tmp, "s")
+        p = h.subprocess.run([h.IDEMD, "--store", store, "--listen", "%s:%d" % (h.HOST, lp),
+                              "--admin", "%s:%d" % (h.HOST, ap)],
+                             capture_output=True, timeout=10, stdin=h.subprocess.DEVNULL)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        lines = [x for x in p.stderr.decode().splitlines() if x.strip()]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("sync", lines[0])
+
+
+class Sweeper(h.IdemTestCase):
+    def test_expired_records_make_room_again(self):
+        if not h.store_is_lmdb():
+            self.skipTest("needs a small lmdb map")
+        up = self.start_upstream()
+        store = "lmdb:%s?map_size=256KiB" % os.path.join(self.tmp, "data")
+        d = self.start_idemd(up, {"defaults": {"key_ttl": "1s", "failure_ttl": "1s"}},
+                             store=store)
+        up.set_reply(body=b"r" * 1024)
+        full = False
+        for i in range(5000):
+            k = h.new_key()
+            r = d.post(key=k, body=b"{}")
+            if r.status == 503 and up.count(key=k) == 0:
+                full = True
+                break
+        self.assertTrue(full, "the map never filled")
+        # everything expires after 1 s; the sweeper (interval left open by the
+        # SPEC; 15 s allowed here) must give the space back
+        deadline = time.monotonic() + 15
+        while True:
+            r = d.post(key=h.new_key(), body=b"{}")
+            if r.status == 200:
+                break
+            self.assertLess(time.monotonic(), deadline, "expired records were never removed")
+            time.sleep(0.5)
+        # and not just one record's worth
+        for _ in range(20):
+            self.assertEqual(d.post(key=h.new_key(), body=b"{}").status, 200)
+
+
+class LocalCache(h.IdemTestCase):
+    config = {"local_cache": 1000, "defaults": {"key_ttl": "1s"}}
+
+    def test_cached_replay_is_exact(self):
+        up, d = self.setup_pair(self.config)
+        up.set_reply(status=201, headers=[("X-C", "1")], body=b"cached")
+        k = h.new_key()
+        first = d.post(key=k)
+        for _ in range(3):
+            self.assertReplayOf(d.post(key=k), first)
+        self.assertEqual(up.count(), 1)
+
+    def test_cache_does_not_outlive_the_record(self):
+        up, d = self.setup_pair(self.config)
+        k = h.new_key()
+        d.post(key=k)
+        self.assertTrue(d.post(key=k).replayed)
+        time.sleep(1.5)
+        self.assertFalse(d.post(key=k).replayed)
+        self.assertEqual(up.count(key=k), 2)
+
+    def test_cache_forgets_a_deleted_key(self):
+        up, d = self.setup_pair({"local_cache": 1000})
+        k = h.new_key()
+        d.post(key=k)
+        self.assertTrue(d.post(key=k).replayed)
+        self.assertEqual(d.delete_key(k).status, 204)
+        self.assertFalse(d.post(key=k).replayed)
+
+    def test_cache_still_checks_the_fingerprint(self):
+        up, d = self.setup_pair({"local_cache": 1000})
+        k = h.new_key()
+        d.post(key=k)
+        d.post(key=k)
+        self.assertProblem(d.post(key=k, body=b"other"), 422, "key-reused")
+
+    def test_cache_is_per_scope(self):
+        up, d = self.setup_pair({"local_cache": 1000})
+        k = h.new_key()
+        d.post(key=k)
+        d.post(key=k)
+        self.assertFalse(d.post(key=k, headers={"Authorization": "x"}).replayed)
+
+
+if __name__ == "__main__":
+    unittest.main()
