@@ -62,6 +62,11 @@ typedef struct idem_op {
  *         IDEM_E_IO, IDEM_E_NOMEM. */
 idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen);
 
+/** Check a store URL as idem_store_open would, without opening anything
+ * (no directory is made, no server is contacted).
+ * @return IDEM_OK, or IDEM_E_INVAL with errbuf naming the problem. */
+idem_err_t idem_store_check_url(const char *url, char *errbuf, size_t errlen);
+
 /** Close a store; NULL is a no-op.  Pending data is flushed first. */
 void idem_store_close(idem_store_t *store);
 

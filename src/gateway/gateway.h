@@ -247,6 +247,7 @@ struct idem_req {
     bool renew_busy;
     /* upstream */
     idem_upconn_t *up;
+    idem_up_result_t up_result;   /* why the upstream call failed */
     uint64_t t_up_ns;
     char *resp_head;              /* a copy of the response head */
     idem_http_msg_t resp;         /* the upstream's response head, points into resp_head */

@@ -213,6 +213,12 @@ int main(int argc, char **argv)
         idem_config_cleanup(&cfg);
         return fail(err);
     }
+    if (idem_store_check_url(cfg.store, err, sizeof err) != IDEM_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "store: %s", err);
+        idem_config_cleanup(&cfg);
+        return fail(msg);
+    }
     if (a.test) {
         printf("idemd: configuration OK\n");
         idem_config_cleanup(&cfg);

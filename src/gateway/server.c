@@ -367,6 +367,12 @@ static void conn_process_loop(idem_conn_t *c)
             }
             size_t head_len = (size_t)rc;
             memset(&c->hs, 0, sizeof c->hs);
+            if (msg.version_minor == 1 && idem_http_count(&msg, "Host") == 0) {
+                /* RFC 9112 section 3.2: a 1.1 request without Host is refused. */
+                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
+                conn_fail(c, 400, "bad-request", "an HTTP/1.1 request needs a Host header");
+                return;
+            }
             if (msg.framing == IDEM_HTTP_BODY_LENGTH && msg.content_length > cfg->max_request_bytes) {
                 idem_metrics_count(&w->gw->metrics, IDEM_OUT_TOO_LARGE);
                 conn_fail(c, 413, "request-too-large", "the request body is larger than max_request_bytes");
@@ -857,44 +863,12 @@ void idem_req_upstream_overflow(idem_req_t *req)
     req_store_outcome(req, false);
 }
 
-/* A release (nothing sent) or hold (outcome unknown) was applied.  The
- * client was answered already: the answer does not depend on the store. */
-static void on_failure_recorded(idem_wjob_t *job)
+/* The answer to a request whose upstream call failed (SPEC section 4). */
+static void req_answer_failure(idem_req_t *req, idem_up_result_t why)
 {
-    idem_req_t *req = job->data;
-    req->finished = true;
-    if (job->batch_err != IDEM_OK)
-        idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
-                 idem_strerror(job->batch_err));
-}
-
-void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
-{
-    req_stop_renewing(req);
-    if (why == IDEM_UP_CONNECT_FAILED) {
-        req->outcome = IDEM_OUT_UPSTREAM_UNREACHABLE;
-        if (req->keyed) {
-            /* Nothing was sent: the key is free to run again. */
-            job_init(req, &req->job, IDEM_OP_RELEASE);
-            req_submit(req, &req->job, on_failure_recorded);
-        } else {
-            req->finished = true;
-        }
+    if (why == IDEM_UP_CONNECT_FAILED)
         req_problem(req, 502, "upstream-unreachable", "could not connect to the upstream", 0);
-        return;
-    }
-    req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
-    if (req->keyed && req->policy->on_unknown_outcome == IDEM_UNKNOWN_HOLD) {
-        int64_t now = idem_clock_now(NULL);
-        job_init(req, &req->job, IDEM_OP_HOLD);
-        req->job.op.lease_until_ms = now + req->policy->key_ttl_ms;
-        req->job.op.expires_at_ms = now + req->policy->key_ttl_ms;
-        req_submit(req, &req->job, on_failure_recorded);
-    } else {
-        /* expire: the record stays in_progress until its lease runs out. */
-        req->finished = true;
-    }
-    if (why == IDEM_UP_TIMEOUT)
+    else if (why == IDEM_UP_TIMEOUT)
         req_problem(req, 504, "upstream-outcome-unknown",
                     "the upstream did not answer within upstream_timeout; the request may "
                     "or may not have taken effect",
@@ -907,6 +881,45 @@ void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
                         : "the connection to the upstream broke before a whole response; the "
                           "request may or may not have taken effect",
                     0);
+}
+
+/* A release (nothing sent) or hold (outcome unknown) was applied: only now
+ * is the client answered, so that a retry after the answer finds the key
+ * free (release) or held (hold), never still in flight. */
+static void on_failure_recorded(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK)
+        idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
+                 idem_strerror(job->batch_err));
+    req_answer_failure(req, req->up_result);
+}
+
+void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
+{
+    req_stop_renewing(req);
+    req->up_result = why;
+    req->outcome = why == IDEM_UP_CONNECT_FAILED ? IDEM_OUT_UPSTREAM_UNREACHABLE
+                                                 : IDEM_OUT_OUTCOME_UNKNOWN;
+    if (req->keyed && why == IDEM_UP_CONNECT_FAILED) {
+        /* Nothing was sent: the key is free to run again. */
+        job_init(req, &req->job, IDEM_OP_RELEASE);
+        req_submit(req, &req->job, on_failure_recorded);
+        return;
+    }
+    if (req->keyed && req->policy->on_unknown_outcome == IDEM_UNKNOWN_HOLD) {
+        int64_t now = idem_clock_now(NULL);
+        job_init(req, &req->job, IDEM_OP_HOLD);
+        req->job.op.lease_until_ms = now + req->policy->key_ttl_ms;
+        req->job.op.expires_at_ms = now + req->policy->key_ttl_ms;
+        req_submit(req, &req->job, on_failure_recorded);
+        return;
+    }
+    /* Not keyed, or expire: the record stays in_progress until its lease
+     * runs out, and nothing needs writing. */
+    req->finished = true;
+    req_answer_failure(req, why);
 }
 
 /* ---- streaming a response over the capture limit --------------------------- */

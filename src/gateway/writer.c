@@ -9,8 +9,8 @@
  * and the cost of durability per request falls by itself: no timer, no
  * tuning knob.
  *
- * When idle for a second the thread also runs the sweeper, a bounded step
- * that removes records past their retention.
+ * Once a second, loaded or not, the thread also runs the sweeper, a bounded
+ * step that removes records past their retention.
  *
  * INVARIANTS: a job is handed back exactly once; jobs are handed back in
  * the order they were applied; stop applies everything already queued.
@@ -37,7 +37,8 @@ static void hand_back(idem_wjob_t *job)
     uv_async_send(&w->done_async);
 }
 
-static void apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
+/* Returns whether the store said it is full. */
+static bool apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
 {
     idem_op_t ops[WRITER_BATCH_MAX];
     for (size_t i = 0; i < n; i++)
@@ -54,6 +55,7 @@ static void apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
         jobs[i]->batch_err = err;
         hand_back(jobs[i]);
     }
+    return err == IDEM_E_STORE_FULL;
 }
 
 static void *writer_main(void *arg)
@@ -72,17 +74,20 @@ static void *writer_main(void *arg)
             if (rc == ETIMEDOUT)
                 break;
         }
+        /* The sweeper runs once a second whatever the load: under steady
+         * traffic the queue is never empty for long, and a store that is
+         * full of expired records must still make room. */
+        int64_t now = idem_clock_now(NULL);
+        if (now - last_sweep >= SWEEP_EVERY_MS && !wr->stopping) {
+            last_sweep = now;
+            pthread_mutex_unlock(&wr->mu);
+            size_t removed = 0;
+            (void)idem_store_sweep(wr->store, now, SWEEP_STEP, &removed);
+            pthread_mutex_lock(&wr->mu);
+        }
         if (idem_list_empty(&wr->queue)) {
             if (wr->stopping)
                 break;
-            int64_t now = idem_clock_now(NULL);
-            if (now - last_sweep >= SWEEP_EVERY_MS) {
-                last_sweep = now;
-                pthread_mutex_unlock(&wr->mu);
-                size_t removed = 0;
-                (void)idem_store_sweep(wr->store, now, SWEEP_STEP, &removed);
-                pthread_mutex_lock(&wr->mu);
-            }
             continue;
         }
         size_t n = 0;
@@ -92,7 +97,8 @@ static void *writer_main(void *arg)
             jobs[n++] = IDEM_CONTAINER(l, idem_wjob_t, link);
         }
         pthread_mutex_unlock(&wr->mu);
-        apply_batch(wr, jobs, n);
+        if (apply_batch(wr, jobs, n))
+            last_sweep = 0; /* full: make room now, not at the next tick */
         pthread_mutex_lock(&wr->mu);
     }
     pthread_mutex_unlock(&wr->mu);

@@ -362,6 +362,8 @@ static idem_err_t lmdb_open(const char *rest, idem_store_t **out, char *errbuf, 
     idem_err_t err = parse_opts(query, &o, errbuf, errlen);
     if (err != IDEM_OK)
         return err;
+    if (out == NULL)
+        return IDEM_OK; /* idem_store_check_url: the URL is good */
 
     struct lmdb_store *s = idem_calloc(1, sizeof *s);
     if (s == NULL)
@@ -561,9 +563,11 @@ static idem_err_t lmdb_get(idem_store_t *base, const idem_key_id_t *id, int64_t 
     return err;
 }
 
-static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+/* One sweep transaction: visit up to max records from the saved position,
+ * delete at most max_del expired ones.  Returns the LMDB code. */
+static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t max_del,
+                      size_t *removed, const char **whatp)
 {
-    struct lmdb_store *s = (struct lmdb_store *)base;
     MDB_txn *txn;
     MDB_cursor *c;
     MDB_val k, v;
@@ -573,10 +577,10 @@ static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, siz
     const char *what = "mdb_cursor_open";
     int rc;
 
-    pthread_mutex_lock(&s->sweep_lock);
+    *removed = 0;
     if ((rc = begin(s, 0, &txn)) != 0) {
-        pthread_mutex_unlock(&s->sweep_lock);
-        return fail(s, "mdb_txn_begin", rc);
+        *whatp = "mdb_txn_begin";
+        return rc;
     }
     if ((rc = mdb_cursor_open(txn, s->e->dbi, &c)) != 0)
         goto abort;
@@ -589,7 +593,7 @@ static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, siz
         rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
     }
     while (rc == 0) {
-        if (visited == max) {
+        if (visited == max || gone == max_del) {
             if (k.mv_size <= sizeof at) { /* longer: not ours; start over next time */
                 memcpy(at, k.mv_data, k.mv_size);
                 at_len = k.mv_size;
@@ -613,19 +617,57 @@ static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, siz
     if (gone == 0) {
         mdb_txn_abort(txn); /* nothing written: no commit, no fsync */
     } else if ((rc = mdb_txn_commit(txn)) != 0) {
-        pthread_mutex_unlock(&s->sweep_lock);
-        return fail(s, "mdb_txn_commit", rc);
+        *whatp = "mdb_txn_commit";
+        return rc;
     }
     memcpy(s->sweep_key, at, at_len);
     s->sweep_klen = at_len; /* 0 at the end: wrap around */
-    pthread_mutex_unlock(&s->sweep_lock);
     *removed = gone;
-    return IDEM_OK;
+    return 0;
 
 abort:
     mdb_txn_abort(txn); /* also closes the cursor */
+    *whatp = what;
+    return rc;
+}
+
+/* Even a delete needs fresh pages in LMDB (copy-on-write of the path to the
+ * leaf), so in a full map one large sweep transaction fails with
+ * MDB_MAP_FULL however much it would free.  Then the sweep goes on in ever
+ * smaller transactions: each commit returns pages to the free list for the
+ * next one, so a full store always gets its expired space back. */
+static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    static const size_t steps[] = {SIZE_MAX, 32, 4, 1};
+    const char *what = "sweeping";
+    size_t total = 0;
+    int rc = 0;
+
+    *removed = 0;
+    pthread_mutex_lock(&s->sweep_lock);
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        size_t gone = 0;
+        rc = sweep_once(s, now_ms, max, steps[i], &gone, &what);
+        if (rc == 0 && i > 0) {
+            /* Small steps: keep going while they free something. */
+            total += gone;
+            while (rc == 0 && gone == steps[i] && total < max) {
+                rc = sweep_once(s, now_ms, max, steps[i], &gone, &what);
+                total += rc == 0 ? gone : 0;
+            }
+            break;
+        }
+        if (rc == 0) {
+            total += gone;
+            break;
+        }
+        if (rc != MDB_MAP_FULL)
+            break;
+    }
     pthread_mutex_unlock(&s->sweep_lock);
-    return fail(s, what, rc);
+    *removed = total;
+    return rc == 0 ? IDEM_OK : fail(s, what, rc);
 }
 
 static idem_err_t lmdb_ping(idem_store_t *base)

@@ -229,13 +229,15 @@ static idem_err_t check_op(const idem_op_t *op)
 
 /* ---- the public API ----------------------------------------------------- */
 
-idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen)
+/* Open (out != NULL) or only check (out == NULL) a store URL: each backend's
+ * open parses everything first and stops there when out is NULL. */
+static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbuf, size_t errlen)
 {
     if (out != NULL)
         *out = NULL;
     if (errbuf != NULL && errlen > 0)
         errbuf[0] = '\0';
-    if (url == NULL || out == NULL) {
+    if (url == NULL) {
         idem__store_errbuf(errbuf, errlen, "no store URL given");
         return IDEM_E_INVAL;
     }
@@ -256,6 +258,20 @@ idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, si
                        "unknown store scheme \"%.*s\" (this build knows memory: and lmdb:)",
                        (int)sl, url);
     return IDEM_E_INVAL;
+}
+
+idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    if (out == NULL) {
+        idem__store_errbuf(errbuf, errlen, "no place for the store was given");
+        return IDEM_E_INVAL;
+    }
+    return open_or_check(url, out, errbuf, errlen);
+}
+
+idem_err_t idem_store_check_url(const char *url, char *errbuf, size_t errlen)
+{
+    return open_or_check(url, NULL, errbuf, errlen);
 }
 
 void idem_store_close(idem_store_t *store)
