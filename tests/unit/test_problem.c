@@ -1,0 +1,107 @@
+/* tests/unit/test_problem.c - idemd's problem+json responses (SPEC section 8).
+ *
+ * Each answer idemd makes itself must be a whole HTTP response whose body is
+ * RFC 9457 JSON with the urn:idem:problem:<type> type, a title, the status
+ * and the detail, and whose framing headers say exactly what follows.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <string.h>
+
+#include "gateway/gateway.h"
+
+/* Split a response into head and parsed body; checks Content-Length. */
+static json_t *parse_problem(const idem_buf_t *b, idem_http_msg_t *msg)
+{
+    idem_http_head_state_t hs = {0};
+    int rc = idem_http_parse_response(&hs, b->data, b->len, IDEM_HTTP_MAX_HEAD,
+                                      (idem_slice_t){"POST", 4}, msg);
+    cr_assert_gt(rc, 0, "not a whole response head: %d", rc);
+    cr_assert_eq(msg->framing, IDEM_HTTP_BODY_LENGTH);
+    cr_assert_eq(msg->content_length, b->len - (size_t)rc, "Content-Length does not match");
+    json_error_t e;
+    json_t *j = json_loadb(b->data + rc, b->len - (size_t)rc, 0, &e);
+    cr_assert_not_null(j, "body is not JSON: %s", e.text);
+    return j;
+}
+
+Test(problem, body_has_the_four_members)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    cr_assert_eq(idem_problem_write(&b, 422, "key-reused", "used before", 0, false, false), 0);
+    idem_http_msg_t m;
+    json_t *j = parse_problem(&b, &m);
+    cr_expect_eq(m.status, 422);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "urn:idem:problem:key-reused");
+    cr_expect_str_eq(json_string_value(json_object_get(j, "title")),
+                     idem_problem_title("key-reused"));
+    cr_expect_eq(json_integer_value(json_object_get(j, "status")), 422);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "detail")), "used before");
+    const idem_http_field_t *ct = idem_http_find(&m, "Content-Type");
+    cr_assert_not_null(ct);
+    cr_expect_eq(ct->value.len, strlen("application/problem+json"));
+    cr_expect(memcmp(ct->value.ptr, "application/problem+json", ct->value.len) == 0);
+    cr_expect_null(idem_http_find(&m, "Retry-After"));
+    cr_expect(m.keep_alive, "a problem answer keeps the connection unless told to close");
+    json_decref(j);
+    idem_buf_cleanup(&b);
+}
+
+Test(problem, retry_after_in_whole_seconds)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    cr_assert_eq(idem_problem_write(&b, 409, "in-flight", "busy", 7, false, false), 0);
+    idem_http_msg_t m;
+    json_t *j = parse_problem(&b, &m);
+    const idem_http_field_t *ra = idem_http_find(&m, "Retry-After");
+    cr_assert_not_null(ra);
+    cr_expect_eq(ra->value.len, 1);
+    cr_expect_eq(ra->value.ptr[0], '7');
+    json_decref(j);
+    idem_buf_cleanup(&b);
+}
+
+Test(problem, close_says_connection_close)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    cr_assert_eq(idem_problem_write(&b, 400, "bad-request", "x", 0, true, false), 0);
+    idem_http_msg_t m;
+    json_t *j = parse_problem(&b, &m);
+    cr_expect_not(m.keep_alive);
+    json_decref(j);
+    idem_buf_cleanup(&b);
+}
+
+Test(problem, detail_with_quotes_stays_valid_json)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    cr_assert_eq(idem_problem_write(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, false, false), 0);
+    idem_http_msg_t m;
+    json_t *j = parse_problem(&b, &m);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "detail")), "bad \"key\" \\ here\n");
+    json_decref(j);
+    idem_buf_cleanup(&b);
+}
+
+Test(problem, every_spec_type_has_its_own_title)
+{
+    static const char *const types[] = {
+        "invalid-key", "missing-key", "key-reused", "in-flight", "upstream-unreachable",
+        "upstream-outcome-unknown", "response-not-retained", "store-unavailable",
+        "request-too-large", "headers-too-large", "bad-request",
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        cr_expect_str_neq(idem_problem_title(types[i]), "Error", "%s has no title", types[i]);
+}
+
+Test(problem, a_full_buffer_is_an_error_not_a_truncated_answer)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 64);
+    cr_expect_eq(idem_problem_write(&b, 503, "store-unavailable", "down", 1, false, false), -1);
+    idem_buf_cleanup(&b);
+}
