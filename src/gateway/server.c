@@ -1177,12 +1177,6 @@ static void req_dispatch(idem_req_t *req)
         req_passthrough(req);
         return;
     }
-    if (req->route->mode == IDEM_MODE_TOKEN) {
-        req->finished = true;
-        req->outcome = IDEM_OUT_TOKEN;
-        req_problem(req, 501, "internal", "token routes are not supported by this build", 0);
-        return;
-    }
     size_t n_keys = idem_http_count(m, "Idempotency-Key");
     if (n_keys == 0) {
         if (req->route->mode == IDEM_MODE_OPTIONAL) {
