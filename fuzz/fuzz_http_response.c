@@ -18,28 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/http.h"
-
 #define MAX_HEAD 2048          /* small, so the 431 path is reached */
 #define BODY_LIMIT (64 * 1024) /* the 413 path too */
+
+#include "fuzz_common.h"
 #define MAX_MESSAGES 8
 
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                               \
-        }                                                                          \
-    } while (0)
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static bool inside(idem_slice_t s, const char *buf, size_t len)
-{
-    if (s.len == 0)
-        return true;
-    return s.ptr >= buf && s.len <= len && (size_t)(s.ptr - buf) <= len - s.len;
-}
 
 static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t len)
 {
@@ -66,48 +51,6 @@ static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t 
     CHECK(idem_http_count(m, "content-length") <= 1);
 }
 
-/* Decode the body in in[0..len) arriving in pieces of `piece` bytes (0: at
- * once); decoded bytes go to out.  Returns the decoder's last result. */
-static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t piece, char *out,
-                  size_t *out_len, size_t *used)
-{
-    idem_http_body_t b;
-    idem_http_body_init(&b, m, BODY_LIMIT);
-    size_t off = 0, avail = 0;
-    *out_len = 0;
-    for (;;) {
-        if (avail < len && (avail == off || piece == 0))
-            avail = (piece == 0 || len - avail < piece) ? len : avail + piece;
-        size_t c = 0;
-        idem_slice_t d;
-        int rc = idem_http_body_feed(&b, in + off, avail - off, &c, &d);
-        CHECK(c <= avail - off);
-        off += c;
-        if (rc == IDEM_HTTP_BODY_DATA) {
-            CHECK(d.len > 0 && c > 0);
-            CHECK(d.ptr >= in && d.ptr + d.len <= in + off);
-            memcpy(out + *out_len, d.ptr, d.len);
-            *out_len += d.len;
-            CHECK(*out_len <= off && *out_len <= BODY_LIMIT);
-            CHECK(b.total == *out_len);
-        } else if (rc == IDEM_HTTP_INCOMPLETE && avail < len) {
-            CHECK(off == avail);
-        } else {
-            CHECK(rc == IDEM_HTTP_BODY_DONE || rc == IDEM_HTTP_INCOMPLETE ||
-                  rc == IDEM_HTTP_E_BODY || rc == IDEM_HTTP_E_BODY_TOO_LARGE);
-            if (rc == IDEM_HTTP_INCOMPLETE) {
-                CHECK(off == len);
-                CHECK(idem_http_body_eof(&b) == (m->framing == IDEM_HTTP_BODY_EOF
-                                                     ? IDEM_HTTP_BODY_DONE
-                                                     : IDEM_HTTP_E_BODY));
-            }
-            *used = off;
-            return rc;
-        }
-    }
-}
-
-/* Parse buf[0..len) as a head at once and in two pieces; both must agree. */
 static int parse_head(const char *buf, size_t len, size_t split, idem_slice_t method,
                       idem_http_msg_t *m)
 {

@@ -115,12 +115,7 @@ static void admin_send(admin_conn_t *c, int status, const char *ctype, const cha
 static void admin_problem(admin_conn_t *c, int status, const char *type, const char *detail,
                           bool close)
 {
-    char typebuf[96];
-    snprintf(typebuf, sizeof typebuf, "urn:idem:problem:%s", type);
-    json_t *obj = json_pack("{s:s, s:s, s:i, s:s}", "type", typebuf, "title",
-                            idem_problem_title(type), "status", status, "detail", detail);
-    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(obj);
+    char *body = idem_problem_body(status, type, detail);
     if (body) {
         admin_send(c, status, "application/problem+json", body, strlen(body), close);
         free(body);

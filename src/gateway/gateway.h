@@ -206,6 +206,8 @@ void idem_log_flush(idem_worker_t *w);
 int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
                        int64_t retry_after, bool close, bool keep_alive_10);
 const char *idem_problem_title(const char *type);
+/** The JSON body of a problem; free() it.  NULL when out of memory. */
+char *idem_problem_body(int status, const char *type, const char *detail);
 
 /* ---- a request ---------------------------------------------------------- */
 

@@ -45,8 +45,7 @@ const char *idem_problem_title(const char *type)
     return "Error";
 }
 
-int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
-                       int64_t retry_after, bool close, bool keep_alive_10)
+char *idem_problem_body(int status, const char *type, const char *detail)
 {
     char typebuf[96];
     snprintf(typebuf, sizeof typebuf, "urn:idem:problem:%s", type);
@@ -54,9 +53,16 @@ int idem_problem_write(idem_buf_t *out, int status, const char *type, const char
                             idem_problem_title(type), "status", status, "detail",
                             detail ? detail : "");
     if (!obj)
-        return -1;
+        return NULL;
     char *body = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(obj);
+    return body;
+}
+
+int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
+                       int64_t retry_after, bool close, bool keep_alive_10)
+{
+    char *body = idem_problem_body(status, type, detail);
     if (!body)
         return -1;
     size_t blen = strlen(body);
