@@ -46,6 +46,7 @@ typedef struct {
     size_t len, cap;
     idem_http_head_state_t hs;
     bool closing;
+    bool head_request; /* the request being answered is HEAD: no body */
 } admin_conn_t;
 
 typedef struct {
@@ -84,6 +85,7 @@ static void on_admin_written(uv_write_t *wr, int status)
 static void admin_send(admin_conn_t *c, int status, const char *ctype, const char *body,
                        size_t blen, bool close)
 {
+    bool head = c->head_request;
     idem_buf_t out;
     idem_buf_init(&out, 0);
     idem_http_write_status(&out, status);
@@ -94,7 +96,8 @@ static void admin_send(admin_conn_t *c, int status, const char *ctype, const cha
     if (close)
         idem_buf_append_str(&out, "Connection: close\r\n");
     idem_buf_append_str(&out, "\r\n");
-    idem_buf_append(&out, body, blen);
+    if (!head)
+        idem_buf_append(&out, body, blen);
     admin_write_t *w = malloc(sizeof *w + out.len);
     if (!w) {
         idem_buf_cleanup(&out);
@@ -159,8 +162,6 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap)
                 return -1;
             ch = (char)(hi * 16 + lo);
             i += 2;
-        } else if (ch == '+') {
-            ch = ' ';
         }
         if (ch == '\0' || k + 1 >= cap)
             return -1;
@@ -386,6 +387,7 @@ static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (c->len < total)
             return;
         memset(&c->hs, 0, sizeof c->hs);
+        c->head_request = idem_slice_eq_ci(m.method, "HEAD");
         admin_handle(c, &m);
         memmove(c->buf, c->buf + total, c->len - total);
         c->len -= total;

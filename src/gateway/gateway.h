@@ -256,6 +256,7 @@ struct idem_req {
     idem_buf_t resp_body;         /* captured (bounded) body */
     uint64_t capture_limit;
     bool streaming;               /* body over the capture limit: relayed as it comes */
+    bool stream_started;          /* its head went to the client: the relay may run */
     bool stream_chunked;          /* the client gets chunked coding */
     bool stream_close;            /* the client gets close-delimited body */
     idem_header_t *store_headers; /* response headers kept for replay */

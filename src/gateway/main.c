@@ -175,7 +175,15 @@ static int resolve_upstream(idem_gw_t *gw, char *err, size_t errlen)
         snprintf(err, errlen, "--upstream: cannot resolve '%s': %s", host, gai_strerror(rc));
         return -1;
     }
-    memcpy(&gw->upstream_addr, res->ai_addr, res->ai_addrlen);
+    /* A name like localhost may give ::1 first; services on loopback
+     * listen on 127.0.0.1 far more often, so IPv4 goes first. */
+    const struct addrinfo *pick = res;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        if (ai->ai_family == AF_INET) {
+            pick = ai;
+            break;
+        }
+    memcpy(&gw->upstream_addr, pick->ai_addr, pick->ai_addrlen);
     freeaddrinfo(res);
     return 0;
 }

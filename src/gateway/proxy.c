@@ -29,6 +29,10 @@
 
 #define UP_READ_CHUNK (64 * 1024)
 #define UP_IDLE_MAX 512 /* idle pooled connections per worker */
+/* A pooled connection idle this long is closed by us first: upstreams close
+ * idle keep-alive connections too (Node.js after 5 s), and a request sent
+ * on one they are closing is an unknown outcome. */
+#define UP_IDLE_MS 4000
 
 typedef enum { UP_CONNECTING, UP_HEAD, UP_BODY, UP_IDLE, UP_CLOSED } up_state_t;
 
@@ -49,11 +53,13 @@ struct idem_upconn {
     bool reading;
     bool paused;            /* waiting for the store or for a slow client */
     bool writing;
+    bool write_failed;      /* the upstream stopped reading: never reuse */
     int closes;
 };
 
 static void up_read_start(idem_upconn_t *u);
 static void up_process(idem_upconn_t *u);
+static void on_up_timeout(uv_timer_t *t);
 
 /* ---- closing ------------------------------------------------------------ */
 
@@ -124,6 +130,11 @@ static void on_up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(u->rbuf + u->rlen, (unsigned)(u->rcap - u->rlen));
 }
 
+static void on_up_idle_timeout(uv_timer_t *t)
+{
+    up_close(t->data);
+}
+
 static void up_to_pool(idem_upconn_t *u)
 {
     idem_worker_t *w = u->w;
@@ -139,6 +150,7 @@ static void up_to_pool(idem_upconn_t *u)
     if (u->reading)
         uv_read_stop((uv_stream_t *)&u->tcp);
     u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_idle_read) == 0;
+    uv_timer_start(&u->timer, on_up_idle_timeout, UP_IDLE_MS, 0);
 }
 
 void idem_proxy_close_idle(idem_worker_t *w)
@@ -230,6 +242,9 @@ static void up_process(idem_upconn_t *u)
         if (rc != IDEM_HTTP_BODY_DATA)
             break;
         if (req->streaming) {
+            /* While relaying, upstream_timeout bounds each silence (of the
+             * upstream, or of a client too slow to take what it sent). */
+            uv_timer_start(&u->timer, on_up_timeout, (uint64_t)u->w->gw->cfg->upstream_timeout_ms, 0);
             if (idem_req_stream_data(req, data.ptr, data.len)) {
                 up_consume(u, off);
                 up_pause(u);
@@ -254,8 +269,11 @@ static void up_process(idem_upconn_t *u)
     }
     up_consume(u, off);
     if (rc == IDEM_HTTP_BODY_DONE) {
+        /* Not while our request is still being written to it (the upstream
+         * answered early): that write still owns u->wr and u->out. */
         bool reusable = req->resp.keep_alive && u->rlen == 0 &&
-                        req->resp.framing != IDEM_HTTP_BODY_EOF;
+                        req->resp.framing != IDEM_HTTP_BODY_EOF && !u->writing &&
+                        !u->write_failed;
         up_finish(u, reusable);
         return;
     }
@@ -306,8 +324,12 @@ static void on_up_written(uv_write_t *wr, int status)
     idem_upconn_t *u = wr->data;
     u->writing = false;
     idem_buf_cleanup(&u->out);
-    if (status < 0 && u->state != UP_CLOSED)
-        up_fail(u, IDEM_UP_BROKEN);
+    if (status < 0 && u->state != UP_CLOSED) {
+        /* An upstream may answer (413, say) and stop reading before the
+         * body is all sent: its answer is the outcome, so keep reading.  If
+         * none comes, the read side sees the break, or the timer fires. */
+        u->write_failed = true;
+    }
 }
 
 static void up_send(idem_upconn_t *u)
@@ -316,6 +338,7 @@ static void up_send(idem_upconn_t *u)
     u->wr.data = u;
     u->state = UP_HEAD;
     u->paused = false;
+    u->write_failed = false;
     memset(&u->hs, 0, sizeof u->hs);
     if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, &b, 1, on_up_written) != 0) {
         up_fail(u, IDEM_UP_BROKEN);
@@ -352,8 +375,12 @@ static int build_request(idem_req_t *req, idem_buf_t *out)
     bool has_host = false;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length") ||
-            idem_slice_eq_ci(f->name, "Expect") || idem_slice_eq_ci(f->name, "Idempotency-Fence"))
+        /* A client listing Idempotency-Key or Host in Connection does not
+         * get them stripped: the upstream must see the key as received. */
+        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") || idem_slice_eq_ci(f->name, "Host");
+        if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
+            idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
+            idem_slice_eq_ci(f->name, "Idempotency-Fence"))
             continue;
         if (idem_slice_eq_ci(f->name, "Host"))
             has_host = true;
@@ -382,6 +409,7 @@ void idem_proxy_forward(idem_req_t *req)
         idem_list_remove(l);
         w->n_idle_up--;
         u = IDEM_CONTAINER(l, idem_upconn_t, link);
+        uv_timer_stop(&u->timer);
         if (u->reading) {
             uv_read_stop((uv_stream_t *)&u->tcp);
             u->reading = false;
@@ -427,6 +455,7 @@ void idem_proxy_resume(idem_req_t *req)
     if (!u)
         return;
     u->paused = false;
+    uv_timer_start(&u->timer, on_up_timeout, (uint64_t)u->w->gw->cfg->upstream_timeout_ms, 0);
     up_process(u);
     if (u->state == UP_BODY && !u->paused)
         up_read_start(u);
@@ -435,7 +464,7 @@ void idem_proxy_resume(idem_req_t *req)
 void idem_proxy_on_client_drain(idem_req_t *req)
 {
     idem_upconn_t *u = req->up;
-    if (u && u->paused && req->streaming)
+    if (u && u->paused && req->stream_started)
         idem_proxy_resume(req);
 }
 

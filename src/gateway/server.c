@@ -38,6 +38,7 @@
 #define STREAM_HIGH_MARK (1u << 20) /* pause the upstream when the client lags this much */
 #define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
 #define RBUF_PAUSE (256 * 1024)   /* stop reading a busy connection past this much pipelined input */
+#define WRITE_HIGH_MARK (4u << 20)  /* answers queued to a client that does not read: stop parsing */
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
 
@@ -59,6 +60,7 @@ struct idem_conn {
     int closes;        /* handles (tcp, timer) whose close callback is pending */
     bool processing;   /* inside conn_process: answers made now loop, not recurse */
     bool peer_eof;     /* the client half-closed after its request: answer, then close */
+    bool write_blocked;/* too much queued for a client that does not read: parsing waits */
     uv_timer_t timer;
 };
 
@@ -71,6 +73,7 @@ typedef struct {
 
 static void conn_close(idem_conn_t *c);
 static void conn_process(idem_conn_t *c);
+static void conn_start_reading(idem_conn_t *c);
 static void conn_response_done(idem_conn_t *c, bool keep_alive);
 static void req_dispatch(idem_req_t *req);
 static void req_claim(idem_req_t *req);
@@ -92,10 +95,18 @@ static void on_write(uv_write_t *wr, int status)
         conn_close(c);
         return;
     }
-    if (c->req && c->req->streaming && c->queued < STREAM_HIGH_MARK / 2)
+    if (c->req && c->req->stream_started && c->queued < STREAM_HIGH_MARK / 2)
         idem_proxy_on_client_drain(c->req);
-    if (c->close_after && c->writes == 0 && c->state != CS_CLOSED)
+    if (c->close_after && c->writes == 0 && c->state != CS_CLOSED) {
         conn_close(c);
+        return;
+    }
+    if (c->write_blocked && c->queued < WRITE_HIGH_MARK / 2 && c->state == CS_HEAD) {
+        c->write_blocked = false;
+        if (!c->peer_eof)
+            conn_start_reading(c);
+        conn_process(c);
+    }
 }
 
 void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
@@ -351,12 +362,25 @@ static void conn_process_loop(idem_conn_t *c)
     const idem_config_t *cfg = w->gw->cfg;
     for (;;) {
         if (c->state == CS_HEAD) {
-            if (c->rlen == 0)
+            if (c->rlen == 0) {
+                if (c->peer_eof)
+                    conn_close(c);
                 return;
+            }
+            if (c->queued > WRITE_HIGH_MARK) {
+                /* A client that pipelines without reading its answers must
+                 * not make us queue them without bound. */
+                c->write_blocked = true;
+                conn_stop_reading(c);
+                return;
+            }
             idem_http_msg_t msg;
             int rc = idem_http_parse_request(&c->hs, c->rbuf, c->rlen, IDEM_HTTP_MAX_HEAD, &msg);
-            if (rc == IDEM_HTTP_INCOMPLETE)
+            if (rc == IDEM_HTTP_INCOMPLETE) {
+                if (c->peer_eof)
+                    conn_close(c); /* the rest can never come */
                 return;
+            }
             if (rc < 0) {
                 const char *type, *detail;
                 int status = head_error_status(rc, &type, &detail);
@@ -413,8 +437,11 @@ static void conn_process_loop(idem_conn_t *c)
                 break;
             }
             conn_consume(c, off);
-            if (rc == IDEM_HTTP_INCOMPLETE)
+            if (rc == IDEM_HTTP_INCOMPLETE) {
+                if (c->peer_eof)
+                    conn_close(c);
                 return;
+            }
             if (rc < 0) {
                 bool big = rc == IDEM_HTTP_E_BODY_TOO_LARGE;
                 idem_metrics_count(&w->gw->metrics, big ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST);
@@ -456,7 +483,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         req->conn = NULL;
         req_maybe_free(req);
     }
-    if (!keep_alive || c->w->stopping || c->peer_eof) {
+    if (!keep_alive || c->w->stopping || (c->peer_eof && c->rlen == 0)) {
         c->close_after = true;
         if (c->writes == 0)
             conn_close(c);
@@ -464,7 +491,9 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
     }
     c->state = CS_HEAD;
     uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
-    conn_start_reading(c);
+    /* After a half-close, requests already received are still answered. */
+    if (!c->peer_eof)
+        conn_start_reading(c);
     if (c->rlen > 0 && !c->processing)
         conn_process(c);
 }
@@ -521,8 +550,17 @@ static void req_problem(idem_req_t *req, int status, const char *type, const cha
     idem_buf_init(&out, 0);
     bool ka = client_keep_alive(req);
     if (idem_problem_write(&out, status, type, detail, retry_after, !ka,
-                           ka && req->msg.version_minor == 0) == 0)
+                           ka && req->msg.version_minor == 0) == 0) {
         req_send(req, &out, status);
+    } else {
+        /* Out of memory: the client must not wait for an answer forever. */
+        req->status = status;
+        req->responded = true;
+        if (req->conn)
+            conn_close(req->conn);
+        else
+            req_maybe_free(req);
+    }
     idem_buf_cleanup(&out);
 }
 
@@ -823,6 +861,9 @@ static void req_store_outcome(idem_req_t *req, bool retained)
         return;
     }
     if (req_collect_store_headers(req) != 0) {
+        req->finished = true;
+        if (req->streaming)
+            idem_proxy_abort(req);
         req_store_unavailable(req, "out of memory");
         return;
     }
@@ -890,9 +931,14 @@ static void on_failure_recorded(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     req->finished = true;
-    if (job->batch_err != IDEM_OK)
+    if (job->batch_err != IDEM_OK) {
+        /* The key is left in progress (a retry gets 409 until its lease
+         * ends) and a hold was not written: say so rather than 502/504. */
         idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
                  idem_strerror(job->batch_err));
+        req_store_unavailable(req, "the upstream call failed and the store could not record it");
+        return;
+    }
     req_answer_failure(req, req->up_result);
 }
 
@@ -929,6 +975,7 @@ static void req_start_stream(idem_req_t *req)
     idem_conn_t *c = req->conn;
     if (!c) {
         idem_proxy_abort(req);
+        req_maybe_free(req);
         return;
     }
     const idem_http_msg_t *m = &req->resp;
@@ -957,6 +1004,7 @@ static void req_start_stream(idem_req_t *req)
     idem_buf_append_str(&out, "\r\n");
     req->status = m->status;
     req->responded = true;
+    req->stream_started = true;
     idem_conn_write(c, out.data, out.len);
     idem_buf_cleanup(&out);
     if (req->resp_body.len)
@@ -985,6 +1033,7 @@ bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
 void idem_req_stream_end(idem_req_t *req, bool complete)
 {
     req->streaming = false;
+    req->stream_started = false;
     idem_conn_t *c = req->conn;
     if (!c) {
         req_maybe_free(req);
@@ -1066,6 +1115,10 @@ static void on_claim_done(idem_wjob_t *job)
     }
     atomic_store(&req->w->gw->store_ok, true);
     idem_decision_t d = job->op.decision;
+    /* Take the record out of the job first: acting on the decision may
+     * queue the same job again (a release after a failed connect). */
+    idem_record_t rec = job->op.record;
+    memset(&job->op.record, 0, sizeof job->op.record);
     switch (d.kind) {
     case IDEM_DECIDE_CLAIM:
     case IDEM_DECIDE_TAKEOVER:
@@ -1082,10 +1135,10 @@ static void on_claim_done(idem_wjob_t *job)
         break;
     default:
         req->finished = true;
-        req_answer_decision(req, d, &job->op.record);
+        req_answer_decision(req, d, &rec);
         break;
     }
-    idem_record_cleanup(&job->op.record);
+    idem_record_cleanup(&rec);
 }
 
 static void req_claim(idem_req_t *req)
@@ -1277,6 +1330,8 @@ static void on_log_check(uv_check_t *h)
     if (w->log.len)
         idem_log_flush(w);
     free_graveyard(w);
+    if (w->stopping)
+        worker_maybe_exit(w);
 }
 
 static void close_if_open(uv_handle_t *h)
@@ -1326,7 +1381,11 @@ static void on_stop_async(uv_async_t *a)
     while (l != &w->conns) {
         idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
         l = l->next;
-        if (!c->req)
+        if (c->req)
+            continue;
+        if (c->writes > 0)
+            c->close_after = true; /* an answer is still on its way out */
+        else
             conn_close(c);
     }
     idem_proxy_close_idle(w);
