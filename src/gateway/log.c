@@ -106,7 +106,9 @@ void idem_log_request(idem_worker_t *w, const idem_req_t *req)
     idem_buf_t *b = &w->log;
     char ts[40];
     timestamp(ts, sizeof ts);
-    double ms = (double)(idem_clock_mono_ns() - req->t_start_ns) / 1e6;
+    /* Milliseconds with three decimals, without floating-point printing. */
+    unsigned long long us = (unsigned long long)((idem_clock_mono_ns() - req->t_start_ns) / 1000);
+    unsigned long long ms_int = us / 1000, ms_frac = us % 1000;
     const char *outcome = idem_outcome_name(req->outcome);
     size_t before = b->len;
     int rc;
@@ -122,7 +124,7 @@ void idem_log_request(idem_worker_t *w, const idem_req_t *req)
             idem_buf_appendf(b, "\",\"scope\":\"%.12s\",\"fence\":%llu", req->id.scope,
                              (unsigned long long)req->fence);
         }
-        rc |= idem_buf_appendf(b, ",\"ms\":%.3f}\n", ms);
+        rc |= idem_buf_appendf(b, ",\"ms\":%llu.%03llu}\n", ms_int, ms_frac);
     } else {
         rc = idem_buf_appendf(b, "%s info request method=%.*s path=", ts, (int)req->msg.method.len,
                               req->msg.method.ptr);
@@ -134,7 +136,7 @@ void idem_log_request(idem_worker_t *w, const idem_req_t *req)
             idem_buf_appendf(b, " scope=%.12s fence=%llu", req->id.scope,
                              (unsigned long long)req->fence);
         }
-        rc |= idem_buf_appendf(b, " ms=%.3f\n", ms);
+        rc |= idem_buf_appendf(b, " ms=%llu.%03llu\n", ms_int, ms_frac);
     }
     if (rc != 0) {
         /* The buffer is full: drop this line rather than grow without bound. */
