@@ -17,6 +17,7 @@
 #ifndef IDEM_STORE_H
 #define IDEM_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -90,6 +91,11 @@ idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max, siz
 
 /** Whether the store answers now: IDEM_OK or IDEM_E_STORE_DOWN. */
 idem_err_t idem_store_ping(idem_store_t *store);
+
+/** Whether idem_store_exec returns without waiting for a disk flush or a
+ * network round trip (memory:, lmdb with sync=interval), so that a caller
+ * may run it on a latency-sensitive thread.  False when store is NULL. */
+bool idem_store_exec_is_cheap(const idem_store_t *store);
 
 /** The backend's name ("memory", "lmdb"). */
 const char *idem_store_name(const idem_store_t *store);

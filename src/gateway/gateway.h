@@ -133,6 +133,14 @@ typedef struct idem_writer {
     bool started;
 } idem_writer_t;
 
+#define IDEM_JOBS_BATCH_MAX 256
+
+/** Apply n jobs (n <= IDEM_JOBS_BATCH_MAX) in one store transaction: set
+ * each job's op outputs and batch_err, count the batch in metrics.
+ * @return the batch's error (IDEM_OK when it committed). */
+idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wjob_t **jobs,
+                           size_t n);
+
 int idem_writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
 /** Queue a job; its callback runs later on job->worker's loop. */
 void idem_writer_submit(idem_writer_t *w, idem_wjob_t *job);
@@ -171,6 +179,9 @@ struct idem_worker {
     size_t n_idle_up;
     idem_link_t reqs;       /* requests in progress */
     idem_link_t graveyard;  /* requests ended this loop turn, freed by log_check */
+    bool inline_store;      /* the store's commits are cheap: apply jobs on this loop */
+    idem_link_t inline_q;   /* jobs waiting for this loop's next commit */
+    uv_idle_t inline_idle;  /* keeps the loop from sleeping while inline_q has jobs */
     idem_buf_t log;         /* pending log lines */
     bool stopping;
     pthread_t thread;

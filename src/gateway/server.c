@@ -78,6 +78,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive);
 static void req_dispatch(idem_req_t *req);
 static void req_claim(idem_req_t *req);
 static void req_maybe_free(idem_req_t *req);
+static void on_inline_idle(uv_idle_t *h);
 static void worker_maybe_exit(idem_worker_t *w);
 
 static idem_gw_t *req_gw(const idem_req_t *req) { return req->w->gw; }
@@ -680,6 +681,13 @@ static void req_store_unavailable(idem_req_t *req, const char *detail)
 void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
 {
     job->worker = w;
+    if (w->inline_store) {
+        /* Applied at the end of this loop turn (log_check), or at the start
+         * of the next (inline_idle) when queued outside the I/O phase. */
+        idem_list_push(&w->inline_q, &job->link);
+        uv_idle_start(&w->inline_idle, on_inline_idle);
+        return;
+    }
     idem_writer_submit(&w->gw->writer, job);
 }
 
@@ -699,6 +707,41 @@ static void job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind)
     job->op.fence = req->fence;
 }
 
+/* A job is back from the store: run its callback on this loop. */
+static void job_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->pending_jobs--;
+    job->cb(job);
+    req_maybe_free(req);
+}
+
+/* Apply this loop's queued jobs, a batch per transaction.  Callbacks may
+ * queue more (a release after a failed connect); a few rounds take those
+ * too, the idle handle the rest. */
+static void run_inline(idem_worker_t *w)
+{
+    for (int round = 0; round < 4 && !idem_list_empty(&w->inline_q); round++) {
+        idem_wjob_t *jobs[IDEM_JOBS_BATCH_MAX];
+        size_t n = 0;
+        while (!idem_list_empty(&w->inline_q) && n < IDEM_JOBS_BATCH_MAX) {
+            idem_link_t *l = w->inline_q.next;
+            idem_list_remove(l);
+            jobs[n++] = IDEM_CONTAINER(l, idem_wjob_t, link);
+        }
+        idem_jobs_apply(w->gw->store, &w->gw->metrics, jobs, n);
+        for (size_t i = 0; i < n; i++)
+            job_done(jobs[i]);
+    }
+    if (idem_list_empty(&w->inline_q))
+        uv_idle_stop(&w->inline_idle);
+}
+
+static void on_inline_idle(uv_idle_t *h)
+{
+    run_inline(h->data);
+}
+
 static void on_done_async(uv_async_t *a)
 {
     idem_worker_t *w = a->data;
@@ -716,11 +759,7 @@ static void on_done_async(uv_async_t *a)
     while (!idem_list_empty(&done)) {
         idem_link_t *l = done.next;
         idem_list_remove(l);
-        idem_wjob_t *job = IDEM_CONTAINER(l, idem_wjob_t, link);
-        idem_req_t *req = job->data;
-        req->pending_jobs--;
-        job->cb(job);
-        req_maybe_free(req);
+        job_done(IDEM_CONTAINER(l, idem_wjob_t, link));
     }
 }
 
@@ -1327,6 +1366,8 @@ static void req_maybe_free(idem_req_t *req)
 static void on_log_check(uv_check_t *h)
 {
     idem_worker_t *w = h->data;
+    if (w->inline_store)
+        run_inline(w);
     if (w->log.len)
         idem_log_flush(w);
     free_graveyard(w);
@@ -1348,6 +1389,7 @@ static void worker_maybe_exit(idem_worker_t *w)
     close_if_open((uv_handle_t *)&w->done_async);
     close_if_open((uv_handle_t *)&w->stop_async);
     close_if_open((uv_handle_t *)&w->shutdown_timer);
+    close_if_open((uv_handle_t *)&w->inline_idle);
     /* log_check is unreferenced: it flushes and frees until the loop ends. */
 }
 
@@ -1408,6 +1450,8 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
     idem_list_init(&w->idle_up);
     idem_list_init(&w->reqs);
     idem_list_init(&w->graveyard);
+    idem_list_init(&w->inline_q);
+    w->inline_store = idem_store_exec_is_cheap(gw->store);
     idem_buf_init(&w->log, 1u << 20);
     pthread_mutex_init(&w->done_mu, NULL);
     uv_loop_init(&w->loop);
@@ -1421,6 +1465,8 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
     uv_unref((uv_handle_t *)&w->log_check);
     uv_timer_init(&w->loop, &w->shutdown_timer);
     w->shutdown_timer.data = w;
+    uv_idle_init(&w->loop, &w->inline_idle);
+    w->inline_idle.data = w;
 
     struct sockaddr_storage ss;
     int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);

@@ -12,6 +12,11 @@
  * Once a second, loaded or not, the thread also runs the sweeper, a bounded
  * step that removes records past their retention.
  *
+ * A store whose commits do not wait for the disk (memory:, lmdb with
+ * sync=interval) is not worth two thread hand-offs per operation: there
+ * each worker applies its own queue once per loop turn (server.c), with
+ * idem_jobs_apply below, and this thread only sweeps.
+ *
  * INVARIANTS: a job is handed back exactly once; jobs are handed back in
  * the order they were applied; stop applies everything already queued.
  * THREADING: submit from any thread; everything else on the writer thread.
@@ -24,7 +29,7 @@
 #include "gateway/gateway.h"
 #include "idem/clock.h"
 
-#define WRITER_BATCH_MAX 512
+#define WRITER_BATCH_MAX IDEM_JOBS_BATCH_MAX
 #define SWEEP_EVERY_MS 1000
 #define SWEEP_STEP 2000
 
@@ -37,24 +42,32 @@ static void hand_back(idem_wjob_t *job)
     uv_async_send(&w->done_async);
 }
 
-/* Returns whether the store said it is full. */
-static bool apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
+idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wjob_t **jobs,
+                           size_t n)
 {
-    idem_op_t ops[WRITER_BATCH_MAX];
+    idem_op_t ops[IDEM_JOBS_BATCH_MAX];
     for (size_t i = 0; i < n; i++)
         ops[i] = jobs[i]->op;
     uint64_t t0 = idem_clock_mono_ns();
-    idem_err_t err = idem_store_exec(wr->store, ops, n);
-    idem_hist_observe(&wr->metrics->store_latency, idem_clock_mono_ns() - t0);
-    atomic_fetch_add(&wr->metrics->store_batches, 1);
-    atomic_fetch_add(&wr->metrics->store_ops, n);
+    idem_err_t err = idem_store_exec(store, ops, n);
+    idem_hist_observe(&metrics->store_latency, idem_clock_mono_ns() - t0);
+    atomic_fetch_add(&metrics->store_batches, 1);
+    atomic_fetch_add(&metrics->store_ops, n);
     if (err != IDEM_OK)
-        atomic_fetch_add(&wr->metrics->store_errors, 1);
+        atomic_fetch_add(&metrics->store_errors, 1);
     for (size_t i = 0; i < n; i++) {
         jobs[i]->op = ops[i];
         jobs[i]->batch_err = err;
-        hand_back(jobs[i]);
     }
+    return err;
+}
+
+/* Returns whether the store said it is full. */
+static bool apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
+{
+    idem_err_t err = idem_jobs_apply(wr->store, wr->metrics, jobs, n);
+    for (size_t i = 0; i < n; i++)
+        hand_back(jobs[i]);
     return err == IDEM_E_STORE_FULL;
 }
 

@@ -369,6 +369,7 @@ static idem_err_t lmdb_open(const char *rest, idem_store_t **out, char *errbuf, 
     if (s == NULL)
         return IDEM_E_NOMEM;
     s->base.ops = &idem__store_lmdb_ops;
+    s->base.exec_is_cheap = o.nosync != 0; /* no fsync in the commit */
 
     pthread_mutex_lock(&registry_lock);
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

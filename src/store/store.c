@@ -337,6 +337,11 @@ idem_err_t idem_store_ping(idem_store_t *store)
     return store == NULL ? IDEM_E_INVAL : store->ops->ping(store);
 }
 
+bool idem_store_exec_is_cheap(const idem_store_t *store)
+{
+    return store != NULL && store->exec_is_cheap;
+}
+
 const char *idem_store_name(const idem_store_t *store)
 {
     return store == NULL ? "none" : store->ops->name;

@@ -63,6 +63,10 @@ struct idem_store_ops {
 /* The head of every backend's handle. */
 struct idem_store {
     const struct idem_store_ops *ops;
+    /* exec returns in microseconds, never waiting for a disk flush or a
+     * network round trip (memory:, lmdb with sync=interval).  Zero (the
+     * safe default) for every backend that does not say so. */
+    bool exec_is_cheap;
 };
 
 /* The backends store.c knows (one per file). */
