@@ -132,6 +132,8 @@ def main():
     ap.add_argument("--fuzz-seconds", type=int, default=int(os.environ.get("IDEM_FUZZ_SECONDS", "60")))
     ap.add_argument("--blackbox", default="test_*.py", help="black-box file pattern")
     ap.add_argument("--log", default="build/test-log.txt")
+    ap.add_argument("--no-memory-blackbox", dest="memory_blackbox", action="store_false",
+                    help="skip the black-box run on the memory: store")
     args = ap.parse_args()
 
     tally = Tally()
@@ -145,6 +147,11 @@ def main():
             print(f"{build}:", flush=True)
             run_criterion(tally, build, label, env, log)
             run_blackbox(tally, build, label, env, log, args.blackbox)
+            if label == "asan" and args.memory_blackbox:
+                # The same suite on memory:, where idemd applies store jobs on
+                # its loops instead of the writer thread (as with sync=interval).
+                menv = dict(env, IDEM_BB_STORE="memory")
+                run_blackbox(tally, build, "asan-memory", menv, log, args.blackbox)
         if args.fuzz_seconds > 0:
             print("fuzz:", flush=True)
             run_step(tally, "fuzz", ["bash", "fuzz/run.sh", str(args.fuzz_seconds)], log,
