@@ -72,4 +72,22 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
 
 /* Parse buf[0..len) as a head at once and in two pieces; both must agree. */
 
+/* Decode the body after a head at once and in pieces of `piece` bytes; both
+ * must agree.  Returns the bytes the body used, or SIZE_MAX when it did not
+ * end cleanly (the message sequence stops there). */
+static size_t decode_both_ways(const idem_http_msg_t *m, const char *in, size_t len, size_t piece,
+                               char *out1, char *out2)
+{
+    size_t len1 = 0, len2 = 0, used1 = 0, used2 = 0;
+    int b1 = decode(m, in, len, 0, out1, &len1, &used1);
+    int b2 = decode(m, in, len, piece, out2, &len2, &used2);
+    CHECK(b1 == b2);
+    CHECK(len1 == len2 && memcmp(out1, out2, len1) == 0);
+    CHECK(used1 == used2);
+    CHECK(len1 <= used1);
+    if (m->framing == IDEM_HTTP_BODY_NONE)
+        CHECK(b1 == IDEM_HTTP_BODY_DONE && used1 == 0);
+    return b1 == IDEM_HTTP_BODY_DONE ? used1 : SIZE_MAX;
+}
+
 #endif /* IDEM_FUZZ_COMMON_H */
