@@ -73,7 +73,7 @@ static inline void idem_list_remove(idem_link_t *l)
     X(PASSTHROUGH, "passthrough") X(STORE_ERROR, "store_error") X(BYPASSED, "bypassed")    \
     X(NOT_RETAINED, "not_retained") X(OUTCOME_UNKNOWN, "outcome_unknown")                  \
     X(UPSTREAM_UNREACHABLE, "upstream_unreachable") X(BAD_REQUEST, "bad_request")          \
-    X(TOO_LARGE, "too_large") X(WAITED, "waited") X(TOKEN, "token")
+    X(TOO_LARGE, "too_large")
 
 typedef enum {
 #define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
