@@ -275,44 +275,6 @@ static const char *field(const idem_http_msg_t *m, const char *name, size_t *len
     return f ? f->value.ptr : NULL;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
-/* The value of "key=" in a query string, percent-decoded into out (which
- * has room for qlen bytes).  Returns its length, or -1 when absent/bad. */
-static long query_key(const char *q, size_t qlen, char *out)
-{
-    const char *end = q + qlen;
-    while (q < end) {
-        const char *amp = memchr(q, '&', (size_t)(end - q));
-        const char *stop = amp ? amp : end;
-        if (stop - q >= 4 && memcmp(q, "key=", 4) == 0) {
-            long n = 0;
-            for (const char *p = q + 4; p < stop; p++) {
-                if (*p == '%') {
-                    if (stop - p < 3 || hexval(p[1]) < 0 || hexval(p[2]) < 0)
-                        return -1;
-                    out[n++] = (char)(hexval(p[1]) * 16 + hexval(p[2]));
-                    p += 2;
-                } else {
-                    out[n++] = *p == '+' ? ' ' : *p;
-                }
-            }
-            return n;
-        }
-        q = stop + 1;
-    }
-    return -1;
-}
-
 /* The request in c->msg is complete (body_bytes of body): answer it. */
 static void answer(conn_t *c)
 {
@@ -327,7 +289,9 @@ static void answer(conn_t *c)
 
     if (is_get && path_len == 6 && memcmp(target, "/count", 6) == 0) {
         char key[IDEM_HTTP_MAX_HEAD];
-        long n = qmark ? query_key(qmark + 1, m->target.len - path_len - 1, key) : -1;
+        long n = qmark ? idem_http_query_param(qmark + 1, m->target.len - path_len - 1, "key", key,
+                                               sizeof key)
+                       : -1;
         if (n < 0) {
             reply(c, 400, json_pack("{s:s}", "error", "want /count?key=K"), head_only);
             return;

@@ -136,57 +136,6 @@ static void rfc3339(int64_t ms, char *out, size_t n)
     snprintf(out + k, n - k, ".%03dZ", (int)(ms % 1000));
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Percent-decode s[0..n) into out (cap bytes incl. NUL). -1 on a bad escape,
- * a decoded NUL or overflow. */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        if (ch == '%') {
-            if (i + 2 >= n)
-                return -1;
-            int hi = hexval(s[i + 1]), lo = hexval(s[i + 2]);
-            if (hi < 0 || lo < 0)
-                return -1;
-            ch = (char)(hi * 16 + lo);
-            i += 2;
-        }
-        if (ch == '\0' || k + 1 >= cap)
-            return -1;
-        out[k++] = ch;
-    }
-    out[k] = '\0';
-    return (int)k;
-}
-
-/* The value of query parameter name in q[0..n), percent-decoded. */
-static int query_param(const char *q, size_t n, const char *name, char *out, size_t cap)
-{
-    size_t nl = strlen(name);
-    size_t i = 0;
-    while (i < n) {
-        size_t j = i;
-        while (j < n && q[j] != '&')
-            j++;
-        if (j - i > nl && memcmp(q + i, name, nl) == 0 && q[i + nl] == '=')
-            return pct_decode(q + i + nl + 1, j - i - nl - 1, out, cap);
-        i = j + 1;
-    }
-    return -2;
-}
-
 static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
 {
     idem_gw_t *gw = c->admin->gw;
@@ -203,9 +152,9 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
         klen++;
     idem_key_id_t id;
     memset(&id, 0, sizeof id);
-    int n = pct_decode(p, klen, id.key, sizeof id.key);
+    long n = idem_http_pct_decode(p, klen, id.key, sizeof id.key);
     bool key_ok = n > 0;
-    for (int i = 0; key_ok && i < n; i++)
+    for (long i = 0; key_ok && i < n; i++)
         if ((unsigned char)id.key[i] < 0x20 || (unsigned char)id.key[i] > 0x7e)
             key_ok = false;
     if (!key_ok) {
@@ -214,7 +163,7 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
     }
     memcpy(id.scope, "anonymous", 10);
     if (klen < plen) {
-        int sr = query_param(p + klen + 1, plen - klen - 1, "scope", id.scope, sizeof id.scope);
+        long sr = idem_http_query_param(p + klen + 1, plen - klen - 1, "scope", id.scope, sizeof id.scope);
         if (sr == -1 || (sr >= 0 && !idem_scope_valid(id.scope))) {
             admin_problem(c, 400, "invalid-scope",
                           "scope is \"anonymous\" or 64 lowercase hex digits", close);

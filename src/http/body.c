@@ -55,17 +55,6 @@ static bool is_tchar(unsigned char c)
     return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Field-value and extension bytes: HTAB, SP, VCHAR, obs-text. */
 static bool is_text(unsigned char c)
 {
@@ -108,7 +97,7 @@ static int step(idem_http_body_t *b, unsigned char c)
     switch (b->state) {
     case C_SIZE0:
     case C_SIZE: {
-        int v = hexval(c);
+        int v = idem_http_hexval(c);
         if (v >= 0) {
             if (b->remaining > (UINT64_MAX >> 4))
                 return S_ERR_BODY;

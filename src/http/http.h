@@ -151,6 +151,21 @@ int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t 
  * short), or the error the decoder already returned. */
 int idem_http_body_eof(idem_http_body_t *b);
 
+/* ---- targets (target.c) -------------------------------------------------- */
+
+/** The value of a hex digit, or -1. */
+int idem_http_hexval(int c);
+
+/** Percent-decode s[0..n) into out (cap bytes, NUL-terminated).  '+' stays '+'.
+ * @return the decoded length, or -1 on a bad escape, a decoded NUL, or when
+ * it does not fit. */
+long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap);
+
+/** The value of parameter name in the query q[0..n) (after '?'),
+ * percent-decoded into out as idem_http_pct_decode does.
+ * @return its length, -2 when absent, -1 when it does not decode. */
+long idem_http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap);
+
 /* ---- writing ----------------------------------------------------------- */
 
 /** A growable byte buffer with a hard cap (curl's dynbuf). */
