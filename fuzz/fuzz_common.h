@@ -90,4 +90,54 @@ static size_t decode_both_ways(const idem_http_msg_t *m, const char *in, size_t 
     return b1 == IDEM_HTTP_BODY_DONE ? used1 : SIZE_MAX;
 }
 
+/* Which head parser a target exercises: requests (method.ptr NULL), or
+ * responses to a request with that method; check validates a parsed head. */
+typedef struct head_parser {
+    idem_slice_t method;
+    void (*check)(const idem_http_msg_t *m, int rc, const char *buf, size_t len);
+} head_parser_t;
+
+static int run_parser(const head_parser_t *p, idem_http_head_state_t *st, const char *buf,
+                      size_t len, idem_http_msg_t *m)
+{
+    return p->method.ptr ? idem_http_parse_response(st, buf, len, MAX_HEAD, p->method, m)
+                         : idem_http_parse_request(st, buf, len, MAX_HEAD, m);
+}
+
+/* Parse a head at once, then again as a prefix of `split` bytes (in its own
+ * allocation, so a read past it is caught) followed by the whole: the two
+ * must agree. */
+static int parse_head(const head_parser_t *p, const char *buf, size_t len, size_t split,
+                      idem_http_msg_t *m)
+{
+    idem_http_head_state_t st = {0};
+    int rc = run_parser(p, &st, buf, len, m);
+    CHECK(rc <= (int)len);
+    if (rc > 0)
+        p->check(m, rc, buf, len);
+
+    if (split > len)
+        split = len;
+    char *prefix = malloc(split ? split : 1);
+    CHECK(prefix != NULL);
+    memcpy(prefix, buf, split);
+    static idem_http_msg_t m2;
+    idem_http_head_state_t st2 = {0};
+    int rc1 = run_parser(p, &st2, prefix, split, &m2);
+    free(prefix);
+    CHECK(st2.scanned <= split);
+    if (rc1 == IDEM_HTTP_INCOMPLETE) {
+        int rc2 = run_parser(p, &st2, buf, len, &m2);
+        CHECK(rc2 == rc);
+        if (rc2 > 0) {
+            CHECK(m2.n_fields == m->n_fields && m2.framing == m->framing &&
+                  m2.content_length == m->content_length && m2.keep_alive == m->keep_alive);
+        }
+    } else {
+        /* a verdict on the prefix is the verdict on the whole */
+        CHECK(rc1 == rc);
+    }
+    return rc;
+}
+
 #endif /* IDEM_FUZZ_COMMON_H */
