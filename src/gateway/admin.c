@@ -258,7 +258,6 @@ static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
         admin_send(c, 200, "application/json", b, strlen(b), close);
     } else if (target_is(m, "/readyz")) {
         idem_err_t err = idem_store_ping(gw->store);
-        atomic_store(&gw->store_ok, err == IDEM_OK);
         if (err == IDEM_OK) {
             const char *b = "{\"status\":\"ready\"}";
             admin_send(c, 200, "application/json", b, strlen(b), close);
@@ -403,19 +402,8 @@ int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **o
     }
     a->gw = gw;
     uv_loop_init(&a->loop);
-    struct sockaddr_storage ss;
-    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
-    if (rc != 0)
-        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
-    if (rc == 0) {
-        uv_tcp_init(&a->loop, &a->listener);
-        a->listener.data = a;
-        rc = uv_tcp_bind(&a->listener, (const struct sockaddr *)&ss, 0);
-        if (rc == 0)
-            rc = uv_listen((uv_stream_t *)&a->listener, 128, on_admin_connection);
-    }
-    if (rc != 0) {
-        snprintf(err, errlen, "--admin: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+    if (idem_tcp_listen(&a->loop, &a->listener, a, host, port, false, 128, on_admin_connection,
+                        "--admin", err, errlen) != 0) {
         a->listener.data = NULL;
         uv_walk(&a->loop, admin_close_walk, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);

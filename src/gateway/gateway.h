@@ -26,6 +26,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <uv.h>
 
 #include "gateway/config.h"
@@ -64,6 +66,39 @@ static inline void idem_list_remove(idem_link_t *l)
     l->prev = l->next = l;
 }
 #define IDEM_CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* ---- read buffers ------------------------------------------------------- */
+
+/** Input read from a socket and not yet parsed (client or upstream side). */
+typedef struct idem_rbuf {
+    char *data;
+    size_t len; /* bytes held */
+    size_t cap; /* bytes allocated */
+} idem_rbuf_t;
+
+/** libuv's alloc callback body: room for the next read, growing by chunk
+ * when less than a quarter chunk is free.  buf is empty when out of memory
+ * (libuv then reports UV_ENOBUFS). */
+static inline void idem_rbuf_alloc(idem_rbuf_t *b, size_t chunk, uv_buf_t *buf)
+{
+    if (b->cap - b->len < chunk / 4) {
+        char *n = realloc(b->data, b->len + chunk);
+        if (!n) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        b->data = n;
+        b->cap = b->len + chunk;
+    }
+    *buf = uv_buf_init(b->data + b->len, (unsigned)(b->cap - b->len));
+}
+
+/** Drop the first n bytes (parsed). */
+static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
+{
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+}
 
 /* ---- metrics ------------------------------------------------------------ */
 
@@ -160,7 +195,6 @@ struct idem_gw {
     idem_worker_t *workers;
     _Atomic bool stopping;
     bool log_json;
-    _Atomic bool store_ok;                 /* last store answer was good */
 };
 
 struct idem_worker {
@@ -188,6 +222,12 @@ struct idem_worker {
 };
 
 /* server.c */
+/** Bind and listen on host:port (an IPv4 or IPv6 literal) with tcp on loop.
+ * @param what  the flag named in a failure ("--listen").
+ * @return 0, or -1 with err set; tcp may then be initialised and must be closed. */
+int idem_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, void *data, const char *host, int port,
+                    bool reuseport, int backlog, uv_connection_cb cb, const char *what, char *err,
+                    size_t errlen);
 int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *host, int port,
                      char *err, size_t errlen);
 void *idem_worker_main(void *arg);

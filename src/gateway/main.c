@@ -259,7 +259,6 @@ int main(int argc, char **argv)
         idem_config_cleanup(&cfg);
         return fail(msg);
     }
-    atomic_store(&gw.store_ok, true);
     if (idem_writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
         idem_store_close(gw.store);
         idem_config_cleanup(&cfg);

@@ -45,8 +45,7 @@ struct idem_upconn {
     idem_link_t link;       /* in w->idle_up while idle */
     idem_req_t *req;
     idem_buf_t out;         /* the request bytes being written */
-    char *rbuf;
-    size_t rlen, rcap;
+    idem_rbuf_t in;         /* the response, read and not yet parsed */
     idem_http_head_state_t hs;
     idem_http_body_t body;
     up_state_t state;
@@ -69,7 +68,7 @@ static void on_up_closed(uv_handle_t *h)
     if (--u->closes > 0)
         return;
     idem_buf_cleanup(&u->out);
-    free(u->rbuf);
+    free(u->in.data);
     free(u);
 }
 
@@ -117,17 +116,7 @@ static void on_up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     idem_upconn_t *u = h->data;
     (void)suggested;
-    if (u->rcap - u->rlen < UP_READ_CHUNK / 4) {
-        size_t ncap = u->rlen + UP_READ_CHUNK;
-        char *n = realloc(u->rbuf, ncap);
-        if (!n) {
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        u->rbuf = n;
-        u->rcap = ncap;
-    }
-    *buf = uv_buf_init(u->rbuf + u->rlen, (unsigned)(u->rcap - u->rlen));
+    idem_rbuf_alloc(&u->in, UP_READ_CHUNK, buf);
 }
 
 static void on_up_idle_timeout(uv_timer_t *t)
@@ -140,7 +129,7 @@ static void up_to_pool(idem_upconn_t *u)
     idem_worker_t *w = u->w;
     u->req = NULL;
     uv_timer_stop(&u->timer);
-    if (w->stopping || w->n_idle_up >= UP_IDLE_MAX || u->rlen != 0) {
+    if (w->stopping || w->n_idle_up >= UP_IDLE_MAX || u->in.len != 0) {
         up_close(u);
         return;
     }
@@ -160,12 +149,6 @@ void idem_proxy_close_idle(idem_worker_t *w)
 }
 
 /* ---- reading the response ------------------------------------------------ */
-
-static void up_consume(idem_upconn_t *u, size_t n)
-{
-    memmove(u->rbuf, u->rbuf + n, u->rlen - n);
-    u->rlen -= n;
-}
 
 static void up_finish(idem_upconn_t *u, bool reusable)
 {
@@ -197,7 +180,7 @@ static void up_process(idem_upconn_t *u)
     idem_req_t *req = u->req;
     while (u->state == UP_HEAD) {
         idem_slice_t method = req->msg.method;
-        int rc = idem_http_parse_response(&u->hs, u->rbuf, u->rlen, IDEM_HTTP_MAX_HEAD * 4, method,
+        int rc = idem_http_parse_response(&u->hs, u->in.data, u->in.len, IDEM_HTTP_MAX_HEAD * 4, method,
                                           &req->resp);
         if (rc == IDEM_HTTP_INCOMPLETE)
             return;
@@ -209,7 +192,7 @@ static void up_process(idem_upconn_t *u)
         memset(&u->hs, 0, sizeof u->hs);
         if (req->resp.status < 200) {
             /* 100 Continue, 102, 103: interim, the real answer follows. */
-            up_consume(u, head_len);
+            idem_rbuf_consume(&u->in, head_len);
             continue;
         }
         free(req->resp_head);
@@ -218,11 +201,11 @@ static void up_process(idem_upconn_t *u)
             up_fail(u, IDEM_UP_BROKEN);
             return;
         }
-        memcpy(req->resp_head, u->rbuf, head_len);
+        memcpy(req->resp_head, u->in.data, head_len);
         idem_http_head_state_t hs = {0};
         rc = idem_http_parse_response(&hs, req->resp_head, head_len, IDEM_HTTP_MAX_HEAD * 4, method,
                                       &req->resp);
-        up_consume(u, head_len);
+        idem_rbuf_consume(&u->in, head_len);
         if (rc <= 0) {
             up_fail(u, IDEM_UP_BAD_RESPONSE);
             return;
@@ -237,7 +220,7 @@ static void up_process(idem_upconn_t *u)
     for (;;) {
         size_t used = 0;
         idem_slice_t data = {0};
-        rc = idem_http_body_feed(&u->body, u->rbuf + off, u->rlen - off, &used, &data);
+        rc = idem_http_body_feed(&u->body, u->in.data + off, u->in.len - off, &used, &data);
         off += used;
         if (rc != IDEM_HTTP_BODY_DATA)
             break;
@@ -246,32 +229,32 @@ static void up_process(idem_upconn_t *u)
              * upstream, or of a client too slow to take what it sent). */
             uv_timer_start(&u->timer, on_up_timeout, (uint64_t)u->w->gw->cfg->upstream_timeout_ms, 0);
             if (idem_req_stream_data(req, data.ptr, data.len)) {
-                up_consume(u, off);
+                idem_rbuf_consume(&u->in, off);
                 up_pause(u);
                 return;
             }
             continue;
         }
         if (idem_buf_append(&req->resp_body, data.ptr, data.len) != 0) {
-            up_consume(u, off);
+            idem_rbuf_consume(&u->in, off);
             up_fail(u, IDEM_UP_BROKEN);
             return;
         }
         if (req->resp_body.len > req->capture_limit) {
             /* Too large to keep: the rest goes straight to the client once
              * the server has recorded the outcome. */
-            up_consume(u, off);
+            idem_rbuf_consume(&u->in, off);
             uv_timer_stop(&u->timer);
             up_pause(u);
             idem_req_upstream_overflow(req);
             return;
         }
     }
-    up_consume(u, off);
+    idem_rbuf_consume(&u->in, off);
     if (rc == IDEM_HTTP_BODY_DONE) {
         /* Not while our request is still being written to it (the upstream
          * answered early): that write still owns u->wr and u->out. */
-        bool reusable = req->resp.keep_alive && u->rlen == 0 &&
+        bool reusable = req->resp.keep_alive && u->in.len == 0 &&
                         req->resp.framing != IDEM_HTTP_BODY_EOF && !u->writing &&
                         !u->write_failed;
         up_finish(u, reusable);
@@ -300,7 +283,7 @@ static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             up_fail(u, IDEM_UP_BROKEN);
         return;
     }
-    u->rlen += (size_t)nread;
+    u->in.len += (size_t)nread;
     up_process(u);
 }
 

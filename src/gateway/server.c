@@ -46,8 +46,7 @@ struct idem_conn {
     uv_tcp_t tcp;
     idem_worker_t *w;
     idem_link_t link;
-    char *rbuf;        /* unparsed input */
-    size_t rlen, rcap;
+    idem_rbuf_t in;    /* unparsed input */
     idem_http_head_state_t hs;
     conn_state_t state;
     idem_http_body_t body;
@@ -143,7 +142,7 @@ static void on_conn_closed(uv_handle_t *h)
     if (--c->closes > 0)
         return;
     idem_worker_t *w = c->w;
-    free(c->rbuf);
+    free(c->in.data);
     free(c);
     worker_maybe_exit(w);
 }
@@ -194,17 +193,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init(sink, sizeof sink);
         return;
     }
-    if (c->rcap - c->rlen < READ_CHUNK / 4) {
-        size_t ncap = c->rlen + READ_CHUNK;
-        char *n = realloc(c->rbuf, ncap);
-        if (!n) {
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        c->rbuf = n;
-        c->rcap = ncap;
-    }
-    *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+    idem_rbuf_alloc(&c->in, READ_CHUNK, buf);
 }
 
 static void conn_stop_reading(idem_conn_t *c)
@@ -235,12 +224,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     if (c->state == CS_DRAIN)
         return;
-    c->rlen += (size_t)nread;
+    c->in.len += (size_t)nread;
     if (c->state == CS_BUSY) {
         /* Pipelined input waits for the current answer.  Reading goes on
          * (stopping and restarting costs two epoll_ctl calls per request)
          * until a bound. */
-        if (c->rlen >= RBUF_PAUSE)
+        if (c->in.len >= RBUF_PAUSE)
             conn_stop_reading(c);
         return;
     }
@@ -254,12 +243,6 @@ static void conn_start_reading(idem_conn_t *c)
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = true;
     }
-}
-
-static void conn_consume(idem_conn_t *c, size_t n)
-{
-    memmove(c->rbuf, c->rbuf + n, c->rlen - n);
-    c->rlen -= n;
 }
 
 static void on_shutdown_done(uv_shutdown_t *sd, int status)
@@ -281,7 +264,7 @@ static void conn_fail(idem_conn_t *c, int status, const char *type, const char *
     if (c->state == CS_CLOSED)
         return;
     c->state = CS_DRAIN;
-    c->rlen = 0;
+    c->in.len = 0;
     uv_shutdown_t *sd = malloc(sizeof *sd);
     if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
         free(sd);
@@ -326,7 +309,7 @@ static idem_req_t *req_create(idem_conn_t *c, size_t head_len)
         free(req);
         return NULL;
     }
-    memcpy(req->head, c->rbuf, head_len);
+    memcpy(req->head, c->in.data, head_len);
     idem_http_head_state_t hs = {0};
     int rc = idem_http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
     if (rc <= 0) {
@@ -363,7 +346,7 @@ static void conn_process_loop(idem_conn_t *c)
     const idem_config_t *cfg = w->gw->cfg;
     for (;;) {
         if (c->state == CS_HEAD) {
-            if (c->rlen == 0) {
+            if (c->in.len == 0) {
                 if (c->peer_eof)
                     conn_close(c);
                 return;
@@ -376,7 +359,7 @@ static void conn_process_loop(idem_conn_t *c)
                 return;
             }
             idem_http_msg_t msg;
-            int rc = idem_http_parse_request(&c->hs, c->rbuf, c->rlen, IDEM_HTTP_MAX_HEAD, &msg);
+            int rc = idem_http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD, &msg);
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
                     conn_close(c); /* the rest can never come */
@@ -408,14 +391,14 @@ static void conn_process_loop(idem_conn_t *c)
                 conn_fail(c, 500, "internal", "out of memory");
                 return;
             }
-            conn_consume(c, head_len);
+            idem_rbuf_consume(&c->in, head_len);
             c->req = req;
             if (req->msg.framing == IDEM_HTTP_BODY_NONE) {
                 c->state = CS_BUSY;
             } else {
                 idem_http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
                 c->state = CS_BODY;
-                if (req->msg.expect_continue && req->msg.version_minor == 1 && c->rlen == 0)
+                if (req->msg.expect_continue && req->msg.version_minor == 1 && c->in.len == 0)
                     idem_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
             }
         }
@@ -426,7 +409,7 @@ static void conn_process_loop(idem_conn_t *c)
             for (;;) {
                 size_t used = 0;
                 idem_slice_t data = {0};
-                rc = idem_http_body_feed(&c->body, c->rbuf + off, c->rlen - off, &used, &data);
+                rc = idem_http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used, &data);
                 off += used;
                 if (rc == IDEM_HTTP_BODY_DATA) {
                     if (idem_buf_append(&req->body, data.ptr, data.len) != 0) {
@@ -437,7 +420,7 @@ static void conn_process_loop(idem_conn_t *c)
                 }
                 break;
             }
-            conn_consume(c, off);
+            idem_rbuf_consume(&c->in, off);
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
                     conn_close(c);
@@ -460,12 +443,12 @@ static void conn_process_loop(idem_conn_t *c)
             c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
         }
         if (c->state == CS_BUSY) {
-            /* One request at a time: later pipelined ones wait in rbuf.
+            /* One request at a time: later pipelined ones wait in c->in.
              * The idle timer ignores a busy connection. */
             req_dispatch(c->req);
             /* Answered at once (a replay, an error): go on with what is
              * pipelined behind it, in this loop rather than recursively. */
-            if (c->state == CS_HEAD && c->rlen > 0)
+            if (c->state == CS_HEAD && c->in.len > 0)
                 continue;
             return;
         }
@@ -484,7 +467,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         req->conn = NULL;
         req_maybe_free(req);
     }
-    if (!keep_alive || c->w->stopping || (c->peer_eof && c->rlen == 0)) {
+    if (!keep_alive || c->w->stopping || (c->peer_eof && c->in.len == 0)) {
         c->close_after = true;
         if (c->writes == 0)
             conn_close(c);
@@ -495,7 +478,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
     /* After a half-close, requests already received are still answered. */
     if (!c->peer_eof)
         conn_start_reading(c);
-    if (c->rlen > 0 && !c->processing)
+    if (c->in.len > 0 && !c->processing)
         conn_process(c);
 }
 
@@ -672,7 +655,6 @@ static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_r
 static void req_store_unavailable(idem_req_t *req, const char *detail)
 {
     req->outcome = IDEM_OUT_STORE_ERROR;
-    atomic_store(&req->w->gw->store_ok, false);
     req_problem(req, 503, "store-unavailable", detail, 1);
 }
 
@@ -1152,7 +1134,6 @@ static void on_claim_done(idem_wjob_t *job)
         on_store_error(req, job->batch_err);
         return;
     }
-    atomic_store(&req->w->gw->store_ok, true);
     idem_decision_t d = job->op.decision;
     /* Take the record out of the job first: acting on the decision may
      * queue the same job again (a release after a failed connect). */
@@ -1468,25 +1449,36 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
     uv_idle_init(&w->loop, &w->inline_idle);
     w->inline_idle.data = w;
 
+    return idem_tcp_listen(&w->loop, &w->listener, w, host, port, true, 1024, on_connection,
+                           "--listen", err, errlen);
+}
+
+int idem_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, void *data, const char *host, int port,
+                    bool reuseport, int backlog, uv_connection_cb cb, const char *what, char *err,
+                    size_t errlen)
+{
     struct sockaddr_storage ss;
     int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
     if (rc != 0)
         rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
     if (rc != 0) {
-        snprintf(err, errlen, "--listen: not an IP address: %s", host);
+        snprintf(err, errlen, "%s: not an IP address: %s", what, host);
         return -1;
     }
-    uv_tcp_init_ex(&w->loop, &w->listener, ss.ss_family);
-    w->listener.data = w;
-    uv_os_fd_t fd;
-    int one = 1;
-    if (uv_fileno((uv_handle_t *)&w->listener, &fd) == 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-    rc = uv_tcp_bind(&w->listener, (const struct sockaddr *)&ss, 0);
+    uv_tcp_init_ex(loop, tcp, ss.ss_family);
+    tcp->data = data;
+    if (reuseport) {
+        /* Every worker binds the same port; the kernel spreads connections. */
+        uv_os_fd_t fd;
+        int one = 1;
+        if (uv_fileno((uv_handle_t *)tcp, &fd) == 0)
+            setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    }
+    rc = uv_tcp_bind(tcp, (const struct sockaddr *)&ss, 0);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&w->listener, 1024, on_connection);
+        rc = uv_listen((uv_stream_t *)tcp, backlog, cb);
     if (rc != 0) {
-        snprintf(err, errlen, "--listen: cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port, uv_strerror(rc));
         return -1;
     }
     return 0;
