@@ -12,6 +12,8 @@
 #include "idem/error.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"
+#include "idem/random.h"
+#include "idem/retry.h"
 #include "idem/units.h"
 #include "idem/key.h"
 #include "idem/fingerprint.h"

@@ -10,8 +10,10 @@
 #define IDEM_KEY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/random.h"
 
 #define IDEM_KEY_MAX 255  /* characters in a key */
 #define IDEM_SCOPE_MAX 64 /* characters in a scope (hex SHA-256) */
@@ -43,5 +45,15 @@ void idem_scope_from_header(const char *value, size_t len, char *out);
 /** Whether s (NUL-terminated) is a valid scope string as an admin may pass
  * it: "anonymous" or 64 lowercase hex digits. */
 int idem_scope_valid(const char *s);
+
+#define IDEM_UUID_LEN 36 /* characters of a UUID string, without the NUL */
+
+/** A fresh key for a new operation: a UUIDv7 (RFC 9562 section 5.7), whose
+ * first 48 bits are now_ms so keys sort by creation time, and whose other
+ * 74 free bits are random.
+ * @param[in]  now_ms  milliseconds since the epoch (idem_clock_now).
+ * @param[in]  rng     the random source; NULL for the kernel's.
+ * @param[out] out     IDEM_UUID_LEN + 1 bytes: lowercase 8-4-4-4-12 hex, NUL-terminated. */
+void idem_key_generate(int64_t now_ms, const idem_rng_t *rng, char *out);
 
 #endif /* IDEM_KEY_H */

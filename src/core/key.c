@@ -122,3 +122,29 @@ int idem_scope_valid(const char *s)
             return 0;
     return s[IDEM_SCOPE_MAX] == '\0';
 }
+
+/* UUIDv7 layout (RFC 9562 section 5.7), most significant bit first:
+ * unix_ts_ms:48 | ver:4 = 0111 | rand_a:12 | var:2 = 10 | rand_b:62. */
+void idem_key_generate(int64_t now_ms, const idem_rng_t *rng, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    uint64_t ts = (uint64_t)(now_ms < 0 ? 0 : now_ms) & UINT64_C(0xFFFFFFFFFFFF);
+    uint64_t ra = idem_rng_u64(rng), rb = idem_rng_u64(rng);
+    unsigned char b[16];
+    size_t i, o = 0;
+
+    for (i = 0; i < 6; i++)
+        b[i] = (unsigned char)(ts >> (40 - 8 * i));
+    b[6] = (unsigned char)(0x70 | ((ra >> 8) & 0x0F));
+    b[7] = (unsigned char)ra;
+    b[8] = (unsigned char)(0x80 | ((rb >> 56) & 0x3F));
+    for (i = 9; i < 16; i++)
+        b[i] = (unsigned char)(rb >> (8 * (15 - i)));
+    for (i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[o++] = '-';
+        out[o++] = hex[b[i] >> 4];
+        out[o++] = hex[b[i] & 0x0F];
+    }
+    out[o] = '\0';
+}
