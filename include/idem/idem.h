@@ -19,6 +19,7 @@
 #include "idem/fingerprint.h"
 #include "idem/record.h"
 #include "idem/engine.h"
+#include "idem/token.h"
 #include "idem/store.h"
 
 #endif /* IDEM_IDEM_H */

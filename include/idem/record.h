@@ -30,6 +30,7 @@ typedef enum idem_state {
 /* Record flags. */
 #define IDEM_REC_HELD 0x1u         /* in_progress with an unknown outcome, held for key_ttl */
 #define IDEM_REC_NOT_RETAINED 0x2u /* completed, but the body was too large to keep */
+#define IDEM_REC_TOKEN 0x4u        /* a prevention token: in_progress = unused, completed = used */
 
 typedef struct idem_header {
     const char *name;

@@ -8,7 +8,8 @@
  * processes sharing the store, exactly one forwards.  Fenced operations
  * (complete, hold, release, renew) change a record only if it still carries
  * the caller's fence; otherwise that op's err is IDEM_E_FENCE and nothing is
- * written.  A batch is durable when exec returns (per the store's sync mode).
+ * written.  Prevention tokens (idem/token.h) are records too, issued, spent
+ * and given back by the TOKEN_* ops, each deciding and writing atomically.  A batch is durable when exec returns (per the store's sync mode).
  *
  * THREADING: a store handle may be used from any number of threads at once.
  * exec calls are serialised inside the store; get never waits for a writer
@@ -25,6 +26,7 @@
 #include "idem/error.h"
 #include "idem/key.h"
 #include "idem/record.h"
+#include "idem/token.h"
 
 typedef struct idem_store idem_store_t;
 
@@ -35,6 +37,9 @@ typedef enum idem_op_kind {
     IDEM_OP_RELEASE = 4,  /* fenced: delete */
     IDEM_OP_RENEW = 5,    /* fenced: move lease_until */
     IDEM_OP_DELETE = 6,   /* unconditional delete (admin) */
+    IDEM_OP_TOKEN_ISSUE = 7,   /* write an unused token record until expires_at */
+    IDEM_OP_TOKEN_USE = 8,     /* idem_token_decide; on FIRST_USE mark the token used */
+    IDEM_OP_TOKEN_RESTORE = 9, /* give a used, unexpired token back (its request did nothing) */
 } idem_op_kind_t;
 
 /** One operation of a batch.  Inputs are set by the caller; outputs by exec. */
@@ -43,14 +48,18 @@ typedef struct idem_op {
     idem_key_id_t id;
     /* inputs */
     uint8_t fp[IDEM_FP_LEN];   /* CLAIM */
-    int64_t now_ms;            /* CLAIM: the time of the decision */
+    int64_t now_ms;            /* CLAIM, TOKEN_*: the time of the decision */
     int64_t lease_until_ms;    /* CLAIM, RENEW, HOLD */
-    int64_t expires_at_ms;     /* CLAIM (retention of an in_progress record), COMPLETE, HOLD */
+    int64_t expires_at_ms;     /* CLAIM (retention of an in_progress record), COMPLETE, HOLD,
+                                * TOKEN_ISSUE (the token's end) */
     uint64_t fence;            /* COMPLETE, HOLD, RELEASE, RENEW */
     uint32_t flags;            /* COMPLETE: IDEM_REC_NOT_RETAINED when the body was not kept */
     const idem_response_t *response; /* COMPLETE; borrowed for the call */
     /* outputs */
-    idem_err_t err;            /* IDEM_OK, IDEM_E_FENCE, IDEM_E_NOTFOUND (DELETE) */
+    idem_err_t err;            /* IDEM_OK, IDEM_E_FENCE (also TOKEN_RESTORE of a token
+                                * not in use), IDEM_E_NOTFOUND (DELETE), IDEM_E_EXISTS
+                                * (TOKEN_ISSUE of a live token) */
+    idem_token_verdict_t token; /* TOKEN_USE */
     idem_decision_t decision;  /* CLAIM */
     idem_record_t record;      /* CLAIM with REPLAY: the stored record; caller cleans up */
 } idem_op_t;
@@ -113,5 +122,16 @@ idem_err_t idem_store_release(idem_store_t *store, const idem_key_id_t *id, uint
 idem_err_t idem_store_renew(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
                             int64_t lease_until_ms);
 idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id);
+/** Keep a new token (idem_token_id) until expires_at_ms.
+ * @return IDEM_OK, IDEM_E_EXISTS (a live token has this id), or a batch error. */
+idem_err_t idem_store_token_issue(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                  int64_t expires_at_ms);
+/** Spend a token at now_ms.  @param[out] verdict  what the use found.
+ * @return IDEM_OK (look at verdict), or a batch error (verdict NONE). */
+idem_err_t idem_store_token_use(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                idem_token_verdict_t *verdict);
+/** Give back a spent token whose request did nothing.
+ * @return IDEM_OK, IDEM_E_FENCE (no used, live token there), or a batch error. */
+idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms);
 
 #endif /* IDEM_STORE_H */

@@ -33,7 +33,7 @@
 #define REC_VERSION 1
 #define REC_HEAD_LEN 69u /* magic 3, version 1, flags 4, state 1, fp 32,
                           * fence 8, lease 8, expires 8, status 2, n_headers 2 */
-#define REC_KNOWN_FLAGS (IDEM_REC_HELD | IDEM_REC_NOT_RETAINED)
+#define REC_KNOWN_FLAGS (IDEM_REC_HELD | IDEM_REC_NOT_RETAINED | IDEM_REC_TOKEN)
 
 static const uint8_t magic[3] = {'I', 'D', 'R'};
 

@@ -133,6 +133,51 @@ static int owns(idem_op_t *op, const uint8_t *cur, size_t cur_len, idem_record_t
     return 1;
 }
 
+/* The TOKEN_* ops (see store_impl.h). */
+static idem__store_action_t apply_token(idem_op_t *op, const uint8_t *cur, size_t cur_len,
+                                        idem_record_t *next)
+{
+    idem_record_t head;
+    const idem_record_t *rec = NULL;
+
+    if (cur != NULL) {
+        if (idem_record_decode_head(cur, cur_len, &head) == IDEM_OK) {
+            rec = &head;
+        } else if (op->kind != IDEM_OP_TOKEN_ISSUE) {
+            op->err = IDEM_E_CORRUPT;
+            return IDEM__STORE_KEEP;
+        }
+    }
+    switch (op->kind) {
+    case IDEM_OP_TOKEN_ISSUE:
+        if (rec != NULL && op->now_ms < rec->expires_at_ms) {
+            op->err = IDEM_E_EXISTS;
+            return IDEM__STORE_KEEP;
+        }
+        next->state = IDEM_STATE_IN_PROGRESS;
+        next->flags = IDEM_REC_TOKEN;
+        next->fence = 1;
+        next->lease_until_ms = op->expires_at_ms;
+        next->expires_at_ms = op->expires_at_ms;
+        return IDEM__STORE_PUT;
+    case IDEM_OP_TOKEN_USE:
+        op->token = idem_token_decide(rec, op->now_ms);
+        if (op->token != IDEM_TOKEN_FIRST_USE)
+            return IDEM__STORE_KEEP;
+        *next = head;
+        next->state = IDEM_STATE_COMPLETED;
+        return IDEM__STORE_PUT;
+    default: /* IDEM_OP_TOKEN_RESTORE */
+        if (idem_token_decide(rec, op->now_ms) != IDEM_TOKEN_USED) {
+            op->err = IDEM_E_FENCE;
+            return IDEM__STORE_KEEP;
+        }
+        *next = head;
+        next->state = IDEM_STATE_IN_PROGRESS;
+        return IDEM__STORE_PUT;
+    }
+}
+
 idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t cur_len,
                                        idem_record_t *next)
 {
@@ -196,6 +241,11 @@ idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t
             return IDEM__STORE_KEEP;
         }
         return IDEM__STORE_DEL;
+
+    case IDEM_OP_TOKEN_ISSUE:
+    case IDEM_OP_TOKEN_USE:
+    case IDEM_OP_TOKEN_RESTORE:
+        return apply_token(op, cur, cur_len, next);
     }
     op->err = IDEM_E_INVAL; /* store.c refuses unknown kinds; never reached */
     return IDEM__STORE_KEEP;
@@ -212,7 +262,7 @@ static int id_ok(const idem_key_id_t *id)
 
 static idem_err_t check_op(const idem_op_t *op)
 {
-    if (op->kind < IDEM_OP_CLAIM || op->kind > IDEM_OP_DELETE || !id_ok(&op->id))
+    if (op->kind < IDEM_OP_CLAIM || op->kind > IDEM_OP_TOKEN_RESTORE || !id_ok(&op->id))
         return IDEM_E_INVAL;
     if (op->kind == IDEM_OP_COMPLETE) {
         const idem_response_t *r = op->response;
@@ -295,6 +345,7 @@ idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n)
         ops[i].err = err == IDEM_OK ? check_op(&ops[i]) : err;
         memset(&ops[i].decision, 0, sizeof ops[i].decision);
         memset(&ops[i].record, 0, sizeof ops[i].record);
+        ops[i].token = IDEM_TOKEN_NONE;
         valid += ops[i].err == IDEM_OK;
     }
     if (err != IDEM_OK)
@@ -307,6 +358,7 @@ idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n)
         for (size_t i = 0; i < n; i++) {
             idem_record_cleanup(&ops[i].record);
             memset(&ops[i].decision, 0, sizeof ops[i].decision);
+            ops[i].token = IDEM_TOKEN_NONE;
             ops[i].err = err;
         }
     }
@@ -413,5 +465,34 @@ idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id)
 {
     idem_op_t op;
     init_op(&op, IDEM_OP_DELETE, id);
+    return one(store, &op);
+}
+
+idem_err_t idem_store_token_issue(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                  int64_t expires_at_ms)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_TOKEN_ISSUE, id);
+    op.now_ms = now_ms;
+    op.expires_at_ms = expires_at_ms;
+    return one(store, &op);
+}
+
+idem_err_t idem_store_token_use(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                idem_token_verdict_t *verdict)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_TOKEN_USE, id);
+    op.now_ms = now_ms;
+    idem_err_t err = one(store, &op);
+    *verdict = op.token;
+    return err;
+}
+
+idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms)
+{
+    idem_op_t op;
+    init_op(&op, IDEM_OP_TOKEN_RESTORE, id);
+    op.now_ms = now_ms;
     return one(store, &op);
 }

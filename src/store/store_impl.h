@@ -124,6 +124,11 @@ typedef enum idem__store_action {
  *             under a live lease.
  *   RELEASE   same check -> DEL.
  *   DELETE    present -> DEL; absent -> err IDEM_E_NOTFOUND.
+ *   TOKEN_ISSUE  a live record there -> err IDEM_E_EXISTS; else PUT an unused
+ *             token (in_progress, IDEM_REC_TOKEN, fence 1, expires_at).
+ *   TOKEN_USE  op->token = idem_token_decide; FIRST_USE -> PUT it completed.
+ *   TOKEN_RESTORE  a used token before its expiry -> PUT it in_progress;
+ *             else err IDEM_E_FENCE.
  * A stored value that does not decode makes the op IDEM_E_CORRUPT (DELETE
  * still removes it).  Retention is not checked by fenced ops: a record past
  * expires_at that is still present and still carries the caller's fence was

@@ -710,6 +710,148 @@ STORE_CASE(claim_race_forwards_each_key_exactly_once)
     race(st, st);
 }
 
+/* ---- prevention tokens (SPEC section 6) ------------------------------------ */
+
+#define TOKEN_TTL 300000ll
+#define TOK "0123456789abcdef0123456789abcdef"
+
+static idem_key_id_t tok_id(const char *scope, const char *token)
+{
+    idem_key_id_t id;
+    idem_token_id(scope, token, &id);
+    return id;
+}
+
+static idem_token_verdict_t use(const char *scope, const char *token, int64_t now)
+{
+    idem_key_id_t id = tok_id(scope, token);
+    idem_token_verdict_t v = IDEM_TOKEN_NONE;
+    cr_assert_eq(idem_store_token_use(st, &id, now, &v), IDEM_OK);
+    return v;
+}
+
+STORE_CASE(token_first_use_then_used)
+{
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(use("anonymous", TOK, T0 + 1), IDEM_TOKEN_FIRST_USE);
+    cr_expect_eq(use("anonymous", TOK, T0 + 2), IDEM_TOKEN_USED);
+    cr_expect_eq(use("anonymous", TOK, T0 + 3), IDEM_TOKEN_USED);
+}
+
+STORE_CASE(token_unknown_expired_and_foreign_are_invalid)
+{
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(use("anonymous", "ffffffffffffffffffffffffffffffff", T0 + 1), IDEM_TOKEN_INVALID);
+    char other[IDEM_SCOPE_MAX + 1];
+    memset(other, 'a', IDEM_SCOPE_MAX);
+    other[IDEM_SCOPE_MAX] = '\0';
+    cr_expect_eq(use(other, TOK, T0 + 1), IDEM_TOKEN_INVALID, "another caller's token");
+    cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL), IDEM_TOKEN_INVALID, "expired");
+}
+
+STORE_CASE(token_used_stays_used_until_expiry_then_invalid)
+{
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(use("anonymous", TOK, T0), IDEM_TOKEN_FIRST_USE);
+    cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL - 1), IDEM_TOKEN_USED);
+    cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL), IDEM_TOKEN_INVALID);
+    size_t removed = 0;
+    cr_expect_eq(idem_store_sweep(st, T0 + TOKEN_TTL + 1, 100, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1, "the sweeper removes an expired token");
+}
+
+STORE_CASE(token_issue_of_a_live_token_is_exists_and_changes_nothing)
+{
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(use("anonymous", TOK, T0 + 1), IDEM_TOKEN_FIRST_USE);
+    cr_expect_eq(idem_store_token_issue(st, &id, T0 + 2, T0 + 2 + TOKEN_TTL), IDEM_E_EXISTS);
+    cr_expect_eq(use("anonymous", TOK, T0 + 3), IDEM_TOKEN_USED, "a reissue must not revive it");
+    cr_expect_eq(idem_store_token_issue(st, &id, T0 + TOKEN_TTL, T0 + 2 * TOKEN_TTL), IDEM_OK,
+                 "an expired id may be issued again");
+    cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL + 1), IDEM_TOKEN_FIRST_USE);
+}
+
+STORE_CASE(token_restore_gives_back_only_a_used_live_token)
+{
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_expect_eq(idem_store_token_restore(st, &id, T0), IDEM_E_FENCE, "none issued");
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(idem_store_token_restore(st, &id, T0), IDEM_E_FENCE, "not used yet");
+    cr_expect_eq(use("anonymous", TOK, T0 + 1), IDEM_TOKEN_FIRST_USE);
+    cr_expect_eq(idem_store_token_restore(st, &id, T0 + 2), IDEM_OK);
+    cr_expect_eq(use("anonymous", TOK, T0 + 3), IDEM_TOKEN_FIRST_USE, "usable once more");
+    cr_expect_eq(idem_store_token_restore(st, &id, T0 + TOKEN_TTL), IDEM_E_FENCE, "expired");
+}
+
+STORE_CASE(token_and_key_namespaces_never_meet)
+{
+    /* A key spelled like the token's hex is a different record. */
+    idem_key_id_t id = tok_id("anonymous", TOK);
+    cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    cr_expect_eq(claim(TOK, 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(use("anonymous", TOK, T0 + 1), IDEM_TOKEN_FIRST_USE);
+    /* A claimed key's record is not a token. */
+    idem_key_id_t kid_tok = kid("k-plain");
+    cr_expect_eq(claim("k-plain", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_token_verdict_t v = IDEM_TOKEN_NONE;
+    cr_expect_eq(idem_store_token_use(st, &kid_tok, T0 + 1, &v), IDEM_OK);
+    cr_expect_eq(v, IDEM_TOKEN_INVALID);
+}
+
+#define TOKEN_RACE_THREADS 8
+#define TOKEN_RACE_TOKENS 50
+
+struct token_race {
+    atomic_int first[TOKEN_RACE_TOKENS];
+    atomic_int failures;
+    pthread_barrier_t barrier;
+};
+
+static void *token_race_thread(void *arg)
+{
+    struct token_race *r = arg;
+    char tok[IDEM_TOKEN_LEN + 1];
+    for (int k = 0; k < TOKEN_RACE_TOKENS; k++) {
+        snprintf(tok, sizeof tok, "%032x", k);
+        idem_key_id_t id = tok_id("anonymous", tok);
+        idem_token_verdict_t v = IDEM_TOKEN_NONE;
+        pthread_barrier_wait(&r->barrier);
+        if (idem_store_token_use(st, &id, T0 + 1, &v) != IDEM_OK)
+            atomic_fetch_add(&r->failures, 1);
+        else if (v == IDEM_TOKEN_FIRST_USE)
+            atomic_fetch_add(&r->first[k], 1);
+        else if (v != IDEM_TOKEN_USED)
+            atomic_fetch_add(&r->failures, 1);
+    }
+    return NULL;
+}
+
+STORE_CASE(token_race_spends_each_token_exactly_once)
+{
+    static struct token_race r;
+    char tok[IDEM_TOKEN_LEN + 1];
+    for (int k = 0; k < TOKEN_RACE_TOKENS; k++) {
+        snprintf(tok, sizeof tok, "%032x", k);
+        idem_key_id_t id = tok_id("anonymous", tok);
+        cr_assert_eq(idem_store_token_issue(st, &id, T0, T0 + TOKEN_TTL), IDEM_OK);
+    }
+    pthread_t t[TOKEN_RACE_THREADS];
+    pthread_barrier_init(&r.barrier, NULL, TOKEN_RACE_THREADS);
+    for (int i = 0; i < TOKEN_RACE_THREADS; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, token_race_thread, &r), 0);
+    for (int i = 0; i < TOKEN_RACE_THREADS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&r.barrier);
+    cr_expect_eq(atomic_load(&r.failures), 0);
+    for (int k = 0; k < TOKEN_RACE_TOKENS; k++)
+        cr_expect_eq(atomic_load(&r.first[k]), 1, "token %d spent %d times", k,
+                     atomic_load(&r.first[k]));
+}
+
 /* ---- any backend: URLs ---------------------------------------------------- */
 
 static void expect_bad_url(const char *u)
