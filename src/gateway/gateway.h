@@ -108,7 +108,9 @@ static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
     X(PASSTHROUGH, "passthrough") X(STORE_ERROR, "store_error") X(BYPASSED, "bypassed")    \
     X(NOT_RETAINED, "not_retained") X(OUTCOME_UNKNOWN, "outcome_unknown")                  \
     X(UPSTREAM_UNREACHABLE, "upstream_unreachable") X(BAD_REQUEST, "bad_request")          \
-    X(TOO_LARGE, "too_large")
+    X(TOO_LARGE, "too_large") X(TOKEN_ISSUED, "token_issued")                             \
+    X(TOKEN_ACCEPTED, "token_accepted") X(TOKEN_USED, "token_used")                        \
+    X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")
 
 typedef enum {
 #define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
@@ -281,6 +283,7 @@ struct idem_req {
     const idem_policy_t *policy;  /* route's or defaults */
     bool keyed;                   /* goes through the store */
     bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
+    bool token_spent;             /* a token route's request spent its token (id names it) */
     idem_key_id_t id;
     uint8_t fp[IDEM_FP_LEN];
     uint64_t fence;

@@ -221,17 +221,6 @@ int main(int argc, char **argv)
         idem_config_cleanup(&cfg);
         return fail(err);
     }
-    for (size_t i = 0; i < cfg.n_routes; i++) {
-        if (cfg.routes[i].mode == IDEM_MODE_TOKEN) {
-            /* Refuse now rather than fail every request on that route later. */
-            snprintf(err, sizeof err,
-                     "%s: routes[%zu].mode: token routes need prevention tokens (SPEC section 6), "
-                     "which this version of idemd does not have yet",
-                     a.config ? a.config : "config", i);
-            idem_config_cleanup(&cfg);
-            return fail(err);
-        }
-    }
     if (idem_store_check_url(cfg.store, err, sizeof err) != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "store: %s", err);

@@ -31,6 +31,7 @@
 #include "idem/alloc.h"
 #include "idem/clock.h"
 #include "idem/fingerprint.h"
+#include "idem/token.h"
 
 #define READ_CHUNK (64 * 1024)
 #define CONN_IDLE_MS 60000        /* keep-alive connection with nothing to do */
@@ -903,9 +904,14 @@ static void req_store_outcome(idem_req_t *req, bool retained)
     req_submit(req, &req->job, on_outcome_stored);
 }
 
+static bool req_give_token_back(idem_req_t *req);
+
 void idem_req_upstream_done(idem_req_t *req)
 {
     idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
+    if (req->token_spent && is_release_status(req->policy, req->resp.status) &&
+        req_give_token_back(req))
+        return;
     if (!req->keyed) {
         req->finished = true;
         req_respond_upstream(req);
@@ -969,6 +975,8 @@ void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
     req->up_result = why;
     req->outcome = why == IDEM_UP_CONNECT_FAILED ? IDEM_OUT_UPSTREAM_UNREACHABLE
                                                  : IDEM_OUT_OUTCOME_UNKNOWN;
+    if (req->token_spent && why == IDEM_UP_CONNECT_FAILED && req_give_token_back(req))
+        return;
     if (req->keyed && why == IDEM_UP_CONNECT_FAILED) {
         /* Nothing was sent: the key is free to run again. */
         job_init(req, &req->job, IDEM_OP_RELEASE);
@@ -1236,6 +1244,185 @@ static int req_fingerprint(idem_req_t *req)
     return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
 }
 
+/* ---- prevention tokens (SPEC section 6) ----------------------------------- */
+
+#define TOKENS_PATH "/_idem/tokens"
+
+/* A response idemd makes itself with a JSON body (body_type says which). */
+static void req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
+                          const char *extra_headers)
+{
+    idem_buf_t out;
+    size_t blen = strlen(body);
+    idem_buf_init(&out, 0);
+    idem_http_write_status(&out, status);
+    idem_buf_appendf(&out, "Content-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s",
+                     body_type, blen, extra_headers);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    idem_buf_append(&out, body, blen);
+    req_send(req, &out, status);
+    idem_buf_cleanup(&out);
+}
+
+static void on_token_issued(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    const idem_config_t *cfg = req_gw(req)->cfg;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "store: could not issue a token: %s",
+                 idem_strerror(job->batch_err));
+        req_store_unavailable(req, job->batch_err == IDEM_E_STORE_FULL
+                                       ? "the idempotency store is full"
+                                       : "the idempotency store did not answer");
+        return;
+    }
+    if (job->op.err != IDEM_OK) { /* IDEM_E_EXISTS: 128 random bits met a live token */
+        req_problem(req, 500, "internal", "could not issue a token; try again", 0);
+        return;
+    }
+    char body[128];
+    snprintf(body, sizeof body, "{\"token\":\"%s\",\"expires_in\":%lld}",
+             req->id.key + sizeof IDEM_TOKEN_PREFIX - 1, (long long)(cfg->token_ttl_ms / 1000));
+    req->outcome = IDEM_OUT_TOKEN_ISSUED;
+    req_send_json(req, 201, "application/json", body, "");
+}
+
+/* POST /_idem/tokens: a single-use token bound to the caller's scope. */
+static void req_issue_token(idem_req_t *req)
+{
+    const idem_config_t *cfg = req_gw(req)->cfg;
+    const idem_http_msg_t *m = &req->msg;
+    char token[IDEM_TOKEN_LEN + 1], scope[IDEM_SCOPE_MAX + 1];
+
+    req->policy = &cfg->defaults;
+    if (!(m->method.len == 4 && memcmp(m->method.ptr, "POST", 4) == 0)) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_BAD_REQUEST;
+        char *body = idem_problem_body(405, "method-not-allowed",
+                                       "tokens are issued by POST " TOKENS_PATH);
+        if (body == NULL) {
+            req_problem(req, 500, "internal", "out of memory", 0);
+            return;
+        }
+        req_send_json(req, 405, "application/problem+json", body, "Allow: POST\r\n");
+        free(body);
+        return;
+    }
+    const idem_http_field_t *sf = idem_http_find(m, cfg->scope_header);
+    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, scope);
+    if (scope[0] == '\0' || idem_token_generate(NULL, token) != IDEM_OK) {
+        req->finished = true;
+        req_problem(req, 500, "internal", scope[0] ? "no random bytes from the kernel"
+                                                   : "out of memory", 0);
+        return;
+    }
+    idem_token_id(scope, token, &req->id);
+    int64_t now = idem_clock_now(NULL);
+    job_init(req, &req->job, IDEM_OP_TOKEN_ISSUE);
+    req->job.op.now_ms = now;
+    req->job.op.expires_at_ms = now + cfg->token_ttl_ms;
+    req_submit(req, &req->job, on_token_issued);
+}
+
+static void on_token_restored(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK)
+        idem_log(req->w->gw, "warn", "store: a token whose request did nothing stays used: %s",
+                 idem_strerror(job->batch_err));
+    if (req->up_result != IDEM_UP_OK)
+        req_answer_failure(req, req->up_result);
+    else
+        req_respond_upstream(req);
+}
+
+/* The upstream did nothing with a token's request (could not connect, or a
+ * release status): give the token back before answering, so the client may
+ * retry with it.  Returns false when nothing was queued (answer as usual). */
+static bool req_give_token_back(idem_req_t *req)
+{
+    if (req->streaming)
+        return false;
+    req->token_spent = false;
+    job_init(req, &req->job, IDEM_OP_TOKEN_RESTORE);
+    req->job.op.now_ms = idem_clock_now(NULL);
+    req_submit(req, &req->job, on_token_restored);
+    return true;
+}
+
+static void on_token_used(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
+        on_store_error(req, job->batch_err);
+        return;
+    }
+    switch (job->op.token) {
+    case IDEM_TOKEN_FIRST_USE:
+        req->token_spent = true;
+        req->keyed = false;
+        req->finished = false;
+        req->outcome = IDEM_OUT_TOKEN_ACCEPTED;
+        req_forward(req);
+        return;
+    case IDEM_TOKEN_USED:
+        req->finished = true;
+        req->outcome = IDEM_OUT_TOKEN_USED;
+        req_problem(req, 409, "token-used",
+                    "this Idempotency-Token was already used; get a new one from POST " TOKENS_PATH,
+                    0);
+        return;
+    default:
+        req->finished = true;
+        req->outcome = IDEM_OUT_INVALID_TOKEN;
+        req_problem(req, 400, "invalid-token",
+                    "this Idempotency-Token is unknown, expired, or was issued to another caller",
+                    0);
+        return;
+    }
+}
+
+/* A request on a `mode: token` route: spend its token atomically, then forward. */
+static void req_spend_token(idem_req_t *req)
+{
+    const idem_http_msg_t *m = &req->msg;
+    char token[IDEM_TOKEN_LEN + 1], scope[IDEM_SCOPE_MAX + 1];
+    size_t n = idem_http_count(m, "Idempotency-Token");
+
+    if (n == 0) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_MISSING_TOKEN;
+        req_problem(req, 400, "missing-token",
+                    "this route requires an Idempotency-Token header from POST " TOKENS_PATH, 0);
+        return;
+    }
+    const idem_http_field_t *tf = idem_http_find(m, "Idempotency-Token");
+    if (n > 1 || idem_token_parse(tf->value.ptr, tf->value.len, token) != IDEM_OK) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_INVALID_TOKEN;
+        req_problem(req, 400, "invalid-token",
+                    n > 1 ? "the Idempotency-Token header was given more than once"
+                          : "an Idempotency-Token is the 32 hex digits POST " TOKENS_PATH " returned",
+                    0);
+        return;
+    }
+    const idem_http_field_t *sf = idem_http_find(m, req_gw(req)->cfg->scope_header);
+    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, scope);
+    if (scope[0] == '\0') {
+        req->finished = true;
+        req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    idem_token_id(scope, token, &req->id);
+    job_init(req, &req->job, IDEM_OP_TOKEN_USE);
+    req->job.op.now_ms = idem_clock_now(NULL);
+    req_submit(req, &req->job, on_token_used);
+}
+
 static void req_dispatch(idem_req_t *req)
 {
     const idem_gw_t *gw = req_gw(req);
@@ -1244,10 +1431,18 @@ static void req_dispatch(idem_req_t *req)
     size_t path_len = 0;
     while (path_len < m->target.len && m->target.ptr[path_len] != '?')
         path_len++;
+    if (path_len == sizeof TOKENS_PATH - 1 && memcmp(m->target.ptr, TOKENS_PATH, path_len) == 0) {
+        req_issue_token(req);
+        return;
+    }
     req->route = idem_config_match(cfg, m->method.ptr, m->method.len, m->target.ptr, path_len);
     req->policy = req->route ? &req->route->policy : &cfg->defaults;
     if (!req->route || req->route->mode == IDEM_MODE_OFF) {
         req_passthrough(req);
+        return;
+    }
+    if (req->route->mode == IDEM_MODE_TOKEN) {
+        req_spend_token(req);
         return;
     }
     size_t n_keys = idem_http_count(m, "Idempotency-Key");
