@@ -536,6 +536,12 @@ static void req_problem(idem_req_t *req, int status, const char *type, const cha
     bool ka = client_keep_alive(req);
     if (idem_problem_write(&out, status, type, detail, retry_after, !ka,
                            ka && req->msg.version_minor == 0) == 0) {
+        if (idem_slice_eq_ci(req->msg.method, "HEAD")) {
+            /* The answer to HEAD is the head alone (its Content-Length is still the body's). */
+            const char *end = memmem(out.data, out.len, "\r\n\r\n", 4);
+            if (end != NULL)
+                out.len = (size_t)(end - out.data) + 4;
+        }
         req_send(req, &out, status);
     } else {
         /* Out of memory: the client must not wait for an answer forever. */
@@ -904,14 +910,15 @@ static void req_store_outcome(idem_req_t *req, bool retained)
     req_submit(req, &req->job, on_outcome_stored);
 }
 
-static bool req_give_token_back(idem_req_t *req);
+static void req_give_token_back(idem_req_t *req);
 
 void idem_req_upstream_done(idem_req_t *req)
 {
     idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
-    if (req->token_spent && is_release_status(req->policy, req->resp.status) &&
-        req_give_token_back(req))
+    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+        req_give_token_back(req);
         return;
+    }
     if (!req->keyed) {
         req->finished = true;
         req_respond_upstream(req);
@@ -923,6 +930,10 @@ void idem_req_upstream_done(idem_req_t *req)
 void idem_req_upstream_overflow(idem_req_t *req)
 {
     req->streaming = true;
+    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+        req_give_token_back(req);
+        return;
+    }
     if (!req->keyed) {
         req->finished = true;
         req_start_stream(req);
@@ -975,8 +986,10 @@ void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
     req->up_result = why;
     req->outcome = why == IDEM_UP_CONNECT_FAILED ? IDEM_OUT_UPSTREAM_UNREACHABLE
                                                  : IDEM_OUT_OUTCOME_UNKNOWN;
-    if (req->token_spent && why == IDEM_UP_CONNECT_FAILED && req_give_token_back(req))
+    if (req->token_spent && why == IDEM_UP_CONNECT_FAILED) {
+        req_give_token_back(req);
         return;
+    }
     if (req->keyed && why == IDEM_UP_CONNECT_FAILED) {
         /* Nothing was sent: the key is free to run again. */
         job_init(req, &req->job, IDEM_OP_RELEASE);
@@ -1260,7 +1273,8 @@ static void req_send_json(idem_req_t *req, int status, const char *body_type, co
                      body_type, blen, extra_headers);
     write_connection_header(req, &out);
     idem_buf_append_str(&out, "\r\n");
-    idem_buf_append(&out, body, blen);
+    if (!idem_slice_eq_ci(req->msg.method, "HEAD"))
+        idem_buf_append(&out, body, blen);
     req_send(req, &out, status);
     idem_buf_cleanup(&out);
 }
@@ -1335,22 +1349,21 @@ static void on_token_restored(idem_wjob_t *job)
                  idem_strerror(job->batch_err));
     if (req->up_result != IDEM_UP_OK)
         req_answer_failure(req, req->up_result);
+    else if (req->streaming)
+        req_start_stream(req);
     else
         req_respond_upstream(req);
 }
 
 /* The upstream did nothing with a token's request (could not connect, or a
  * release status): give the token back before answering, so the client may
- * retry with it.  Returns false when nothing was queued (answer as usual). */
-static bool req_give_token_back(idem_req_t *req)
+ * retry with it; the answer goes out once that is written. */
+static void req_give_token_back(idem_req_t *req)
 {
-    if (req->streaming)
-        return false;
     req->token_spent = false;
     job_init(req, &req->job, IDEM_OP_TOKEN_RESTORE);
     req->job.op.now_ms = idem_clock_now(NULL);
     req_submit(req, &req->job, on_token_restored);
-    return true;
 }
 
 static void on_token_used(idem_wjob_t *job)
