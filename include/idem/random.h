@@ -31,7 +31,10 @@ idem_err_t idem_random_bytes(void *buf, size_t n);
 uint64_t idem_rng_u64(const idem_rng_t *rng);
 
 /** A uniformly distributed number in [0, bound), without modulo bias;
- * 0 when bound is 0. */
+ * 0 when bound is 0.  It draws again while the number falls in the few at
+ * the bottom of the range that would bias it, so an injected source must
+ * vary (one that always returns 0 never ends for a bound that is not a
+ * power of two). */
 uint64_t idem_rng_below(const idem_rng_t *rng, uint64_t bound);
 
 #endif /* IDEM_RANDOM_H */

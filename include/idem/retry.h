@@ -90,6 +90,11 @@ typedef struct idem_retry_budget {
 /** A full budget with the IDEM_RETRY_BUDGET_DEFAULT_* values. */
 void idem_retry_budget_init(idem_retry_budget_t *b);
 
+/** A full budget with the given values (a negative one is taken as 0; a
+ * capacity of 0 allows no retries at all). */
+void idem_retry_budget_init_with(idem_retry_budget_t *b, int64_t capacity, int64_t retry_cost,
+                                 int64_t timeout_cost, int64_t success_refill);
+
 /** Tokens left now. */
 int64_t idem_retry_budget_available(const idem_retry_budget_t *b);
 

@@ -104,10 +104,19 @@ idem_err_t idem_retry_policy_check(const idem_retry_policy_t *p, char *errbuf, s
 
 void idem_retry_budget_init(idem_retry_budget_t *b)
 {
-    b->capacity = IDEM_RETRY_BUDGET_DEFAULT_CAPACITY;
-    b->retry_cost = IDEM_RETRY_BUDGET_DEFAULT_RETRY_COST;
-    b->timeout_cost = IDEM_RETRY_BUDGET_DEFAULT_TIMEOUT_COST;
-    b->success_refill = IDEM_RETRY_BUDGET_DEFAULT_SUCCESS_REFILL;
+    idem_retry_budget_init_with(b, IDEM_RETRY_BUDGET_DEFAULT_CAPACITY,
+                                IDEM_RETRY_BUDGET_DEFAULT_RETRY_COST,
+                                IDEM_RETRY_BUDGET_DEFAULT_TIMEOUT_COST,
+                                IDEM_RETRY_BUDGET_DEFAULT_SUCCESS_REFILL);
+}
+
+void idem_retry_budget_init_with(idem_retry_budget_t *b, int64_t capacity, int64_t retry_cost,
+                                 int64_t timeout_cost, int64_t success_refill)
+{
+    b->capacity = capacity < 0 ? 0 : capacity;
+    b->retry_cost = retry_cost < 0 ? 0 : retry_cost;
+    b->timeout_cost = timeout_cost < 0 ? 0 : timeout_cost;
+    b->success_refill = success_refill < 0 ? 0 : success_refill;
     atomic_init(&b->tokens, b->capacity);
 }
 

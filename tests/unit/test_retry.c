@@ -1140,3 +1140,20 @@ Test(retry, threads_taking_and_giving_back_lose_no_tokens)
     pthread_barrier_destroy(&start);
     cr_expect_eq(idem_retry_budget_available(&b), 1000000);
 }
+
+Test(retry_budget, init_with_sets_every_value_and_clamps_negatives)
+{
+    idem_retry_budget_t b;
+    idem_retry_budget_init_with(&b, 20, 3, 7, 2);
+    cr_expect_eq(b.capacity, 20);
+    cr_expect_eq(b.retry_cost, 3);
+    cr_expect_eq(b.timeout_cost, 7);
+    cr_expect_eq(b.success_refill, 2);
+    cr_expect_eq(idem_retry_budget_available(&b), 20);
+    idem_retry_budget_init_with(&b, -1, -2, -3, -4);
+    cr_expect_eq(b.capacity, 0);
+    cr_expect_eq(b.retry_cost, 0);
+    cr_expect_eq(b.timeout_cost, 0);
+    cr_expect_eq(b.success_refill, 0);
+    cr_expect_eq(idem_retry_budget_available(&b), 0);
+}
