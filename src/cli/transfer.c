@@ -184,6 +184,10 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
     curl_easy_setopt(h, CURLOPT_URL, s->url);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    /* A fresh connection for every exchange: on a reused one that the server
+     * closed, libcurl silently sends the request again, an attempt the retry
+     * policy would never count. */
+    curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, timeout < 10000 ? timeout : 10000L);

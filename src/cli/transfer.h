@@ -62,8 +62,9 @@ typedef struct idem_cli_answer {
 void idem__cli_answer_init(idem_cli_answer_t *a);
 void idem__cli_answer_cleanup(idem_cli_answer_t *a);
 
-/** Send s on h (a handle reused across attempts, so that a kept-alive
- * connection is reused too) and fill ans, which is reset first.  Never fails
+/** Send s on h, on a new connection (libcurl resends a request on its own
+ * when a reused connection turns out closed, an attempt nobody would
+ * count), and fill ans, which is reset first.  Never fails
  * as a function: every failure is an ans->transport other than OK, or
  * ans->too_big. */
 void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans);
