@@ -8,6 +8,7 @@
  *   7   no answer at all: every attempt failed to connect, timed out or broke
  *   22  an HTTP answer other than success (its body is still printed)
  *   23  the output could not be written (curl's CURLE_WRITE_ERROR)
+ *   27  out of memory (curl's CURLE_OUT_OF_MEMORY)
  *   63  the answer was larger than 64 MiB (curl's CURLE_FILESIZE_EXCEEDED)
  *
  * Whenever idemctl exits with anything but 0 it says why in one line on
@@ -27,6 +28,7 @@
 #define IDEM_CLI_EXIT_NO_ANSWER 7
 #define IDEM_CLI_EXIT_HTTP 22
 #define IDEM_CLI_EXIT_WRITE 23
+#define IDEM_CLI_EXIT_NOMEM 27
 #define IDEM_CLI_EXIT_TOO_BIG 63
 
 #ifndef IDEM_VERSION

@@ -20,7 +20,8 @@
 
 #include "cli/cli.h"
 
-static const char help[] =
+/* In parts: ISO C promises string literals of 4095 characters only. */
+static const char *const help[] = {
     "usage: idemctl request [-X METHOD] URL [-d DATA | --data-file F] [-H 'Name: v']...\n"
     "                       [--key K] [--retries N] [--max-time S] [-i] [-v]\n"
     "       idemctl keys get|delete KEY [--scope S | --scope-of VALUE] [--admin URL]\n"
@@ -35,9 +36,10 @@ static const char help[] =
     "  -X, --request METHOD  the method (default POST: idemctl exists for operations that\n"
     "                        are not idempotent by themselves)\n"
     "  -d, --data DATA       send DATA as it is (no @file: use --data-file); repeated -d\n"
-    "                        are joined with '&'; adds Content-Type:\n"
-    "                        application/x-www-form-urlencoded unless -H gives one, like curl\n"
-    "      --data-file F     send the bytes of file F ('-' for stdin), at most 64 MiB\n"
+    "                        are joined with '&'\n"
+    "      --data-file F     send the bytes of file F ('-' for stdin), at most 64 MiB;\n"
+    "                        either is sent as application/x-www-form-urlencoded unless\n"
+    "                        -H gives a Content-Type, as curl does\n"
     "  -H, --header 'Name: value'\n"
     "                        add a header (at most 100); not Idempotency-Key (use --key),\n"
     "                        Content-Length or Transfer-Encoding; 'Name:' removes one of\n"
@@ -52,7 +54,8 @@ static const char help[] =
     "  -v, --verbose         one line per attempt on stderr: its outcome and the delay\n"
     "\n"
     "  A request without -d or --data-file sends an empty body with POST, PUT and PATCH\n"
-    "  and none with other methods.  Redirects are not followed.  Proxies come from the\n"
+    "  and none with other methods.  A URL without a scheme is http://.  Redirects are\n"
+    "  not followed.  Every attempt opens a new connection.  Proxies come from the\n"
     "  environment (http_proxy, https_proxy, no_proxy) as in curl.\n"
     "\n"
     "  Retried, with the same key: connection failures, timeouts, connections broken\n"
@@ -61,10 +64,11 @@ static const char help[] =
     "  with full jitter (0.2 s doubling, at most 10 s) or the answer's Retry-After, and\n"
     "  never runs past --max-time: when it would, idemctl stops at once.\n"
     "\n"
-    "  Output: the last answer's body on stdout, whatever its status.  When giving up,\n"
-    "  one line on stderr says why and which key was used (send again with --key K to\n"
-    "  resume the same operation).\n"
-    "\n"
+    "  Output: the body of the last HTTP answer on stdout, whatever its status (an\n"
+    "  attempt that got no answer does not replace it).  When giving up, one line on\n"
+    "  stderr says why and which key was used: send again with --key K to resume the\n"
+    "  same operation.\n"
+    "\n",
     "idemctl keys get|delete KEY reads or removes a stored key over idemd's admin listener\n"
     "(GET/DELETE {admin}/keys/{KEY}?scope=S); KEY is read as --key reads it.\n"
     "      --scope S         the caller's scope: \"anonymous\" (default) or the 64 hex digits\n"
@@ -80,8 +84,10 @@ static const char help[] =
     "Exit status: 0 on success (request: a 2xx answer; keys get: 200; keys delete: 200 or\n"
     "204; token: 201); 2 usage error; 7 no answer at all (connection failures, timeouts);\n"
     "22 another HTTP status (for request, its body is still printed); 23 the output could\n"
-    "not be written; 63 the answer was larger than 64 MiB (the transfer is stopped rather\n"
-    "than kept in memory; as curl --max-filesize).\n";
+    "not be written; 27 out of memory; 63 the answer was larger than 64 MiB (the transfer\n"
+    "is stopped rather than kept in memory, as curl --max-filesize does).  The codes are\n"
+    "curl's for the same conditions.\n",
+};
 
 int main(int argc, char **argv)
 {
@@ -93,12 +99,14 @@ int main(int argc, char **argv)
     if (perr != IDEM_OK) {
         fprintf(stderr, "idemctl: %s\n", err);
         idem__cli_args_cleanup(&args);
-        return IDEM_CLI_EXIT_USAGE;
+        return perr == IDEM_E_NOMEM ? IDEM_CLI_EXIT_NOMEM : IDEM_CLI_EXIT_USAGE;
     }
     if (args.cmd == IDEM_CLI_HELP) {
         idem__cli_args_cleanup(&args);
-        return idem__cli_write_out(help, sizeof help - 1) == 0 ? IDEM_CLI_EXIT_OK
-                                                               : IDEM_CLI_EXIT_WRITE;
+        for (size_t i = 0; i < sizeof help / sizeof help[0]; i++)
+            if (idem__cli_write_out(help[i], strlen(help[i])) != 0)
+                return IDEM_CLI_EXIT_WRITE;
+        return IDEM_CLI_EXIT_OK;
     }
     if (args.cmd == IDEM_CLI_VERSION) {
         char line[160];
@@ -115,7 +123,7 @@ int main(int argc, char **argv)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "idemctl: libcurl did not initialise\n");
         idem__cli_args_cleanup(&args);
-        return IDEM_CLI_EXIT_NO_ANSWER;
+        return IDEM_CLI_EXIT_NOMEM;
     }
     switch (args.cmd) {
     case IDEM_CLI_REQUEST:

@@ -52,7 +52,7 @@ static int exchange_once(const idem_cli_send_t *s, idem_cli_answer_t *ans, const
     CURL *h = curl_easy_init();
     if (h == NULL) {
         fprintf(stderr, "idemctl: out of memory\n");
-        return IDEM_CLI_EXIT_NO_ANSWER;
+        return IDEM_CLI_EXIT_NOMEM;
     }
     idem__cli_exchange(h, s, ans);
     curl_easy_cleanup(h);
@@ -88,6 +88,7 @@ int idem__cli_keys(const idem_cli_args_t *a)
     size_t n = strlen(base) + strlen(enc) + strlen(a->scope) + 16;
     if ((url = malloc(n)) == NULL) {
         fprintf(stderr, "idemctl: out of memory\n");
+        rc = IDEM_CLI_EXIT_NOMEM;
         goto out;
     }
     /* A scope is "anonymous" or hex digits: nothing to encode. */
@@ -185,7 +186,7 @@ int idem__cli_token(const idem_cli_args_t *a)
     goto out;
 nomem:
     fprintf(stderr, "idemctl: out of memory\n");
-    rc = IDEM_CLI_EXIT_NO_ANSWER;
+    rc = IDEM_CLI_EXIT_NOMEM;
 out:
     curl_slist_free_all(hdrs);
     idem__cli_answer_cleanup(&ans);

@@ -23,6 +23,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,10 +159,17 @@ int idem__cli_request(const idem_cli_args_t *a)
         fprintf(stderr, "idemctl: retry policy: %s\n", err);
         goto out;
     }
-    /* One budget per process: idemctl sends one request, so it never runs
-     * dry here, but this is how the library is meant to be used. */
+    /* One budget per process, as the library is meant to be used.  It guards
+     * a fleet of requests against an outage; idemctl sends one, so the
+     * bucket is made deep enough never to cut short the --retries the user
+     * asked for (the default one holds 50 retries after connection failures,
+     * fewer than --retries 99). */
     idem_retry_budget_t budget;
     idem_retry_budget_init(&budget);
+    if ((int64_t)a->retries * budget.timeout_cost > budget.capacity) {
+        budget.capacity = (int64_t)a->retries * budget.timeout_cost;
+        atomic_store(&budget.tokens, budget.capacity);
+    }
 
     char key[IDEM_KEY_MAX + 1], keyhdr[IDEM_CLI_KEY_HEADER_MAX];
     if (a->key[0] != '\0')
@@ -171,7 +179,7 @@ int idem__cli_request(const idem_cli_args_t *a)
     if (idem__cli_key_header(key, keyhdr, sizeof keyhdr) != IDEM_OK ||
         (hdrs = build_headers(a, keyhdr)) == NULL || (h = curl_easy_init()) == NULL) {
         fprintf(stderr, "idemctl: out of memory\n");
-        rc = IDEM_CLI_EXIT_NO_ANSWER;
+        rc = IDEM_CLI_EXIT_NOMEM;
         goto out;
     }
 
@@ -228,6 +236,9 @@ int idem__cli_request(const idem_cli_args_t *a)
             snprintf(desc + n, sizeof desc - n, " (Retry-After: %.*s)",
                      (int)(cur->retry_after_len < 64 ? cur->retry_after_len : 64),
                      cur->head.data + cur->retry_after_off);
+            for (char *q = desc + n; *q; q++) /* the server's bytes, on one line */
+                if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f)
+                    *q = '?';
         }
         final_answered = cur->transport == IDEM_TRANSPORT_OK;
         if (final_answered) {

@@ -364,6 +364,35 @@ class RequestShape(CtlTestCase):
         self.assertIn(b"X-Order: 42", head)
         self.assertEqual(body, b"created")
 
+    def test_answer_over_64_mib_is_refused_not_retried(self):
+        big = b"x" * (64 * 1024 * 1024 + 1)
+        up = self.upstream(then=h.Reply(200, body=big))
+        r = self.ctl("request", up.url, timeout=60)
+        self.assertExit(r, 63)
+        self.assertIn("64 MiB", r.err)
+        self.assertEqual(r.out, b"")
+        self.assertEqual(up.count(), 1)
+
+    def test_answer_of_64_mib_is_printed(self):
+        body = b"y" * (64 * 1024 * 1024)
+        up = self.upstream(then=h.Reply(200, body=body))
+        r = self.ctl("request", up.url, timeout=60)
+        self.assertExit(r, 0)
+        self.assertEqual(len(r.out), len(body))
+
+    def test_unwritable_output_exits_23(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full")
+        up = self.upstream(then=h.Reply(200, body=b"z" * 100000))
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([IDEMCTL, "request", up.url], stdout=full,
+                               stderr=subprocess.PIPE, env=self.env, timeout=30)
+        err = p.stderr.decode()
+        for marker in h.SANITIZER_MARKERS:
+            self.assertNotIn(marker, err)
+        self.assertEqual(p.returncode, 23, err)
+        self.assertRegex(err, r"^idemctl: writing the output: ")
+
     def test_redirects_are_not_followed(self):
         up = self.upstream(then=h.Reply(302, headers={"Location": "/elsewhere"}))
         r = self.ctl("request", up.url)
