@@ -27,9 +27,15 @@
  *   more than 50 years ahead is the most recent such year in the past, as
  *   RFC 9110 asks, and one 50 or more years back is taken in the next
  *   century (the RFC does not say; a server that still writes RFC 850
- *   dates means a time near now either way).  Epoch seconds are computed here from the civil date (proleptic
- *   Gregorian, no locale, no time zone).  A date's delay is not clamped:
- *   idem_retry_next compares it with the deadline without overflow.
+ *   dates means a time near now either way).  Epoch seconds are computed
+ *   here from the civil date (proleptic Gregorian, no locale, no time
+ *   zone).  A date's delay is not clamped: idem_retry_next compares it with
+ *   the deadline without overflow.
+ *
+ * - Backoff.  The draw is idem_rng_below(ceiling + 1), so both 0 and the
+ *   ceiling are possible; the ceiling is found by comparing base with
+ *   cap >> attempt, which never overflows, so any attempt up to UINT_MAX
+ *   simply reaches the cap.
  *
  * - idem_retry_next.  A Retry-After that does not parse is ignored and the
  *   backoff used instead.  A wait that would end at or after start +
@@ -420,10 +426,11 @@ idem_err_t idem_retry_after_parse(const char *value, size_t len, int64_t now_ms,
     if (!parse_date(&c, now_ms, &date_ms))
         return IDEM_E_INVAL;
     /* date_ms is within a few 10^14 of zero, so only a now_ms near INT64_MIN
-     * could make the difference overflow. */
+     * can make the difference overflow, and only when date_ms is positive
+     * (date_ms - INT64_MAX does not overflow then). */
     if (now_ms >= date_ms)
         *delay_ms = 0;
-    else if (now_ms < date_ms - INT64_MAX)
+    else if (date_ms > 0 && now_ms < date_ms - INT64_MAX)
         *delay_ms = INT64_MAX;
     else
         *delay_ms = date_ms - now_ms;

@@ -2,7 +2,8 @@
  *
  * Every way SPEC section 1 lets a key be wrong is refused here, both
  * spellings of a good key give the same key, and the scope never contains
- * the credential it stands for.
+ * the credential it stands for.  A fresh key is a UUIDv7 whose every
+ * character is known when the random source is injected.
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -339,4 +340,127 @@ Test(key, scope_valid_refuses_everything_else)
     cr_expect_not(idem_scope_valid(s));
     s[0] = 'g';
     cr_expect_not(idem_scope_valid(s));
+}
+
+/* ---- fresh keys (UUIDv7) ---- */
+
+/* Returns its two numbers in turn, then repeats the second. */
+struct two {
+    uint64_t a, b;
+    int calls;
+};
+
+static uint64_t two_next(void *ctx)
+{
+    struct two *t = ctx;
+
+    return t->calls++ == 0 ? t->a : t->b;
+}
+
+static const char *generate(int64_t now_ms, uint64_t a, uint64_t b)
+{
+    static char out[IDEM_UUID_LEN + 8];
+    struct two t = {a, b, 0};
+    idem_rng_t rng = {two_next, &t};
+
+    memset(out, 'x', sizeof out);
+    idem_key_generate(now_ms, &rng, out);
+    return out;
+}
+
+/* Lowercase 8-4-4-4-12 hex, version 7, variant 10. */
+static void expect_uuidv7(const char *u)
+{
+    size_t i;
+
+    cr_assert_eq(strlen(u), IDEM_UUID_LEN, "[%s]", u);
+    for (i = 0; i < IDEM_UUID_LEN; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23)
+            cr_expect_eq(u[i], '-', "[%s] at %zu", u, i);
+        else
+            cr_expect((u[i] >= '0' && u[i] <= '9') || (u[i] >= 'a' && u[i] <= 'f'),
+                      "[%s] at %zu", u, i);
+    }
+    cr_expect_eq(u[14], '7', "version of [%s]", u);
+    cr_expect(u[19] == '8' || u[19] == '9' || u[19] == 'a' || u[19] == 'b', "variant of [%s]", u);
+}
+
+/* The first 48 bits of u, from its first 12 hex digits. */
+static int64_t uuid_time(const char *u)
+{
+    int64_t t = 0;
+    size_t i;
+
+    for (i = 0; i < 13; i++) {
+        if (u[i] == '-')
+            continue;
+        t = t * 16 + (u[i] <= '9' ? u[i] - '0' : u[i] - 'a' + 10);
+    }
+    return t;
+}
+
+Test(key, generate_with_an_injected_source_is_known)
+{
+    cr_expect_str_eq(generate(INT64_C(0x0123456789AB), 0xCDE, UINT64_C(0x3F11223344556677)),
+                     "01234567-89ab-7cde-bf11-223344556677");
+}
+
+Test(key, generate_sets_version_and_variant_whatever_the_numbers)
+{
+    cr_expect_str_eq(generate(0, 0, 0), "00000000-0000-7000-8000-000000000000");
+    cr_expect_str_eq(generate(0, UINT64_MAX, UINT64_MAX), "00000000-0000-7fff-bfff-ffffffffffff");
+    expect_uuidv7(generate(0, 0, 0));
+    expect_uuidv7(generate(0, UINT64_MAX, UINT64_MAX));
+}
+
+Test(key, generate_starts_with_the_time)
+{
+    static const int64_t times[] = {0, 1, 1000, INT64_C(1780272000000), INT64_C(0xFFFFFFFFFFFF)};
+    size_t i;
+
+    for (i = 0; i < sizeof times / sizeof times[0]; i++) {
+        const char *u = generate(times[i], 0x123, 0x456);
+
+        expect_uuidv7(u);
+        cr_expect_eq(uuid_time(u), times[i], "[%s] for %lld", u, (long long)times[i]);
+    }
+    cr_expect_str_eq(generate(INT64_C(0xFFFFFFFFFFFF), 0, 0), "ffffffff-ffff-7000-8000-000000000000");
+}
+
+Test(key, generate_from_any_clock_is_well_formed)
+{
+    expect_uuidv7(generate(-1, 1, 2));
+    expect_uuidv7(generate(INT64_MIN, 1, 2));
+    expect_uuidv7(generate(INT64_MAX, 1, 2));
+}
+
+Test(key, generated_keys_sort_by_time)
+{
+    char a[IDEM_UUID_LEN + 1], b[IDEM_UUID_LEN + 1];
+
+    idem_key_generate(INT64_C(1780272000000), NULL, a);
+    idem_key_generate(INT64_C(1780272000001), NULL, b);
+    cr_expect_lt(strcmp(a, b), 0, "[%s] not before [%s]", a, b);
+}
+
+Test(key, generated_keys_from_the_kernel_differ_and_are_valid_keys)
+{
+    char a[IDEM_UUID_LEN + 1], b[IDEM_UUID_LEN + 1];
+    int variants[4] = {0, 0, 0, 0}, i;
+
+    idem_key_generate(1000, NULL, a);
+    idem_key_generate(1000, NULL, b);
+    expect_uuidv7(a);
+    expect_uuidv7(b);
+    cr_expect_str_neq(a, b, "two fresh keys in the same millisecond are equal");
+    cr_expect_str_eq(parse(a), a, "a fresh key is not a valid Idempotency-Key");
+    /* The variant's free bits are random: all four digits turn up. */
+    for (i = 0; i < 400; i++) {
+        idem_key_generate(1000, NULL, a);
+        expect_uuidv7(a);
+        if (a[19] != '\0' && strchr("89ab", a[19]) != NULL)
+            variants[strchr("89ab", a[19]) - "89ab"]++;
+    }
+    for (i = 0; i < 4; i++)
+        cr_expect_gt(variants[i], 0, "variant digit %d never drawn", i);
 }
