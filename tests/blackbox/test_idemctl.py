@@ -628,6 +628,27 @@ class ThroughIdemd(CtlTestCase):
         self.assertExit(r2, 0)
         self.assertNotEqual(r2.out, r.out)
 
+    def test_token_spent_once_through_request(self):
+        # SPEC 6 with idemctl on both sides: a token from idemctl token, spent by
+        # idemctl request on a mode: token route; the second use is 409
+        # token-used, which waiting cannot change, so it is not retried.
+        cfg = {"routes": [{"methods": ["POST"], "path": "/t", "mode": "token"},
+                          {"methods": ["POST"], "path": "/", "mode": "required"}]}
+        up, d = self.setup_pair(cfg)
+        base = "http://127.0.0.1:%d" % d.port
+        auth = "Authorization: Bearer t-%s" % uuid.uuid4().hex
+        r = self.ctl("token", "--url", base, "-H", auth)
+        self.assertExit(r, 0)
+        tok = r.out.decode().strip()
+        first = self.ctl("request", base + "/t/pay", "-H", auth, "-H",
+                         "Idempotency-Token: " + tok, "-d", "cart=42")
+        self.assertExit(first, 0)
+        again = self.ctl("request", base + "/t/pay", "-H", auth, "-H",
+                         "Idempotency-Token: " + tok, "-d", "cart=42")
+        self.assertExit(again, 22)
+        self.assertIn("token-used", again.err)
+        self.assertEqual(up.count(path="/t/pay"), 1)
+
 
 if __name__ == "__main__":
     unittest.main()
