@@ -11,7 +11,7 @@ build:
 	@scripts/deps.sh build
 	@test -f build/build.ninja || meson setup build --buildtype=debugoptimized $(MESON_OPTS) >/dev/null
 	@ninja -C build
-	@echo "built: build/idemd build/examples/demo-upstream"
+	@echo "built: build/idemd build/idemctl build/examples/demo-upstream"
 
 build-asan:
 	@scripts/deps.sh test

@@ -94,6 +94,7 @@ def run_criterion(tally, build, label, env, log):
 def run_blackbox(tally, build, label, env, log, pattern):
     env = dict(env)
     env["IDEMD"] = os.path.join(ROOT, build, "idemd")
+    env["IDEMCTL"] = os.path.join(ROOT, build, "idemctl")
     env["IDEM_BUILD"] = os.path.join(ROOT, build)
     cmd = [sys.executable, "-m", "unittest", "discover", "-s", "tests/blackbox", "-t", ".", "-p", pattern, "-v"]
     rc, out, secs = run(cmd, env=env, timeout=2400)

@@ -1,0 +1,51 @@
+/* src/cli/cli.h - what idemctl's commands share: exit codes and the commands.
+ *
+ * Exit codes follow curl where curl has one for the same thing, so a script
+ * written for curl --fail reads idemctl the same way:
+ *
+ *   0   a 2xx answer (keys delete: 200 or 204; token: 201)
+ *   2   usage: a bad flag, value, URL, header, key or --data-file
+ *   7   no answer at all: every attempt failed to connect, timed out or broke
+ *   22  an HTTP answer other than success (its body is still printed)
+ *   23  the output could not be written (curl's CURLE_WRITE_ERROR)
+ *   27  out of memory (curl's CURLE_OUT_OF_MEMORY)
+ *   63  the answer was larger than 64 MiB (curl's CURLE_FILESIZE_EXCEEDED)
+ *
+ * Whenever idemctl exits with anything but 0 it says why in one line on
+ * stderr, starting "idemctl: ".
+ *
+ * THREADING: one thread.
+ */
+#ifndef IDEM_CLI_CLI_H
+#define IDEM_CLI_CLI_H
+
+#include <stddef.h>
+
+#include "cli/args.h"
+
+#define IDEM_CLI_EXIT_OK 0
+#define IDEM_CLI_EXIT_USAGE 2
+#define IDEM_CLI_EXIT_NO_ANSWER 7
+#define IDEM_CLI_EXIT_HTTP 22
+#define IDEM_CLI_EXIT_WRITE 23
+#define IDEM_CLI_EXIT_NOMEM 27
+#define IDEM_CLI_EXIT_TOO_BIG 63
+
+#ifndef IDEM_VERSION
+#define IDEM_VERSION "unknown"
+#endif
+#define IDEM_CLI_USER_AGENT "idemctl/" IDEM_VERSION
+
+/** idemctl request: send with retries (request.c).  @return the exit code. */
+int idem__cli_request(const idem_cli_args_t *a);
+
+/** idemctl keys get|delete (keys.c).  @return the exit code. */
+int idem__cli_keys(const idem_cli_args_t *a);
+
+/** idemctl token (keys.c).  @return the exit code. */
+int idem__cli_token(const idem_cli_args_t *a);
+
+/** Write n bytes to stdout and flush.  @return 0, or -1 after printing why. */
+int idem__cli_write_out(const void *p, size_t n);
+
+#endif /* IDEM_CLI_CLI_H */

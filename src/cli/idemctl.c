@@ -1,0 +1,143 @@
+/* src/cli/idemctl.c - idemctl's main: parse the command line, run one command.
+ *
+ * idemctl is the command line of idem (SPEC section 13): a client that sends
+ * a non-idempotent request with an Idempotency-Key and retries it safely
+ * (request), an operator's view of stored keys over idemd's admin listener
+ * (keys), and a prevention token fetcher (token).  The help text below is
+ * the user's manual; keep it true when a flag changes.
+ *
+ * The only process-wide state is what libcurl's global init sets up, and
+ * SIGPIPE ignored so that a closed stdout is an error to report (exit 23),
+ * not a silent death.
+ *
+ * THREADING: one thread.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "cli/cli.h"
+
+/* In parts: ISO C promises string literals of 4095 characters only. */
+static const char *const help[] = {
+    "usage: idemctl request [-X METHOD] URL [-d DATA | --data-file F] [-H 'Name: v']...\n"
+    "                       [--key K] [--retries N] [--max-time S] [-i] [-v]\n"
+    "       idemctl keys get|delete KEY [--scope S | --scope-of VALUE] [--admin URL]\n"
+    "       idemctl token [--url URL] [-H 'Name: v']...\n"
+    "       idemctl --help | --version\n"
+    "\n"
+    "idemctl request sends one non-idempotent operation (a payment, an order) so that it\n"
+    "takes effect once however often it has to be sent: it gives the request an\n"
+    "Idempotency-Key and sends the same key on every retry, so the server can answer a\n"
+    "repeat with the first answer instead of running it again.\n"
+    "\n"
+    "  -X, --request METHOD  the method (default POST: idemctl exists for operations that\n"
+    "                        are not idempotent by themselves)\n"
+    "  -d, --data DATA       send DATA as it is (no @file: use --data-file); repeated -d\n"
+    "                        are joined with '&'\n"
+    "      --data-file F     send the bytes of file F ('-' for stdin), at most 64 MiB;\n"
+    "                        either is sent as application/x-www-form-urlencoded unless\n"
+    "                        -H gives a Content-Type, as curl does\n"
+    "  -H, --header 'Name: value'\n"
+    "                        add a header (at most 100); not Idempotency-Key (use --key),\n"
+    "                        Content-Length or Transfer-Encoding; 'Name:' removes one of\n"
+    "                        libcurl's own headers, as in curl\n"
+    "      --key K           the key, 1 to 255 visible ASCII characters (\"a b\" quoted to\n"
+    "                        hold spaces); default a fresh UUIDv7.  Sent bare, or as a\n"
+    "                        quoted string when it holds a space, '\"' or '\\'\n"
+    "      --retries N       retries after the first attempt, 0 to 99 (default 4)\n"
+    "  -m, --max-time S      give up S seconds after the first attempt started, decimals\n"
+    "                        allowed, up to 86400 (default 60; keys and token: 10)\n"
+    "  -i, --include         print the answer's status line and headers before its body\n"
+    "  -v, --verbose         one line per attempt on stderr: its outcome and the delay\n"
+    "\n"
+    "  A request without -d or --data-file sends an empty body with POST, PUT and PATCH\n"
+    "  and none with other methods.  A URL without a scheme is http://.  Redirects are\n"
+    "  not followed.  Every attempt opens a new connection.  Proxies come from the\n"
+    "  environment (http_proxy, https_proxy, no_proxy) as in curl.\n"
+    "\n"
+    "  Retried, with the same key: connection failures, timeouts, connections broken\n"
+    "  mid-answer, 408, 409 (only idem's in-flight, or a 409 without a problem type),\n"
+    "  425, 429, 500, 502, 503, 504.  Never another 4xx.  The wait is exponential backoff\n"
+    "  with full jitter (0.2 s doubling, at most 10 s) or the answer's Retry-After, and\n"
+    "  never runs past --max-time: when it would, idemctl stops at once.\n"
+    "\n"
+    "  Output: the body of the last HTTP answer on stdout, whatever its status (an\n"
+    "  attempt that got no answer does not replace it).  When giving up, one line on\n"
+    "  stderr says why and which key was used: send again with --key K to resume the\n"
+    "  same operation.\n"
+    "\n",
+    "idemctl keys get|delete KEY reads or removes a stored key over idemd's admin listener\n"
+    "(GET/DELETE {admin}/keys/{KEY}?scope=S); KEY is read as --key reads it.\n"
+    "      --scope S         the caller's scope: \"anonymous\" (default) or the 64 hex digits\n"
+    "                        of SHA-256 of its Authorization value\n"
+    "      --scope-of VALUE  the scope of the Authorization value VALUE, hashed for you\n"
+    "      --admin URL       the admin listener (default http://127.0.0.1:8081)\n"
+    "  get prints the record as JSON; delete prints nothing.  Not retried.\n"
+    "\n"
+    "idemctl token prints a fresh single-use prevention token (POST {url}/_idem/tokens).\n"
+    "      --url URL         idemd's public listener (default http://127.0.0.1:8080)\n"
+    "  -H, --header          e.g. -H 'Authorization: ...' to bind the token to your scope\n"
+    "\n"
+    "Exit status: 0 on success (request: a 2xx answer; keys get: 200; keys delete: 200 or\n"
+    "204; token: 201); 2 usage error; 7 no answer at all (connection failures, timeouts);\n"
+    "22 another HTTP status (for request, its body is still printed); 23 the output could\n"
+    "not be written; 27 out of memory; 63 the answer was larger than 64 MiB (the transfer\n"
+    "is stopped rather than kept in memory, as curl --max-filesize does).  The codes are\n"
+    "curl's for the same conditions.\n",
+};
+
+int main(int argc, char **argv)
+{
+    idem_cli_args_t args;
+    char err[IDEM_CLI_ERRLEN];
+    int rc;
+
+    idem_err_t perr = idem__cli_args_parse(argc, argv, &args, err, sizeof err);
+    if (perr != IDEM_OK) {
+        fprintf(stderr, "idemctl: %s\n", err);
+        idem__cli_args_cleanup(&args);
+        return perr == IDEM_E_NOMEM ? IDEM_CLI_EXIT_NOMEM : IDEM_CLI_EXIT_USAGE;
+    }
+    if (args.cmd == IDEM_CLI_HELP) {
+        idem__cli_args_cleanup(&args);
+        for (size_t i = 0; i < sizeof help / sizeof help[0]; i++)
+            if (idem__cli_write_out(help[i], strlen(help[i])) != 0)
+                return IDEM_CLI_EXIT_WRITE;
+        return IDEM_CLI_EXIT_OK;
+    }
+    if (args.cmd == IDEM_CLI_VERSION) {
+        char line[160];
+        int n = snprintf(line, sizeof line, "idemctl %s (libcurl %s)\n", IDEM_VERSION,
+                         curl_version_info(CURLVERSION_NOW)->version);
+        idem__cli_args_cleanup(&args);
+        return idem__cli_write_out(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) ==
+                       0
+                   ? IDEM_CLI_EXIT_OK
+                   : IDEM_CLI_EXIT_WRITE;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "idemctl: libcurl did not initialise\n");
+        idem__cli_args_cleanup(&args);
+        return IDEM_CLI_EXIT_NOMEM;
+    }
+    switch (args.cmd) {
+    case IDEM_CLI_REQUEST:
+        rc = idem__cli_request(&args);
+        break;
+    case IDEM_CLI_KEYS_GET:
+    case IDEM_CLI_KEYS_DELETE:
+        rc = idem__cli_keys(&args);
+        break;
+    default:
+        rc = idem__cli_token(&args);
+        break;
+    }
+    curl_global_cleanup();
+    idem__cli_args_cleanup(&args);
+    return rc;
+}

@@ -1,0 +1,196 @@
+/* src/cli/keys.c - idemctl keys get|delete and idemctl token: one exchange each, no retries.
+ *
+ * keys talks to idemd's admin listener (SPEC section 11): GET or DELETE
+ * {admin}/keys/{key}?scope=S, the key percent-encoded byte by byte outside
+ * RFC 3986 unreserved (the admin reads '+' as a plus sign, so it is encoded
+ * too).  token asks the public listener for a prevention token (SPEC
+ * section 6): POST {url}/_idem/tokens, with the caller's -H headers so that
+ * an Authorization header binds the token to the caller's scope.
+ *
+ * These are an operator's lookups, not operations to make happen: they are
+ * not retried, and they give up after --max-time (10 s by default).  An
+ * error answer is reported on stderr as one line with the problem's detail;
+ * stdout gets only the result (the record's JSON, the token).
+ *
+ * THREADING: one thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "cli/transfer.h"
+
+int idem__cli_write_out(const void *p, size_t n)
+{
+    if ((n > 0 && fwrite(p, 1, n, stdout) != n) || fflush(stdout) != 0) {
+        int e = errno;
+        fprintf(stderr, "idemctl: writing the output: %s\n", e ? strerror(e) : "failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* The one-line report of an answer that is not the one wanted. */
+static int report_status(const idem_cli_answer_t *ans, const char *what)
+{
+    const char *t = ans->problem_type;
+    if (strncmp(t, "urn:idem:problem:", 17) == 0)
+        t += 17;
+    fprintf(stderr, "idemctl: %s: %d %s%s%s%s%s%s\n", what, ans->status,
+            idem_http_reason(ans->status), *t ? " (" : "", t, *t ? ")" : "",
+            ans->problem_detail[0] ? ": " : "", ans->problem_detail);
+    return IDEM_CLI_EXIT_HTTP;
+}
+
+/* One exchange; the exit code when it did not produce an HTTP answer, else -1. */
+static int exchange_once(const idem_cli_send_t *s, idem_cli_answer_t *ans, const char *what)
+{
+    CURL *h = curl_easy_init();
+    if (h == NULL) {
+        fprintf(stderr, "idemctl: out of memory\n");
+        return IDEM_CLI_EXIT_NOMEM;
+    }
+    idem__cli_exchange(h, s, ans);
+    curl_easy_cleanup(h);
+    if (ans->too_big) {
+        fprintf(stderr, "idemctl: %s: the answer is larger than the 64 MiB limit\n", what);
+        return IDEM_CLI_EXIT_TOO_BIG;
+    }
+    if (ans->transport != IDEM_TRANSPORT_OK) {
+        char desc[320];
+        idem__cli_answer_describe(ans, desc, sizeof desc);
+        fprintf(stderr, "idemctl: %s: no answer from %s: %s\n", what, s->url, desc);
+        return IDEM_CLI_EXIT_NO_ANSWER;
+    }
+    return -1;
+}
+
+int idem__cli_keys(const idem_cli_args_t *a)
+{
+    bool get = a->cmd == IDEM_CLI_KEYS_GET;
+    const char *what = get ? "keys get" : "keys delete";
+    char *base = NULL, *url = NULL;
+    char err[512], enc[3 * IDEM_KEY_MAX + 1];
+    int rc = IDEM_CLI_EXIT_USAGE;
+    idem_cli_answer_t ans;
+
+    idem__cli_answer_init(&ans);
+    if (idem__cli_url_check(a->url, true, &base, err, sizeof err) != IDEM_OK) {
+        fprintf(stderr, "idemctl: --admin: %s\n", err);
+        goto out;
+    }
+    if (idem__cli_pct_encode(a->key, strlen(a->key), enc, sizeof enc) != IDEM_OK)
+        goto out; /* cannot happen: enc holds any key */
+    size_t n = strlen(base) + strlen(enc) + strlen(a->scope) + 16;
+    if ((url = malloc(n)) == NULL) {
+        fprintf(stderr, "idemctl: out of memory\n");
+        rc = IDEM_CLI_EXIT_NOMEM;
+        goto out;
+    }
+    /* A scope is "anonymous" or hex digits: nothing to encode. */
+    snprintf(url, n, "%s/keys/%s?scope=%s", base, enc, a->scope);
+
+    idem_cli_send_t send = {
+        .method = get ? "GET" : "DELETE",
+        .url = url,
+        .user_agent = IDEM_CLI_USER_AGENT,
+        .timeout_ms = a->max_time_ms,
+    };
+    rc = exchange_once(&send, &ans, what);
+    if (rc >= 0)
+        goto out;
+    if (get && ans.status == 200) {
+        rc = IDEM_CLI_EXIT_OK;
+        bool nl = ans.body.len > 0 && ans.body.data[ans.body.len - 1] == '\n';
+        if (idem__cli_write_out(ans.body.data, ans.body.len) != 0 ||
+            (!nl && idem__cli_write_out("\n", 1) != 0))
+            rc = IDEM_CLI_EXIT_WRITE;
+    } else if (!get && (ans.status == 204 || ans.status == 200)) {
+        rc = IDEM_CLI_EXIT_OK;
+    } else {
+        rc = report_status(&ans, what);
+    }
+out:
+    idem__cli_answer_cleanup(&ans);
+    free(base);
+    free(url);
+    return rc;
+}
+
+int idem__cli_token(const idem_cli_args_t *a)
+{
+    char *base = NULL, *url = NULL;
+    char err[512];
+    int rc = IDEM_CLI_EXIT_USAGE;
+    struct curl_slist *hdrs = NULL, *t;
+    idem_cli_answer_t ans;
+
+    idem__cli_answer_init(&ans);
+    if (idem__cli_url_check(a->url, true, &base, err, sizeof err) != IDEM_OK) {
+        fprintf(stderr, "idemctl: --url: %s\n", err);
+        goto out;
+    }
+    size_t n = strlen(base) + sizeof "/_idem/tokens";
+    if ((url = malloc(n)) == NULL)
+        goto nomem;
+    snprintf(url, n, "%s/_idem/tokens", base);
+    for (size_t i = 0; i < a->n_headers; i++) {
+        if ((t = curl_slist_append(hdrs, a->headers[i])) == NULL)
+            goto nomem;
+        hdrs = t;
+    }
+    if ((t = curl_slist_append(hdrs, "Expect:")) == NULL)
+        goto nomem;
+    hdrs = t;
+    if (!a->has_content_type) {
+        if ((t = curl_slist_append(hdrs, "Content-Type:")) == NULL)
+            goto nomem;
+        hdrs = t;
+    }
+
+    idem_cli_send_t send = {
+        .method = "POST",
+        .url = url,
+        .headers = hdrs,
+        .has_body = true,
+        .user_agent = IDEM_CLI_USER_AGENT,
+        .timeout_ms = a->max_time_ms,
+    };
+    rc = exchange_once(&send, &ans, "token");
+    if (rc >= 0)
+        goto out;
+    if (ans.status != 201) {
+        rc = report_status(&ans, "token");
+        goto out;
+    }
+    json_error_t jerr;
+    json_t *doc = json_loadb(ans.body.data ? ans.body.data : "", ans.body.len, 0, &jerr);
+    const char *tok = json_string_value(json_object_get(doc, "token"));
+    bool ok = tok != NULL && *tok != '\0';
+    for (const char *p = tok; ok && *p; p++)
+        if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+            ok = false;
+    if (!ok) {
+        fprintf(stderr, "idemctl: token: 201 without a token in the body\n");
+        rc = IDEM_CLI_EXIT_HTTP;
+    } else {
+        rc = IDEM_CLI_EXIT_OK;
+        if (idem__cli_write_out(tok, strlen(tok)) != 0 || idem__cli_write_out("\n", 1) != 0)
+            rc = IDEM_CLI_EXIT_WRITE;
+    }
+    json_decref(doc);
+    goto out;
+nomem:
+    fprintf(stderr, "idemctl: out of memory\n");
+    rc = IDEM_CLI_EXIT_NOMEM;
+out:
+    curl_slist_free_all(hdrs);
+    idem__cli_answer_cleanup(&ans);
+    free(base);
+    free(url);
+    return rc;
+}
