@@ -165,11 +165,12 @@ int idem__cli_request(const idem_cli_args_t *a)
      * asked for (the default one holds 50 retries after connection failures,
      * fewer than --retries 99). */
     idem_retry_budget_t budget;
-    idem_retry_budget_init(&budget);
-    if ((int64_t)a->retries * budget.timeout_cost > budget.capacity) {
-        budget.capacity = (int64_t)a->retries * budget.timeout_cost;
-        atomic_store(&budget.tokens, budget.capacity);
-    }
+    int64_t depth = (int64_t)a->retries * IDEM_RETRY_BUDGET_DEFAULT_TIMEOUT_COST;
+    if (depth < IDEM_RETRY_BUDGET_DEFAULT_CAPACITY)
+        depth = IDEM_RETRY_BUDGET_DEFAULT_CAPACITY;
+    idem_retry_budget_init_with(&budget, depth, IDEM_RETRY_BUDGET_DEFAULT_RETRY_COST,
+                                IDEM_RETRY_BUDGET_DEFAULT_TIMEOUT_COST,
+                                IDEM_RETRY_BUDGET_DEFAULT_SUCCESS_REFILL);
 
     char key[IDEM_KEY_MAX + 1], keyhdr[IDEM_CLI_KEY_HEADER_MAX];
     if (a->key[0] != '\0')
