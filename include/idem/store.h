@@ -106,6 +106,10 @@ idem_err_t idem_store_ping(idem_store_t *store);
  * may run it on a latency-sensitive thread.  False when store is NULL. */
 bool idem_store_exec_is_cheap(const idem_store_t *store);
 
+/** Whether idem_store_get reads local memory or a local file (memory:, lmdb:)
+ * rather than asking a server over the network.  False when store is NULL. */
+bool idem_store_reads_are_local(const idem_store_t *store);
+
 /** The backend's name ("memory", "lmdb"). */
 const char *idem_store_name(const idem_store_t *store);
 

@@ -175,11 +175,12 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
     int64_t now = idem_clock_now(NULL);
     if (is_delete) {
         idem_record_t rec;
-        idem_err_t err = idem_store_get(gw->store, &id, now, &rec);
+        idem_err_t err = idem_gw_store_get(gw, &id, now, &rec);
         if (err == IDEM_OK)
             idem_record_cleanup(&rec);
         if (err == IDEM_OK || err == IDEM_E_NOTFOUND) {
             idem_err_t derr = idem_store_delete(gw->store, &id);
+            idem_cache_remove(gw->cache, &id);
             if (derr == IDEM_OK && err == IDEM_OK) {
                 admin_send(c, 204, NULL, "", 0, close);
                 return;
@@ -194,7 +195,7 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
         return;
     }
     idem_record_t rec;
-    idem_err_t err = idem_store_get(gw->store, &id, now, &rec);
+    idem_err_t err = idem_gw_store_get(gw, &id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
         admin_problem(c, 404, "not-found", "no record for this key and scope", close);
         return;

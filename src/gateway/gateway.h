@@ -30,6 +30,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "gateway/cache.h"
 #include "gateway/config.h"
 #include "http/http.h"
 #include "idem/engine.h"
@@ -133,6 +134,8 @@ typedef struct idem_metrics {
     _Atomic uint64_t store_batches;   /* writer transactions */
     _Atomic uint64_t store_ops;       /* operations in them */
     _Atomic uint64_t store_errors;
+    _Atomic uint64_t store_gets;      /* idem_store_get calls (reads outside the writer) */
+    _Atomic uint64_t cache_hits;      /* answers from local_cache */
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;
@@ -189,6 +192,7 @@ void idem_writer_stop(idem_writer_t *w);
 struct idem_gw {
     idem_config_t *cfg;
     idem_store_t *store;
+    idem_cache_t *cache;                   /* local_cache; NULL when off */
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */
@@ -224,6 +228,11 @@ struct idem_worker {
 };
 
 /* server.c */
+/** idem_store_get, counted in the metrics (every read of the store outside
+ * the writer goes through here, so a test can see that a cached replay made
+ * none). */
+idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
+                             idem_record_t *rec);
 /** Bind and listen on host:port (an IPv4 or IPv6 literal) with tcp on loop.
  * @param what  the flag named in a failure ("--listen").
  * @return 0, or -1 with err set; tcp may then be initialised and must be closed. */

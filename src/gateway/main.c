@@ -248,7 +248,16 @@ int main(int argc, char **argv)
         idem_config_cleanup(&cfg);
         return fail(msg);
     }
+    if (cfg.local_cache > 0) {
+        gw.cache = idem_cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
+        if (gw.cache == NULL) {
+            idem_store_close(gw.store);
+            idem_config_cleanup(&cfg);
+            return fail("local_cache: out of memory");
+        }
+    }
     if (idem_writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
+        idem_cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem_config_cleanup(&cfg);
         return fail("cannot start the store writer thread");
@@ -276,6 +285,7 @@ int main(int argc, char **argv)
             idem_worker_cleanup(&gw.workers[i]);
         free(gw.workers);
         idem_writer_stop(&gw.writer);
+        idem_cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem_config_cleanup(&cfg);
         return fail(err);
@@ -299,6 +309,7 @@ int main(int argc, char **argv)
     idem_writer_stop(&gw.writer);
     for (int i = 0; i < gw.nworkers; i++)
         idem_worker_cleanup(&gw.workers[i]);
+    idem_cache_destroy(gw.cache);
     idem_store_close(gw.store);
     free(gw.workers);
     idem_log(&gw, "info", "stopped");

@@ -83,6 +83,13 @@ int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
                            (unsigned long long)atomic_load(&m->store_batches),
                            (unsigned long long)atomic_load(&m->store_ops),
                            (unsigned long long)atomic_load(&m->store_errors));
+    rc |= idem_buf_appendf(out,
+                           "# HELP idem_store_gets_total Records read from the store outside the writer.\n"
+                           "# TYPE idem_store_gets_total counter\nidem_store_gets_total %llu\n"
+                           "# HELP idem_local_cache_hits_total Requests answered from local_cache.\n"
+                           "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n",
+                           (unsigned long long)atomic_load(&m->store_gets),
+                           (unsigned long long)atomic_load(&m->cache_hits));
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

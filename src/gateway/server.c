@@ -665,6 +665,23 @@ static void req_store_unavailable(idem_req_t *req, const char *detail)
     req_problem(req, 503, "store-unavailable", detail, 1);
 }
 
+/* ---- reading the store ------------------------------------------------------ */
+
+idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
+                             idem_record_t *rec)
+{
+    atomic_fetch_add_explicit(&gw->metrics.store_gets, 1, memory_order_relaxed);
+    return idem_store_get(gw->store, id, now_ms, rec);
+}
+
+/* A completed record came from the store or was just written: keep it for
+ * the next repeat (local_cache). */
+static void req_cache_record(idem_req_t *req, const idem_record_t *rec)
+{
+    if (rec->state == IDEM_STATE_COMPLETED)
+        idem_cache_put(req_gw(req)->cache, &req->id, rec);
+}
+
 /* ---- the writer round trip ------------------------------------------------ */
 
 void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
@@ -819,7 +836,7 @@ static void req_answer_as_repeat(idem_req_t *req)
 {
     idem_record_t rec;
     int64_t now = idem_clock_now(NULL);
-    idem_err_t err = idem_store_get(req_gw(req)->store, &req->id, now, &rec);
+    idem_err_t err = idem_gw_store_get(req_gw(req), &req->id, now, &rec);
     if (err == IDEM_OK) {
         idem_decision_t d = idem_decide(&rec, req->fp, now);
         req_answer_decision(req, d, &rec);
@@ -851,6 +868,17 @@ static void on_outcome_stored(idem_wjob_t *job)
             idem_proxy_abort(req);
         req_answer_as_repeat(req);
         return;
+    }
+    if (job->op.kind == IDEM_OP_COMPLETE && req_gw(req)->cache != NULL) {
+        idem_record_t done = {
+            .state = IDEM_STATE_COMPLETED,
+            .flags = job->op.flags,
+            .fence = req->fence,
+            .expires_at_ms = job->op.expires_at_ms,
+            .response = req->store_resp,
+        };
+        memcpy(done.fingerprint, req->fp, IDEM_FP_LEN);
+        req_cache_record(req, &done);
     }
     if (req->streaming)
         req_start_stream(req);
@@ -1175,6 +1203,8 @@ static void on_claim_done(idem_wjob_t *job)
         req_in_flight(req, d);
         break;
     default:
+        if (d.kind == IDEM_DECIDE_REPLAY)
+            req_cache_record(req, &rec);
         req->finished = true;
         req_answer_decision(req, d, &rec);
         break;
@@ -1194,12 +1224,28 @@ static void req_claim(idem_req_t *req)
     req_submit(req, &req->job, on_claim_done);
 }
 
-/* Read the record without the writer: most repeats end here. */
+/* Read the record without the writer: most repeats end here.  A completed
+ * record in local_cache answers without the store; a network store is not
+ * read here at all (that would block this loop on a round trip): the claim,
+ * which the writer sends anyway, decides and brings back what a read would. */
 static void req_lookup(idem_req_t *req)
 {
     idem_record_t rec;
+    idem_gw_t *gw = req_gw(req);
     int64_t now = idem_clock_now(NULL);
-    idem_err_t err = idem_store_get(req_gw(req)->store, &req->id, now, &rec);
+    if (idem_cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
+        idem_decision_t d = idem_decide(&rec, req->fp, now);
+        atomic_fetch_add_explicit(&gw->metrics.cache_hits, 1, memory_order_relaxed);
+        req->finished = true;
+        req_answer_decision(req, d, &rec);
+        idem_record_cleanup(&rec);
+        return;
+    }
+    if (!idem_store_reads_are_local(gw->store)) {
+        req_claim(req);
+        return;
+    }
+    idem_err_t err = idem_gw_store_get(gw, &req->id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
         req_claim(req);
         return;
@@ -1219,6 +1265,7 @@ static void req_lookup(idem_req_t *req)
         req_in_flight(req, d);
         return;
     }
+    req_cache_record(req, &rec);
     req->finished = true;
     req_answer_decision(req, d, &rec);
     idem_record_cleanup(&rec);

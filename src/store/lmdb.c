@@ -370,6 +370,7 @@ static idem_err_t lmdb_open(const char *rest, idem_store_t **out, char *errbuf, 
         return IDEM_E_NOMEM;
     s->base.ops = &idem__store_lmdb_ops;
     s->base.exec_is_cheap = o.nosync != 0; /* no fsync in the commit */
+    s->base.reads_are_local = true;
 
     pthread_mutex_lock(&registry_lock);
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

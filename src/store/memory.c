@@ -328,6 +328,7 @@ static idem_err_t mem_open(const char *rest, idem_store_t **out, char *errbuf, s
     m->nbuckets = INITIAL_BUCKETS;
     m->base.ops = &idem__store_memory_ops;
     m->base.exec_is_cheap = true;
+    m->base.reads_are_local = true;
     pthread_mutex_init(&m->lock, NULL);
 
     uint64_t k[2];

@@ -394,6 +394,11 @@ bool idem_store_exec_is_cheap(const idem_store_t *store)
     return store != NULL && store->exec_is_cheap;
 }
 
+bool idem_store_reads_are_local(const idem_store_t *store)
+{
+    return store != NULL && store->reads_are_local;
+}
+
 const char *idem_store_name(const idem_store_t *store)
 {
     return store == NULL ? "none" : store->ops->name;

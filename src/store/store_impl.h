@@ -67,6 +67,9 @@ struct idem_store {
      * network round trip (memory:, lmdb with sync=interval).  Zero (the
      * safe default) for every backend that does not say so. */
     bool exec_is_cheap;
+    /* get reads local memory or a local file (memory:, lmdb:), never the
+     * network, so a caller may read on a latency-sensitive thread. */
+    bool reads_are_local;
 };
 
 /* The backends store.c knows (one per file). */

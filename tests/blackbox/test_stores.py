@@ -136,6 +136,38 @@ class LocalCache(h.IdemTestCase):
         d.post(key=k)
         self.assertProblem(d.post(key=k, body=b"other"), 422, "key-reused")
 
+    def test_cached_replay_does_not_touch_the_store(self):
+        up, d = self.setup_pair({"local_cache": 1000})
+        k = h.new_key()
+        first = d.post(key=k)
+        self.assertEqual(first.status, 200)
+        self.assertReplayOf(d.post(key=k), first)  # cached now, whatever the store
+        m0 = d.metrics()
+        for _ in range(5):
+            self.assertReplayOf(d.post(key=k), first)
+        self.assertEqual(d.outcome_reaches("replay", h.metric_sum(m0, "idem_requests_total",
+                                                                  outcome="replay") + 5),
+                         h.metric_sum(m0, "idem_requests_total", outcome="replay") + 5)
+        m1 = d.metrics()
+        for name in ("idem_store_gets_total", "idem_store_ops_total", "idem_store_batches_total"):
+            self.assertEqual(h.metric_sum(m1, name), h.metric_sum(m0, name),
+                             "%s moved for cached replays" % name)
+        self.assertEqual(h.metric_sum(m1, "idem_local_cache_hits_total"),
+                         h.metric_sum(m0, "idem_local_cache_hits_total") + 5)
+        self.assertEqual(up.count(key=k), 1)
+
+    def test_without_cache_a_replay_reads_the_store(self):
+        up, d = self.setup_pair({})
+        k = h.new_key()
+        first = d.post(key=k)
+        m0 = d.metrics()
+        self.assertReplayOf(d.post(key=k), first)
+        m1 = d.metrics()
+        reads = (h.metric_sum(m1, "idem_store_gets_total") - h.metric_sum(m0, "idem_store_gets_total")
+                 + h.metric_sum(m1, "idem_store_ops_total") - h.metric_sum(m0, "idem_store_ops_total"))
+        self.assertGreaterEqual(reads, 1)
+        self.assertEqual(h.metric_sum(m1, "idem_local_cache_hits_total"), 0)
+
     def test_cache_is_per_scope(self):
         up, d = self.setup_pair({"local_cache": 1000})
         k = h.new_key()
