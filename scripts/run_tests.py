@@ -13,12 +13,20 @@ counts test cases, not binaries:
 A sanitizer report (ASan, LSan, UBSan) in any output counts as a failure even
 when the runner itself said the test passed, because Criterion reports a
 leak found in a forked test worker but keeps its verdict.
+
+The Redis and PostgreSQL stores are tested on real servers: unless
+IDEM_TEST_REDIS_URL and IDEM_TEST_PG_URL are set already, this starts both
+(scripts/services.sh) on loopback ports in a temporary directory, exports
+those two variables to every suite, and stops them at the end, whatever
+happened.  The black-box suite then runs once more per build on each.
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +135,38 @@ def run_step(tally, name, cmd, log, timeout=900, env=None):
     print(f"  {name}: {'passed' if rc == 0 else 'FAILED'} ({secs:.1f}s)", flush=True)
 
 
+class Services:
+    """The Redis and PostgreSQL servers of the tests: started here unless the
+    environment names some already."""
+
+    def __init__(self, log):
+        self.dir = None
+        self.log = log
+
+    def start(self):
+        if os.environ.get("IDEM_TEST_REDIS_URL") and os.environ.get("IDEM_TEST_PG_URL"):
+            return True
+        self.dir = tempfile.mkdtemp(prefix="idem-services-")
+        rc, out, secs = run(["bash", "scripts/services.sh", "start", self.dir], timeout=300)
+        self.log.write(f"===== services start (rc={rc}, {secs:.1f}s)\n{out}\n")
+        if rc != 0:
+            print(f"  services: could not start Redis and PostgreSQL (rc={rc}); see the log", flush=True)
+            return False
+        for line in out.splitlines():
+            m = re.match(r"export (IDEM_TEST_\w+)=(\S+)$", line)
+            if m:
+                os.environ[m.group(1)] = m.group(2)
+        print(f"  services: {os.environ.get('IDEM_TEST_REDIS_URL')} "
+              f"{os.environ.get('IDEM_TEST_PG_URL')} ({secs:.1f}s)", flush=True)
+        return True
+
+    def stop(self):
+        if self.dir:
+            run(["bash", "scripts/services.sh", "stop", self.dir], timeout=120)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--builds", default="build,build-asan", help="comma-separated build dirs")
@@ -135,34 +175,54 @@ def main():
     ap.add_argument("--log", default="build/test-log.txt")
     ap.add_argument("--no-memory-blackbox", dest="memory_blackbox", action="store_false",
                     help="skip the black-box run on the memory: store")
+    ap.add_argument("--no-server-stores", dest="server_stores", action="store_false",
+                    help="neither start Redis/PostgreSQL nor run the black-box suite on them")
     args = ap.parse_args()
 
     tally = Tally()
     os.makedirs(os.path.dirname(os.path.join(ROOT, args.log)), exist_ok=True)
     with open(os.path.join(ROOT, args.log), "w") as log:
-        print("lint:", flush=True)
-        run_step(tally, "lint", ["sh", "scripts/lint.sh"], log)
-        for build in args.builds.split(","):
-            label = "asan" if "asan" in build else "plain"
-            env = sanitizer_env(os.environ) if label == "asan" else dict(os.environ)
-            print(f"{build}:", flush=True)
-            run_criterion(tally, build, label, env, log)
-            run_blackbox(tally, build, label, env, log, args.blackbox)
-            if label == "asan" and args.memory_blackbox:
-                # The same suite on memory:, where idemd applies store jobs on
-                # its loops instead of the writer thread (as with sync=interval).
-                menv = dict(env, IDEM_BB_STORE="memory")
-                run_blackbox(tally, build, "asan-memory", menv, log, args.blackbox)
-        if args.fuzz_seconds > 0:
-            print("fuzz:", flush=True)
-            run_step(tally, "fuzz", ["bash", "fuzz/run.sh", str(args.fuzz_seconds)], log,
-                     timeout=args.fuzz_seconds * 3 + 900)
+        services = Services(log)
+        try:
+            run_all(args, tally, log, services)
+        finally:
+            services.stop()
     if tally.failures:
         print("failures (details in %s):" % args.log)
         for f in tally.failures:
             print("  " + f)
     print(f"{tally.passed} passed, {tally.failed} failed", flush=True)
     return 0 if tally.failed == 0 else 1
+
+
+def run_all(args, tally, log, services):
+    print("lint:", flush=True)
+    run_step(tally, "lint", ["sh", "scripts/lint.sh"], log)
+    if args.server_stores:
+        print("services:", flush=True)
+        if not services.start():
+            tally.add("services", 0, 1)
+    for build in args.builds.split(","):
+        label = "asan" if "asan" in build else "plain"
+        env = sanitizer_env(os.environ) if label == "asan" else dict(os.environ)
+        print(f"{build}:", flush=True)
+        run_criterion(tally, build, label, env, log)
+        run_blackbox(tally, build, label, env, log, args.blackbox)
+        if label == "asan" and args.memory_blackbox:
+            # The same suite on memory:, where idemd applies store jobs on
+            # its loops instead of the writer thread (as with sync=interval).
+            menv = dict(env, IDEM_BB_STORE="memory")
+            run_blackbox(tally, build, "asan-memory", menv, log, args.blackbox)
+        if args.server_stores:
+            for store, var in (("redis", "IDEM_TEST_REDIS_URL"), ("postgres", "IDEM_TEST_PG_URL")):
+                url = os.environ.get(var)
+                if url:
+                    senv = dict(env, IDEM_BB_STORE=url)
+                    run_blackbox(tally, build, f"{label}-{store}", senv, log, args.blackbox)
+    if args.fuzz_seconds > 0:
+        print("fuzz:", flush=True)
+        run_step(tally, "fuzz", ["bash", "fuzz/run.sh", str(args.fuzz_seconds)], log,
+                 timeout=args.fuzz_seconds * 3 + 900)
 
 
 if __name__ == "__main__":
