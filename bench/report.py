@@ -28,6 +28,10 @@ ROWS = [
     ("idemd-new-always", "idemd new key, sync=always"),
     ("idemd-new-interval", "idemd new key, sync=interval"),
     ("idemd-replay", "idemd replay"),
+    ("idemd-new-redis", "idemd new key, Redis"),
+    ("idemd-replay-redis", "idemd replay, Redis"),
+    ("idemd-new-pg", "idemd new key, PostgreSQL"),
+    ("idemd-replay-pg", "idemd replay, PostgreSQL"),
 ]
 
 # Minimum ratio of requests/s to nginx proxy_pass, per idemd row.  Every
@@ -36,6 +40,8 @@ RPS_TARGETS = {
     "idemd-new-always": 0.5,
     "idemd-new-interval": 0.9,
     "idemd-replay": 2.0,
+    "idemd-new-redis": 0.8,
+    "idemd-new-pg": 0.3,
 }
 
 UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}

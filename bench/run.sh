@@ -8,6 +8,15 @@
 #                       LMDB sync=always, store preloaded with BENCH_PRELOAD keys
 #   idemd-new-interval  the same with sync=interval (its own copy of the store)
 #   idemd-replay        wrk -> idemd, one completed key: every request a replay
+#   idemd-new-redis     new keys, on a Redis server started here (no persistence:
+#                       the default of Debian's redis-server is RDB snapshots,
+#                       which cost nothing per request either)
+#   idemd-replay-redis  replays on Redis (local_cache off: each one a store call)
+#   idemd-new-pg        new keys, on a PostgreSQL cluster started here
+#                       (synchronous_commit on, fsync on: every batch is a WAL flush)
+#   idemd-replay-pg     replays on PostgreSQL (local_cache off)
+#   The Redis and PostgreSQL rows are skipped with BENCH_SERVER_STORES=0; their
+#   stores are preloaded with BENCH_PRELOAD_SERVER keys.
 # Every row sends the same POST (bench/post.lua), so the client's work per
 # request is the same everywhere.  The rows are measured BENCH_ROUNDS times,
 # interleaved (round 1 of every row, then round 2 ...), so a load that comes
@@ -45,6 +54,8 @@
 #                         sync=always to mean anything [$TMPDIR or /tmp]
 #   BENCH_RESULTS         where the JSON goes [bench/results]
 #   BENCH_STRICT          1: exit 1 when a target is missed or a row had errors [0]
+#   BENCH_SERVER_STORES   1: also the Redis and PostgreSQL rows [1]
+#   BENCH_PRELOAD_SERVER  completed keys preloaded into Redis and PostgreSQL [100000]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,6 +74,8 @@ BENCH_PROFILE=${BENCH_PROFILE:-0}
 BENCH_LOG=${BENCH_LOG:-0}
 BENCH_TMPDIR=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
 BENCH_RESULTS=${BENCH_RESULTS:-bench/results}
+BENCH_SERVER_STORES=${BENCH_SERVER_STORES:-1}
+BENCH_PRELOAD_SERVER=${BENCH_PRELOAD_SERVER:-100000}
 export BENCH_STRICT=${BENCH_STRICT:-0}
 
 # Messages go to fd 9, a copy of the original stderr: a trap that fires
@@ -72,7 +85,7 @@ say() { printf 'bench: %s\n' "$*" >&9; }
 die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
 
 for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
-  BENCH_WORKERS; do
+  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
 done
 ((BENCH_SECONDS >= 1 && BENCH_SECONDS <= 3600)) || die "BENCH_SECONDS must be 1..3600"
@@ -130,6 +143,10 @@ cleanup() {
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
     stop_pid "${PIDS[i]}"
   done
+  if [[ -d $WORK/services ]]; then
+    IDEM_TEST_REDIS_PORT=$REDIS_PORT IDEM_TEST_PG_PORT=$PG_PORT \
+      timeout 120 bash scripts/services.sh stop "$WORK/services" >/dev/null 2>&1 || true
+  fi
   rm -rf "$WORK"
   exit "$rc"
 }
@@ -144,10 +161,11 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Six distinct free loopback ports (held open together while picked).
-read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT < <(python3 - <<'PY'
+# Twelve distinct free loopback ports (held open together while picked).
+read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
+  IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(6)]
+socks = [socket.socket() for _ in range(12)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -409,6 +427,36 @@ check_key "$IDEM_I_URL" "$RUNID-check-interval"
 REPLAY_KEY=$RUNID-replay
 check_key "$IDEM_A_URL" "$REPLAY_KEY"
 
+# ---- Redis and PostgreSQL --------------------------------------------------------------
+
+if [[ $BENCH_SERVER_STORES == 1 ]]; then
+  say "starting Redis on :$REDIS_PORT and PostgreSQL on :$PG_PORT (scripts/services.sh)"
+  IDEM_TEST_REDIS_PORT=$REDIS_PORT IDEM_TEST_PG_PORT=$PG_PORT \
+    timeout 300 bash scripts/services.sh start "$WORK/services" >"$WORK/services.log" 2>&1 ||
+    die "could not start Redis and PostgreSQL: $(tail -5 "$WORK/services.log")"
+  REDIS_STORE="redis://127.0.0.1:$REDIS_PORT/0"
+  PG_STORE="postgres://postgres@127.0.0.1:$PG_PORT/idem_test"
+  for url in "$REDIS_STORE" "$PG_STORE"; do
+    if ((BENCH_PRELOAD_SERVER > 0)); then
+      say "preloading $BENCH_PRELOAD_SERVER keys into $url"
+      timeout --kill-after=5 "${BENCH_PRELOAD_TIMEOUT:-1800}" "$PRELOAD_BIN" "$url" \
+        "$BENCH_PRELOAD_SERVER" >>"$WORK/preload.log" 2>&1 ||
+        die "idem-preload $url failed: $(tail -5 "$WORK/preload.log")"
+    fi
+  done
+  start_idemd idemd-redis "$IDEM_R_PORT" "$ADMIN_R_PORT" "$REDIS_STORE"
+  REDIS_PID=$IDEMD_PID
+  start_idemd idemd-pg "$IDEM_P_PORT" "$ADMIN_P_PORT" "$PG_STORE"
+  PG_PID=$IDEMD_PID
+  IDEM_R_URL=http://127.0.0.1:$IDEM_R_PORT/
+  IDEM_P_URL=http://127.0.0.1:$IDEM_P_PORT/
+  check_key "$IDEM_R_URL" "$RUNID-check-redis"
+  check_key "$IDEM_P_URL" "$RUNID-check-pg"
+  check_key "$IDEM_R_URL" "$REPLAY_KEY-r"
+  check_key "$IDEM_P_URL" "$REPLAY_KEY-p"
+  write_meta redis_store="$REDIS_STORE" pg_store="$PG_STORE" preload_server="$BENCH_PRELOAD_SERVER"
+fi
+
 # ---- the rounds ----------------------------------------------------------------------
 
 for ((r = 1; r <= BENCH_ROUNDS; r++)); do
@@ -417,6 +465,12 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   measure idemd-new-always "$r" "$IDEM_A_URL" unique "$RUNID-a$r" "$ADMIN_A_URL"
   measure idemd-new-interval "$r" "$IDEM_I_URL" unique "$RUNID-i$r" "$ADMIN_I_URL"
   measure idemd-replay "$r" "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ADMIN_A_URL"
+  if [[ $BENCH_SERVER_STORES == 1 ]]; then
+    measure idemd-new-redis "$r" "$IDEM_R_URL" unique "$RUNID-r$r" "http://127.0.0.1:$ADMIN_R_PORT"
+    measure idemd-replay-redis "$r" "$IDEM_R_URL" fixed "$REPLAY_KEY-r" "http://127.0.0.1:$ADMIN_R_PORT"
+    measure idemd-new-pg "$r" "$IDEM_P_URL" unique "$RUNID-g$r" "http://127.0.0.1:$ADMIN_P_PORT"
+    measure idemd-replay-pg "$r" "$IDEM_P_URL" fixed "$REPLAY_KEY-p" "http://127.0.0.1:$ADMIN_P_PORT"
+  fi
 done
 
 if [[ $BENCH_PROFILE == 1 ]]; then
@@ -427,6 +481,10 @@ fi
 
 stop_idemd idemd-always "$ALWAYS_PID"
 stop_idemd idemd-interval "$INTERVAL_PID"
+if [[ $BENCH_SERVER_STORES == 1 ]]; then
+  stop_idemd idemd-redis "$REDIS_PID"
+  stop_idemd idemd-pg "$PG_PID"
+fi
 
 # ---- the report ------------------------------------------------------------------------
 
