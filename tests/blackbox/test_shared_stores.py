@@ -17,7 +17,8 @@ when run as root) on a free port, kills it while idemd runs and starts it
 again on the same port and data:
   on_store_error: closed  new keyed requests get 503 store-unavailable with
                           Retry-After, nothing is forwarded, /readyz turns 503,
-                          /healthz stays 200
+                          /healthz stays 200; still so (and fast) after 6 s,
+                          past the stores' longest reconnect backoff
   on_store_error: open    requests are forwarded, the answers carry
                           Idempotency-Bypassed: store-unavailable
   store back              without a restart of idemd /readyz is 200 again
@@ -35,6 +36,7 @@ The servers are stopped by SIGKILL (Redis) and `pg_ctl stop -m immediate`
 (PostgreSQL): a crash, after which only what was fsync'd is there.
 """
 
+import atexit
 import concurrent.futures
 import json
 import os
@@ -64,6 +66,7 @@ UPSTREAM_TIMEOUT = 3        # s, outage tests
 ANSWER_MARGIN = 5.0         # s past upstream_timeout an in-flight answer may take
 DOWN_WITHIN = 5.0           # s for /readyz to turn 503 once the server is gone
 RECOVER_WITHIN = 10.0       # s for /readyz to be 200 once the server is back
+LONG_OUTAGE = 6.0           # s: longer than the stores' longest reconnect backoff (5 s)
 SERVER_START_TIMEOUT = 30.0
 
 
@@ -171,6 +174,14 @@ def pg_drop_table(url, table):
 # --------------------------------------------------------------------------
 # servers a test owns
 
+_OWN_SERVERS = set()  # stopped at exit too, even after ^C
+
+
+@atexit.register
+def _stop_own_servers():
+    for srv in list(_OWN_SERVERS):
+        srv.close()
+
 
 class OwnRedis:
     """A redis-server of the test's own, on a free port, with an AOF that is
@@ -194,6 +205,7 @@ class OwnRedis:
 
     def start(self):
         self.starts += 1
+        _OWN_SERVERS.add(self)
         log = open(os.path.join(self.dir, "redis.%d.log" % self.starts), "wb")
         with log:
             self.proc = subprocess.Popen(
@@ -224,6 +236,7 @@ class OwnRedis:
 
     def close(self):
         self.stop()
+        _OWN_SERVERS.discard(self)
 
     def log_text(self):
         out = []
@@ -292,6 +305,7 @@ class OwnPostgres:
                       "-A", "trust", "--no-sync")
             self.initialized = True
         self.running = True  # from here on, close() must try to stop it
+        _OWN_SERVERS.add(self)
         self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log,
                   "-w", "-t", str(int(SERVER_START_TIMEOUT)),
                   "-o", "-c listen_addresses=%s -p %d -k %s -c fsync=on "
@@ -312,6 +326,7 @@ class OwnPostgres:
             except (AssertionError, subprocess.SubprocessError, OSError):
                 pass
         self.running = False
+        _OWN_SERVERS.discard(self)
 
     def log_text(self):
         try:
@@ -395,8 +410,9 @@ class ManyInstancesCases:
                 continue
             originals = [(n, r) for n, r in answers if r.status == 200 and not r.replayed]
             if len(originals) != 1:
-                problems.append("%s: %d answers were not replays: %r"
-                                % (k, len(originals), originals))
+                problems.append("%s: %d answers were not replays: %s"
+                                % (k, len(originals), ", ".join("%s: %d %r" % (
+                                    n, r.status, r.body[:60]) for n, r in originals)))
                 continue
             first = originals[0][1]
             firsts[k] = first
@@ -562,9 +578,10 @@ class OutageCases:
         d = self.start_gateway(up, "closed")
         done = self.complete_keys(d, up, 5)
         self.assertEqual(self.readyz(d), 200)
-        self.server.stop()
-        n = up.count()
         errors_before = d.outcome("store_error")
+        self.server.stop()
+        t_down = time.monotonic()
+        n = up.count()
         for i in range(5):
             r = d.post(key=h.new_key("during%d" % i), timeout=10)
             self.assertProblem(r, 503, "store-unavailable")
@@ -578,8 +595,19 @@ class OutageCases:
         self.assertEqual(up.count(), n, "a request was forwarded while the store was down")
         self.wait_ready(d, 503, DOWN_WITHIN, "/readyz 503 while %s is down" % self.server.name)
         self.assertEqual(d.admin("GET", "/healthz").status, 200)
-        self.assertGreaterEqual(d.outcome_reaches("store_error", errors_before + 10),
-                                errors_before + 10)
+        # stay down past the longest reconnect backoff: every request still
+        # fails fast, none is forwarded
+        sent = 10
+        while time.monotonic() - t_down < LONG_OUTAGE:
+            r = d.post(key=h.new_key("later"), timeout=10)
+            self.assertProblem(r, 503, "store-unavailable")
+            self.assertLess(r.elapsed, 5.0, "a store that is down must fail fast")
+            sent += 1
+            time.sleep(0.25)
+        self.assertEqual(self.readyz(d), 503)
+        self.assertEqual(up.count(), n, "a request was forwarded while the store was down")
+        self.assertGreaterEqual(d.outcome_reaches("store_error", errors_before + sent),
+                                errors_before + sent)
         self.recover(d)
         self.assertNewKeyWorks(d, up)
         self.assertNothingLost(d, up, done)
@@ -609,6 +637,62 @@ class OutageCases:
         self.recover(d)
         self.assertNewKeyWorks(d, up)
         self.assertNothingLost(d, up, done)
+
+    def test_traffic_across_an_outage_keeps_every_answer_given(self):
+        # Clients send fresh keys without pause while the server dies and
+        # comes back: every answer comes in bounded time and is the
+        # upstream's 200 or 503 store-unavailable; every 200 a client got is
+        # replayed afterwards (it was durable before it was sent).
+        up = self.start_upstream()
+        up.set_reply(delay=0.05)
+        d = self.start_gateway(up, "closed", lease="1s")
+        stop = threading.Event()
+        lock = threading.Lock()
+        answers = []
+        bound = UPSTREAM_TIMEOUT + ANSWER_MARGIN
+
+        def client(c):
+            i = 0
+            while not stop.is_set():
+                k = h.new_key("burst%d-%d" % (c, i))
+                i += 1
+                try:
+                    r = d.post(key=k, timeout=bound + 5)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    r = e
+                with lock:
+                    answers.append((k, r))
+                if isinstance(r, BaseException) or r.status != 200:
+                    time.sleep(0.02)
+
+        threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(8)]
+        for t in threads:
+            t.start()
+        self.addCleanup(stop.set)
+        time.sleep(1.0)
+        self.server.stop()
+        time.sleep(1.0)
+        self.recover(d)
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(bound + 10)
+            self.assertFalse(t.is_alive(), "a client never got its answer")
+        ok = [(k, r) for k, r in answers if not isinstance(r, BaseException) and r.status == 200]
+        for k, r in answers:
+            self.assertNotIsInstance(r, BaseException, "key %s: %r" % (k, r))
+            self.assertLess(r.elapsed, bound, "answered only after %.1fs: %r" % (r.elapsed, r))
+            if r.status != 200:
+                self.assertProblem(r, 503, "store-unavailable")
+                self.assertLessEqual(up.count(key=k), 1, k)
+        self.assertTrue(ok and len(ok) < len(answers),
+                        "%d of %d answers were 200: the outage was not seen"
+                        % (len(ok), len(answers)))
+        for k, first in ok:
+            self.assertNotReplay(first)
+            self.assertEqual(up.count(key=k), 1, k)
+            self.assertReplayOf(d.post(key=k), first)
+            self.assertEqual(up.count(key=k), 1, k)
 
     def test_requests_in_flight_when_the_store_dies_get_a_bounded_answer(self):
         up = self.start_upstream()
