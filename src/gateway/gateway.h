@@ -310,6 +310,8 @@ struct idem_req {
     idem_wjob_t job;              /* claim/complete/release/hold */
     idem_wjob_t renew_job;
     bool renew_busy;
+    int64_t lease_until_ms;       /* our lease ends (claim, then each renewal) */
+    int complete_tries;           /* completions refused by a failing store so far */
     /* upstream */
     idem_upconn_t *up;
     idem_up_result_t up_result;   /* why the upstream call failed */

@@ -775,6 +775,8 @@ static void on_renew_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     req->renew_busy = false;
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
+        req->lease_until_ms = job->op.lease_until_ms;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE)
         idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
                  req->id.key);
@@ -851,10 +853,83 @@ static void req_answer_as_repeat(idem_req_t *req)
 
 static void req_start_stream(idem_req_t *req);
 
+/* Our completion was written: keep the record for repeats (local_cache). */
+static void req_cache_completion(idem_req_t *req, const idem_wjob_t *job)
+{
+    if (job->op.kind != IDEM_OP_COMPLETE || req_gw(req)->cache == NULL)
+        return;
+    idem_record_t done = {
+        .state = IDEM_STATE_COMPLETED,
+        .flags = job->op.flags,
+        .fence = req->fence,
+        .expires_at_ms = job->op.expires_at_ms,
+        .response = req->store_resp,
+    };
+    memcpy(done.fingerprint, req->fp, IDEM_FP_LEN);
+    req_cache_record(req, &done);
+}
+
+static void on_outcome_stored(idem_wjob_t *job);
+
+#define COMPLETE_RETRY_FIRST_MS 100
+#define COMPLETE_RETRY_MAX_MS 2000
+
+static void on_complete_retry_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    req_submit(req, &req->job, on_outcome_stored);
+}
+
+/* The upstream answered but the store refused the completion: answer the
+ * client now (503), and keep offering the completion to the store while our
+ * lease lasts.  No one else can claim the key before the lease ends, so if
+ * the store comes back in time the record is completed as if nothing had
+ * happened and a retry (409 until then) gets the replay; only an outage
+ * longer than the lease leaves the key to run again (docs/guarantees.md). */
+static void req_complete_later(idem_req_t *req, idem_err_t err)
+{
+    if (!req->responded) {
+        idem_log(req->w->gw, "error",
+                 "could not store the outcome of key %s: %s; retrying while the lease lasts",
+                 req->id.key, idem_strerror(err));
+        if (req->streaming)
+            idem_proxy_abort(req);
+        req_store_unavailable(req, "the upstream answered but its response could not be recorded "
+                                   "yet; a retry gets the recorded answer once the store is back");
+    }
+    int64_t delay = COMPLETE_RETRY_FIRST_MS << (req->complete_tries < 5 ? req->complete_tries : 5);
+    if (delay > COMPLETE_RETRY_MAX_MS)
+        delay = COMPLETE_RETRY_MAX_MS;
+    req->complete_tries++;
+    if (req->w->stopping || idem_clock_now(NULL) + delay >= req->lease_until_ms) {
+        idem_log(req->w->gw, "error",
+                 "gave up storing the outcome of key %s after %d tries: it stays in progress "
+                 "until its lease ends", req->id.key, req->complete_tries);
+        req->finished = true;
+        req_maybe_free(req);
+        return;
+    }
+    req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
+}
+
 static void on_outcome_stored(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
+    if (job->batch_err != IDEM_OK && job->op.kind == IDEM_OP_COMPLETE) {
+        req_complete_later(req, job->batch_err);
+        return;
+    }
     req->finished = true;
+    if (req->responded) {
+        /* A late completion after a store failure: the client has its 503. */
+        if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
+            idem_log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
+                     req->id.key, req->complete_tries + 1);
+            req_cache_completion(req, job);
+        }
+        req_maybe_free(req);
+        return;
+    }
     if (job->batch_err != IDEM_OK) {
         idem_log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
                  idem_strerror(job->batch_err));
@@ -869,17 +944,7 @@ static void on_outcome_stored(idem_wjob_t *job)
         req_answer_as_repeat(req);
         return;
     }
-    if (job->op.kind == IDEM_OP_COMPLETE && req_gw(req)->cache != NULL) {
-        idem_record_t done = {
-            .state = IDEM_STATE_COMPLETED,
-            .flags = job->op.flags,
-            .fence = req->fence,
-            .expires_at_ms = job->op.expires_at_ms,
-            .response = req->store_resp,
-        };
-        memcpy(done.fingerprint, req->fp, IDEM_FP_LEN);
-        req_cache_record(req, &done);
-    }
+    req_cache_completion(req, job);
     if (req->streaming)
         req_start_stream(req);
     else
@@ -1221,6 +1286,7 @@ static void req_claim(idem_req_t *req)
     req->job.op.now_ms = now;
     req->job.op.lease_until_ms = now + p->lease_ms;
     req->job.op.expires_at_ms = now + p->key_ttl_ms;
+    req->lease_until_ms = req->job.op.lease_until_ms;
     req_submit(req, &req->job, on_claim_done);
 }
 
