@@ -758,6 +758,37 @@ class OutageCases:
         self.assertNothingLost(d, up, done)
         self.assertNewKeyWorks(d, up)
 
+    def test_completion_refused_by_a_short_outage_is_written_when_the_store_returns(self):
+        # The upstream answers while the store is down: the client gets 503,
+        # but idemd keeps the answer and offers it to the store while its
+        # lease lasts, so once the store is back a retry gets that answer and
+        # the operation never runs twice.
+        up = self.start_upstream()
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.behaviour = lambda seen: h.Reply(wait=gate, body=b'{"charged":1}') \
+            if seen.path == "/slow" else None
+        d = self.start_gateway(up, "closed", lease="30s")
+        k = h.new_key("late")
+        bg = h.Background(lambda: d.post("/slow", key=k, timeout=60))
+        up.wait_seen(1, key=k)
+        self.server.stop()
+        gate.set()
+        r = bg.result(UPSTREAM_TIMEOUT + ANSWER_MARGIN)
+        self.assertProblem(r, 503, "store-unavailable")
+        self.recover(d)
+
+        def replayed():
+            x = d.post("/slow", key=k, timeout=10)
+            if x.status in (409, 503):
+                return None
+            return x
+        x = h.wait_until(replayed, 15, interval=0.2, what="the late completion of %s" % k)
+        self.assertEqual(x.status, 200, x)
+        self.assertTrue(x.replayed, x)
+        self.assertEqual(x.body, b'{"charged":1}')
+        self.assertEqual(up.count(key=k), 1, "the operation ran again")
+
 
 class RedisOutage(OutageCases, h.IdemTestCase):
     server_cls = OwnRedis
