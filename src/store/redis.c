@@ -26,8 +26,8 @@
  * have no r: C rebuilds them from the fields.  A get or replay whose r does
  * not agree with the fields is IDEM_E_CORRUPT.
  *
- * Numbers.  Lua numbers are doubles, exact for integers below 2^53 (year
- * 287396 in ms), so an op whose times or fence lie outside +-(2^53 - 1) is
+ * Numbers.  Lua numbers are doubles, exact for integers below 2^53 (in ms,
+ * some 285,000 years after 1970), so an op whose times or fence lie outside +-(2^53 - 1) is
  * refused alone with IDEM_E_INVAL.  Scripts write numbers they compute with
  * string.format("%.0f") (never Lua's tostring, which gives "%.14g") and
  * copy the caller's strings otherwise.

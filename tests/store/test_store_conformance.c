@@ -1512,7 +1512,7 @@ Test(store, redis_urls_are_checked_with_a_message)
 
     char long_pw[700] = "redis://:";
     memset(long_pw + 9, 'p', 600);
-    strcpy(long_pw + 609, "@h");
+    memcpy(long_pw + 609, "@h", 3);
     expect_bad_url_saying(long_pw, "password");
 
     const char *good[] = {
@@ -1735,7 +1735,7 @@ static int sentinel_says(int port, int master_port, int seconds)
         redisContext *c = redis_direct(port);
         redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name mymaster");
         int ok = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                 atoi(r->element[1]->str) == master_port;
+                 strtol(r->element[1]->str, NULL, 10) == master_port;
         freeReplyObject(r);
         redisFree(c);
         if (ok)
@@ -2132,4 +2132,71 @@ Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .f
     cr_expect_gt(errs[IDEM_E_FENCE], 0);
     cr_expect_gt(errs[IDEM_E_EXISTS], 0);
     cr_expect_gt(errs[IDEM_E_NOTFOUND], 0);
+}
+
+Test(store_redis, a_replica_refuses_writes_as_store_down, .init = setup_own,
+     .fini = teardown_own)
+{
+    int mport = free_port(), rport = free_port();
+    char rof[32], u[128], err[256];
+    start_server(0, mport, NULL);
+    snprintf(rof, sizeof rof, "%d", mport);
+    const char *replica[] = {"--replicaof", "127.0.0.1", rof, NULL};
+    start_server(1, rport, replica);
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", rport);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    idem_op_t ops[2] = {claim_op("a", 1, T0), claim_op("b", 1, T0)};
+    cr_expect_eq(idem_store_exec(st, ops, 2), IDEM_E_STORE_DOWN);
+    cr_expect_eq(ops[0].err, IDEM_E_STORE_DOWN);
+    cr_expect_eq(ops[0].decision.kind, 0);
+    cr_expect(strstr(idem_store_errstr(st), "READONLY") != NULL, "errstr: %s",
+              idem_store_errstr(st));
+    idem_record_t rec;
+    cr_expect_eq(get("a", T0, &rec), IDEM_E_NOTFOUND, "reads still work");
+}
+
+Test(store_redis, maxmemory_is_store_full_and_deleting_makes_room, .init = setup_own,
+     .fini = teardown_own, .timeout = 60)
+{
+    int port = free_port();
+    const char *limit[] = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction", NULL};
+    start_server(0, port, limit);
+    char u[128], err[256], key[32];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+
+    static uint8_t big[100000];
+    memset(big, 'b', sizeof big);
+    idem_response_t r = {200, NULL, 0, big, sizeof big};
+    idem_err_t rc = IDEM_OK;
+    int i, stored = 0;
+    for (i = 0; i < 200 && rc == IDEM_OK; i++) {
+        snprintf(key, sizeof key, "big-%d", i);
+        idem_op_t ops[2] = {claim_op(key, 1, T0)};
+        ops[1].kind = IDEM_OP_COMPLETE;
+        ops[1].id = ops[0].id;
+        ops[1].fence = 1;
+        ops[1].response = &r;
+        ops[1].expires_at_ms = T0 + TTL;
+        rc = idem_store_exec(st, ops, 2);
+        if (rc == IDEM_OK && ops[0].err == IDEM_OK && ops[1].err == IDEM_OK)
+            stored++;
+        else if (rc == IDEM_OK)
+            rc = ops[0].err != IDEM_OK ? ops[0].err : ops[1].err;
+    }
+    cr_assert_eq(rc, IDEM_E_STORE_FULL, "after %d batches: %s (%s)", i, idem_err_name(rc),
+                 idem_store_errstr(st));
+    cr_expect(strstr(idem_store_errstr(st), "OOM") != NULL, "errstr: %s", idem_store_errstr(st));
+    cr_assert_gt(stored, 0);
+    idem_record_t rec;
+    cr_expect_eq(get("big-0", T0, &rec), IDEM_OK, "reads go on working");
+    idem_record_cleanup(&rec);
+    cr_expect_eq(idem_store_ping(st), IDEM_OK);
+    for (int j = 0; j < stored; j++) {
+        snprintf(key, sizeof key, "big-%d", j);
+        idem_key_id_t id = kid(key);
+        cr_expect_eq(idem_store_delete(st, &id), IDEM_OK, "delete %s: %s", key,
+                     idem_store_errstr(st));
+    }
+    cr_expect_eq(claim("after", 1, T0).kind, IDEM_DECIDE_CLAIM);
 }
