@@ -80,7 +80,8 @@
  * THREADING: every op except open and close may be called from any number
  * of threads at once.  `lock` guards the pool and the backoff state; a
  * connection is used by one thread at a time (taken out of the pool); the
- * sweep position has its own lock.  No lock is held across a round trip.
+ * sweep position has its own lock, held by one sweep call across its round
+ * trips; no other lock is held across a round trip.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -118,7 +119,6 @@
 #define SWEEP_SCAN_COUNT "1000"  /* hash slots one SCAN step looks at */
 #define SWEEP_STEPS_MAX 100      /* SCAN steps in one sweep call */
 #define SWEEP_KEYS_PER_CALL 500  /* keys in one sweep script call */
-#define FP_OFFSET 9              /* where the fingerprint sits in an encoded record */
 
 /* The numbers the scripts use, tied to the C definitions. */
 _Static_assert(IDEM_STATE_IN_PROGRESS == 1 && IDEM_STATE_COMPLETED == 2, "Lua: st");
@@ -1313,7 +1313,8 @@ static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *
         op->err = IDEM_E_EXISTS;
         return;
     case ST_CORRUPT:
-        idem__store_seterr(&s->base, "redis: key of %s is not a record of ours", op->id.scope);
+        idem__store_seterr(&s->base, "redis: the value of key \"%.64s\" of scope %.16s... is "
+                           "not an idem record", op->id.key, op->id.scope);
         op->err = IDEM_E_CORRUPT;
         return;
     case ST_NOTFOUND:
