@@ -117,7 +117,7 @@
 #define EXACT_MAX ((int64_t)1 << 53) /* Lua numbers are doubles */
 #define KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
 #define SWEEP_SCAN_COUNT "1000"  /* hash slots one SCAN step looks at */
-#define SWEEP_STEPS_MAX 100      /* SCAN steps in one sweep call */
+#define SWEEP_STEPS_MAX 16       /* SCAN steps in one sweep call: a bounded stall */
 #define SWEEP_KEYS_PER_CALL 500  /* keys in one sweep script call */
 
 /* The numbers the scripts use, tied to the C definitions. */
