@@ -75,6 +75,8 @@ struct idem_store {
 /* The backends store.c knows (one per file). */
 extern const struct idem_store_ops idem__store_memory_ops;
 extern const struct idem_store_ops idem__store_lmdb_ops;
+extern const struct idem_store_ops idem__store_redis_ops;          /* redis:// */
+extern const struct idem_store_ops idem__store_redis_sentinel_ops; /* redis+sentinel:// */
 
 /* ---- helpers for backends (store.c) -------------------------------------- */
 

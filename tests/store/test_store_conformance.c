@@ -14,23 +14,35 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <limits.h>
 #include <lmdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "idem/alloc.h"
 #include "idem/store.h"
 #include "store/store_impl.h" /* IDEM_STORE_BATCH_MAX, IDEM_STORE_KEY_MAX */
 
-#define T0 1700000000000ll
+/* The cases' time.  memory: and lmdb: keep a fixed date; Redis expires
+ * records by the wall clock (PEXPIREAT), so a Redis setup moves t0 to a few
+ * seconds after the real time (set_real_t0), and a record kept until
+ * T0 + 1 s is still there while its case runs. */
+static int64_t t0 = 1700000000000ll;
+#define T0 t0
 #define LEASE 30000ll
 #define TTL 86400000ll
 
@@ -88,6 +100,105 @@ static void setup_lmdb(void)
     open_store();
 }
 
+/* ---- Redis fixtures: the server of $IDEM_TEST_REDIS_URL -------------------- */
+
+static char redis_prefix[64]; /* this test's keys; deleted at exit */
+
+static int64_t real_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_real_t0(void)
+{
+    t0 = (real_ms() / 1000 + 5) * 1000;
+}
+
+static const char *redis_base_url(void)
+{
+    const char *base = getenv("IDEM_TEST_REDIS_URL");
+    cr_assert(base != NULL && base[0] != '\0',
+              "IDEM_TEST_REDIS_URL is not set: start a server with "
+              "`scripts/services.sh start DIR` and export what it prints");
+    return base;
+}
+
+/* A direct connection to the server of $IDEM_TEST_REDIS_URL
+ * (redis://host:port[/db], no password). */
+static redisContext *redis_direct_shared(void)
+{
+    char host[256];
+    int port = 0, db = 0;
+    const char *base = redis_base_url();
+    cr_assert(sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) >= 2,
+              "the tests read IDEM_TEST_REDIS_URL as redis://host:port[/db], got %s", base);
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    cr_assert(c != NULL && c->err == 0, "connect to %s: %s", base, c ? c->errstr : "no memory");
+    redisSetTimeout(c, tv);
+    redisReply *r = redisCommand(c, "SELECT %d", db);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "SELECT %d", db);
+    freeReplyObject(r);
+    return c;
+}
+
+/* Delete every key under pattern on c. */
+static void redis_delete_matching(redisContext *c, const char *pattern)
+{
+    char cursor[32] = "0";
+    do {
+        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            freeReplyObject(r);
+            return;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        for (size_t i = 0; i < r->element[1]->elements; i++) {
+            redisReply *d = redisCommand(c, "DEL %b", r->element[1]->element[i]->str,
+                                         r->element[1]->element[i]->len);
+            freeReplyObject(d);
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+}
+
+static void redis_cleanup(void)
+{
+    const char *base = getenv("IDEM_TEST_REDIS_URL");
+    char host[256], pattern[80];
+    int port = 0, db = 0;
+    if (base == NULL || redis_prefix[0] == '\0' ||
+        sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) < 2)
+        return;
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (c != NULL && c->err == 0) {
+        redisSetTimeout(c, tv);
+        freeReplyObject(redisCommand(c, "SELECT %d", db));
+        snprintf(pattern, sizeof pattern, "%s*", redis_prefix);
+        redis_delete_matching(c, pattern);
+    }
+    redisFree(c);
+}
+
+static void setup_redis(void)
+{
+    const char *base = redis_base_url();
+    dir[0] = '\0';
+    set_real_t0();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(redis_prefix, sizeof redis_prefix, "idemtest:%d:%ld:", (int)getpid(),
+             (long)ts.tv_nsec);
+    int n = snprintf(url, sizeof url, "%s%cprefix=%s", base, strchr(base, '?') ? '&' : '?',
+                     redis_prefix);
+    cr_assert(n > 0 && (size_t)n < sizeof url, "IDEM_TEST_REDIS_URL is too long");
+    atexit(redis_cleanup);
+    open_store();
+}
+
 static void teardown(void)
 {
     idem_store_close(st);
@@ -99,7 +210,8 @@ static void teardown(void)
 /* One Test per backend for each STORE_CASE.  A new backend is one X line. */
 #define BACKENDS(X, name) \
     X(memory, name)       \
-    X(lmdb, name)
+    X(lmdb, name)         \
+    X(redis, name)
 
 #define STORE_TEST_FOR(backend, name)                                           \
     Test(store_##backend, name, .init = setup_##backend, .fini = teardown)      \
@@ -1243,4 +1355,848 @@ Test(store_lmdb, sweep_resumes_across_a_reopened_handle, .init = setup_lmdb, .fi
         total += removed;
     }
     cr_expect_eq(total, 100);
+}
+
+/* ---- Redis only ------------------------------------------------------------ */
+
+/* The Redis key of (anonymous, key) in this test's store. */
+static void redis_key(const char *key, char *out, size_t len)
+{
+    snprintf(out, len, "%sanonymous:%s", redis_prefix, key);
+}
+
+Test(store_redis, is_named_redis, .init = setup_redis, .fini = teardown)
+{
+    cr_expect_str_eq(idem_store_name(st), "redis");
+    cr_expect_not(idem_store_exec_is_cheap(st));
+}
+
+/* A record is a hash with the decision fields, r only when completed, and
+ * a PEXPIREAT at its retention end: Redis itself removes it then. */
+Test(store_redis, record_layout_and_native_ttl, .init = setup_redis, .fini = teardown)
+{
+    redisContext *c = redis_direct_shared();
+    char key[256];
+    redis_key("ttl", key, sizeof key);
+    int64_t now = real_ms();
+
+    idem_op_t op = claim_op("ttl", 1, now);
+    op.expires_at_ms = now + 1000;
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK, "%s", idem_store_errstr(st));
+    redisReply *r = redisCommand(c, "HMGET %s st fe r", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3);
+    cr_expect_str_eq(r->element[0]->str, "1");
+    cr_expect_str_eq(r->element[1]->str, "1");
+    cr_expect_eq(r->element[2]->type, REDIS_REPLY_NIL, "an in_progress record has no r");
+    freeReplyObject(r);
+    r = redisCommand(c, "PEXPIRETIME %s", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
+    cr_expect_eq(r->integer, now + 1000, "PEXPIREAT is the record's expires_at");
+    freeReplyObject(r);
+
+    idem_key_id_t id = kid("ttl");
+    cr_assert_eq(idem_store_complete(st, &id, 1, &resp, 0, now + 1000), IDEM_OK);
+    r = redisCommand(c, "HMGET %s st r", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    cr_expect_str_eq(r->element[0]->str, "2");
+    cr_expect_eq(r->element[1]->type, REDIS_REPLY_STRING, "a completed record has r");
+    /* r is the exact record, fingerprint included. */
+    idem_record_t rec;
+    cr_assert_eq(idem_record_decode((const uint8_t *)r->element[1]->str, r->element[1]->len,
+                                    &rec), IDEM_OK);
+    uint8_t fp[IDEM_FP_LEN];
+    fp_fill(fp, 1);
+    cr_expect_eq(memcmp(rec.fingerprint, fp, IDEM_FP_LEN), 0);
+    cr_expect_eq(rec.fence, 1);
+    expect_resp_eq(&rec.response, &resp);
+    idem_record_cleanup(&rec);
+    freeReplyObject(r);
+
+    usleep(1300 * 1000);
+    r = redisCommand(c, "EXISTS %s", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
+    cr_expect_eq(r->integer, 0, "Redis did not remove the record at its expires_at");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+Test(store_redis, times_beyond_2_53_are_refused_alone, .init = setup_redis, .fini = teardown)
+{
+    idem_op_t ops[2] = {claim_op("big", 1, (int64_t)1 << 53), claim_op("ok", 1, T0)};
+    cr_assert_eq(idem_store_exec(st, ops, 2), IDEM_OK);
+    cr_expect_eq(ops[0].err, IDEM_E_INVAL);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    idem_record_t rec;
+    cr_expect_eq(get("big", T0, &rec), IDEM_E_NOTFOUND);
+}
+
+Test(store_redis, foreign_values_are_corrupt_and_can_be_deleted, .init = setup_redis,
+     .fini = teardown)
+{
+    redisContext *c = redis_direct_shared();
+    char k1[256], k2[256], k3[256];
+    redis_key("badhash", k1, sizeof k1);
+    redis_key("string", k2, sizeof k2);
+    redis_key("badr", k3, sizeof k3);
+    freeReplyObject(redisCommand(c, "HSET %s st 9 fl 0", k1));
+    freeReplyObject(redisCommand(c, "SET %s x", k2));
+    /* Fields of a completed record whose r does not agree with them. */
+    freeReplyObject(redisCommand(c, "HSET %s st 2 fl 0 fp %b fe 1 lu 0 ex %lld r garbage", k3,
+                                 "0123456789abcdef0123456789abcdef", (size_t)32,
+                                 (long long)(T0 + TTL)));
+    const char *keys[] = {"badhash", "string", "badr"};
+    for (int i = 0; i < 3; i++) {
+        idem_record_t rec;
+        idem_op_t op = claim_op(keys[i], 1, T0);
+        idem_err_t rc = idem_store_claim(st, &op);
+        if (i < 2) /* badr: the fields decide (mismatch); only get and replay read r */
+            cr_expect_eq(rc, IDEM_E_CORRUPT, "claim %s: %s", keys[i], idem_err_name(rc));
+        cr_expect_eq(get(keys[i], T0, &rec), IDEM_E_CORRUPT, "get %s", keys[i]);
+        if (i < 2)
+            cr_expect_eq(complete(keys[i], 1, T0 + TTL), IDEM_E_CORRUPT, "complete %s", keys[i]);
+        idem_key_id_t id = kid(keys[i]);
+        cr_expect_eq(idem_store_delete(st, &id), IDEM_OK, "delete %s", keys[i]);
+        cr_expect_eq(claim(keys[i], 1, T0).kind, IDEM_DECIDE_CLAIM, "claim %s after delete",
+                     keys[i]);
+    }
+    redisFree(c);
+}
+
+/* ---- Redis URLs (nothing is contacted) ------------------------------------ */
+
+static void expect_bad_url_saying(const char *u, const char *word)
+{
+    char err[256] = "";
+    cr_expect_eq(idem_store_check_url(u, err, sizeof err), IDEM_E_INVAL, "url %s", u);
+    cr_expect(strstr(err, word) != NULL, "url %s: message \"%s\" does not say %s", u, err, word);
+}
+
+Test(store, redis_urls_are_checked_with_a_message)
+{
+    expect_bad_url_saying("redis:", "redis://");
+    expect_bad_url_saying("redis:/host", "redis://");
+    expect_bad_url_saying("redis://", "host");
+    expect_bad_url_saying("redis://:6379", "host");
+    expect_bad_url_saying("redis://h:0", "port");
+    expect_bad_url_saying("redis://h:65536", "port");
+    expect_bad_url_saying("redis://h:63a9", "port");
+    expect_bad_url_saying("redis://h:", "port");
+    expect_bad_url_saying("redis://h h:1", "host");
+    expect_bad_url_saying("redis://[::1:6379", "]");
+    expect_bad_url_saying("redis://a:1,b:2", "one host");
+    expect_bad_url_saying("redis://h:6379/x", "database");
+    expect_bad_url_saying("redis://h:6379/-1", "database");
+    expect_bad_url_saying("redis://h:6379/2147483648", "database");
+    expect_bad_url_saying("redis://h:6379/0/1", "database");
+    expect_bad_url_saying("redis://user@h:6379", "password");
+    expect_bad_url_saying("redis://:%zz@h:6379", "percent");
+    expect_bad_url_saying("redis://:%00@h:6379", "percent");
+    expect_bad_url_saying("redis://:pw%4@h:6379", "percent");
+    expect_bad_url_saying("redis://h?pool=0", "pool");
+    expect_bad_url_saying("redis://h?pool=65", "pool");
+    expect_bad_url_saying("redis://h?pool=many", "pool");
+    expect_bad_url_saying("redis://h?timeout=0ms", "timeout");
+    expect_bad_url_saying("redis://h?timeout=61s", "timeout");
+    expect_bad_url_saying("redis://h?timeout=2", "timeout");
+    expect_bad_url_saying("redis://h?prefix=", "prefix");
+    expect_bad_url_saying("redis://h?prefix=a\x01", "prefix");
+    expect_bad_url_saying("redis://h?colour=red", "colour");
+    expect_bad_url_saying("redis://h?pool", "name=value");
+    expect_bad_url_saying("redis+sentinel://h:26379", "master");
+    expect_bad_url_saying("redis+sentinel://h:26379/", "master");
+    expect_bad_url_saying("redis+sentinel://h:26379/my master", "master");
+    expect_bad_url_saying("redis+sentinel://h:26379/m/x", "database");
+    expect_bad_url_saying("redis+sentinel://a:1,:2/m", "host");
+    expect_bad_url_saying("redis+sentinel://a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q/m", "sentinels");
+
+    char long_pw[700] = "redis://:";
+    memset(long_pw + 9, 'p', 600);
+    memcpy(long_pw + 609, "@h", 3);
+    expect_bad_url_saying(long_pw, "password");
+
+    const char *good[] = {
+        "redis://localhost",
+        "redis://127.0.0.1:6379/0",
+        "redis://:p%40ss%3Aw%2Frd@127.0.0.1:6379/15?prefix=app:idem:&pool=64&timeout=60s",
+        "redis://user:pw@[::1]:6379/2147483647?timeout=1ms&pool=1",
+        "redis+sentinel://a:1,b:2,[::1]:3/mymaster/2?pool=2",
+        "redis+sentinel://sentinel/my-master.1",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char err[256] = "";
+        cr_expect_eq(idem_store_check_url(good[i], err, sizeof err), IDEM_OK, "%s: %s", good[i],
+                     err);
+    }
+}
+
+/* ---- Redis servers the tests own -------------------------------------------- */
+
+#define OWN_MAX 4
+
+static pid_t own_pids[OWN_MAX];
+static int own_ports[OWN_MAX];
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static redisContext *redis_direct(int port)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    cr_assert(c != NULL && c->err == 0, "connect to port %d: %s", port, c ? c->errstr : "");
+    redisSetTimeout(c, tv);
+    return c;
+}
+
+/* Whether something answers PING (or NOAUTH) on port. */
+static int answers(int port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    int ok = 0;
+    if (c != NULL && c->err == 0) {
+        redisSetTimeout(c, tv);
+        redisReply *r = redisCommand(c, "PING");
+        ok = r != NULL && (r->type == REDIS_REPLY_STATUS ||
+                           (r->type == REDIS_REPLY_ERROR && strstr(r->str, "NOAUTH") != NULL));
+        freeReplyObject(r);
+    }
+    redisFree(c);
+    return ok;
+}
+
+/* Start a redis-server on port with argv extra (NULL-terminated) after the
+ * defaults; slot says which own_pids entry it takes.  Waits until it answers. */
+static void start_server(int slot, int port, const char *const *extra)
+{
+    char p[16];
+    const char *argv[40] = {"redis-server"};
+    int argc = 1;
+    snprintf(p, sizeof p, "%d", port);
+    if (extra != NULL && extra[0] != NULL && strcmp(extra[0], "--sentinel-conf") == 0) {
+        argv[argc++] = extra[1]; /* a config file, then --sentinel */
+        argv[argc++] = "--sentinel";
+        extra += 2;
+    }
+    const char *defaults[] = {"--port", p, "--bind", "127.0.0.1", "--save", "",
+                              "--dir", dir, "--logfile", "", "--loglevel", "warning",
+                              "--daemonize", "no", NULL};
+    for (int i = 0; defaults[i] != NULL; i++)
+        argv[argc++] = defaults[i];
+    for (int i = 0; extra != NULL && extra[i] != NULL && argc < 39; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    own_pids[slot] = pid;
+    own_ports[slot] = port;
+    for (int i = 0; i < 100 && !answers(port); i++)
+        usleep(50 * 1000);
+    cr_assert(answers(port), "redis-server on port %d did not start (is redis-server installed?)",
+              port);
+}
+
+static void stop_server(int slot, int sig)
+{
+    if (own_pids[slot] > 0) {
+        kill(own_pids[slot], sig);
+        waitpid(own_pids[slot], NULL, 0);
+        own_pids[slot] = 0;
+    }
+}
+
+static void setup_own(void)
+{
+    make_dir();
+    set_real_t0();
+}
+
+static void teardown_own(void)
+{
+    idem_store_close(st);
+    st = NULL;
+    for (int i = 0; i < OWN_MAX; i++)
+        stop_server(i, SIGKILL);
+    rm_tree(dir);
+}
+
+static idem_err_t open_url(const char *u, idem_store_t **out, char *err, size_t errlen)
+{
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    return idem_store_open(u, out, err, errlen);
+}
+
+Test(store_redis, auth_with_password_from_the_url, .init = setup_own, .fini = teardown_own)
+{
+    int port = free_port();
+    const char *extra[] = {"--requirepass", "s3cr@t:pw/x", NULL};
+    start_server(0, port, extra);
+    char u[256], err[256];
+
+    snprintf(u, sizeof u, "redis://:s3cr%%40t%%3Apw%%2Fx@127.0.0.1:%d", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(st);
+    st = NULL;
+
+    /* The ACL form: AUTH user password. */
+    snprintf(u, sizeof u, "redis://default:s3cr%%40t%%3Apw%%2Fx@127.0.0.1:%d/0", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_store_close(st);
+    st = NULL;
+
+    idem_store_t *s = NULL;
+    snprintf(u, sizeof u, "redis://:wrong@127.0.0.1:%d", port);
+    cr_expect_eq(open_url(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "AUTH") != NULL && strstr(err, "WRONGPASS") != NULL,
+              "message: %s", err);
+
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", port);
+    cr_expect_eq(open_url(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect(strstr(err, "NOAUTH") != NULL, "message: %s", err);
+}
+
+Test(store_redis, db_from_the_url, .init = setup_own, .fini = teardown_own)
+{
+    int port = free_port();
+    start_server(0, port, NULL);
+    char u[256], err[256];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/3?prefix=p:", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    redisContext *c = redis_direct(port);
+    redisReply *r = redisCommand(c, "EXISTS p:anonymous:k");
+    cr_expect_eq(r->integer, 0, "written to db 0");
+    freeReplyObject(r);
+    freeReplyObject(redisCommand(c, "SELECT 3"));
+    r = redisCommand(c, "EXISTS p:anonymous:k");
+    cr_expect_eq(r->integer, 1, "not written to db 3");
+    freeReplyObject(r);
+    redisFree(c);
+
+    /* A db the server does not have: its refusal, verbatim. */
+    idem_store_t *s = NULL;
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d/16", port);
+    cr_expect_eq(open_url(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect(strstr(err, "SELECT") != NULL && strstr(err, "out of range") != NULL,
+              "message: %s", err);
+}
+
+Test(store_redis, nothing_listening_is_store_down_with_the_reason, .init = setup_own,
+     .fini = teardown_own)
+{
+    char u[128], err[256];
+    idem_store_t *s = NULL;
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", free_port());
+    cr_expect_eq(open_url(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "refused") != NULL, "message: %s", err);
+}
+
+/* A sentinel config on port for master name at 127.0.0.1:master_port. */
+static void write_sentinel_conf(const char *path, int master_port)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "sentinel monitor mymaster 127.0.0.1 %d 1\n"
+               "sentinel down-after-milliseconds mymaster 1000\n"
+               "sentinel failover-timeout mymaster 5000\n",
+            master_port);
+    fclose(f);
+}
+
+/* Wait until the sentinel on port names master_port as mymaster's address. */
+static int sentinel_says(int port, int master_port, int seconds)
+{
+    for (int i = 0; i < seconds * 10; i++) {
+        redisContext *c = redis_direct(port);
+        redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name mymaster");
+        int ok = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                 strtol(r->element[1]->str, NULL, 10) == master_port;
+        freeReplyObject(r);
+        redisFree(c);
+        if (ok)
+            return 1;
+        usleep(100 * 1000);
+    }
+    return 0;
+}
+
+Test(store_redis, sentinel_discovers_the_master, .init = setup_own, .fini = teardown_own)
+{
+    int mport = free_port(), sport = free_port();
+    char conf[PATH_MAX], u[256], err[256];
+    start_server(0, mport, NULL);
+    snprintf(conf, sizeof conf, "%s/sentinel.conf", dir);
+    write_sentinel_conf(conf, mport);
+    const char *extra[] = {"--sentinel-conf", conf, NULL};
+    start_server(1, sport, extra);
+    cr_assert(sentinel_says(sport, mport, 10));
+
+    /* The first sentinel listed is dead: the next one is asked. */
+    snprintf(u, sizeof u, "redis+sentinel://127.0.0.1:%d,127.0.0.1:%d/mymaster?prefix=s:",
+             free_port(), sport);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_expect_str_eq(idem_store_name(st), "redis");
+    redisContext *c = redis_direct(mport);
+    redisReply *r = redisCommand(c, "EXISTS s:anonymous:k");
+    cr_expect_eq(r->integer, 1, "the record is not on the master");
+    freeReplyObject(r);
+    redisFree(c);
+
+    idem_store_t *s = NULL;
+    snprintf(u, sizeof u, "redis+sentinel://127.0.0.1:%d/othermaster", sport);
+    cr_expect_eq(open_url(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect(strstr(err, "does not know master othermaster") != NULL, "message: %s", err);
+}
+
+Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = teardown_own,
+     .timeout = 60)
+{
+    int mport = free_port(), rport = free_port(), sport = free_port();
+    char conf[PATH_MAX], u[256], err[256], rof[32];
+    start_server(0, mport, NULL);
+    snprintf(rof, sizeof rof, "%d", mport);
+    const char *replica[] = {"--replicaof", "127.0.0.1", rof, NULL};
+    start_server(1, rport, replica);
+    snprintf(conf, sizeof conf, "%s/sentinel.conf", dir);
+    write_sentinel_conf(conf, mport);
+    const char *extra[] = {"--sentinel-conf", conf, NULL};
+    start_server(2, sport, extra);
+    cr_assert(sentinel_says(sport, mport, 10));
+
+    snprintf(u, sizeof u, "redis+sentinel://127.0.0.1:%d/mymaster?timeout=500ms", sport);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    redisContext *c = redis_direct(mport);
+    redisReply *r = redisCommand(c, "WAIT 1 5000");
+    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
+              "the replica did not get the record");
+    freeReplyObject(r);
+    redisFree(c);
+
+    /* The sentinel must have seen the replica before it can promote it. */
+    int started = 0;
+    for (int i = 0; i < 300 && !started; i++) {
+        c = redis_direct(sport);
+        r = redisCommand(c, "SENTINEL FAILOVER mymaster");
+        started = r != NULL && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        redisFree(c);
+        if (!started)
+            usleep(100 * 1000);
+    }
+    cr_assert(started, "the sentinel would not fail over");
+    cr_assert(sentinel_says(sport, rport, 30), "the replica was not promoted");
+    /* Until the sentinel turns the old master into a replica, it still takes
+     * writes (Redis's own split-brain window); wait for that. */
+    int demoted = 0;
+    for (int i = 0; i < 300 && !demoted; i++) {
+        c = redis_direct(mport);
+        r = redisCommand(c, "ROLE");
+        demoted = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+                  strcmp(r->element[0]->str, "slave") == 0;
+        freeReplyObject(r);
+        redisFree(c);
+        if (!demoted)
+            usleep(100 * 1000);
+    }
+    cr_assert(demoted, "the old master was not made a replica");
+
+    /* The old master is a replica now (or about to be): the store finds the
+     * new one by itself, and the record made before is there. */
+    idem_decision_t d = {0};
+    int ok = 0;
+    for (int i = 0; i < 200 && !ok; i++) {
+        idem_op_t op = claim_op("k", 1, T0 + 1);
+        if (idem_store_claim(st, &op) == IDEM_OK) {
+            ok = 1;
+            d = op.decision;
+        } else {
+            usleep(50 * 1000);
+        }
+        idem_record_cleanup(&op.record);
+    }
+    cr_assert(ok, "the store did not follow the failover: %s", idem_store_errstr(st));
+    cr_expect_eq(d.kind, IDEM_DECIDE_REPLAY);
+    cr_expect_eq(claim("new", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    c = redis_direct(rport);
+    r = redisCommand(c, "EXISTS idem:anonymous:new");
+    cr_expect_eq(r->integer, 1, "the new record is not on the new master");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static int64_t mono_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+Test(store_redis, outage_fails_fast_and_recovers_by_itself, .init = setup_own,
+     .fini = teardown_own, .timeout = 60)
+{
+    int port = free_port();
+    const char *aof[] = {"--appendonly", "yes", "--appendfsync", "always", NULL};
+    start_server(0, port, aof);
+    char u[128], err[256];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d?timeout=500ms", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+
+    stop_server(0, SIGKILL);
+    int64_t t = mono_now_ms();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(st, &op), IDEM_E_STORE_DOWN);
+    cr_expect_eq(op.decision.kind, 0);
+    cr_expect_eq(idem_store_ping(st), IDEM_E_STORE_DOWN);
+    idem_record_t rec;
+    cr_expect_eq(get("k", T0, &rec), IDEM_E_STORE_DOWN);
+    cr_expect(strstr(idem_store_errstr(st), "refused") != NULL, "errstr: %s",
+              idem_store_errstr(st));
+    /* While the backoff runs, a call costs microseconds, not a connect. */
+    for (int i = 0; i < 1000; i++) {
+        op = claim_op("k", 1, T0 + 1);
+        cr_assert_eq(idem_store_claim(st, &op), IDEM_E_STORE_DOWN);
+    }
+    cr_expect_lt(mono_now_ms() - t, 500, "1000 calls during an outage took %lld ms",
+                 (long long)(mono_now_ms() - t));
+
+    start_server(0, port, aof);
+    int64_t back = mono_now_ms();
+    int ok = 0;
+    while (!ok && mono_now_ms() - back < 10000) {
+        op = claim_op("k", 1, T0 + 2);
+        ok = idem_store_claim(st, &op) == IDEM_OK;
+        if (!ok)
+            usleep(20 * 1000);
+    }
+    cr_assert(ok, "no recovery: %s", idem_store_errstr(st));
+    cr_expect_leq(mono_now_ms() - back, 5000 + 500, "recovery took longer than the backoff");
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_REPLAY, "the record did not survive (AOF)");
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(idem_store_ping(st), IDEM_OK);
+}
+
+Test(store_redis, killed_connections_are_replaced_unseen, .init = setup_own,
+     .fini = teardown_own)
+{
+    int port = free_port();
+    start_server(0, port, NULL);
+    char u[128], err[256];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    redisContext *c = redis_direct(port);
+    freeReplyObject(redisCommand(c, "CLIENT KILL TYPE normal SKIPME yes"));
+    redisFree(c);
+    usleep(50 * 1000);
+    /* The pool's connection was closed by the server while idle. */
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_redis, a_stalled_server_times_out, .init = setup_own, .fini = teardown_own,
+     .timeout = 30)
+{
+    int port = free_port();
+    start_server(0, port, NULL);
+    char u[128], err[256];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d?timeout=200ms", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    kill(own_pids[0], SIGSTOP);
+    int64_t t = mono_now_ms();
+    idem_op_t op = claim_op("k2", 1, T0);
+    cr_expect_eq(idem_store_claim(st, &op), IDEM_E_STORE_DOWN);
+    int64_t took = mono_now_ms() - t;
+    cr_expect_geq(took, 150);
+    cr_expect_lt(took, 2000, "a 200 ms timeout took %lld ms", (long long)took);
+    cr_expect(strstr(idem_store_errstr(st), "unknown") != NULL, "errstr: %s",
+              idem_store_errstr(st));
+    kill(own_pids[0], SIGCONT);
+
+    int ok = 0;
+    for (int i = 0; i < 100 && !ok; i++) {
+        op = claim_op("k", 1, T0 + 1);
+        ok = idem_store_claim(st, &op) == IDEM_OK;
+        if (!ok)
+            usleep(50 * 1000);
+    }
+    cr_assert(ok, "%s", idem_store_errstr(st));
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_redis, scripts_flushed_between_calls_are_loaded_again, .init = setup_own,
+     .fini = teardown_own)
+{
+    int port = free_port();
+    start_server(0, port, NULL);
+    char u[128], err[256];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d?pool=1", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_eq(claim("a", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    redisContext *c = redis_direct(port);
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    cr_expect_eq(claim("a", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+
+    /* A whole batch, in order, after another flush. */
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    idem_op_t ops[3] = {claim_op("b", 1, T0)};
+    ops[1].kind = IDEM_OP_COMPLETE;
+    ops[1].id = kid("b");
+    ops[1].fence = 1;
+    ops[1].response = &resp;
+    ops[1].expires_at_ms = T0 + TTL;
+    ops[2] = claim_op("b", 1, T0 + 1);
+    cr_assert_eq(idem_store_exec(st, ops, 3), IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(ops[0].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[2].decision.kind, IDEM_DECIDE_REPLAY);
+    idem_record_cleanup(&ops[2].record);
+
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    size_t removed = 0;
+    cr_expect_eq(idem_store_sweep(st, T0 + 2 * TTL, 100, &removed), IDEM_OK, "%s",
+                 idem_store_errstr(st));
+    cr_expect_eq(removed, 2);
+    redisFree(c);
+}
+
+Test(store_redis, one_connection_serves_many_threads, .init = setup_redis, .fini = teardown)
+{
+    char u[256];
+    idem_store_t *one;
+    snprintf(u, sizeof u, "%s&pool=1&prefix=%sone:", url, redis_prefix);
+    /* The later prefix= wins. */
+    cr_assert_eq(idem_store_open(u, &one, NULL, 0), IDEM_OK);
+    race(one, one);
+    idem_store_close(one);
+}
+
+/* ---- Redis decides as the C code does: random ops, side by side ----------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(uint64_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state % n;
+}
+
+/* A random op at now; its fence is mostly the one mem holds for the key, so
+ * that completions, holds and renewals also succeed. */
+static void random_op(idem_store_t *mem, idem_op_t *op, int64_t now)
+{
+    static const char *const keys[] = {"a", "b", "c"};
+    static const char *const toks[] = {"00000000000000000000000000000001",
+                                       "00000000000000000000000000000002"};
+    static const idem_response_t small = {200, NULL, 0, (const uint8_t *)"ok", 2};
+    memset(op, 0, sizeof *op);
+    op->kind = (idem_op_kind_t)(1 + rnd(9));
+    if (op->kind >= IDEM_OP_TOKEN_ISSUE && rnd(4) != 0)
+        op->id = tok_id("anonymous", toks[rnd(2)]);
+    else
+        op->id = kid(keys[rnd(3)]);
+    fp_fill(op->fp, 1 + (int)rnd(2));
+    op->now_ms = now;
+    /* Whole seconds, some a millisecond off, while now moves in whole
+     * seconds: boundaries (now == lease end, now == retention end, 0, 1 or
+     * 999 ms left for Retry-After) come up all the time. */
+    static const int64_t off[] = {0, 0, 1, -1};
+    op->lease_until_ms = now + 1000 * (int64_t)rnd(5) + off[rnd(4)];
+    op->expires_at_ms = now + 1000 * (int64_t)rnd(30) + off[rnd(4)];
+    op->fence = rnd(5);
+    idem_record_t cur;
+    if (rnd(4) != 0 && idem_store_get(mem, &op->id, now - 100000, &cur) == IDEM_OK) {
+        op->fence = cur.fence;
+        idem_record_cleanup(&cur);
+    }
+    op->flags = rnd(3) == 0 ? IDEM_REC_NOT_RETAINED : 0;
+    op->response = rnd(2) ? &resp : &small;
+}
+
+static void expect_same_record(const idem_record_t *a, const idem_record_t *b, const char *what)
+{
+    cr_expect_eq(a->state, b->state, "%s: state", what);
+    cr_expect_eq(a->flags, b->flags, "%s: flags", what);
+    cr_expect_eq(memcmp(a->fingerprint, b->fingerprint, IDEM_FP_LEN), 0, "%s: fp", what);
+    cr_expect_eq(a->fence, b->fence, "%s: fence", what);
+    cr_expect_eq(a->lease_until_ms, b->lease_until_ms, "%s: lease", what);
+    cr_expect_eq(a->expires_at_ms, b->expires_at_ms, "%s: expires", what);
+    cr_expect_eq(a->response.status, b->response.status, "%s: status", what);
+    cr_expect_eq(a->response.body_len, b->response.body_len, "%s: body", what);
+    if (a->response.body_len > 0 || a->response.n_headers > 0)
+        expect_resp_eq(&a->response, &b->response);
+}
+
+Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .fini = teardown,
+     .timeout = 120)
+{
+    idem_store_t *mem;
+    cr_assert_eq(idem_store_open("memory:", &mem, NULL, 0), IDEM_OK);
+    /* Far enough ahead that Redis expires nothing while the test runs. */
+    int64_t now = real_ms() + 600000;
+    char what[96];
+    int kinds[8] = {0}, verdicts[4] = {0}, errs[16] = {0};
+    for (int round = 0; round < 3000; round++) {
+        idem_op_t a[4], b[4];
+        size_t n = 1 + rnd(4);
+        for (size_t i = 0; i < n; i++) {
+            random_op(mem, &a[i], now);
+            b[i] = a[i];
+        }
+        idem_err_t ra = idem_store_exec(mem, a, n), rb = idem_store_exec(st, b, n);
+        cr_assert_eq(ra, IDEM_OK);
+        cr_assert_eq(rb, IDEM_OK, "%s", idem_store_errstr(st));
+        for (size_t i = 0; i < n; i++) {
+            snprintf(what, sizeof what, "round %d op %zu (kind %d, key %s)", round, i,
+                     a[i].kind, a[i].id.key);
+            cr_expect_eq(b[i].err, a[i].err, "%s: err %s, C says %s", what,
+                         idem_err_name(b[i].err), idem_err_name(a[i].err));
+            cr_expect_eq(b[i].decision.kind, a[i].decision.kind, "%s: decision", what);
+            cr_expect_eq(b[i].decision.fence, a[i].decision.fence, "%s: fence", what);
+            cr_expect_eq(b[i].decision.retry_after_s, a[i].decision.retry_after_s,
+                         "%s: retry_after", what);
+            cr_expect_eq(b[i].token, a[i].token, "%s: token", what);
+            kinds[a[i].decision.kind]++;
+            verdicts[a[i].token]++;
+            errs[a[i].err]++;
+            if (a[i].decision.kind == IDEM_DECIDE_REPLAY && a[i].err == IDEM_OK)
+                expect_same_record(&b[i].record, &a[i].record, what);
+            idem_record_cleanup(&a[i].record);
+            idem_record_cleanup(&b[i].record);
+        }
+        /* Every identity reads the same from both. */
+        const char *ids[] = {"a", "b", "c"};
+        for (int i = 0; i < 5; i++) {
+            idem_key_id_t id = i < 3 ? kid(ids[i])
+                                     : tok_id("anonymous", i == 3
+                                                               ? "00000000000000000000000000000001"
+                                                               : "00000000000000000000000000000002");
+            idem_record_t x, y;
+            idem_err_t ga = idem_store_get(mem, &id, now, &x), gb = idem_store_get(st, &id, now, &y);
+            snprintf(what, sizeof what, "round %d get %d", round, i);
+            cr_expect_eq(gb, ga, "%s: %s, C says %s", what, idem_err_name(gb), idem_err_name(ga));
+            if (ga == IDEM_OK && gb == IDEM_OK)
+                expect_same_record(&y, &x, what);
+            idem_record_cleanup(&x);
+            idem_record_cleanup(&y);
+        }
+        if (rnd(10) == 0) {
+            size_t da = 0, db = 0;
+            cr_assert_eq(idem_store_sweep(mem, now, 1000, &da), IDEM_OK);
+            cr_assert_eq(idem_store_sweep(st, now, 1000, &db), IDEM_OK, "%s",
+                         idem_store_errstr(st));
+            cr_expect_eq(db, da, "round %d: sweep removed %zu, C %zu", round, db, da);
+        }
+        now += 1000 * (int64_t)rnd(3);
+    }
+    idem_store_close(mem);
+    /* The sequence must have reached every rule, or it proves little. */
+    for (int k = IDEM_DECIDE_CLAIM; k <= IDEM_DECIDE_NOT_RETAINED; k++)
+        cr_expect_gt(kinds[k], 0, "no decision %s was made", idem_decision_name(k));
+    for (int v = IDEM_TOKEN_FIRST_USE; v <= IDEM_TOKEN_INVALID; v++)
+        cr_expect_gt(verdicts[v], 0, "no token verdict %d", v);
+    cr_expect_gt(errs[IDEM_E_FENCE], 0);
+    cr_expect_gt(errs[IDEM_E_EXISTS], 0);
+    cr_expect_gt(errs[IDEM_E_NOTFOUND], 0);
+}
+
+Test(store_redis, a_replica_refuses_writes_as_store_down, .init = setup_own,
+     .fini = teardown_own)
+{
+    int mport = free_port(), rport = free_port();
+    char rof[32], u[128], err[256];
+    start_server(0, mport, NULL);
+    snprintf(rof, sizeof rof, "%d", mport);
+    const char *replica[] = {"--replicaof", "127.0.0.1", rof, NULL};
+    start_server(1, rport, replica);
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", rport);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+    idem_op_t ops[2] = {claim_op("a", 1, T0), claim_op("b", 1, T0)};
+    cr_expect_eq(idem_store_exec(st, ops, 2), IDEM_E_STORE_DOWN);
+    cr_expect_eq(ops[0].err, IDEM_E_STORE_DOWN);
+    cr_expect_eq(ops[0].decision.kind, 0);
+    cr_expect(strstr(idem_store_errstr(st), "READONLY") != NULL, "errstr: %s",
+              idem_store_errstr(st));
+    idem_record_t rec;
+    cr_expect_eq(get("a", T0, &rec), IDEM_E_NOTFOUND, "reads still work");
+}
+
+Test(store_redis, maxmemory_is_store_full_and_deleting_makes_room, .init = setup_own,
+     .fini = teardown_own, .timeout = 60)
+{
+    int port = free_port();
+    const char *limit[] = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction", NULL};
+    start_server(0, port, limit);
+    char u[128], err[256], key[32];
+    snprintf(u, sizeof u, "redis://127.0.0.1:%d", port);
+    cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
+
+    static uint8_t big[100000];
+    memset(big, 'b', sizeof big);
+    idem_response_t r = {200, NULL, 0, big, sizeof big};
+    idem_err_t rc = IDEM_OK;
+    int i, stored = 0;
+    for (i = 0; i < 200 && rc == IDEM_OK; i++) {
+        snprintf(key, sizeof key, "big-%d", i);
+        idem_op_t ops[2] = {claim_op(key, 1, T0)};
+        ops[1].kind = IDEM_OP_COMPLETE;
+        ops[1].id = ops[0].id;
+        ops[1].fence = 1;
+        ops[1].response = &r;
+        ops[1].expires_at_ms = T0 + TTL;
+        rc = idem_store_exec(st, ops, 2);
+        if (rc == IDEM_OK && ops[0].err == IDEM_OK && ops[1].err == IDEM_OK)
+            stored++;
+        else if (rc == IDEM_OK)
+            rc = ops[0].err != IDEM_OK ? ops[0].err : ops[1].err;
+    }
+    cr_assert_eq(rc, IDEM_E_STORE_FULL, "after %d batches: %s (%s)", i, idem_err_name(rc),
+                 idem_store_errstr(st));
+    cr_expect(strstr(idem_store_errstr(st), "OOM") != NULL, "errstr: %s", idem_store_errstr(st));
+    cr_assert_gt(stored, 0);
+    idem_record_t rec;
+    cr_expect_eq(get("big-0", T0, &rec), IDEM_OK, "reads go on working");
+    idem_record_cleanup(&rec);
+    cr_expect_eq(idem_store_ping(st), IDEM_OK);
+    for (int j = 0; j < stored; j++) {
+        snprintf(key, sizeof key, "big-%d", j);
+        idem_key_id_t id = kid(key);
+        cr_expect_eq(idem_store_delete(st, &id), IDEM_OK, "delete %s: %s", key,
+                     idem_store_errstr(st));
+    }
+    cr_expect_eq(claim("after", 1, T0).kind, IDEM_DECIDE_CLAIM);
 }

@@ -1,0 +1,1881 @@
+/* src/store/redis.c - the networked store on Redis ("redis://", "redis+sentinel://").
+ *
+ * Many idemd instances share one Redis.  Every op of a batch is one Lua
+ * script, run by EVALSHA, that reads the key's record, decides and writes in
+ * one atomic step; a batch is pipelined as MULTI, one EVALSHA per op, EXEC,
+ * in ONE round trip, so its ops run in order and nothing else runs between
+ * them.  The scripts decide exactly as idem_decide (rule order of
+ * include/idem/engine.h), idem_token_decide and idem__store_apply do; the
+ * store conformance suite runs the same cases here as on memory: and lmdb:,
+ * and a differential test compares the two on random op sequences.  Time is
+ * always the caller's (op->now_ms ...), passed as a decimal string, never
+ * Redis's TIME, so every backend decides alike.
+ *
+ * Layout.  A record is a hash at PREFIX SCOPE ":" KEY (scope is "anonymous"
+ * or 64 hex digits, so the split is unambiguous; a token's key starts with
+ * "\x01tok:", which Redis keys, being binary-safe, take as they are).  Its
+ * fields: st (1 in_progress, 2 completed), fl (IDEM_REC_* flags), fp (the 32
+ * raw fingerprint bytes), fe (fence), lu (lease end, ms), ex (retention end,
+ * ms), all but fp decimal strings, and for a completed record with a response
+ * r: the whole record as idem_record_encode writes it.  The fields are what
+ * the scripts decide on and are authoritative; r is the only thing a replay
+ * and get decode (decoding stays in C).  A completion's r is encoded here
+ * with the caller's fence and a zero fingerprint, and the script splices the
+ * stored fingerprint into bytes 10..41 (the record's fixed layout), so r is
+ * always the exact record.  Records without a response (in_progress, tokens)
+ * have no r: C rebuilds them from the fields.  A get or replay whose r does
+ * not agree with the fields is IDEM_E_CORRUPT.
+ *
+ * Numbers.  Lua numbers are doubles, exact for integers below 2^53 (in ms,
+ * some 285,000 years after 1970), so an op whose times or fence lie outside +-(2^53 - 1) is
+ * refused alone with IDEM_E_INVAL.  Scripts write numbers they compute with
+ * string.format("%.0f") (never Lua's tostring, which gives "%.14g") and
+ * copy the caller's strings otherwise.
+ *
+ * Retention is native: every write sets PEXPIREAT key expires_at, so Redis
+ * deletes a record when its retention ends (Redis's clock is the wall clock,
+ * as the callers' is).  A record still present past expires_at at the
+ * caller's now counts as absent, as in every store.  Unlike LMDB, a fenced op
+ * cannot finish a record past its retention once Redis has removed it.
+ * sweep still honours its contract (tests and clocks that run ahead): it
+ * SCANs PREFIX* from a cursor kept in the handle and deletes, by script, the
+ * keys whose ex <= now, visiting at most max keys per call.
+ *
+ * Connections.  The store API is blocking and called from several threads
+ * (idemd's writer doing exec, workers and the admin thread doing get and
+ * ping), so the handle keeps a pool of at most pool= blocking hiredis
+ * connections (mutex + condvar), each with connect and command timeouts
+ * (timeout=).  A new connection authenticates (AUTH pass, or AUTH user pass),
+ * selects the db, and loads every script (SCRIPT LOAD, pipelined); an idle
+ * connection the server has closed (poll says readable) is dropped before
+ * use.  A connection that fails mid-call is dropped, and so are the idle
+ * ones opened before it (a generation counter): the server probably
+ * restarted.  If opening a connection fails, the store is "down": the next
+ * attempt is allowed only after a backoff (100 ms doubling to 5 s, reset on
+ * success), and meanwhile every call fails at once with IDEM_E_STORE_DOWN,
+ * so an outage costs microseconds per request, not a connect timeout.
+ *
+ * Failures.  A connection error or timeout after a batch was sent leaves its
+ * outcome unknown: exec returns IDEM_E_STORE_DOWN for the whole batch and the
+ * caller must treat its keys as in-progress/unknown (idemd answers 503 and
+ * the lease covers a claim that did land).  NOSCRIPT (after SCRIPT FLUSH or a
+ * failover to a server that never saw our scripts): the scripts are loaded
+ * again and only the ops that got NOSCRIPT run again, once.  OOM -> the op
+ * gets IDEM_E_STORE_FULL (the scripts decide before they write, so an op
+ * refused for memory wrote nothing); READONLY -> IDEM_E_STORE_DOWN and the
+ * pool is renewed.  When no op of a batch ran, the error is the batch's.
+ *
+ * Sentinel: redis+sentinel://host:port[,host:port...]/master-name[/db][?...]
+ * asks each sentinel in turn SENTINEL get-master-addr-by-name, connects to
+ * the answer and checks that ROLE says master.  Every new connection asks
+ * again, so a failover is followed as soon as the old connections break or
+ * answer READONLY.  The URL's user and password are the master's; the
+ * sentinels are asked without AUTH.
+ *
+ * SIGPIPE: hiredis 0.14 writes with write(2), which raises SIGPIPE on a
+ * socket the server closed.  The library must not kill its caller, so every
+ * call blocks SIGPIPE in the calling thread for its duration and discards
+ * one that it raised.
+ *
+ * THREADING: every op except open and close may be called from any number
+ * of threads at once.  `lock` guards the pool and the backoff state; a
+ * connection is used by one thread at a time (taken out of the pool); the
+ * sweep position has its own lock, held by one sweep call across its round
+ * trips; no other lock is held across a round trip.
+ */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "idem/alloc.h"
+#include "idem/units.h"
+#include "store/store_impl.h"
+
+#define DEFAULT_PORT 6379
+#define DEFAULT_SENTINEL_PORT 26379
+#define DEFAULT_PREFIX "idem:"
+#define DEFAULT_POOL 4
+#define POOL_MAX 64
+#define DEFAULT_TIMEOUT_MS 2000
+#define TIMEOUT_MAX_MS 60000
+#define HOST_MAX 255
+#define USER_MAX 128
+#define PASS_MAX 512
+#define MASTER_MAX 64
+#define SENTINELS_MAX 16
+#define DB_MAX 2147483647ll
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define EXACT_MAX ((int64_t)1 << 53) /* Lua numbers are doubles */
+#define KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
+#define SWEEP_SCAN_COUNT "1000"  /* hash slots one SCAN step looks at */
+#define SWEEP_STEPS_MAX 16       /* SCAN steps in one sweep call: a bounded stall */
+#define SWEEP_KEYS_PER_CALL 500  /* keys in one sweep script call */
+
+/* The numbers the scripts use, tied to the C definitions. */
+_Static_assert(IDEM_STATE_IN_PROGRESS == 1 && IDEM_STATE_COMPLETED == 2, "Lua: st");
+_Static_assert(IDEM_REC_HELD == 1 && IDEM_REC_NOT_RETAINED == 2 && IDEM_REC_TOKEN == 4,
+               "Lua: fl");
+_Static_assert(IDEM_DECIDE_CLAIM == 1 && IDEM_DECIDE_TAKEOVER == 2 && IDEM_DECIDE_REPLAY == 3 &&
+                   IDEM_DECIDE_IN_FLIGHT == 4 && IDEM_DECIDE_MISMATCH == 5 &&
+                   IDEM_DECIDE_IN_FLIGHT_UNKNOWN == 6 && IDEM_DECIDE_NOT_RETAINED == 7,
+               "Lua: decision kinds");
+_Static_assert(IDEM_TOKEN_FIRST_USE == 1 && IDEM_TOKEN_USED == 2 && IDEM_TOKEN_INVALID == 3,
+               "Lua: token verdicts");
+_Static_assert(IDEM_FP_LEN == 32, "Lua: fp is 32 bytes");
+
+/* ---- the scripts ---------------------------------------------------------- */
+
+/* What a script returns first: the op's status. */
+enum { ST_OK = 0, ST_FENCE = 1, ST_EXISTS = 2, ST_CORRUPT = 3, ST_NOTFOUND = 4 };
+
+/* Shared by every op script.  load(k) is the record's fields, nil when
+ * there is none, false when what is there is not a record of ours. */
+#define LUA_PRELUDE                                                                   \
+    "local function load(k)\n"                                                        \
+    "  local v = redis.pcall('HMGET', k, 'st', 'fl', 'fp', 'fe', 'lu', 'ex')\n"       \
+    "  if v.err then return false end\n"                                              \
+    "  if not (v[1] or v[2] or v[3] or v[4] or v[5] or v[6]) then\n"                  \
+    "    if redis.call('EXISTS', k) == 1 then return false end\n"                     \
+    "    return nil\n"                                                                \
+    "  end\n"                                                                         \
+    "  local r = {st = tonumber(v[1]), fl = tonumber(v[2]), fp = v[3],\n"             \
+    "    fe = tonumber(v[4]), lu = tonumber(v[5]), ex = tonumber(v[6]),\n"            \
+    "    sts = v[1], fls = v[2], fes = v[4], lus = v[5], exs = v[6]}\n"               \
+    "  if (r.st ~= 1 and r.st ~= 2) or not r.fl or not r.fe or not r.lu or\n"         \
+    "     not r.ex or not r.fp or #r.fp ~= 32 or r.fl < 0 or r.fl > 7 or\n"           \
+    "     r.fl ~= math.floor(r.fl) then\n"                                            \
+    "    return false\n"                                                              \
+    "  end\n"                                                                         \
+    "  return r\n"                                                                    \
+    "end\n"                                                                           \
+    "local function int(x) return string.format('%.0f', x) end\n"                    \
+    "local function put(k, st, fl, fp, fe, lu, ex, rec)\n"                            \
+    "  if rec then\n"                                                                 \
+    "    redis.call('HSET', k, 'st', st, 'fl', fl, 'fp', fp, 'fe', fe, 'lu', lu,\n"   \
+    "               'ex', ex, 'r', rec)\n"                                            \
+    "  else\n"                                                                        \
+    "    redis.call('HSET', k, 'st', st, 'fl', fl, 'fp', fp, 'fe', fe, 'lu', lu,\n"   \
+    "               'ex', ex)\n"                                                      \
+    "    redis.call('HDEL', k, 'r')\n"                                                \
+    "  end\n"                                                                         \
+    "  redis.call('PEXPIREAT', k, ex)\n"                                              \
+    "end\n"                                                                           \
+    "local function owns(k, fence)\n"                                                 \
+    "  local r = load(k)\n"                                                           \
+    "  if r == false then return nil, 3 end\n"                                        \
+    "  if r == nil or r.st ~= 1 or r.fe ~= tonumber(fence) then return nil, 1 end\n"  \
+    "  return r, 0\n"                                                                 \
+    "end\n"                                                                           \
+    "local function tokdecide(r, now)\n"                                              \
+    "  if r == nil or now >= r.ex or bit.band(r.fl, 4) == 0 then return 3 end\n"      \
+    "  if r.st == 2 then return 2 end\n"                                              \
+    "  return 1\n"                                                                    \
+    "end\n"
+
+/* CLAIM: ARGV now, fp, lease_until, expires_at.  idem_decide, rule by rule;
+ * {0, kind, fence, retry_after} or, for a replay, the fields and r too. */
+static const char lua_claim[] = LUA_PRELUDE
+    "local function secs(u, now)\n"
+    "  local d = u - now\n"
+    "  if d <= 0 then return 1 end\n"
+    "  local s = math.floor(d / 1000)\n"
+    "  if d - s * 1000 > 0 then s = s + 1 end\n"
+    "  return s\n"
+    "end\n"
+    "local k, now = KEYS[1], tonumber(ARGV[1])\n"
+    "local r = load(k)\n"
+    "if r == false then return {3} end\n"
+    "local kind, fence, retry = 0, 0, 0\n"
+    "if r == nil then kind, fence = 1, 1\n"
+    "elseif now >= r.ex then kind, fence = 1, r.fe + 1\n"
+    "else\n"
+    "  fence = r.fe\n"
+    "  if r.fp ~= ARGV[2] then kind = 5\n"
+    "  elseif r.st == 1 then\n"
+    "    if bit.band(r.fl, 1) ~= 0 then kind, retry = 6, secs(r.ex, now)\n"
+    "    elseif now < r.lu then kind, retry = 4, secs(r.lu, now)\n"
+    "    else kind, fence = 2, r.fe + 1 end\n"
+    "  elseif bit.band(r.fl, 2) ~= 0 then kind = 7\n"
+    "  else kind = 3 end\n"
+    "end\n"
+    "if kind == 1 or kind == 2 then\n"
+    "  put(k, '1', '0', ARGV[2], int(fence), ARGV[3], ARGV[4], false)\n"
+    "elseif kind == 3 then\n"
+    "  return {0, kind, fence, 0, r.sts, r.fls, r.fp, r.fes, r.lus, r.exs,\n"
+    "          redis.call('HGET', k, 'r')}\n"
+    "end\n"
+    "return {0, kind, fence, retry}\n";
+
+/* COMPLETE: ARGV fence, flags, expires_at, the encoded record (zero fp). */
+static const char lua_complete[] = LUA_PRELUDE
+    "local r, e = owns(KEYS[1], ARGV[1])\n"
+    "if not r then return {e} end\n"
+    "local rec = string.sub(ARGV[4], 1, 9) .. r.fp .. string.sub(ARGV[4], 42)\n"
+    "put(KEYS[1], '2', ARGV[2], r.fp, r.fes, '0', ARGV[3], rec)\n"
+    "return {0}\n";
+
+/* HOLD: ARGV fence, lease_until, expires_at. */
+static const char lua_hold[] = LUA_PRELUDE
+    "local r, e = owns(KEYS[1], ARGV[1])\n"
+    "if not r then return {e} end\n"
+    "put(KEYS[1], '1', int(bit.bor(r.fl, 1)), r.fp, r.fes, ARGV[2], ARGV[3], false)\n"
+    "return {0}\n";
+
+/* RENEW: ARGV fence, lease_until; retention raised to the lease end. */
+static const char lua_renew[] = LUA_PRELUDE
+    "local r, e = owns(KEYS[1], ARGV[1])\n"
+    "if not r then return {e} end\n"
+    "local ex = r.exs\n"
+    "if r.ex < tonumber(ARGV[2]) then ex = ARGV[2] end\n"
+    "put(KEYS[1], '1', r.fls, r.fp, r.fes, ARGV[2], ex, false)\n"
+    "return {0}\n";
+
+/* RELEASE: ARGV fence. */
+static const char lua_release[] = LUA_PRELUDE
+    "local r, e = owns(KEYS[1], ARGV[1])\n"
+    "if not r then return {e} end\n"
+    "redis.call('DEL', KEYS[1])\n"
+    "return {0}\n";
+
+/* DELETE: unconditional; a script too, so that every op of a batch is one
+ * and NOSCRIPT hits all of them or none. */
+static const char lua_delete[] =
+    "if redis.call('DEL', KEYS[1]) == 1 then return {0} end\n"
+    "return {4}\n";
+
+/* TOKEN_ISSUE: ARGV now, expires_at. */
+static const char lua_token_issue[] = LUA_PRELUDE
+    "local k = KEYS[1]\n"
+    "local r = load(k)\n"
+    "if r and tonumber(ARGV[1]) < r.ex then return {2} end\n"
+    "if r == false then redis.call('DEL', k) end\n"
+    "put(k, '1', '4', string.rep(string.char(0), 32), '1', ARGV[2], ARGV[2], false)\n"
+    "return {0}\n";
+
+/* TOKEN_USE: ARGV now; {0, verdict}. */
+static const char lua_token_use[] = LUA_PRELUDE
+    "local r = load(KEYS[1])\n"
+    "if r == false then return {3} end\n"
+    "local v = tokdecide(r, tonumber(ARGV[1]))\n"
+    "if v == 1 then put(KEYS[1], '2', r.fls, r.fp, r.fes, r.lus, r.exs, false) end\n"
+    "return {0, v}\n";
+
+/* TOKEN_RESTORE: ARGV now. */
+static const char lua_token_restore[] = LUA_PRELUDE
+    "local r = load(KEYS[1])\n"
+    "if r == false then return {3} end\n"
+    "if tokdecide(r, tonumber(ARGV[1])) ~= 2 then return {1} end\n"
+    "put(KEYS[1], '1', r.fls, r.fp, r.fes, r.lus, r.exs, false)\n"
+    "return {0}\n";
+
+/* SWEEP: KEYS the keys to visit, ARGV now; deletes those whose ex <= now
+ * (what does not look like a record is left alone) and says how many. */
+static const char lua_sweep[] =
+    "local now, n = tonumber(ARGV[1]), 0\n"
+    "for i = 1, #KEYS do\n"
+    "  local v = redis.pcall('HGET', KEYS[i], 'ex')\n"
+    "  if type(v) == 'string' then\n"
+    "    local ex = tonumber(v)\n"
+    "    if ex and ex <= now then\n"
+    "      redis.call('DEL', KEYS[i])\n"
+    "      n = n + 1\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "return n\n";
+
+enum script {
+    S_CLAIM,
+    S_COMPLETE,
+    S_HOLD,
+    S_RENEW,
+    S_RELEASE,
+    S_DELETE,
+    S_TOKEN_ISSUE,
+    S_TOKEN_USE,
+    S_TOKEN_RESTORE,
+    S_SWEEP,
+    NSCRIPTS
+};
+
+static const char *const script_text[NSCRIPTS] = {
+    [S_CLAIM] = lua_claim,
+    [S_COMPLETE] = lua_complete,
+    [S_HOLD] = lua_hold,
+    [S_RENEW] = lua_renew,
+    [S_RELEASE] = lua_release,
+    [S_DELETE] = lua_delete,
+    [S_TOKEN_ISSUE] = lua_token_issue,
+    [S_TOKEN_USE] = lua_token_use,
+    [S_TOKEN_RESTORE] = lua_token_restore,
+    [S_SWEEP] = lua_sweep,
+};
+
+/* ---- the handle ----------------------------------------------------------- */
+
+struct endpoint {
+    char host[HOST_MAX + 1]; /* a name or an address, without IPv6 brackets */
+    int port;
+};
+
+/* What the URL says. */
+struct rcfg {
+    int sentinel;                      /* redis+sentinel:// */
+    struct endpoint ep[SENTINELS_MAX]; /* the server, or the sentinels to ask */
+    int nep;
+    char master[MASTER_MAX + 1]; /* sentinel: the master's name */
+    char user[USER_MAX + 1];     /* "" for AUTH with the password alone */
+    char pass[PASS_MAX + 1];
+    int has_pass; /* the URL has user:pass@ or :pass@ */
+    long long db;
+    char prefix[IDEM_STORE_OPT_MAX + 1];
+    size_t prefix_len;
+    int pool;       /* most connections open at once */
+    int timeout_ms; /* connect and command timeout */
+};
+
+/* One pooled connection. */
+struct conn {
+    redisContext *c;
+    struct conn *next;              /* the idle list */
+    unsigned long gen;              /* the pool's generation when it was made */
+    char sha[NSCRIPTS][41];         /* the scripts as this server knows them */
+};
+
+struct redis_store {
+    struct idem_store base; /* first: a redis_store is an idem_store */
+    struct rcfg cfg;
+    char where[HOST_MAX + MASTER_MAX + 32]; /* "host:port" or "master NAME", for messages */
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* a connection came back to the pool */
+    struct conn *idle;
+    int nconns;          /* open connections, idle or lent out */
+    unsigned long gen;   /* bumped when a connection breaks: older idle ones are dropped */
+    int down;            /* the last attempt to open a connection failed */
+    int connecting;      /* while down: a caller is trying again */
+    int64_t backoff_ms;  /* the current backoff; 0 when up */
+    int64_t retry_at;    /* monotonic ms: while down, no attempt before this */
+    char last_err[256];  /* why the last attempt failed */
+    /* sweep position */
+    pthread_mutex_t sweep_lock;
+    unsigned long long sweep_cursor;
+    int sweep_started;     /* a SCAN pass is under way (cursor 0 is its end) */
+    redisReply *sweep_keys; /* the last SCAN's keys, visited up to sweep_next */
+    size_t sweep_next;
+    char match[2 * IDEM_STORE_OPT_MAX + 2]; /* SCAN pattern: the escaped prefix, '*' */
+};
+
+/* snprintf for messages: a long host name or server error is cut, never overflows. */
+static void say(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void say(char *buf, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- SIGPIPE ---------------------------------------------------------------- */
+
+struct nopipe {
+    sigset_t old;
+    int was_pending; /* a SIGPIPE was pending before: not ours to discard */
+};
+
+static void nopipe_begin(struct nopipe *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigemptyset(&pend);
+    sigpending(&pend);
+    g->was_pending = sigismember(&pend, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void nopipe_end(struct nopipe *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigemptyset(&pend);
+    if (!g->was_pending && sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* ---- the URL ---------------------------------------------------------------- */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..len) into out (cap bytes with the NUL). */
+static int pct_decode(const char *s, size_t len, char *out, size_t cap, const char *what,
+                      char *errbuf, size_t errlen)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '%') {
+            int a = i + 1 < len ? hexval(s[i + 1]) : -1;
+            int b = i + 2 < len ? hexval(s[i + 2]) : -1;
+            int h = a < 0 || b < 0 ? -1 : a * 16 + b;
+            if (h <= 0) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store URL: the %s has a bad percent-escape%s", what,
+                                   h == 0 ? " (%00)" : "");
+                return -1;
+            }
+            c = (char)h;
+            i += 2;
+        }
+        if (o + 1 >= cap) {
+            idem__store_errbuf(errbuf, errlen, "redis store URL: the %s is longer than %zu bytes",
+                               what, cap - 1);
+            return -1;
+        }
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* A decimal number of at most maxdigits digits, nothing else. */
+static int parse_uint(const char *s, size_t len, size_t maxdigits, long long *out)
+{
+    long long v = 0;
+    if (len == 0 || len > maxdigits)
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* "host[:port]" or "[v6][:port]" in s[0..len). */
+static int parse_endpoint(const char *s, size_t len, int defport, struct endpoint *ep,
+                          char *errbuf, size_t errlen)
+{
+    const char *host = s, *port = NULL;
+    size_t hl, pl = 0;
+
+    if (len > 0 && s[0] == '[') {
+        const char *close = memchr(s, ']', len);
+        if (close == NULL) {
+            idem__store_errbuf(errbuf, errlen, "redis store URL: \"%.*s\" has no closing ']'",
+                               (int)(len > 80 ? 80 : len), s);
+            return -1;
+        }
+        host = s + 1;
+        hl = (size_t)(close - host);
+        size_t rest = len - (size_t)(close + 1 - s);
+        if (rest > 0) {
+            if (close[1] != ':') {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store URL: expected ':' after \"%.*s\"",
+                                   (int)(len > 80 ? 80 : len), s);
+                return -1;
+            }
+            port = close + 2;
+            pl = rest - 1;
+        }
+        for (size_t i = 0; i < hl; i++) {
+            char c = host[i];
+            if (!(hexval(c) >= 0 || c == ':' || c == '.')) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store URL: \"%.*s\" is not an IPv6 address",
+                                   (int)(hl > 80 ? 80 : hl), host);
+                return -1;
+            }
+        }
+    } else {
+        const char *colon = memchr(s, ':', len);
+        hl = colon ? (size_t)(colon - s) : len;
+        if (colon != NULL) {
+            port = colon + 1;
+            pl = len - hl - 1;
+        }
+        for (size_t i = 0; i < hl; i++) {
+            char c = host[i];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '-' || c == '_')) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store URL: bad character '%c' in host \"%.*s\"",
+                                   c, (int)(hl > 80 ? 80 : hl), host);
+                return -1;
+            }
+        }
+    }
+    if (hl == 0) {
+        idem__store_errbuf(errbuf, errlen, "redis store URL: a host is missing");
+        return -1;
+    }
+    if (hl > HOST_MAX) {
+        idem__store_errbuf(errbuf, errlen, "redis store URL: a host is longer than %d bytes",
+                           HOST_MAX);
+        return -1;
+    }
+    memcpy(ep->host, host, hl);
+    ep->host[hl] = '\0';
+    ep->port = defport;
+    if (port != NULL) {
+        long long p;
+        if (parse_uint(port, pl, 5, &p) != 0 || p < 1 || p > 65535) {
+            idem__store_errbuf(errbuf, errlen,
+                               "redis store URL: port \"%.*s\" of host %s is not a number from "
+                               "1 to 65535",
+                               (int)(pl > 20 ? 20 : pl), port, ep->host);
+            return -1;
+        }
+        ep->port = (int)p;
+    }
+    return 0;
+}
+
+static int parse_db(const char *s, size_t len, struct rcfg *cfg, char *errbuf, size_t errlen)
+{
+    if (len == 0)
+        return 0;
+    if (parse_uint(s, len, 10, &cfg->db) != 0 || cfg->db > DB_MAX) {
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store URL: database \"%.*s\" is not a number from 0 to %lld",
+                           (int)(len > 20 ? 20 : len), s, DB_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t errlen)
+{
+    char name[IDEM_STORE_OPT_MAX + 1], value[IDEM_STORE_OPT_MAX + 1];
+    int r;
+
+    while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
+        if (strcmp(name, "prefix") == 0) {
+            size_t len = strlen(value);
+            for (size_t i = 0; i < len; i++) {
+                if (value[i] <= ' ' || value[i] > '~') {
+                    idem__store_errbuf(errbuf, errlen,
+                                       "redis store option prefix=%s: only printable ASCII "
+                                       "without spaces",
+                                       value);
+                    return -1;
+                }
+            }
+            if (len == 0) {
+                idem__store_errbuf(errbuf, errlen, "redis store option prefix= is empty");
+                return -1;
+            }
+            memcpy(cfg->prefix, value, len + 1);
+            cfg->prefix_len = len;
+        } else if (strcmp(name, "pool") == 0) {
+            long long n;
+            if (parse_uint(value, strlen(value), 3, &n) != 0 || n < 1 || n > POOL_MAX) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store option pool=%s: expected a number of "
+                                   "connections from 1 to %d",
+                                   value, POOL_MAX);
+                return -1;
+            }
+            cfg->pool = (int)n;
+        } else if (strcmp(name, "timeout") == 0) {
+            int64_t ms;
+            if (idem_parse_duration(value, &ms) != IDEM_OK || ms < 1 || ms > TIMEOUT_MAX_MS) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store option timeout=%s: expected a duration from "
+                                   "1ms to 60s, e.g. 2s or 500ms",
+                                   value);
+                return -1;
+            }
+            cfg->timeout_ms = (int)ms;
+        } else {
+            idem__store_errbuf(errbuf, errlen,
+                               "unknown option \"%s\" for store redis (known: prefix, pool, "
+                               "timeout)",
+                               name);
+            return -1;
+        }
+    }
+    return r < 0 ? -1 : 0;
+}
+
+/* rest: what follows "redis:" or "redis+sentinel:". */
+static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *errbuf,
+                     size_t errlen)
+{
+    const char *scheme = sentinel ? "redis+sentinel" : "redis";
+    size_t plen;
+    const char *query;
+
+    memset(cfg, 0, sizeof *cfg);
+    cfg->sentinel = sentinel;
+    memcpy(cfg->prefix, DEFAULT_PREFIX, sizeof DEFAULT_PREFIX);
+    cfg->prefix_len = sizeof DEFAULT_PREFIX - 1;
+    cfg->pool = DEFAULT_POOL;
+    cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
+
+    if (strncmp(rest, "//", 2) != 0) {
+        idem__store_errbuf(errbuf, errlen,
+                           sentinel ? "store URL %s: must be %s://host:port[,host:port...]"
+                                      "/master-name[/db]"
+                                    : "store URL %s: must be %s://[user:password@]host:port[/db]",
+                           scheme, scheme);
+        return -1;
+    }
+    rest += 2;
+    idem__store_split(rest, &plen, &query);
+    const char *slash = memchr(rest, '/', plen);
+    size_t alen = slash ? (size_t)(slash - rest) : plen;
+    const char *path = rest + alen; /* "" or "/..." */
+    size_t pathlen = plen - alen;
+
+    /* user:password@ */
+    const char *hosts = rest;
+    size_t hlen = alen;
+    const char *at = NULL;
+    for (size_t i = 0; i < alen; i++)
+        if (rest[i] == '@')
+            at = rest + i;
+    if (at != NULL) {
+        const char *ui = rest;
+        size_t ulen = (size_t)(at - rest);
+        const char *colon = memchr(ui, ':', ulen);
+        if (colon == NULL) {
+            idem__store_errbuf(errbuf, errlen,
+                               "store URL %s: credentials must be user:password@ or :password@",
+                               scheme);
+            return -1;
+        }
+        if (pct_decode(ui, (size_t)(colon - ui), cfg->user, sizeof cfg->user, "user", errbuf,
+                       errlen) != 0 ||
+            pct_decode(colon + 1, ulen - (size_t)(colon - ui) - 1, cfg->pass, sizeof cfg->pass,
+                       "password", errbuf, errlen) != 0)
+            return -1;
+        cfg->has_pass = 1;
+        hosts = at + 1;
+        hlen = alen - ulen - 1;
+    }
+
+    /* host:port[,host:port...] */
+    if (hlen == 0) {
+        idem__store_errbuf(errbuf, errlen, "store URL %s: no host", scheme);
+        return -1;
+    }
+    const char *h = hosts, *end = hosts + hlen;
+    while (h <= end) {
+        const char *comma = memchr(h, ',', (size_t)(end - h));
+        const char *stop = comma ? comma : end;
+        if (cfg->nep == (sentinel ? SENTINELS_MAX : 1)) {
+            idem__store_errbuf(errbuf, errlen,
+                               sentinel ? "store URL %s: more than %d sentinels"
+                                        : "store URL %s: one host only (%d); use "
+                                          "redis+sentinel:// for several",
+                               scheme, sentinel ? SENTINELS_MAX : 1);
+            return -1;
+        }
+        if (parse_endpoint(h, (size_t)(stop - h), sentinel ? DEFAULT_SENTINEL_PORT : DEFAULT_PORT,
+                           &cfg->ep[cfg->nep], errbuf, errlen) != 0)
+            return -1;
+        cfg->nep++;
+        if (comma == NULL)
+            break;
+        h = comma + 1;
+    }
+
+    /* /db or /master-name[/db] */
+    if (pathlen > 0) {
+        path++;
+        pathlen--;
+    }
+    if (sentinel) {
+        const char *s2 = memchr(path, '/', pathlen);
+        size_t ml = s2 ? (size_t)(s2 - path) : pathlen;
+        if (ml == 0) {
+            idem__store_errbuf(errbuf, errlen,
+                               "store URL %s: the master's name is missing "
+                               "(%s://host:port/master-name)",
+                               scheme, scheme);
+            return -1;
+        }
+        if (ml > MASTER_MAX) {
+            idem__store_errbuf(errbuf, errlen,
+                               "store URL %s: the master's name is longer than %d bytes", scheme,
+                               MASTER_MAX);
+            return -1;
+        }
+        for (size_t i = 0; i < ml; i++) {
+            char c = path[i];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '-' || c == '_')) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "store URL %s: bad character '%c' in the master's name",
+                                   scheme, c);
+                return -1;
+            }
+        }
+        memcpy(cfg->master, path, ml);
+        cfg->master[ml] = '\0';
+        if (s2 != NULL) {
+            path = s2 + 1;
+            pathlen -= ml + 1;
+        } else {
+            pathlen = 0;
+        }
+    }
+    if (parse_db(path, pathlen, cfg, errbuf, errlen) != 0)
+        return -1;
+    return parse_opts(query, cfg, errbuf, errlen);
+}
+
+/* ---- connections ------------------------------------------------------------ */
+
+static void errtext_io(char *err, size_t errlen, const char *who, const redisContext *c,
+                       int timeout_ms)
+{
+    if (strstr(c->errstr, "temporarily unavailable") != NULL ||
+        strstr(c->errstr, "timed out") != NULL)
+        say(err, errlen, "%s: no answer within %d ms", who, timeout_ms);
+    else
+        say(err, errlen, "%s: %s", who, c->errstr[0] ? c->errstr : "connection lost");
+}
+
+static redisContext *connect_to(const struct endpoint *ep, int timeout_ms, char *err,
+                                size_t errlen)
+{
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    char who[HOST_MAX + 16];
+    say(who, sizeof who, "%s:%d", ep->host, ep->port);
+    redisContext *c = redisConnectWithTimeout(ep->host, ep->port, tv);
+    if (c == NULL) {
+        say(err, errlen, "%s: out of memory", who);
+        return NULL;
+    }
+    if (c->err) {
+        errtext_io(err, errlen, who, c, timeout_ms);
+        redisFree(c);
+        return NULL;
+    }
+    if (redisSetTimeout(c, tv) != REDIS_OK) {
+        say(err, errlen, "%s: cannot set the timeout: %s", who, c->errstr);
+        redisFree(c);
+        return NULL;
+    }
+    redisEnableKeepAlive(c);
+    return c;
+}
+
+/* One command, its reply; NULL on a connection error (c->err says why). */
+static redisReply *command(redisContext *c, int argc, const char **argv, const size_t *len)
+{
+    return redisCommandArgv(c, argc, argv, len);
+}
+
+static int reply_is(const redisReply *r, int type)
+{
+    return r != NULL && r->type == type;
+}
+
+/* Ask the sentinels for the master's address. */
+static int discover(struct redis_store *s, struct endpoint *master, char *err, size_t errlen)
+{
+    const struct rcfg *cfg = &s->cfg;
+    char last[200] = "no sentinel answered";
+
+    for (int i = 0; i < cfg->nep; i++) {
+        redisContext *c = connect_to(&cfg->ep[i], cfg->timeout_ms, last, sizeof last);
+        if (c == NULL)
+            continue;
+        const char *argv[] = {"SENTINEL", "get-master-addr-by-name", cfg->master};
+        size_t len[] = {8, 23, strlen(cfg->master)};
+        redisReply *r = command(c, 3, argv, len);
+        if (r == NULL) {
+            char who[HOST_MAX + 24];
+            say(who, sizeof who, "sentinel %s:%d", cfg->ep[i].host, cfg->ep[i].port);
+            errtext_io(last, sizeof last, who, c, cfg->timeout_ms);
+        } else if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 2 &&
+                   reply_is(r->element[0], REDIS_REPLY_STRING) &&
+                   reply_is(r->element[1], REDIS_REPLY_STRING) &&
+                   r->element[0]->len > 0 && r->element[0]->len <= HOST_MAX) {
+            long long port;
+            if (parse_uint(r->element[1]->str, r->element[1]->len, 5, &port) == 0 && port >= 1 &&
+                port <= 65535) {
+                memcpy(master->host, r->element[0]->str, r->element[0]->len);
+                master->host[r->element[0]->len] = '\0';
+                master->port = (int)port;
+                freeReplyObject(r);
+                redisFree(c);
+                return 0;
+            }
+            say(last, sizeof last, "sentinel %s:%d gave a bad port", cfg->ep[i].host,
+                     cfg->ep[i].port);
+        } else if (reply_is(r, REDIS_REPLY_NIL)) {
+            say(last, sizeof last, "sentinel %s:%d does not know master %s",
+                     cfg->ep[i].host, cfg->ep[i].port, cfg->master);
+        } else if (reply_is(r, REDIS_REPLY_ERROR)) {
+            say(last, sizeof last, "sentinel %s:%d: %.120s", cfg->ep[i].host,
+                     cfg->ep[i].port, r->str);
+        } else {
+            say(last, sizeof last, "sentinel %s:%d gave an unexpected answer",
+                     cfg->ep[i].host, cfg->ep[i].port);
+        }
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    say(err, errlen, "no sentinel gave the address of master %s (%s)", cfg->master, last);
+    return -1;
+}
+
+/* Load every script on c, pipelined; the SHAs go to k. */
+static int load_scripts(struct conn *k, char *err, size_t errlen, int timeout_ms)
+{
+    redisContext *c = k->c;
+    for (int i = 0; i < NSCRIPTS; i++) {
+        const char *argv[] = {"SCRIPT", "LOAD", script_text[i]};
+        size_t len[] = {6, 4, strlen(script_text[i])};
+        redisAppendCommandArgv(c, 3, argv, len);
+    }
+    int failed = 0;
+    for (int i = 0; i < NSCRIPTS; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+            errtext_io(err, errlen, "SCRIPT LOAD", c, timeout_ms);
+            return -1;
+        }
+        if (reply_is(r, REDIS_REPLY_STRING) && r->len == 40) {
+            memcpy(k->sha[i], r->str, 41);
+        } else if (!failed) {
+            failed = 1;
+            say(err, errlen, "SCRIPT LOAD: %.150s",
+                     reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
+        }
+        freeReplyObject(r);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Open one connection: discover (sentinel), connect, AUTH, SELECT, ROLE
+ * (sentinel), load the scripts; all commands after the connect in one
+ * round trip. */
+static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err, size_t errlen)
+{
+    const struct rcfg *cfg = &s->cfg;
+    struct endpoint master;
+    const struct endpoint *ep = &cfg->ep[0];
+    char who[HOST_MAX + 16];
+
+    *out = NULL;
+    if (cfg->sentinel) {
+        if (discover(s, &master, err, errlen) != 0)
+            return IDEM_E_STORE_DOWN;
+        ep = &master;
+    }
+    struct conn *k = idem_calloc(1, sizeof *k);
+    if (k == NULL) {
+        say(err, errlen, "out of memory");
+        return IDEM_E_NOMEM;
+    }
+    k->c = connect_to(ep, cfg->timeout_ms, err, errlen);
+    if (k->c == NULL) {
+        idem_free(k);
+        return IDEM_E_STORE_DOWN;
+    }
+    say(who, sizeof who, "%s:%d", ep->host, ep->port);
+
+    /* The setup commands; their replies are read in this order. */
+    enum { C_AUTH, C_SELECT, C_ROLE };
+    int sent[3], nsent = 0;
+    if (cfg->has_pass) {
+        const char *argv[] = {"AUTH", cfg->user, cfg->pass};
+        size_t len[] = {4, strlen(cfg->user), strlen(cfg->pass)};
+        if (cfg->user[0] == '\0')
+            redisAppendCommandArgv(k->c, 2, (const char *[]){"AUTH", cfg->pass},
+                                   (const size_t[]){4, len[2]});
+        else
+            redisAppendCommandArgv(k->c, 3, argv, len);
+        sent[nsent++] = C_AUTH;
+    }
+    if (cfg->db != 0) {
+        char db[24];
+        int dl = snprintf(db, sizeof db, "%lld", cfg->db);
+        redisAppendCommandArgv(k->c, 2, (const char *[]){"SELECT", db},
+                               (const size_t[]){6, (size_t)dl});
+        sent[nsent++] = C_SELECT;
+    }
+    if (cfg->sentinel) {
+        redisAppendCommandArgv(k->c, 1, (const char *[]){"ROLE"}, (const size_t[]){4});
+        sent[nsent++] = C_ROLE;
+    }
+    int bad = 0;
+    for (int i = 0; i < nsent; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(k->c, (void **)&r) != REDIS_OK) {
+            errtext_io(err, errlen, who, k->c, cfg->timeout_ms);
+            bad = 2;
+            break;
+        }
+        if (!bad && reply_is(r, REDIS_REPLY_ERROR)) {
+            say(err, errlen, "%s: %s failed: %.150s", who,
+                     sent[i] == C_AUTH ? "AUTH" : sent[i] == C_SELECT ? "SELECT" : "ROLE", r->str);
+            bad = 1;
+        } else if (!bad && sent[i] == C_ROLE &&
+                   !(reply_is(r, REDIS_REPLY_ARRAY) && r->elements > 0 &&
+                     reply_is(r->element[0], REDIS_REPLY_STRING) &&
+                     strcmp(r->element[0]->str, "master") == 0)) {
+            say(err, errlen, "%s (master %s by the sentinels) is not a master", who,
+                     cfg->master);
+            bad = 1;
+        }
+        freeReplyObject(r);
+    }
+    if (!bad && load_scripts(k, err, errlen, cfg->timeout_ms) != 0) {
+        /* Prefix the server so the message says where. */
+        char tmp[256];
+        say(tmp, sizeof tmp, "%s: %s", who, err);
+        say(err, errlen, "%s", tmp);
+        bad = 1;
+    }
+    if (bad) {
+        redisFree(k->c);
+        idem_free(k);
+        return IDEM_E_STORE_DOWN;
+    }
+    *out = k;
+    return IDEM_OK;
+}
+
+static void conn_free(struct conn *k)
+{
+    if (k != NULL) {
+        redisFree(k->c);
+        idem_free(k);
+    }
+}
+
+/* Whether an idle connection is unusable: the server closed it, or sent
+ * something nobody asked for. */
+static int conn_dead(const struct conn *k)
+{
+    if (k->c->err)
+        return 1;
+    struct pollfd p = {.fd = k->c->fd, .events = POLLIN};
+    return poll(&p, 1, 0) != 0;
+}
+
+/* Take a connection from the pool, or open one (see the opening comment
+ * for the backoff).  On failure the detail is set for idem_store_errstr. */
+static idem_err_t acquire(struct redis_store *s, struct conn **out)
+{
+    struct timespec deadline;
+    int have_deadline = 0;
+
+    *out = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (s->idle != NULL) {
+            struct conn *k = s->idle;
+            s->idle = k->next;
+            if (k->gen == s->gen && !conn_dead(k)) {
+                pthread_mutex_unlock(&s->lock);
+                *out = k;
+                return IDEM_OK;
+            }
+            s->nconns--;
+            conn_free(k);
+        }
+        if (s->nconns < s->cfg.pool) {
+            int64_t now = mono_ms();
+            if (s->down && (s->connecting || now < s->retry_at)) {
+                int64_t wait = s->retry_at - now;
+                idem__store_seterr(&s->base,
+                                   "redis %s is unreachable (%s); next attempt in %lld ms",
+                                   s->where, s->last_err, (long long)(wait > 0 ? wait : 0));
+                pthread_mutex_unlock(&s->lock);
+                return IDEM_E_STORE_DOWN;
+            }
+            int attempt = s->down;
+            if (attempt)
+                s->connecting = 1;
+            s->nconns++;
+            unsigned long gen = s->gen;
+            pthread_mutex_unlock(&s->lock);
+
+            char err[256] = "";
+            struct conn *k = NULL;
+            idem_err_t rc = conn_open(s, &k, err, sizeof err);
+
+            pthread_mutex_lock(&s->lock);
+            if (attempt)
+                s->connecting = 0;
+            if (rc != IDEM_OK) {
+                s->nconns--;
+                if (rc == IDEM_E_STORE_DOWN) {
+                    s->down = 1;
+                    s->backoff_ms = s->backoff_ms == 0 ? BACKOFF_MIN_MS
+                                    : s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                                         : s->backoff_ms * 2;
+                    s->retry_at = mono_ms() + s->backoff_ms;
+                    say(s->last_err, sizeof s->last_err, "%s", err);
+                }
+                pthread_cond_broadcast(&s->cond);
+                pthread_mutex_unlock(&s->lock);
+                idem__store_seterr(&s->base, "redis %s: %s", s->where, err);
+                return rc;
+            }
+            s->down = 0;
+            s->backoff_ms = 0;
+            s->last_err[0] = '\0';
+            k->gen = gen;
+            pthread_mutex_unlock(&s->lock);
+            *out = k;
+            return IDEM_OK;
+        }
+        /* Every connection is lent out: wait for one, at most one timeout. */
+        if (!have_deadline) {
+            clock_gettime(CLOCK_MONOTONIC, &deadline);
+            deadline.tv_sec += s->cfg.timeout_ms / 1000;
+            deadline.tv_nsec += (long)(s->cfg.timeout_ms % 1000) * 1000000L;
+            if (deadline.tv_nsec >= 1000000000L) {
+                deadline.tv_sec++;
+                deadline.tv_nsec -= 1000000000L;
+            }
+            have_deadline = 1;
+        }
+        if (pthread_cond_timedwait(&s->cond, &s->lock, &deadline) == ETIMEDOUT &&
+            s->idle == NULL && s->nconns >= s->cfg.pool) {
+            pthread_mutex_unlock(&s->lock);
+            idem__store_seterr(&s->base, "redis %s: all %d connections busy for %d ms",
+                               s->where, s->cfg.pool, s->cfg.timeout_ms);
+            return IDEM_E_STORE_DOWN;
+        }
+    }
+}
+
+/* Give a connection back.  broken: drop it and every idle one older than
+ * now (the server probably restarted or failed over). */
+static void release(struct redis_store *s, struct conn *k, int broken)
+{
+    pthread_mutex_lock(&s->lock);
+    if (broken || k->gen != s->gen) {
+        if (broken && k->gen == s->gen)
+            s->gen++;
+        s->nconns--;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+        conn_free(k);
+        return;
+    }
+    k->next = s->idle;
+    s->idle = k;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- exec ------------------------------------------------------------------- */
+
+static int in_range(int64_t v)
+{
+    return v > -EXACT_MAX && v < EXACT_MAX;
+}
+
+/* Whether the numbers an op sends are exact as Lua doubles. */
+static int op_in_range(const idem_op_t *op)
+{
+    switch (op->kind) {
+    case IDEM_OP_CLAIM:
+        return in_range(op->now_ms) && in_range(op->lease_until_ms) &&
+               in_range(op->expires_at_ms);
+    case IDEM_OP_COMPLETE:
+        return op->fence < (uint64_t)EXACT_MAX && in_range(op->expires_at_ms);
+    case IDEM_OP_HOLD:
+        return op->fence < (uint64_t)EXACT_MAX && in_range(op->lease_until_ms) &&
+               in_range(op->expires_at_ms);
+    case IDEM_OP_RENEW:
+        return op->fence < (uint64_t)EXACT_MAX && in_range(op->lease_until_ms);
+    case IDEM_OP_RELEASE:
+        return op->fence < (uint64_t)EXACT_MAX;
+    case IDEM_OP_DELETE:
+        return 1;
+    case IDEM_OP_TOKEN_ISSUE:
+        return in_range(op->now_ms) && in_range(op->expires_at_ms);
+    case IDEM_OP_TOKEN_USE:
+    case IDEM_OP_TOKEN_RESTORE:
+        return in_range(op->now_ms);
+    }
+    return 0;
+}
+
+/* The Redis key of an identity: prefix scope ':' key. */
+static size_t make_key(const struct redis_store *s, const idem_key_id_t *id, char *buf)
+{
+    size_t sl = strlen(id->scope), kl = strlen(id->key), n = s->cfg.prefix_len;
+    memcpy(buf, s->cfg.prefix, n);
+    memcpy(buf + n, id->scope, sl);
+    buf[n + sl] = ':';
+    memcpy(buf + n + sl + 1, id->key, kl);
+    return n + sl + 1 + kl;
+}
+
+/* Append one op's EVALSHA to c's output buffer. */
+static idem_err_t append_op(struct redis_store *s, struct conn *k, const idem_op_t *op)
+{
+    static const enum script kind_script[] = {
+        [IDEM_OP_CLAIM] = S_CLAIM,
+        [IDEM_OP_COMPLETE] = S_COMPLETE,
+        [IDEM_OP_HOLD] = S_HOLD,
+        [IDEM_OP_RENEW] = S_RENEW,
+        [IDEM_OP_RELEASE] = S_RELEASE,
+        [IDEM_OP_DELETE] = S_DELETE,
+        [IDEM_OP_TOKEN_ISSUE] = S_TOKEN_ISSUE,
+        [IDEM_OP_TOKEN_USE] = S_TOKEN_USE,
+        [IDEM_OP_TOKEN_RESTORE] = S_TOKEN_RESTORE,
+    };
+    const char *argv[8];
+    size_t len[8];
+    char key[KEYBUF], num[3][24];
+    uint8_t *rec = NULL;
+    int argc = 4;
+
+    argv[0] = "EVALSHA";
+    len[0] = 7;
+    argv[1] = k->sha[kind_script[op->kind]];
+    len[1] = 40;
+    argv[2] = "1";
+    len[2] = 1;
+    argv[3] = key;
+    len[3] = make_key(s, &op->id, key);
+
+#define ARG_NUM(i, fmt, v)                                                    \
+    do {                                                                      \
+        len[argc] = (size_t)snprintf(num[i], sizeof num[i], fmt, v);          \
+        argv[argc] = num[i];                                                  \
+        argc++;                                                               \
+    } while (0)
+
+    switch (op->kind) {
+    case IDEM_OP_CLAIM:
+        ARG_NUM(0, "%lld", (long long)op->now_ms);
+        argv[argc] = (const char *)op->fp;
+        len[argc++] = IDEM_FP_LEN;
+        ARG_NUM(1, "%lld", (long long)op->lease_until_ms);
+        ARG_NUM(2, "%lld", (long long)op->expires_at_ms);
+        break;
+    case IDEM_OP_COMPLETE: {
+        idem_record_t next = {
+            .state = IDEM_STATE_COMPLETED,
+            .flags = op->flags,
+            .fence = op->fence,
+            .expires_at_ms = op->expires_at_ms,
+            .response = *op->response,
+        };
+        size_t size = idem_record_encoded_size(&next);
+        if (size == 0)
+            return IDEM_E_TOOBIG; /* store.c checked completions; cannot happen */
+        rec = idem_malloc(size);
+        if (rec == NULL)
+            return IDEM_E_NOMEM;
+        idem_record_encode_into(&next, rec);
+        ARG_NUM(0, "%llu", (unsigned long long)op->fence);
+        ARG_NUM(1, "%u", (unsigned)op->flags);
+        ARG_NUM(2, "%lld", (long long)op->expires_at_ms);
+        argv[argc] = (const char *)rec;
+        len[argc++] = size;
+        break;
+    }
+    case IDEM_OP_HOLD:
+        ARG_NUM(0, "%llu", (unsigned long long)op->fence);
+        ARG_NUM(1, "%lld", (long long)op->lease_until_ms);
+        ARG_NUM(2, "%lld", (long long)op->expires_at_ms);
+        break;
+    case IDEM_OP_RENEW:
+        ARG_NUM(0, "%llu", (unsigned long long)op->fence);
+        ARG_NUM(1, "%lld", (long long)op->lease_until_ms);
+        break;
+    case IDEM_OP_RELEASE:
+        ARG_NUM(0, "%llu", (unsigned long long)op->fence);
+        break;
+    case IDEM_OP_DELETE:
+        break;
+    case IDEM_OP_TOKEN_ISSUE:
+        ARG_NUM(0, "%lld", (long long)op->now_ms);
+        ARG_NUM(1, "%lld", (long long)op->expires_at_ms);
+        break;
+    case IDEM_OP_TOKEN_USE:
+    case IDEM_OP_TOKEN_RESTORE:
+        ARG_NUM(0, "%lld", (long long)op->now_ms);
+        break;
+    }
+#undef ARG_NUM
+    int rc = redisAppendCommandArgv(k->c, argc, argv, len);
+    idem_free(rec);
+    return rc == REDIS_OK ? IDEM_OK : IDEM_E_NOMEM;
+}
+
+/* A decimal integer reply element (bulk string), strictly. */
+static int num_field(const redisReply *r, int64_t *out)
+{
+    if (!reply_is(r, REDIS_REPLY_STRING) || r->len == 0 || r->len > 20)
+        return 0;
+    char buf[24], *end;
+    memcpy(buf, r->str, r->len);
+    buf[r->len] = '\0';
+    if (buf[0] != '-' && (buf[0] < '0' || buf[0] > '9'))
+        return 0;
+    errno = 0;
+    long long v = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* Build a record from its fields st fl fp fe lu ex r (f[0..6]). */
+static idem_err_t rec_from_fields(redisReply *const *f, idem_record_t *rec)
+{
+    int64_t st, fl, fe, lu, ex;
+    const uint32_t known = IDEM_REC_HELD | IDEM_REC_NOT_RETAINED | IDEM_REC_TOKEN;
+
+    memset(rec, 0, sizeof *rec);
+    if (!num_field(f[0], &st) || !num_field(f[1], &fl) || !reply_is(f[2], REDIS_REPLY_STRING) ||
+        f[2]->len != IDEM_FP_LEN || !num_field(f[3], &fe) || !num_field(f[4], &lu) ||
+        !num_field(f[5], &ex) || (st != IDEM_STATE_IN_PROGRESS && st != IDEM_STATE_COMPLETED) ||
+        fl < 0 || ((uint64_t)fl & ~(uint64_t)known) != 0 || fe < 0)
+        return IDEM_E_CORRUPT;
+    if (reply_is(f[6], REDIS_REPLY_STRING)) {
+        idem_err_t err = idem_record_decode((const uint8_t *)f[6]->str, f[6]->len, rec);
+        if (err != IDEM_OK)
+            return err;
+        if ((int64_t)rec->state != st || (int64_t)rec->flags != fl || rec->fence != (uint64_t)fe ||
+            rec->lease_until_ms != lu || rec->expires_at_ms != ex ||
+            memcmp(rec->fingerprint, f[2]->str, IDEM_FP_LEN) != 0) {
+            idem_record_cleanup(rec);
+            return IDEM_E_CORRUPT;
+        }
+        return IDEM_OK;
+    }
+    if (!reply_is(f[6], REDIS_REPLY_NIL))
+        return IDEM_E_CORRUPT;
+    rec->state = (idem_state_t)st;
+    rec->flags = (uint32_t)fl;
+    memcpy(rec->fingerprint, f[2]->str, IDEM_FP_LEN);
+    rec->fence = (uint64_t)fe;
+    rec->lease_until_ms = lu;
+    rec->expires_at_ms = ex;
+    return IDEM_OK;
+}
+
+/* Set an op's outputs from its script's reply. */
+static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *r)
+{
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements < 1 ||
+        !reply_is(r->element[0], REDIS_REPLY_INTEGER)) {
+        idem__store_seterr(&s->base, "redis: unexpected answer from a script");
+        op->err = IDEM_E_IO;
+        return;
+    }
+    switch (r->element[0]->integer) {
+    case ST_OK:
+        break;
+    case ST_FENCE:
+        op->err = IDEM_E_FENCE;
+        return;
+    case ST_EXISTS:
+        op->err = IDEM_E_EXISTS;
+        return;
+    case ST_CORRUPT:
+        idem__store_seterr(&s->base, "redis: the value of key \"%.64s\" of scope %.16s... is "
+                           "not an idem record", op->id.key, op->id.scope);
+        op->err = IDEM_E_CORRUPT;
+        return;
+    case ST_NOTFOUND:
+        op->err = IDEM_E_NOTFOUND;
+        return;
+    default:
+        op->err = IDEM_E_IO;
+        return;
+    }
+    if (op->kind == IDEM_OP_TOKEN_USE) {
+        if (r->elements >= 2 && reply_is(r->element[1], REDIS_REPLY_INTEGER) &&
+            r->element[1]->integer >= IDEM_TOKEN_FIRST_USE &&
+            r->element[1]->integer <= IDEM_TOKEN_INVALID)
+            op->token = (idem_token_verdict_t)r->element[1]->integer;
+        else
+            op->err = IDEM_E_IO;
+        return;
+    }
+    if (op->kind != IDEM_OP_CLAIM)
+        return;
+    if (r->elements < 4 || !reply_is(r->element[1], REDIS_REPLY_INTEGER) ||
+        !reply_is(r->element[2], REDIS_REPLY_INTEGER) ||
+        !reply_is(r->element[3], REDIS_REPLY_INTEGER) || r->element[1]->integer < 1 ||
+        r->element[1]->integer > IDEM_DECIDE_NOT_RETAINED || r->element[2]->integer < 0) {
+        idem__store_seterr(&s->base, "redis: unexpected answer from the claim script");
+        op->err = IDEM_E_IO;
+        return;
+    }
+    op->decision.kind = (idem_decision_kind_t)r->element[1]->integer;
+    op->decision.fence = (uint64_t)r->element[2]->integer;
+    op->decision.retry_after_s = r->element[3]->integer;
+    if (op->decision.kind == IDEM_DECIDE_REPLAY) {
+        if (r->elements != 11) {
+            op->err = IDEM_E_IO;
+            return;
+        }
+        op->err = rec_from_fields(r->element + 4, &op->record);
+    }
+}
+
+/* Map a Redis error reply to ours. */
+static idem_err_t map_error(const char *msg, int *broken)
+{
+    if (strstr(msg, "OOM") != NULL)
+        return IDEM_E_STORE_FULL;
+    if (strstr(msg, "READONLY") != NULL || strstr(msg, "MASTERDOWN") != NULL)
+        *broken = 1; /* a failover: find the master again */
+    return IDEM_E_STORE_DOWN;
+}
+
+#define MARKED(m, i) ((m)[(i) / 8] & (1u << ((i) % 8)))
+#define UNMARK(m, i) ((m)[(i) / 8] &= (uint8_t) ~(1u << ((i) % 8)))
+
+/* What one MULTI/EXEC round did. */
+struct round {
+    size_t ran;       /* ops whose script ran */
+    size_t noscript;  /* ops still marked: NOSCRIPT */
+    size_t failed;    /* ops that got another error (op->err set) */
+    idem_err_t first; /* the first such error */
+    int broken;       /* the connection must be dropped */
+};
+
+/* Run the marked ops as MULTI, EVALSHA..., EXEC.  Returns a batch error when
+ * the round as a whole failed (nothing known to be written). */
+static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *ops, size_t n,
+                            uint8_t *mark, struct round *out)
+{
+    redisContext *c = k->c;
+    redisReply *r = NULL;
+    size_t sent = 0;
+    char qerr[160] = "";
+
+    memset(out, 0, sizeof *out);
+    redisAppendCommandArgv(c, 1, (const char *[]){"MULTI"}, (const size_t[]){5});
+    for (size_t i = 0; i < n; i++) {
+        if (!MARKED(mark, i))
+            continue;
+        idem_err_t err = append_op(s, k, &ops[i]);
+        if (err != IDEM_OK) {
+            /* Nothing was sent yet; the half-written buffer goes with the connection. */
+            out->broken = 1;
+            idem__store_seterr(&s->base, "redis: %s while preparing a batch",
+                               idem_strerror(err));
+            return err;
+        }
+        sent++;
+    }
+    redisAppendCommandArgv(c, 1, (const char *[]){"EXEC"}, (const size_t[]){4});
+
+    for (size_t i = 0; i < sent + 1; i++) { /* +OK, then +QUEUED or an error per op */
+        if (redisGetReply(c, (void **)&r) != REDIS_OK)
+            goto lost;
+        if (reply_is(r, REDIS_REPLY_ERROR) && qerr[0] == '\0')
+            say(qerr, sizeof qerr, "%s", r->str);
+        freeReplyObject(r);
+    }
+    if (redisGetReply(c, (void **)&r) != REDIS_OK)
+        goto lost;
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != sent) {
+        idem_err_t err = IDEM_E_STORE_DOWN;
+        const char *msg = qerr[0] ? qerr : reply_is(r, REDIS_REPLY_ERROR) ? r->str : "";
+        err = map_error(msg, &out->broken);
+        if (!reply_is(r, REDIS_REPLY_ERROR))
+            out->broken = 1; /* not even an error: the conversation is lost */
+        idem__store_seterr(&s->base, "redis %s: batch refused: %.150s", s->where,
+                           msg[0] ? msg : "unexpected answer to EXEC");
+        freeReplyObject(r);
+        return err;
+    }
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!MARKED(mark, i))
+            continue;
+        const redisReply *e = r->element[j++];
+        if (reply_is(e, REDIS_REPLY_ERROR) && strncmp(e->str, "NOSCRIPT", 8) == 0) {
+            out->noscript++;
+            continue;
+        }
+        UNMARK(mark, i);
+        if (reply_is(e, REDIS_REPLY_ERROR)) {
+            ops[i].err = map_error(e->str, &out->broken);
+            idem__store_seterr(&s->base, "redis %s: %.150s", s->where, e->str);
+            if (out->failed++ == 0)
+                out->first = ops[i].err;
+            continue;
+        }
+        take_result(s, &ops[i], e);
+        out->ran++;
+    }
+    freeReplyObject(r);
+    return IDEM_OK;
+
+lost:
+    out->broken = 1;
+    {
+        char why[200];
+        errtext_io(why, sizeof why, s->where, c, s->cfg.timeout_ms);
+        idem__store_seterr(&s->base, "redis %s; the batch's outcome is unknown", why);
+    }
+    return IDEM_E_STORE_DOWN;
+}
+
+static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    uint8_t mark[(IDEM_STORE_BATCH_MAX + 7) / 8];
+    size_t todo = 0;
+    struct nopipe g;
+    struct conn *k;
+
+    memset(mark, 0, (n + 7) / 8);
+    for (size_t i = 0; i < n; i++) {
+        if (ops[i].err != IDEM_OK)
+            continue;
+        if (!op_in_range(&ops[i])) {
+            idem__store_seterr(base, "redis: times and fences must lie within +-2^53");
+            ops[i].err = IDEM_E_INVAL;
+            continue;
+        }
+        mark[i / 8] |= (uint8_t)(1u << (i % 8));
+        todo++;
+    }
+    if (todo == 0)
+        return IDEM_OK;
+
+    nopipe_begin(&g);
+    idem_err_t err = acquire(s, &k);
+    if (err != IDEM_OK) {
+        nopipe_end(&g);
+        return err;
+    }
+    struct round rd;
+    size_t ran = 0, failed = 0;
+    idem_err_t first = IDEM_OK;
+    int broken = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        err = run_round(s, k, ops, n, mark, &rd);
+        broken |= rd.broken;
+        if (err != IDEM_OK)
+            break;
+        ran += rd.ran;
+        if (rd.failed > 0 && failed == 0)
+            first = rd.first;
+        failed += rd.failed;
+        if (rd.noscript == 0)
+            break;
+        char why[256];
+        if (pass == 0 && load_scripts(k, why, sizeof why, s->cfg.timeout_ms) == 0)
+            continue;
+        /* Scripts that cannot be loaded, or vanish again at once. */
+        if (pass == 0) {
+            idem__store_seterr(base, "redis %s: %s", s->where, why);
+            broken = 1;
+        } else {
+            idem__store_seterr(base, "redis %s: NOSCRIPT right after SCRIPT LOAD", s->where);
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (MARKED(mark, i)) {
+                ops[i].err = IDEM_E_STORE_DOWN;
+                if (failed++ == 0)
+                    first = IDEM_E_STORE_DOWN;
+            }
+        }
+        break;
+    }
+    release(s, k, broken);
+    nopipe_end(&g);
+    if (err == IDEM_OK && ran == 0 && failed > 0)
+        err = first; /* nothing ran: the batch failed as a whole */
+    return err;
+}
+
+/* ---- get, sweep, ping ------------------------------------------------------- */
+
+static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t now_ms,
+                            idem_record_t *rec)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    char key[KEYBUF];
+    const char *argv[] = {"HMGET", key, "st", "fl", "fp", "fe", "lu", "ex", "r"};
+    size_t len[] = {5, make_key(s, id, key), 2, 2, 2, 2, 2, 2, 1};
+    struct nopipe g;
+    struct conn *k;
+
+    nopipe_begin(&g);
+    idem_err_t err = acquire(s, &k);
+    if (err != IDEM_OK) {
+        nopipe_end(&g);
+        return err == IDEM_E_NOMEM ? err : IDEM_E_STORE_DOWN;
+    }
+    redisReply *r = command(k->c, 9, argv, len);
+    int broken = 0;
+    if (r == NULL) {
+        char why[200];
+        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__store_seterr(base, "redis %s", why);
+        broken = 1;
+        err = IDEM_E_STORE_DOWN;
+    } else if (reply_is(r, REDIS_REPLY_ERROR)) {
+        idem__store_seterr(base, "redis %s: %.150s", s->where, r->str);
+        err = strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT : map_error(r->str, &broken);
+    } else if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7) {
+        idem__store_seterr(base, "redis %s: unexpected answer to HMGET", s->where);
+        broken = 1;
+        err = IDEM_E_STORE_DOWN;
+    } else {
+        int present = 0;
+        for (size_t i = 0; i < 7; i++)
+            present |= !reply_is(r->element[i], REDIS_REPLY_NIL);
+        if (!present) {
+            err = IDEM_E_NOTFOUND;
+        } else {
+            err = rec_from_fields(r->element, rec);
+            if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
+                idem_record_cleanup(rec);
+                err = IDEM_E_NOTFOUND;
+            }
+        }
+    }
+    freeReplyObject(r);
+    release(s, k, broken);
+    nopipe_end(&g);
+    return err;
+}
+
+/* Run the sweep script over keys[0..nkeys); *gone gets how many it deleted. */
+static idem_err_t sweep_keys(struct redis_store *s, struct conn *k, redisReply **keys,
+                             size_t nkeys, int64_t now_ms, size_t *gone, int *broken)
+{
+    const char *argv[4 + SWEEP_KEYS_PER_CALL];
+    size_t len[4 + SWEEP_KEYS_PER_CALL];
+    char nk[24], now[24];
+
+    *gone = 0;
+    argv[0] = "EVALSHA";
+    len[0] = 7;
+    argv[2] = nk;
+    len[2] = (size_t)snprintf(nk, sizeof nk, "%zu", nkeys);
+    for (size_t i = 0; i < nkeys; i++) {
+        argv[3 + i] = keys[i]->str;
+        len[3 + i] = keys[i]->len;
+    }
+    argv[3 + nkeys] = now;
+    len[3 + nkeys] = (size_t)snprintf(now, sizeof now, "%lld", (long long)now_ms);
+    for (int pass = 0; pass < 2; pass++) {
+        argv[1] = k->sha[S_SWEEP];
+        len[1] = 40;
+        redisReply *r = command(k->c, (int)(4 + nkeys), argv, len);
+        if (r == NULL) {
+            char why[200];
+            errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+            idem__store_seterr(&s->base, "redis %s", why);
+            *broken = 1;
+            return IDEM_E_STORE_DOWN;
+        }
+        if (reply_is(r, REDIS_REPLY_INTEGER) && r->integer >= 0) {
+            *gone = (size_t)r->integer;
+            freeReplyObject(r);
+            return IDEM_OK;
+        }
+        int noscript = reply_is(r, REDIS_REPLY_ERROR) && strncmp(r->str, "NOSCRIPT", 8) == 0;
+        idem__store_seterr(&s->base, "redis %s: sweep: %.150s", s->where,
+                           reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
+        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? map_error(r->str, broken) : IDEM_E_IO;
+        freeReplyObject(r);
+        char why[256];
+        if (!noscript || pass > 0)
+            return err;
+        if (load_scripts(k, why, sizeof why, s->cfg.timeout_ms) != 0) {
+            idem__store_seterr(&s->base, "redis %s: %s", s->where, why);
+            *broken = 1;
+            return IDEM_E_STORE_DOWN;
+        }
+    }
+    return IDEM_E_STORE_DOWN;
+}
+
+/* One SCAN step from the saved cursor; the keys it found become the pending ones. */
+static idem_err_t scan_step(struct redis_store *s, struct conn *k, int *broken)
+{
+    char cur[24];
+    const char *argv[] = {"SCAN", cur, "MATCH", s->match, "COUNT", SWEEP_SCAN_COUNT};
+    size_t len[] = {4, (size_t)snprintf(cur, sizeof cur, "%llu", s->sweep_cursor), 5,
+                    strlen(s->match), 5, sizeof SWEEP_SCAN_COUNT - 1};
+    redisReply *r = command(k->c, 6, argv, len);
+    if (r == NULL) {
+        char why[200];
+        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__store_seterr(&s->base, "redis %s", why);
+        *broken = 1;
+        return IDEM_E_STORE_DOWN;
+    }
+    unsigned long long next;
+    char buf[24], *end;
+    if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 2 ||
+        !reply_is(r->element[0], REDIS_REPLY_STRING) || r->element[0]->len == 0 ||
+        r->element[0]->len >= sizeof buf || !reply_is(r->element[1], REDIS_REPLY_ARRAY)) {
+        idem__store_seterr(&s->base, "redis %s: SCAN: %.150s", s->where,
+                           reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
+        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? map_error(r->str, broken) : IDEM_E_IO;
+        freeReplyObject(r);
+        return err;
+    }
+    memcpy(buf, r->element[0]->str, r->element[0]->len);
+    buf[r->element[0]->len] = '\0';
+    errno = 0;
+    next = strtoull(buf, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        freeReplyObject(r);
+        idem__store_seterr(&s->base, "redis %s: SCAN gave a bad cursor", s->where);
+        return IDEM_E_IO;
+    }
+    for (size_t i = 0; i < r->element[1]->elements; i++) {
+        if (!reply_is(r->element[1]->element[i], REDIS_REPLY_STRING)) {
+            freeReplyObject(r);
+            idem__store_seterr(&s->base, "redis %s: SCAN gave a key that is no string",
+                               s->where);
+            return IDEM_E_IO;
+        }
+    }
+    s->sweep_cursor = next;
+    s->sweep_started = 1;
+    freeReplyObject(s->sweep_keys);
+    s->sweep_keys = r;
+    s->sweep_next = 0;
+    return IDEM_OK;
+}
+
+static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    struct nopipe g;
+    struct conn *k;
+    size_t visited = 0, total = 0;
+    int steps = 0, broken = 0;
+
+    *removed = 0;
+    if (!in_range(now_ms)) {
+        idem__store_seterr(base, "redis: times must lie within +-2^53");
+        return IDEM_E_INVAL;
+    }
+    nopipe_begin(&g);
+    idem_err_t err = acquire(s, &k);
+    if (err != IDEM_OK) {
+        nopipe_end(&g);
+        return err;
+    }
+    pthread_mutex_lock(&s->sweep_lock);
+    while (visited < max) {
+        redisReply *pending = s->sweep_keys ? s->sweep_keys->element[1] : NULL;
+        if (pending != NULL && s->sweep_next < pending->elements) {
+            size_t m = pending->elements - s->sweep_next;
+            if (m > max - visited)
+                m = max - visited;
+            if (m > SWEEP_KEYS_PER_CALL)
+                m = SWEEP_KEYS_PER_CALL;
+            size_t gone;
+            err = sweep_keys(s, k, pending->element + s->sweep_next, m, now_ms, &gone, &broken);
+            if (err != IDEM_OK)
+                break;
+            total += gone;
+            visited += m;
+            s->sweep_next += m;
+            continue;
+        }
+        freeReplyObject(s->sweep_keys);
+        s->sweep_keys = NULL;
+        if (s->sweep_started && s->sweep_cursor == 0) {
+            s->sweep_started = 0; /* a whole pass is done: the next call starts over */
+            break;
+        }
+        if (steps++ == SWEEP_STEPS_MAX)
+            break;
+        err = scan_step(s, k, &broken);
+        if (err != IDEM_OK)
+            break;
+    }
+    pthread_mutex_unlock(&s->sweep_lock);
+    release(s, k, broken);
+    nopipe_end(&g);
+    *removed = total;
+    return err;
+}
+
+static idem_err_t redis_ping(idem_store_t *base)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    struct nopipe g;
+    struct conn *k;
+
+    nopipe_begin(&g);
+    idem_err_t err = acquire(s, &k);
+    if (err != IDEM_OK) {
+        nopipe_end(&g);
+        return IDEM_E_STORE_DOWN;
+    }
+    redisReply *r = command(k->c, 1, (const char *[]){"PING"}, (const size_t[]){4});
+    int broken = 0;
+    if (r == NULL) {
+        char why[200];
+        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__store_seterr(base, "redis %s", why);
+        broken = 1;
+        err = IDEM_E_STORE_DOWN;
+    } else if (!reply_is(r, REDIS_REPLY_STATUS) || strcmp(r->str, "PONG") != 0) {
+        idem__store_seterr(base, "redis %s: PING: %.150s", s->where,
+                           reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
+        if (reply_is(r, REDIS_REPLY_ERROR))
+            map_error(r->str, &broken);
+        err = IDEM_E_STORE_DOWN;
+    }
+    freeReplyObject(r);
+    release(s, k, broken);
+    nopipe_end(&g);
+    return err;
+}
+
+/* ---- open, close ------------------------------------------------------------ */
+
+static void redis_close(idem_store_t *base)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    while (s->idle != NULL) {
+        struct conn *k = s->idle;
+        s->idle = k->next;
+        conn_free(k);
+    }
+    freeReplyObject(s->sweep_keys);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->sweep_lock);
+    idem_free(s);
+}
+
+static idem_err_t open_common(const char *rest, int sentinel, idem_store_t **out, char *errbuf,
+                              size_t errlen)
+{
+    struct rcfg cfg;
+
+    if (parse_url(rest, sentinel, &cfg, errbuf, errlen) != 0)
+        return IDEM_E_INVAL;
+    if (out == NULL)
+        return IDEM_OK; /* idem_store_check_url: the URL is good */
+
+    struct redis_store *s = idem_calloc(1, sizeof *s);
+    if (s == NULL)
+        return IDEM_E_NOMEM;
+    s->base.ops = sentinel ? &idem__store_redis_sentinel_ops : &idem__store_redis_ops;
+    s->base.exec_is_cheap = false;
+    s->cfg = cfg;
+    if (sentinel)
+        say(s->where, sizeof s->where, "master %s", cfg.master);
+    else if (strchr(cfg.ep[0].host, ':') != NULL)
+        say(s->where, sizeof s->where, "[%s]:%d", cfg.ep[0].host, cfg.ep[0].port);
+    else
+        say(s->where, sizeof s->where, "%s:%d", cfg.ep[0].host, cfg.ep[0].port);
+    /* SCAN's pattern: the prefix with glob characters escaped, then '*'. */
+    size_t m = 0;
+    for (size_t i = 0; i < cfg.prefix_len; i++) {
+        if (strchr("*?[]\\", cfg.prefix[i]) != NULL)
+            s->match[m++] = '\\';
+        s->match[m++] = cfg.prefix[i];
+    }
+    s->match[m++] = '*';
+    s->match[m] = '\0';
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->sweep_lock, NULL);
+
+    /* One connection now, so a wrong address or password fails the open. */
+    struct nopipe g;
+    struct conn *k;
+    nopipe_begin(&g);
+    idem_err_t err = acquire(s, &k);
+    if (err == IDEM_OK)
+        release(s, k, 0);
+    nopipe_end(&g);
+    if (err != IDEM_OK) {
+        idem__store_errbuf(errbuf, errlen, "redis %s: %s", s->where,
+                           s->last_err[0] ? s->last_err : idem_strerror(err));
+        redis_close(&s->base);
+        return err;
+    }
+    *out = &s->base;
+    return IDEM_OK;
+}
+
+static idem_err_t redis_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    return open_common(rest, 0, out, errbuf, errlen);
+}
+
+static idem_err_t sentinel_open(const char *rest, idem_store_t **out, char *errbuf,
+                                size_t errlen)
+{
+    return open_common(rest, 1, out, errbuf, errlen);
+}
+
+const struct idem_store_ops idem__store_redis_ops = {
+    .name = "redis",
+    .scheme = "redis",
+    .open = redis_open,
+    .close = redis_close,
+    .exec = redis_exec,
+    .get = redis_get,
+    .sweep = redis_sweep,
+    .ping = redis_ping,
+};
+
+const struct idem_store_ops idem__store_redis_sentinel_ops = {
+    .name = "redis",
+    .scheme = "redis+sentinel",
+    .open = sentinel_open,
+    .close = redis_close,
+    .exec = redis_exec,
+    .get = redis_get,
+    .sweep = redis_sweep,
+    .ping = redis_ping,
+};
