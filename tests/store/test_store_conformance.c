@@ -1132,6 +1132,11 @@ static int claim_all(idem_store_t *s, uint8_t *out, int reverse)
         if (idem_store_claim(s, &op) != IDEM_OK)
             return -1;
         out[k] = (uint8_t)idem_decision_forwards(op.decision.kind);
+        /* LMDB's writer mutex is not fair: a process that commits in a
+         * tight loop can take it back before the other one wakes.  A pause
+         * now and then lets both really interleave. */
+        if (i % 8 == 7)
+            usleep(300);
     }
     return 0;
 }
@@ -1153,7 +1158,9 @@ Test(store_lmdb, another_process_never_forwards_a_key_we_forwarded, .init = setu
         close(go[1]);
         if (idem_store_open(url, &s, NULL, 0) != IDEM_OK)
             _exit(2);
-        if (read(go[0], &c, 1) != 1)
+        /* Ready: the parent starts only now, so both claim at once even when
+         * opening is slow (a sanitizer build). */
+        if (write(res[1], "r", 1) != 1 || read(go[0], &c, 1) != 1)
             _exit(3);
         if (claim_all(s, mine, 1) != 0)
             _exit(4);
@@ -1165,6 +1172,8 @@ Test(store_lmdb, another_process_never_forwards_a_key_we_forwarded, .init = setu
     close(res[1]);
     close(go[0]);
     uint8_t ours[FORK_KEYS] = {0}, theirs[FORK_KEYS] = {0};
+    char ready;
+    cr_assert_eq(read(res[0], &ready, 1), 1, "the child could not open the store");
     cr_assert_eq(write(go[1], "g", 1), 1);
     cr_assert_eq(claim_all(st, ours, 0), 0);
     size_t got = 0;
