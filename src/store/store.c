@@ -296,7 +296,8 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
     const char *colon = strchr(url, ':');
     if (colon == NULL || colon == url || colon - url > SCHEME_MAX) {
         idem__store_errbuf(errbuf, errlen,
-                           "store URL \"%.64s\" has no scheme (expected memory: or lmdb:PATH)",
+                           "store URL \"%.64s\" has no scheme (expected lmdb:PATH, redis://, "
+                           "redis+sentinel://, postgres:// or memory:)",
                            url);
         return IDEM_E_INVAL;
     }
@@ -307,7 +308,8 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
             return ops->open(colon + 1, out, errbuf, errlen);
     }
     idem__store_errbuf(errbuf, errlen,
-                       "unknown store scheme \"%.*s\" (this build knows memory: and lmdb:)",
+                       "unknown store scheme \"%.*s\" (this build knows lmdb:, redis://, "
+                       "redis+sentinel://, postgres://, postgresql:// and memory:)",
                        (int)sl, url);
     return IDEM_E_INVAL;
 }
