@@ -32,6 +32,8 @@
 static const struct idem_store_ops *const backends[] = {
     &idem__store_memory_ops,
     &idem__store_lmdb_ops,
+    &idem__store_postgres_ops,
+    &idem__store_postgresql_ops,
 };
 
 #define SCHEME_MAX 32

@@ -72,6 +72,7 @@ struct idem_store {
 /* The backends store.c knows (one per file). */
 extern const struct idem_store_ops idem__store_memory_ops;
 extern const struct idem_store_ops idem__store_lmdb_ops;
+extern const struct idem_store_ops idem__store_postgres_ops, idem__store_postgresql_ops;
 
 /* ---- helpers for backends (store.c) -------------------------------------- */
 
