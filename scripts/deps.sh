@@ -8,7 +8,9 @@ set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
             libjansson-dev libyaml-dev libcurl4-openssl-dev curl python3)
+build_pkgs+=(libpq-dev)
 test_pkgs=(libcriterion-dev clang libclang-rt-14-dev lmdb-utils)
+test_pkgs+=(postgresql)
 bench_pkgs=(nginx wrk linux-perf valgrind)
 
 want=("${build_pkgs[@]}")
