@@ -102,7 +102,8 @@
  * THREADING: any number of threads may call exec, get, sweep and ping at
  * once; each holds its own connection while it runs.  The pool's mutex
  * guards the idle list, the counts and the outage state.  After fork() a
- * child must open its own store and not use its parent's.
+ * child must open its own store and neither use nor close its parent's
+ * (closing would end the parent's sessions).
  */
 #include <errno.h>
 #include <libpq-fe.h>
@@ -319,7 +320,6 @@ static void mark_down(struct pg_store *s, const char *why)
     pthread_cond_broadcast(&s->cv);
 }
 
-
 /* Wait until the socket is ready for events; -1 on timeout or error. */
 static int wait_sock(PGconn *pq, short events, int64_t deadline, short *revents)
 {
@@ -378,7 +378,7 @@ static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **r
 {
     int64_t deadline = mono_ms() + s->cfg.timeout_ms + DEADLINE_SLACK_MS;
     int got = 0, nulls = 0;
-    bool late = false;
+    bool late;
 
     for (int i = 0; i < nq; i++)
         res[i] = NULL;
@@ -388,10 +388,8 @@ static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **r
         PGresult *r;
         if (PQstatus(pq) == CONNECTION_BAD)
             goto broken;
-        if (next_result(pq, deadline, &r) != 0) {
-            late = mono_ms() >= deadline;
+        if (next_result(pq, deadline, &r) != 0)
             goto broken;
-        }
         if (r == NULL) {
             if (++nulls > 1)
                 goto broken; /* nothing pending: the protocol lost its way */
@@ -412,6 +410,7 @@ static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **r
         return R_OK;
 
 broken:
+    late = PQstatus(pq) != CONNECTION_BAD && mono_ms() >= deadline;
     if (late) {
         /* A server that stopped answering is down: let the others fail fast. */
         char why[64];
@@ -1223,6 +1222,13 @@ lost:
     return R_STALE;
 }
 
+/* Before COMMIT is sent nothing can have been written: a connection that
+ * broke then is only stale, and the batch may run again on another. */
+static enum outcome before_commit(enum outcome o)
+{
+    return o == R_BROKEN ? R_STALE : o;
+}
+
 /* One attempt at a batch in one transaction on connection pq. */
 static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, idem_err_t *err)
 {
@@ -1247,7 +1253,7 @@ static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, i
     PQclear(res[0]);
     if (o != R_OK) {
         PQclear(res[1]);
-        return o;
+        return before_commit(o);
     }
     take_rows(b, res[1]);
 
@@ -1263,7 +1269,7 @@ static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, i
         for (size_t i = 0; i < b->nkeys; i++)
             wrote = wrote || (b->keys[i].round && b->keys[i].changed);
         if ((o = write_round(s, pq, b, &conflicts, err)) != R_OK)
-            return o;
+            return before_commit(o);
         if (conflicts == 0)
             break;
         if (round == CONFLICT_ROUNDS || b->nheld == sizeof b->held / sizeof b->held[0]) {
@@ -1279,7 +1285,7 @@ static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, i
         if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
             o = classify(s, pq, res[0], "reading rows again", err);
             PQclear(res[0]);
-            return o;
+            return before_commit(o);
         }
         take_rows(b, res[0]);
     }
@@ -1363,7 +1369,8 @@ static idem_err_t pg_exec(idem_store_t *base, idem_op_t *ops, size_t n)
 /* ---- get, sweep, ping ------------------------------------------------------ */
 
 /* Run fn on a borrowed connection, once more on a fresh one if the first
- * was stale.  fn returns an outcome and sets *err for R_FAIL. */
+ * broke (get, ping and one sweep step may always run again).  fn returns
+ * an outcome and sets *err for R_FAIL. */
 typedef enum outcome (*work_fn)(struct pg_store *s, PGconn *pq, void *arg, idem_err_t *err);
 
 static idem_err_t with_conn(struct pg_store *s, work_fn fn, void *arg)
@@ -1379,7 +1386,7 @@ static idem_err_t with_conn(struct pg_store *s, work_fn fn, void *arg)
         give_back(s, c, o);
         if (o == R_OK || o == R_FAIL)
             return o == R_OK ? IDEM_OK : err;
-        if (fresh || o != R_STALE)
+        if (fresh)
             return IDEM_E_STORE_DOWN;
     }
     return IDEM_E_STORE_DOWN;

@@ -22,6 +22,7 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1959,4 +1960,211 @@ Test(store_postgres, outage_fails_fast_and_recovers_by_itself, .timeout = 120)
     cr_expect_eq(claim_on(s, "during", 1, T0 + 3).kind, IDEM_DECIDE_CLAIM);
     idem_store_close(s);
     cluster_destroy(&c);
+}
+
+/* The pid of the one backend serving the store's connection (pool=1). */
+static int backend_pid(PGconn *c, const char *app)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT pid FROM pg_stat_activity WHERE application_name = '%s'",
+             app);
+    for (int i = 0; i < 100; i++) {
+        PGresult *r = pg_run(c, sql);
+        int pid = PQntuples(r) == 1 ? atoi(PQgetvalue(r, 0, 0)) : 0;
+        PQclear(r);
+        if (pid > 0)
+            return pid;
+        usleep(10000);
+    }
+    cr_assert_fail("no backend for application_name %s", app);
+    return 0;
+}
+
+/* A server that stops answering (its backend frozen) costs a caller at most
+ * timeout + 1 s, then the store is down and calls fail at once; when it
+ * answers again the store recovers by itself. */
+Test(store_postgres, hung_server_times_out_and_fails_fast, .timeout = 120)
+{
+    struct cluster c;
+    cluster_init(&c);
+    char u[256], err[256] = "", app[32];
+    snprintf(app, sizeof app, "idem_hung_%d", (int)getpid());
+    snprintf(u, sizeof u,
+             "postgres://postgres@127.0.0.1:%d/postgres?timeout=500ms&pool=1"
+             "&application_name=%s",
+             c.port, app);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    cr_assert_eq(claim_on(s, "k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    char du[128];
+    snprintf(du, sizeof du, "postgres://postgres@127.0.0.1:%d/postgres", c.port);
+    PGconn *direct = PQconnectdb(du);
+    cr_assert_eq(PQstatus(direct), CONNECTION_OK, "%s", PQerrorMessage(direct));
+    int pid = backend_pid(direct, app);
+    cr_assert_eq(kill(pid, SIGSTOP), 0);
+
+    int64_t t0 = now_ms();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+    int64_t took = now_ms() - t0;
+    cr_expect(took >= 1400 && took < 3000, "a hung server cost %lld ms", (long long)took);
+    cr_expect(strstr(idem_store_errstr(s), "no answer") != NULL, "errstr: %s",
+              idem_store_errstr(s));
+    t0 = now_ms();
+    cr_expect_eq(idem_store_ping(s), IDEM_E_STORE_DOWN);
+    cr_expect_lt(now_ms() - t0, 50, "in backoff a call must fail at once");
+
+    kill(pid, SIGCONT);
+    t0 = now_ms();
+    while (idem_store_ping(s) != IDEM_OK && now_ms() - t0 < 10000)
+        usleep(20000);
+    cr_expect_eq(idem_store_ping(s), IDEM_OK);
+    cr_expect_eq(claim_on(s, "k", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(direct);
+    idem_store_close(s);
+    cluster_destroy(&c);
+}
+
+/* Wait until a session waits for a lock on a query that starts with prefix. */
+static void wait_for_lock_wait(PGconn *c, const char *prefix)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+             "AND query LIKE '%s%%'",
+             prefix);
+    for (int i = 0; i < 500; i++) {
+        if (pg_num(c, sql) > 0)
+            return;
+        usleep(10000);
+    }
+    cr_assert_fail("no session waited for a lock on %s", prefix);
+}
+
+/* A deadlock with another transaction: PostgreSQL aborts the store's batch,
+ * which runs again and succeeds once the other transaction is through. */
+Test(store_postgres, deadlocked_batch_runs_again, .init = setup_postgres, .fini = teardown,
+     .timeout = 60)
+{
+    claim("a", 1, T0);
+    claim("b", 1, T0);
+    PGconn *other = pg_direct(), *watch = pg_direct();
+    char sql[256];
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'b' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+
+    struct pg_claimer cl = {{claim_op("a", 1, T0 + 1), claim_op("b", 1, T0 + 1)}, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &cl), 0);
+    wait_for_lock_wait(watch, "SELECT t.scope");
+    /* The store holds a and waits for b; now we wait for a: a cycle. */
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'a' FOR UPDATE", pg_tables[0]);
+    cr_assert_eq(PQsendQuery(other, sql), 1);
+    PGresult *r;
+    bool failed = false;
+    while ((r = PQgetResult(other)) != NULL) {
+        failed = failed || PQresultStatus(r) == PGRES_FATAL_ERROR;
+        PQclear(r);
+    }
+    cr_expect_not(failed, "PostgreSQL chose our transaction, not the store's");
+    pg_sql(other, "COMMIT");
+    pthread_join(t, NULL);
+    cr_assert_eq(cl.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(cl.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(cl.ops[1].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(other);
+    PQfinish(watch);
+}
+
+/* A lock held longer than timeout: the batch fails (statement_timeout) but
+ * the store is not down, and the next batch works at once. */
+Test(store_postgres, lock_held_past_the_timeout_fails_the_batch_alone, .init = setup_postgres,
+     .fini = teardown)
+{
+    claim("a", 1, T0);
+    idem_store_t *s;
+    char u[512], err[256] = "";
+    snprintf(u, sizeof u, "%s&timeout=200ms", url);
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    PGconn *other = pg_direct();
+    char sql[256];
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'a' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+    int64_t t0 = now_ms();
+    idem_op_t op = claim_op("a", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+    cr_expect_lt(now_ms() - t0, 1000);
+    cr_expect(strstr(idem_store_errstr(s), "57014") != NULL, "errstr: %s",
+              idem_store_errstr(s));
+    pg_sql(other, "COMMIT");
+    cr_expect_eq(claim_on(s, "a", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(claim_on(s, "new", 1, T0 + 2).kind, IDEM_DECIDE_CLAIM);
+    PQfinish(other);
+    idem_store_close(s);
+}
+
+struct pool_watch {
+    const char *app;
+    atomic_int stop;
+    int most; /* the most connections seen at once */
+};
+
+static void *pool_watch_main(void *arg)
+{
+    struct pool_watch *w = arg;
+    PGconn *c = PQconnectdb(getenv("IDEM_TEST_PG_URL"));
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", w->app);
+    while (PQstatus(c) == CONNECTION_OK && !atomic_load(&w->stop)) {
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+            int n = atoi(PQgetvalue(r, 0, 0));
+            if (n > w->most)
+                w->most = n;
+        }
+        PQclear(r);
+        usleep(2000);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+static void *pool_claims_main(void *arg)
+{
+    idem_store_t *s = arg;
+    char key[32];
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "p-%lx-%d", (unsigned long)pthread_self(), i);
+        idem_op_t op = claim_op(key, 1, T0);
+        if (idem_store_claim(s, &op) != IDEM_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+Test(store_postgres, pool_bounds_the_connections, .init = setup_postgres, .fini = teardown)
+{
+    char u[512], err[256] = "", app[48];
+    snprintf(app, sizeof app, "idem_pool_%d", (int)getpid());
+    snprintf(u, sizeof u, "%s&pool=2&application_name=%s", url, app);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    struct pool_watch w = {.app = app};
+    pthread_t wt, t[8];
+    cr_assert_eq(pthread_create(&wt, NULL, pool_watch_main, &w), 0);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, pool_claims_main, s), 0);
+    for (int i = 0; i < 8; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_expect_null(ret);
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(wt, NULL);
+    cr_expect_eq(w.most, 2, "at most %d connections at once", w.most);
+    idem_store_close(s);
 }
