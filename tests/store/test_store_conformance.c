@@ -1970,7 +1970,7 @@ static int backend_pid(PGconn *c, const char *app)
              app);
     for (int i = 0; i < 100; i++) {
         PGresult *r = pg_run(c, sql);
-        int pid = PQntuples(r) == 1 ? atoi(PQgetvalue(r, 0, 0)) : 0;
+        int pid = PQntuples(r) == 1 ? (int)strtol(PQgetvalue(r, 0, 0), NULL, 10) : 0;
         PQclear(r);
         if (pid > 0)
             return pid;
@@ -2122,7 +2122,7 @@ static void *pool_watch_main(void *arg)
     while (PQstatus(c) == CONNECTION_OK && !atomic_load(&w->stop)) {
         PGresult *r = PQexec(c, sql);
         if (PQresultStatus(r) == PGRES_TUPLES_OK) {
-            int n = atoi(PQgetvalue(r, 0, 0));
+            int n = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
             if (n > w->most)
                 w->most = n;
         }
