@@ -1391,7 +1391,7 @@ Test(store_postgres, bad_urls_are_inval_with_a_message)
     expect_bad_url("postgres://h/db?colour=red");
     static char longest[3000];
     memset(longest, 'a', sizeof longest - 1);
-    memcpy(longest, "postgres://h/db?application_name=", 34);
+    memcpy(longest, "postgres://h/db?application_name=", 33);
     expect_bad_url(longest);
 
     /* Good URLs check without contacting anything (host h does not exist). */
