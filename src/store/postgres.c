@@ -36,7 +36,9 @@
  *                 repeats costs no WAL flush)
  *
  * so a batch of any size costs three round trips and one WAL flush (the
- * group commit of the writer thread).  Values travel in binary (arrays in
+ * group commit of the writer thread).  COMMIT cannot ride with the writes:
+ * whether to commit depends on what the INSERT returned (see below).
+ * Values travel in binary (arrays in
  * PostgreSQL's binary array format), statements are prepared once per
  * connection, and each round trip is one libpq pipeline segment.
  *
@@ -78,11 +80,11 @@
  * times out is closed; a broken one also closes the idle ones (after a
  * server restart they are all stale) and, if nothing was committed yet, the
  * call is retried once on a fresh connection, so a restart costs no error.
- * When a connect fails the store is down: for a backoff of 100 ms doubling
- * to 5 s every call fails at once with IDEM_E_STORE_DOWN (an outage costs
- * microseconds per request, not a connect timeout), then one caller tries
- * to connect while the others go on failing fast; the first success ends
- * the outage.  Any connection or server error is IDEM_E_STORE_DOWN (disk
+ * When a connect fails, or the server stops answering within the deadline,
+ * the store is down: for a backoff of 100 ms doubling to 5 s every call
+ * fails at once with IDEM_E_STORE_DOWN (an outage costs microseconds per
+ * request, not a connect timeout), then one caller tries to connect while
+ * the others go on failing fast; the first success ends the outage.  Any connection or server error is IDEM_E_STORE_DOWN (disk
  * full, SQLSTATE 53100, is IDEM_E_STORE_FULL), with libpq's text in
  * idem_store_errstr.  A COMMIT whose answer was lost (the connection broke
  * after it was sent) has an unknown outcome: exec returns STORE_DOWN

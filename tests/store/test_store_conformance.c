@@ -13,8 +13,8 @@
  * by the backend's setup and closed (and its directory removed) by teardown.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
