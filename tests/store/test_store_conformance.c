@@ -1434,7 +1434,8 @@ Test(store_postgres, messages_name_the_problem)
 }
 
 /* A value libpq checks only when it connects is refused at open, in its words. */
-Test(store_postgres, bad_libpq_value_is_refused_at_open_with_libpqs_message)
+Test(store_postgres, bad_libpq_value_is_refused_at_open_with_libpqs_message,
+     .fini = teardown)
 {
     char u[512], err[256] = "";
     pg_new_table(u, sizeof u, "&sslmode=sometimes");
@@ -1476,7 +1477,7 @@ Test(store_postgres, no_server_is_store_down_at_open_with_a_message)
     cr_expect(strstr(err, "connect") != NULL, "message: %s", err);
 }
 
-Test(store_postgres, table_of_another_shape_is_refused_at_open)
+Test(store_postgres, table_of_another_shape_is_refused_at_open, .fini = teardown)
 {
     char u[512], sql[256], err[512] = "";
     const char *t = pg_new_table(u, sizeof u, NULL);
@@ -1488,7 +1489,6 @@ Test(store_postgres, table_of_another_shape_is_refused_at_open)
     cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
     cr_expect_null(s);
     cr_expect(strstr(err, "does not exist") != NULL, "message: %s", err);
-    pg_drop_tables();
 }
 
 Test(store_postgres, columns_mirror_the_record, .init = setup_postgres, .fini = teardown)
@@ -1612,7 +1612,7 @@ Test(store_postgres, another_process_never_forwards_a_key_we_forwarded, .init = 
 
 /* Many processes opening one new table at once all succeed (the advisory
  * lock keeps their CREATE TABLEs apart), and exactly one claims the key. */
-Test(store_postgres, processes_creating_the_table_at_once_all_succeed)
+Test(store_postgres, processes_creating_the_table_at_once_all_succeed, .fini = teardown)
 {
     char u[512];
     pg_new_table(u, sizeof u, NULL);
@@ -1660,7 +1660,6 @@ Test(store_postgres, processes_creating_the_table_at_once_all_succeed)
     for (int i = 0; i < CREATORS; i++)
         forwarded += f[i];
     cr_expect_eq(forwarded, 1);
-    pg_drop_tables();
 }
 
 struct pg_claimer {
