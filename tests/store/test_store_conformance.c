@@ -1871,6 +1871,8 @@ static void cluster_ctl(const struct cluster *c, const char *verb)
     cluster_sh(c, "pg_ctl", args);
 }
 
+static struct cluster *live_cluster; /* stopped by cluster_teardown if a test fails */
+
 static void cluster_init(struct cluster *c)
 {
     glob_t g;
@@ -1887,6 +1889,7 @@ static void cluster_init(struct cluster *c)
         cr_assert_eq(chown(c->dir, pw->pw_uid, pw->pw_gid), 0);
     }
     c->port = free_port();
+    live_cluster = c;
     char args[256];
     snprintf(args, sizeof args, "-D %s/data -U postgres -A trust --no-sync", c->dir);
     cluster_sh(c, "initdb", args);
@@ -1902,11 +1905,21 @@ static void cluster_destroy(struct cluster *c)
         /* already stopped */
     }
     rm_tree(c->dir);
+    live_cluster = NULL;
 }
 
-Test(store_postgres, outage_fails_fast_and_recovers_by_itself, .timeout = 120)
+/* The .fini of tests with a cluster: stop it even when an assertion failed. */
+static void cluster_teardown(void)
 {
-    struct cluster c;
+    if (live_cluster != NULL)
+        cluster_destroy(live_cluster);
+    teardown();
+}
+
+Test(store_postgres, outage_fails_fast_and_recovers_by_itself, .fini = cluster_teardown,
+     .timeout = 120)
+{
+    static struct cluster c; /* static: cluster_teardown may need it after a failure */
     cluster_init(&c);
     char u[256], err[256] = "";
     snprintf(u, sizeof u, "postgres://postgres@127.0.0.1:%d/postgres?timeout=2s&pool=2",
@@ -1986,9 +1999,10 @@ static int backend_pid(PGconn *c, const char *app)
 /* A server that stops answering (its backend frozen) costs a caller at most
  * timeout + 1 s, then the store is down and calls fail at once; when it
  * answers again the store recovers by itself. */
-Test(store_postgres, hung_server_times_out_and_fails_fast, .timeout = 120)
+Test(store_postgres, hung_server_times_out_and_fails_fast, .fini = cluster_teardown,
+     .timeout = 120)
 {
-    struct cluster c;
+    static struct cluster c; /* static: cluster_teardown may need it after a failure */
     cluster_init(&c);
     char u[256], err[256] = "", app[32];
     snprintf(app, sizeof app, "idem_hung_%d", (int)getpid());
