@@ -1300,11 +1300,18 @@ static void setup_postgres(void)
     open_store();
 }
 
+static void pg_quiet(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message; /* "table ... does not exist, skipping" */
+}
+
 /* A direct libpq connection to the shared server (not through the store). */
 static PGconn *pg_direct(void)
 {
     PGconn *c = PQconnectdb(pg_base_url());
     cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+    PQsetNoticeProcessor(c, pg_quiet, NULL);
     return c;
 }
 
@@ -1339,6 +1346,8 @@ static void pg_drop_tables(void)
         return;
     const char *u = getenv("IDEM_TEST_PG_URL");
     PGconn *c = u != NULL ? PQconnectdb(u) : NULL;
+    if (c != NULL)
+        PQsetNoticeProcessor(c, pg_quiet, NULL);
     for (int i = 0; i < pg_ntables && c != NULL && PQstatus(c) == CONNECTION_OK; i++) {
         char sql[128];
         snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\"", pg_tables[i]);
