@@ -34,6 +34,8 @@ static const struct idem_store_ops *const backends[] = {
     &idem__store_lmdb_ops,
     &idem__store_redis_ops,
     &idem__store_redis_sentinel_ops,
+    &idem__store_postgres_ops,
+    &idem__store_postgresql_ops,
 };
 
 #define SCHEME_MAX 32

@@ -13,15 +13,20 @@
  * by the backend's setup and closed (and its directory removed) by teardown.
  */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <glob.h>
 #include <limits.h>
+#include <libpq-fe.h>
 #include <lmdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <pwd.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +203,8 @@ static void setup_redis(void)
     atexit(redis_cleanup);
     open_store();
 }
+static void pg_drop_tables(void);
+static void setup_postgres(void);
 
 static void teardown(void)
 {
@@ -205,13 +212,15 @@ static void teardown(void)
     st = NULL;
     if (dir[0] != '\0')
         rm_tree(dir);
+    pg_drop_tables();
 }
 
 /* One Test per backend for each STORE_CASE.  A new backend is one X line. */
 #define BACKENDS(X, name) \
     X(memory, name)       \
     X(lmdb, name)         \
-    X(redis, name)
+    X(redis, name)        \
+    X(postgres, name)
 
 #define STORE_TEST_FOR(backend, name)                                           \
     Test(store_##backend, name, .init = setup_##backend, .fini = teardown)      \
@@ -1546,13 +1555,212 @@ Test(store, redis_urls_are_checked_with_a_message)
 static pid_t own_pids[OWN_MAX];
 static int own_ports[OWN_MAX];
 
+/* ---- PostgreSQL only -------------------------------------------------------
+ *
+ * The shared cases run against the server named by IDEM_TEST_PG_URL
+ * (scripts/services.sh starts one), each test in a table of its own that
+ * teardown drops.  The outage test starts a cluster of its own. */
+
+#define PG_TABLES_MAX 8
+
+static char pg_tables[PG_TABLES_MAX][64]; /* tables this test made; teardown drops them */
+static int pg_ntables;
+
+static const char *pg_base_url(void)
+{
+    const char *u = getenv("IDEM_TEST_PG_URL");
+    cr_assert(u != NULL && u[0] != '\0',
+              "IDEM_TEST_PG_URL is not set: run `scripts/services.sh start DIR` and export "
+              "what it prints (e.g. postgres://postgres@127.0.0.1:5441/idem_test)");
+    return u;
+}
+
+/* A fresh table name for this test, and a store URL on it (extra: more options). */
+static const char *pg_new_table(char *u, size_t ulen, const char *extra)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    cr_assert_lt(pg_ntables, PG_TABLES_MAX);
+    char *t = pg_tables[pg_ntables++];
+    snprintf(t, sizeof pg_tables[0], "idem_t_%d_%lx_%d", (int)getpid(),
+             (unsigned long)ts.tv_nsec, pg_ntables);
+    const char *base = pg_base_url();
+    int n = snprintf(u, ulen, "%s%ctable=%s%s", base, strchr(base, '?') ? '&' : '?', t,
+                     extra != NULL ? extra : "");
+    cr_assert(n > 0 && (size_t)n < ulen, "IDEM_TEST_PG_URL is too long");
+    return t;
+}
+
+static void setup_postgres(void)
+{
+    dir[0] = '\0';
+    pg_new_table(url, sizeof url, NULL);
+    open_store();
+}
+
+static void pg_quiet(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message; /* "table ... does not exist, skipping" */
+}
+
+/* A direct libpq connection to the shared server (not through the store). */
+static PGconn *pg_direct(void)
+{
+    PGconn *c = PQconnectdb(pg_base_url());
+    cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+    PQsetNoticeProcessor(c, pg_quiet, NULL);
+    return c;
+}
+
+/* Run sql on c; returns the result (caller clears) after checking it worked. */
+static PGresult *pg_run(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    ExecStatusType s = PQresultStatus(r);
+    cr_assert(s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK, "%s: %s", sql,
+              PQresultErrorMessage(r));
+    return r;
+}
+
+static void pg_sql(PGconn *c, const char *sql)
+{
+    PQclear(pg_run(c, sql));
+}
+
+/* The first column of the first row of a query, as a number. */
+static long long pg_num(PGconn *c, const char *sql)
+{
+    PGresult *r = pg_run(c, sql);
+    cr_assert_eq(PQntuples(r), 1, "%s", sql);
+    long long v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+static void pg_drop_tables(void)
+{
+    if (pg_ntables == 0)
+        return;
+    const char *u = getenv("IDEM_TEST_PG_URL");
+    PGconn *c = u != NULL ? PQconnectdb(u) : NULL;
+    if (c != NULL)
+        PQsetNoticeProcessor(c, pg_quiet, NULL);
+    for (int i = 0; i < pg_ntables && c != NULL && PQstatus(c) == CONNECTION_OK; i++) {
+        char sql[128];
+        snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\"", pg_tables[i]);
+        PQclear(PQexec(c, sql));
+    }
+    PQfinish(c);
+    pg_ntables = 0;
+}
+
+Test(store_postgres, is_named_postgres_under_both_schemes, .init = setup_postgres,
+     .fini = teardown)
+{
+    cr_expect_str_eq(idem_store_name(st), "postgres");
+    cr_expect_not(idem_store_exec_is_cheap(st));
+    char u[512];
+    pg_new_table(u, sizeof u, NULL);
+    cr_assert_eq(strncmp(u, "postgres://", 11), 0, "IDEM_TEST_PG_URL: %s", u);
+    char alias[520];
+    snprintf(alias, sizeof alias, "postgresql://%s", u + 11);
+    idem_store_t *s;
+    char err[256] = "";
+    cr_assert_eq(idem_store_open(alias, &s, err, sizeof err), IDEM_OK, "%s", err);
+    cr_expect_str_eq(idem_store_name(s), "postgres");
+    cr_expect_eq(claim_on(s, "k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(s);
+}
+
+Test(store_postgres, bad_urls_are_inval_with_a_message)
+{
+    expect_bad_url("postgres:");
+    expect_bad_url("postgres:host/db");
+    expect_bad_url("postgresql:/host/db");
+    expect_bad_url("postgres://h/db?table=");
+    expect_bad_url("postgres://h/db?table=Records");
+    expect_bad_url("postgres://h/db?table=1records");
+    expect_bad_url("postgres://h/db?table=idem-records");
+    expect_bad_url("postgres://h/db?table=a%20b");
+    expect_bad_url("postgres://h/db?table=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    expect_bad_url("postgres://h/db?table=a&table=b");
+    expect_bad_url("postgres://h/db?pool=0");
+    expect_bad_url("postgres://h/db?pool=65");
+    expect_bad_url("postgres://h/db?pool=4x");
+    expect_bad_url("postgres://h/db?pool=-1");
+    expect_bad_url("postgres://h/db?pool=");
+    expect_bad_url("postgres://h/db?timeout=0s");
+    expect_bad_url("postgres://h/db?timeout=99ms");
+    expect_bad_url("postgres://h/db?timeout=61s");
+    expect_bad_url("postgres://h/db?timeout=5");
+    expect_bad_url("postgres://h/db?timeout");
+    expect_bad_url("postgres://h/db?colour=red");
+    static char longest[3000];
+    memset(longest, 'a', sizeof longest - 1);
+    memcpy(longest, "postgres://h/db?application_name=", 33);
+    expect_bad_url(longest);
+
+    /* Good URLs check without contacting anything (host h does not exist). */
+    char err[256] = "";
+    cr_expect_eq(idem_store_check_url("postgres://u:pw@h:5432/db", err, sizeof err), IDEM_OK,
+                 "%s", err);
+    cr_expect_eq(idem_store_check_url("postgresql://h/db?table=_x9&pool=64&timeout=60s"
+                                      "&sslmode=disable&application_name=idemd",
+                                      err, sizeof err),
+                 IDEM_OK, "%s", err);
+    cr_expect_eq(idem_store_check_url("postgres://h/db?timeout=100ms&pool=1&table=aaaaaaaaaaaaaaa"
+                                      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                                      err, sizeof err),
+                 IDEM_OK, "%s", err);
+}
+
+Test(store_postgres, messages_name_the_problem)
+{
+    char err[256] = "";
+    idem_store_t *s;
+    /* An option libpq does not know is refused with libpq's own words,
+     * both when checking and when opening. */
+    cr_assert_eq(idem_store_check_url("postgres://h/db?colour=red", err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect(strstr(err, "colour") != NULL, "message: %s", err);
+    err[0] = '\0';
+    cr_assert_eq(idem_store_open("postgres://h/db?table=x&colour=red", &s, err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "colour") != NULL, "message: %s", err);
+    cr_assert_eq(idem_store_check_url("postgres://h/db?pool=100", err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect(strstr(err, "pool") != NULL, "message: %s", err);
+    cr_assert_eq(idem_store_check_url("postgres://h/db?table=Bad", err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect(strstr(err, "table") != NULL, "message: %s", err);
+    cr_assert_eq(idem_store_check_url("postgres://h/db?timeout=2m", err, sizeof err),
+                 IDEM_E_INVAL);
+    cr_expect(strstr(err, "timeout") != NULL, "message: %s", err);
+}
+
+/* A value libpq checks only when it connects is refused at open, in its words. */
+Test(store_postgres, bad_libpq_value_is_refused_at_open_with_libpqs_message,
+     .fini = teardown)
+{
+    char u[512], err[256] = "";
+    pg_new_table(u, sizeof u, "&sslmode=sometimes");
+    idem_store_t *s;
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "sslmode") != NULL, "message: %s", err);
+}
+
+/* A loopback port nothing listens on (just closed). */
 static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    cr_assert(fd >= 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     close(fd);
     return ntohs(a.sin_port);
 }
@@ -2208,4 +2416,725 @@ Test(store_redis, maxmemory_is_store_full_and_deleting_makes_room, .init = setup
                      idem_store_errstr(st));
     }
     cr_expect_eq(claim("after", 1, T0).kind, IDEM_DECIDE_CLAIM);
+}
+
+Test(store_postgres, no_server_is_store_down_at_open_with_a_message)
+{
+    char u[128], err[256] = "";
+    snprintf(u, sizeof u, "postgres://postgres@127.0.0.1:%d/idem_test?timeout=2s", free_port());
+    idem_store_t *s;
+    int64_t started = mono_now_ms();
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_lt(mono_now_ms() - started, 3000);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "connect") != NULL, "message: %s", err);
+}
+
+Test(store_postgres, table_of_another_shape_is_refused_at_open, .fini = teardown)
+{
+    char u[512], sql[256], err[512] = "";
+    const char *t = pg_new_table(u, sizeof u, NULL);
+    PGconn *c = pg_direct();
+    snprintf(sql, sizeof sql, "CREATE TABLE \"%s\" (scope text, key text)", t);
+    pg_sql(c, sql);
+    PQfinish(c);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "does not exist") != NULL, "message: %s", err);
+}
+
+Test(store_postgres, columns_mirror_the_record, .init = setup_postgres, .fini = teardown)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    claim("open", 2, T0);
+    PGconn *c = pg_direct();
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT state, flags, fence, lease_until, expires_at, length(fingerprint), "
+             "get_byte(fingerprint, 0), substr(record, 1, 3) = 'IDR'::bytea, scope "
+             "FROM \"%s\" ORDER BY key",
+             pg_tables[0]);
+    PGresult *r = pg_run(c, sql);
+    cr_assert_eq(PQntuples(r), 2);
+    /* "k": completed */
+    cr_expect_str_eq(PQgetvalue(r, 0, 0), "2");
+    cr_expect_str_eq(PQgetvalue(r, 0, 1), "0");
+    cr_expect_str_eq(PQgetvalue(r, 0, 2), "1");
+    cr_expect_str_eq(PQgetvalue(r, 0, 3), "0");
+    cr_expect_eq(strtoll(PQgetvalue(r, 0, 4), NULL, 10), T0 + TTL);
+    cr_expect_str_eq(PQgetvalue(r, 0, 5), "32");
+    cr_expect_str_eq(PQgetvalue(r, 0, 6), "1");
+    cr_expect_str_eq(PQgetvalue(r, 0, 7), "t");
+    cr_expect_str_eq(PQgetvalue(r, 0, 8), "anonymous");
+    /* "open": in progress */
+    cr_expect_str_eq(PQgetvalue(r, 1, 0), "1");
+    cr_expect_eq(strtoll(PQgetvalue(r, 1, 3), NULL, 10), T0 + LEASE);
+    cr_expect_str_eq(PQgetvalue(r, 1, 6), "2");
+    PQclear(r);
+    PQfinish(c);
+}
+
+Test(store_postgres, data_survives_close_and_reopen, .init = setup_postgres, .fini = teardown)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    claim("open", 1, T0);
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_postgres, key_that_is_not_utf8_is_refused_alone, .init = setup_postgres,
+     .fini = teardown)
+{
+    idem_op_t ops[2] = {claim_op("bad\xff", 1, T0), claim_op("good", 1, T0)};
+    cr_assert_eq(idem_store_exec(st, ops, 2), IDEM_OK);
+    cr_expect_eq(ops[0].err, IDEM_E_INVAL);
+    cr_expect_eq(ops[1].err, IDEM_OK);
+    cr_expect_eq(ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    /* Multi-byte UTF-8 is fine. */
+    cr_expect_eq(claim("cl\xc3\xa9", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(claim("cl\xc3\xa9", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_record_t rec;
+    cr_expect_eq(get("bad\xff", T0, &rec), IDEM_E_NOTFOUND);
+}
+
+Test(store_postgres, two_handles_on_one_table_never_both_forward, .init = setup_postgres,
+     .fini = teardown)
+{
+    idem_store_t *second;
+    cr_assert_eq(idem_store_open(url, &second, NULL, 0), IDEM_OK);
+    race(st, second);
+    cr_expect_eq(claim_on(second, "race-0", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_store_close(second);
+    cr_expect_eq(claim("race-0", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_postgres, another_process_never_forwards_a_key_we_forwarded, .init = setup_postgres,
+     .fini = teardown)
+{
+    int res[2], go[2];
+    cr_assert_eq(pipe(res), 0);
+    cr_assert_eq(pipe(go), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        uint8_t mine[FORK_KEYS] = {0};
+        idem_store_t *s;
+        char c;
+        close(res[0]);
+        close(go[1]);
+        if (idem_store_open(url, &s, NULL, 0) != IDEM_OK)
+            _exit(2);
+        if (read(go[0], &c, 1) != 1)
+            _exit(3);
+        if (claim_all(s, mine, 1) != 0)
+            _exit(4);
+        idem_store_close(s);
+        if (write(res[1], mine, sizeof mine) != (ssize_t)sizeof mine)
+            _exit(5);
+        _exit(0);
+    }
+    close(res[1]);
+    close(go[0]);
+    uint8_t ours[FORK_KEYS] = {0}, theirs[FORK_KEYS] = {0};
+    cr_assert_eq(write(go[1], "g", 1), 1);
+    cr_assert_eq(claim_all(st, ours, 0), 0);
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof theirs && (n = read(res[0], theirs + got, sizeof theirs - got)) > 0)
+        got += (size_t)n;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    cr_assert_eq(got, sizeof theirs);
+    for (int k = 0; k < FORK_KEYS; k++)
+        cr_expect_eq(ours[k] + theirs[k], 1, "key fork-%d forwarded %d times", k,
+                     ours[k] + theirs[k]);
+}
+
+#define CREATORS 6
+
+/* Many processes opening one new table at once all succeed (the advisory
+ * lock keeps their CREATE TABLEs apart), and exactly one claims the key. */
+Test(store_postgres, processes_creating_the_table_at_once_all_succeed, .fini = teardown)
+{
+    char u[512];
+    pg_new_table(u, sizeof u, NULL);
+    int go[2], res[2];
+    cr_assert_eq(pipe(go), 0);
+    cr_assert_eq(pipe(res), 0);
+    pid_t pids[CREATORS];
+    for (int i = 0; i < CREATORS; i++) {
+        pids[i] = fork();
+        cr_assert_neq(pids[i], -1);
+        if (pids[i] == 0) {
+            char c, err[256] = "";
+            idem_store_t *s;
+            close(go[1]);
+            if (read(go[0], &c, 1) != 1)
+                _exit(3);
+            if (idem_store_open(u, &s, err, sizeof err) != IDEM_OK) {
+                fprintf(stderr, "child open: %s\n", err);
+                _exit(2);
+            }
+            idem_op_t op = claim_op("k", 1, T0);
+            if (idem_store_claim(s, &op) != IDEM_OK)
+                _exit(4);
+            char f = (char)idem_decision_forwards(op.decision.kind);
+            idem_store_close(s);
+            _exit(write(res[1], &f, 1) == 1 ? 0 : 5);
+        }
+    }
+    close(go[0]);
+    close(res[1]);
+    char gos[CREATORS];
+    memset(gos, 'g', sizeof gos);
+    cr_assert_eq(write(go[1], gos, sizeof gos), (ssize_t)sizeof gos);
+    int ok = 0;
+    for (int i = 0; i < CREATORS; i++) {
+        int status = 0;
+        waitpid(pids[i], &status, 0);
+        ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    cr_expect_eq(ok, CREATORS);
+    char f[CREATORS];
+    ssize_t got = read(res[0], f, sizeof f);
+    cr_assert_eq(got, CREATORS);
+    int forwarded = 0;
+    for (int i = 0; i < CREATORS; i++)
+        forwarded += f[i];
+    cr_expect_eq(forwarded, 1);
+}
+
+struct pg_claimer {
+    idem_op_t ops[2];
+    idem_err_t rc;
+};
+
+static void *pg_claimer_main(void *arg)
+{
+    struct pg_claimer *c = arg;
+    c->rc = idem_store_exec(st, c->ops, 2);
+    return NULL;
+}
+
+/* Wait until a session waits for a lock on an INSERT into our table. */
+static void wait_for_blocked_insert(PGconn *c)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+             "AND query LIKE 'INSERT INTO \"%s\"%%'",
+             pg_tables[0]);
+    for (int i = 0; i < 500; i++) {
+        if (pg_num(c, sql) > 0)
+            return;
+        usleep(10000);
+    }
+    cr_assert_fail("the store's INSERT never waited for the other transaction");
+}
+
+/* Write a claim of key as if another idemd did, in c's open transaction. */
+static void pg_insert_claim(PGconn *c, const char *key, int fpc, uint64_t fence, int64_t lease)
+{
+    idem_record_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.state = IDEM_STATE_IN_PROGRESS;
+    fp_fill(rec.fingerprint, fpc);
+    rec.fence = fence;
+    rec.lease_until_ms = lease;
+    rec.expires_at_ms = T0 + TTL;
+    uint8_t *val;
+    size_t len;
+    cr_assert_eq(idem_record_encode(&rec, &val, &len), IDEM_OK);
+    char sql[256], fence_s[24], lease_s[24], exp_s[24];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO \"%s\" VALUES ('anonymous', $1, 1, 0, $2, $3, $4, $5, $6)",
+             pg_tables[0]);
+    snprintf(fence_s, sizeof fence_s, "%llu", (unsigned long long)fence);
+    snprintf(lease_s, sizeof lease_s, "%lld", (long long)lease);
+    snprintf(exp_s, sizeof exp_s, "%lld", (long long)(T0 + TTL));
+    const char *vals[6] = {key, (const char *)rec.fingerprint, fence_s, lease_s, exp_s,
+                           (const char *)val};
+    int lens[6] = {0, IDEM_FP_LEN, 0, 0, 0, (int)len};
+    int fmts[6] = {0, 1, 0, 0, 0, 1};
+    PGresult *r = PQexecParams(c, sql, 6, NULL, vals, lens, fmts, 0);
+    cr_assert_eq(PQresultStatus(r), PGRES_COMMAND_OK, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    idem_free(val);
+}
+
+/* The store's INSERT of a new key waits for another transaction that
+ * inserted it first; when that one commits, the store reads the key again
+ * and decides on what the other wrote, and its other key still commits. */
+Test(store_postgres, lost_insert_race_reads_the_winner_again, .init = setup_postgres,
+     .fini = teardown)
+{
+    PGconn *other = pg_direct(), *watch = pg_direct();
+    pg_sql(other, "BEGIN");
+    pg_insert_claim(other, "contested", 1, 7, T0 + LEASE);
+
+    struct pg_claimer c = {{claim_op("contested", 1, T0 + 1), claim_op("free", 1, T0 + 1)}, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &c), 0);
+    wait_for_blocked_insert(watch);
+    pg_sql(other, "COMMIT");
+    pthread_join(t, NULL);
+
+    cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(c.ops[0].err, IDEM_OK);
+    cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(c.ops[0].decision.fence, 7);
+    cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(claim("free", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+    /* The winner's lease runs out: a takeover with its fence + 1. */
+    idem_decision_t d = claim("contested", 1, T0 + LEASE);
+    cr_expect_eq(d.kind, IDEM_DECIDE_TAKEOVER);
+    cr_expect_eq(d.fence, 8);
+    PQfinish(other);
+    PQfinish(watch);
+}
+
+Test(store_postgres, insert_race_against_a_rolled_back_insert_claims, .init = setup_postgres,
+     .fini = teardown)
+{
+    PGconn *other = pg_direct(), *watch = pg_direct();
+    pg_sql(other, "BEGIN");
+    pg_insert_claim(other, "contested", 1, 7, T0 + LEASE);
+
+    struct pg_claimer c = {{claim_op("contested", 1, T0 + 1), claim_op("free", 1, T0 + 1)}, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &c), 0);
+    wait_for_blocked_insert(watch);
+    pg_sql(other, "ROLLBACK");
+    pthread_join(t, NULL);
+
+    cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(c.ops[0].decision.fence, 1);
+    cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    PQfinish(other);
+    PQfinish(watch);
+}
+
+Test(store_postgres, sweep_deletes_in_bounded_batches_and_skips_locked_rows,
+     .init = setup_postgres, .fini = teardown)
+{
+    char key[32];
+    static idem_op_t ops[2510];
+    for (int i = 0; i < 2510; i++) {
+        snprintf(key, sizeof key, "s-%d", i);
+        ops[i] = claim_op(key, 1, T0);
+        ops[i].expires_at_ms = i < 2500 ? T0 + 1000 + i : T0 + TTL;
+    }
+    cr_assert_eq(idem_store_exec(st, ops, 2510), IDEM_OK, "%s", idem_store_errstr(st));
+
+    /* Another transaction holds one expired row (the oldest) locked. */
+    PGconn *other = pg_direct();
+    char sql[256];
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 's-0' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+
+    size_t removed = 0;
+    int64_t started = mono_now_ms();
+    cr_assert_eq(idem_store_sweep(st, T0 + 1000 + 2500, 100, &removed), IDEM_OK);
+    cr_expect_eq(removed, 100);
+    cr_expect_lt(mono_now_ms() - started, 2000, "the sweep waited for the locked row");
+    cr_assert_eq(idem_store_sweep(st, T0 + 1000 + 2500, 100000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 2399, "more than one chunk in one call");
+    cr_assert_eq(idem_store_sweep(st, T0 + 1000 + 2500, 100000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 0);
+    pg_sql(other, "COMMIT");
+    cr_assert_eq(idem_store_sweep(st, T0 + 1000 + 2500, 100000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1, "the row is swept once it is no longer locked");
+    PQfinish(other);
+
+    /* The boundary: a record whose expires_at equals now is swept. */
+    idem_op_t op = claim_op("edge", 1, T0);
+    op.expires_at_ms = T0 + 5000;
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(idem_store_sweep(st, T0 + 4999, 100, &removed), IDEM_OK);
+    cr_expect_eq(removed, 0);
+    cr_assert_eq(idem_store_sweep(st, T0 + 5000, 100, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1);
+    for (int i = 2500; i < 2510; i++) {
+        idem_record_t rec;
+        snprintf(key, sizeof key, "s-%d", i);
+        cr_expect_eq(get(key, T0 + TTL - 1, &rec), IDEM_OK, "%s", key);
+        idem_record_cleanup(&rec);
+    }
+}
+
+Test(store_postgres, corrupt_value_is_corrupt_and_can_be_deleted, .init = setup_postgres,
+     .fini = teardown)
+{
+    claim("bad", 1, T0);
+    PGconn *c = pg_direct();
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "UPDATE \"%s\" SET record = '\\x4944520167617262616765'::bytea WHERE key = 'bad'",
+             pg_tables[0]);
+    pg_sql(c, sql);
+    PQfinish(c);
+    idem_op_t op = claim_op("bad", 1, T0);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_E_CORRUPT);
+    idem_record_t rec;
+    cr_expect_eq(get("bad", T0, &rec), IDEM_E_CORRUPT);
+    cr_expect_eq(complete("bad", 1, T0 + TTL), IDEM_E_CORRUPT);
+    idem_key_id_t id = kid("bad");
+    cr_expect_eq(idem_store_renew(st, &id, 1, T0 + LEASE), IDEM_E_CORRUPT);
+    cr_expect_eq(idem_store_delete(st, &id), IDEM_OK);
+    cr_expect_eq(claim("bad", 1, T0).kind, IDEM_DECIDE_CLAIM);
+}
+
+/* ---- a cluster of the test's own, to stop and start ---- */
+
+struct cluster {
+    char dir[64];
+    char bin[256]; /* PostgreSQL's bin directory */
+    int port;
+};
+
+static void cluster_sh(const struct cluster *c, const char *what, const char *args)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s%s/%s %s >>%s/sh.log 2>&1",
+             geteuid() == 0 ? "runuser -u postgres -- " : "", c->bin, what, args, c->dir);
+    int rc = system(cmd);
+    cr_assert_eq(rc, 0, "%s failed (%d); see %s/sh.log", cmd, rc, c->dir);
+}
+
+static void cluster_ctl(const struct cluster *c, const char *verb)
+{
+    char args[512];
+    snprintf(args, sizeof args,
+             "-D %s/data -l %s/log -w -t 60 -m fast -o '-c listen_addresses=127.0.0.1 -p %d "
+             "-k %s -c fsync=off' %s",
+             c->dir, c->dir, c->port, c->dir, verb);
+    cluster_sh(c, "pg_ctl", args);
+}
+
+static struct cluster *live_cluster; /* stopped by cluster_teardown if a test fails */
+
+static void cluster_init(struct cluster *c)
+{
+    glob_t g;
+    cr_assert_eq(glob("/usr/lib/postgresql/*/bin/initdb", 0, NULL, &g), 0,
+                 "no PostgreSQL server binaries (apt-get install postgresql)");
+    snprintf(c->bin, sizeof c->bin, "%.*s", (int)(strlen(g.gl_pathv[g.gl_pathc - 1]) - 7),
+             g.gl_pathv[g.gl_pathc - 1]);
+    globfree(&g);
+    snprintf(c->dir, sizeof c->dir, "/tmp/idem-pg-outage-XXXXXX");
+    cr_assert_not_null(mkdtemp(c->dir));
+    if (geteuid() == 0) {
+        struct passwd *pw = getpwnam("postgres");
+        cr_assert_not_null(pw, "running as root needs the postgres user");
+        cr_assert_eq(chown(c->dir, pw->pw_uid, pw->pw_gid), 0);
+    }
+    c->port = free_port();
+    live_cluster = c;
+    char args[256];
+    snprintf(args, sizeof args, "-D %s/data -U postgres -A trust --no-sync", c->dir);
+    cluster_sh(c, "initdb", args);
+    cluster_ctl(c, "start");
+}
+
+static void cluster_destroy(struct cluster *c)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s%s/pg_ctl -D %s/data -m immediate -w stop >/dev/null 2>&1",
+             geteuid() == 0 ? "runuser -u postgres -- " : "", c->bin, c->dir);
+    if (system(cmd) != 0) {
+        /* already stopped */
+    }
+    rm_tree(c->dir);
+    live_cluster = NULL;
+}
+
+/* The .fini of tests with a cluster: stop it even when an assertion failed. */
+static void cluster_teardown(void)
+{
+    if (live_cluster != NULL)
+        cluster_destroy(live_cluster);
+    teardown();
+}
+
+Test(store_postgres, outage_fails_fast_and_recovers_by_itself, .fini = cluster_teardown,
+     .timeout = 120)
+{
+    static struct cluster c; /* static: cluster_teardown may need it after a failure */
+    cluster_init(&c);
+    char u[256], err[256] = "";
+    snprintf(u, sizeof u, "postgres://postgres@127.0.0.1:%d/postgres?timeout=2s&pool=2",
+             c.port);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    cr_assert_eq(claim_on(s, "before", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_key_id_t id = kid("before");
+    cr_assert_eq(idem_store_complete(s, &id, 1, &resp, 0, T0 + TTL), IDEM_OK);
+    cr_assert_eq(claim_on(s, "open", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    /* A restart between two calls costs no error: the stale connection
+     * is replaced by a fresh one. */
+    cluster_ctl(&c, "restart");
+    cr_expect_eq(claim_on(s, "open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+
+    cluster_ctl(&c, "stop");
+    int64_t started = mono_now_ms();
+    idem_op_t op = claim_op("during", 1, T0 + 2);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+    cr_expect_lt(mono_now_ms() - started, 1000);
+    cr_expect_neq(idem_store_errstr(s)[0], '\0');
+    /* While down, every call fails at once. */
+    started = mono_now_ms();
+    for (int i = 0; i < 200; i++) {
+        op = claim_op("during", 1, T0 + 2);
+        cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+        cr_expect_eq(op.err, IDEM_E_STORE_DOWN);
+    }
+    cr_expect_lt(mono_now_ms() - started, 500, "200 calls during an outage took %lld ms",
+                 (long long)(mono_now_ms() - started));
+    cr_expect_eq(idem_store_ping(s), IDEM_E_STORE_DOWN);
+    idem_record_t rec;
+    cr_expect_eq(idem_store_get(s, &id, T0, &rec), IDEM_E_STORE_DOWN);
+    size_t removed;
+    cr_expect_eq(idem_store_sweep(s, T0, 10, &removed), IDEM_E_STORE_DOWN);
+    usleep(1500000); /* the backoff grows while the calls go on failing */
+    cr_expect_eq(idem_store_ping(s), IDEM_E_STORE_DOWN);
+
+    /* Back up: it recovers by itself within the backoff (at most 5 s). */
+    cluster_ctl(&c, "start");
+    started = mono_now_ms();
+    while (idem_store_ping(s) != IDEM_OK && mono_now_ms() - started < 15000)
+        usleep(20000);
+    cr_expect_eq(idem_store_ping(s), IDEM_OK);
+    cr_expect_leq(mono_now_ms() - started, 5500, "recovery took %lld ms", (long long)(mono_now_ms() - started));
+    /* What was written before the outage is still there. */
+    op = claim_op("before", 1, T0 + 3);
+    cr_assert_eq(idem_store_claim(s, &op), IDEM_OK, "%s", idem_store_errstr(s));
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(claim_on(s, "open", 1, T0 + 3).kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(claim_on(s, "during", 1, T0 + 3).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(s);
+    cluster_destroy(&c);
+}
+
+/* The pid of the one backend serving the store's connection (pool=1). */
+static int backend_pid(PGconn *c, const char *app)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT pid FROM pg_stat_activity WHERE application_name = '%s'",
+             app);
+    for (int i = 0; i < 100; i++) {
+        PGresult *r = pg_run(c, sql);
+        int pid = PQntuples(r) == 1 ? (int)strtol(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+        PQclear(r);
+        if (pid > 0)
+            return pid;
+        usleep(10000);
+    }
+    cr_assert_fail("no backend for application_name %s", app);
+    return 0;
+}
+
+/* A server that stops answering (its backend frozen) costs a caller at most
+ * timeout + 1 s, then the store is down and calls fail at once; when it
+ * answers again the store recovers by itself. */
+Test(store_postgres, hung_server_times_out_and_fails_fast, .fini = cluster_teardown,
+     .timeout = 120)
+{
+    static struct cluster c; /* static: cluster_teardown may need it after a failure */
+    cluster_init(&c);
+    char u[256], err[256] = "", app[32];
+    snprintf(app, sizeof app, "idem_hung_%d", (int)getpid());
+    snprintf(u, sizeof u,
+             "postgres://postgres@127.0.0.1:%d/postgres?timeout=500ms&pool=1"
+             "&application_name=%s",
+             c.port, app);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    cr_assert_eq(claim_on(s, "k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+
+    char du[128];
+    snprintf(du, sizeof du, "postgres://postgres@127.0.0.1:%d/postgres", c.port);
+    PGconn *direct = PQconnectdb(du);
+    cr_assert_eq(PQstatus(direct), CONNECTION_OK, "%s", PQerrorMessage(direct));
+    int pid = backend_pid(direct, app);
+    cr_assert_eq(kill(pid, SIGSTOP), 0);
+
+    int64_t started = mono_now_ms();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+    int64_t took = mono_now_ms() - started;
+    cr_expect(took >= 1400 && took < 3000, "a hung server cost %lld ms", (long long)took);
+    cr_expect(strstr(idem_store_errstr(s), "no answer") != NULL, "errstr: %s",
+              idem_store_errstr(s));
+    started = mono_now_ms();
+    cr_expect_eq(idem_store_ping(s), IDEM_E_STORE_DOWN);
+    cr_expect_lt(mono_now_ms() - started, 50, "in backoff a call must fail at once");
+
+    kill(pid, SIGCONT);
+    started = mono_now_ms();
+    while (idem_store_ping(s) != IDEM_OK && mono_now_ms() - started < 10000)
+        usleep(20000);
+    cr_expect_eq(idem_store_ping(s), IDEM_OK);
+    cr_expect_eq(claim_on(s, "k", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(direct);
+    idem_store_close(s);
+    cluster_destroy(&c);
+}
+
+/* Wait until a session waits for a lock on a query that starts with prefix. */
+static void wait_for_lock_wait(PGconn *c, const char *prefix)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+             "AND query LIKE '%s%%'",
+             prefix);
+    for (int i = 0; i < 500; i++) {
+        if (pg_num(c, sql) > 0)
+            return;
+        usleep(10000);
+    }
+    cr_assert_fail("no session waited for a lock on %s", prefix);
+}
+
+/* A deadlock with another transaction: PostgreSQL aborts the store's batch,
+ * which runs again and succeeds once the other transaction is through. */
+Test(store_postgres, deadlocked_batch_runs_again, .init = setup_postgres, .fini = teardown,
+     .timeout = 60)
+{
+    claim("a", 1, T0);
+    claim("b", 1, T0);
+    PGconn *other = pg_direct(), *watch = pg_direct();
+    char sql[256];
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'b' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+
+    struct pg_claimer cl = {{claim_op("a", 1, T0 + 1), claim_op("b", 1, T0 + 1)}, 0};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &cl), 0);
+    wait_for_lock_wait(watch, "SELECT t.scope");
+    /* The store holds a and waits for b; now we wait for a: a cycle. */
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'a' FOR UPDATE", pg_tables[0]);
+    cr_assert_eq(PQsendQuery(other, sql), 1);
+    PGresult *r;
+    bool failed = false;
+    while ((r = PQgetResult(other)) != NULL) {
+        failed = failed || PQresultStatus(r) == PGRES_FATAL_ERROR;
+        PQclear(r);
+    }
+    cr_expect_not(failed, "PostgreSQL chose our transaction, not the store's");
+    pg_sql(other, "COMMIT");
+    pthread_join(t, NULL);
+    cr_assert_eq(cl.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(cl.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(cl.ops[1].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(other);
+    PQfinish(watch);
+}
+
+/* A lock held longer than timeout: the batch fails (statement_timeout) but
+ * the store is not down, and the next batch works at once. */
+Test(store_postgres, lock_held_past_the_timeout_fails_the_batch_alone, .init = setup_postgres,
+     .fini = teardown)
+{
+    claim("a", 1, T0);
+    idem_store_t *s;
+    char u[512], err[256] = "";
+    snprintf(u, sizeof u, "%s&timeout=200ms", url);
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    PGconn *other = pg_direct();
+    char sql[256];
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'a' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+    int64_t started = mono_now_ms();
+    idem_op_t op = claim_op("a", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
+    cr_expect_lt(mono_now_ms() - started, 1000);
+    cr_expect(strstr(idem_store_errstr(s), "57014") != NULL, "errstr: %s",
+              idem_store_errstr(s));
+    pg_sql(other, "COMMIT");
+    cr_expect_eq(claim_on(s, "a", 1, T0 + 2).kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(claim_on(s, "new", 1, T0 + 2).kind, IDEM_DECIDE_CLAIM);
+    PQfinish(other);
+    idem_store_close(s);
+}
+
+struct pool_watch {
+    const char *app;
+    atomic_int stop;
+    int most; /* the most connections seen at once */
+};
+
+static void *pool_watch_main(void *arg)
+{
+    struct pool_watch *w = arg;
+    PGconn *c = PQconnectdb(getenv("IDEM_TEST_PG_URL"));
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'", w->app);
+    while (PQstatus(c) == CONNECTION_OK && !atomic_load(&w->stop)) {
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+            int n = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
+            if (n > w->most)
+                w->most = n;
+        }
+        PQclear(r);
+        usleep(2000);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+static void *pool_claims_main(void *arg)
+{
+    idem_store_t *s = arg;
+    char key[32];
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "p-%lx-%d", (unsigned long)pthread_self(), i);
+        idem_op_t op = claim_op(key, 1, T0);
+        if (idem_store_claim(s, &op) != IDEM_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+Test(store_postgres, pool_bounds_the_connections, .init = setup_postgres, .fini = teardown)
+{
+    char u[512], err[256] = "", app[48];
+    snprintf(app, sizeof app, "idem_pool_%d", (int)getpid());
+    snprintf(u, sizeof u, "%s&pool=2&application_name=%s", url, app);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
+    struct pool_watch w = {.app = app};
+    pthread_t wt, t[8];
+    cr_assert_eq(pthread_create(&wt, NULL, pool_watch_main, &w), 0);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, pool_claims_main, s), 0);
+    for (int i = 0; i < 8; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_expect_null(ret);
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(wt, NULL);
+    cr_expect_eq(w.most, 2, "at most %d connections at once", w.most);
+    idem_store_close(s);
 }

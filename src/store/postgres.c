@@ -1,0 +1,1784 @@
+/* src/store/postgres.c - the PostgreSQL store ("postgres://..." or "postgresql://...").
+ *
+ * One table (default idem_records; DDL in docs/stores.md) with one row per
+ * (scope, key): the record as src/core/record.c encodes it in `record`, and
+ * copies of its fields (state, flags, fingerprint, fence, lease_until,
+ * expires_at, all times in ms) in columns, so that get and the sweeper can
+ * filter on expires_at and an operator can read the table with SQL.  The
+ * table is created on first open with CREATE TABLE IF NOT EXISTS inside a
+ * transaction that holds pg_advisory_xact_lock, so many idemd starting at
+ * once do not race on the catalog; a table that exists is used as it is.
+ *
+ * URL.  Any libpq connection URI, plus three options of ours that are
+ * removed before the rest goes to libpq (which refuses options it does not
+ * know): table=NAME ([a-z_][a-z0-9_]{0,62}, always quoted in SQL), pool=N
+ * (connections, 1..64, default 4) and timeout=D (connect_timeout and
+ * statement_timeout, 100ms..60s, default 5s).  Every other option (sslmode,
+ * application_name, ...) is libpq's; PQconninfoParse checks the result, so
+ * idem_store_check_url refuses an option libpq does not know without
+ * contacting anything.
+ *
+ * Semantics.  Nothing is decided in SQL: exec reads the rows of the batch,
+ * runs idem__store_apply (the code memory: and lmdb: run) on the `record`
+ * bytes in C, and writes what it says.  One exec is one transaction:
+ *
+ *   round trip 1  BEGIN; SELECT scope, key, fence, record ... JOIN
+ *                 unnest($scopes, $keys) ... ORDER BY scope, key
+ *                 FOR UPDATE OF t (one statement for the whole batch)
+ *   in C          apply every op in order against an in-memory map of this
+ *                 batch's keys (a later op sees an earlier op's result)
+ *   round trip 2  at most three statements, each for all rows at once from
+ *                 arrays: INSERT ... ON CONFLICT (scope, key) DO NOTHING
+ *                 RETURNING scope, key for keys that were absent;
+ *                 UPDATE ... WHERE scope, key AND fence = the fence read;
+ *                 DELETE ... WHERE scope, key AND fence = the fence read
+ *   round trip 3  COMMIT (or ROLLBACK when nothing was written: a batch of
+ *                 repeats costs no WAL flush)
+ *
+ * so a batch of any size costs three round trips and one WAL flush (the
+ * group commit of the writer thread).  COMMIT cannot ride with the writes:
+ * whether to commit depends on what the INSERT returned (see below).
+ * Values travel in binary (arrays in
+ * PostgreSQL's binary array format), statements are prepared once per
+ * connection, and each round trip is one libpq pipeline segment.
+ *
+ * Plans.  Our connections run with enable_seqscan = off.  A prepared
+ * statement soon runs on a cached generic plan, and one planned while the
+ * table was nearly empty is a sequential scan and a hash join, kept as the
+ * table grows to millions of rows (measured: a one-op batch went from 0.7
+ * to 15 ms at 70,000 rows).  Every statement here finds its rows by the
+ * primary key or the expires_at index, so forbidding sequential scans only
+ * keeps the plans on the indexes; the connections run nothing else.
+ *
+ * Why READ COMMITTED is enough.  Every decision is made either on a row the
+ * transaction holds locked, or on an absence that the unique index later
+ * confirms.  A row that exists is locked by SELECT ... FOR UPDATE; if
+ * another transaction holds it, ours waits, and READ COMMITTED then
+ * re-reads the newest committed version (or skips a deleted one), so the
+ * decision sees the latest state and nobody changes the row until we
+ * commit.  A key that does not exist cannot be locked, so two transactions
+ * may both decide to claim it; both INSERT ... ON CONFLICT DO NOTHING, the
+ * primary key makes the second wait for the first, and if the first
+ * committed the second inserts nothing.  RETURNING tells exec which keys
+ * lost such a race: it resets that key's ops, reads the row again FOR
+ * UPDATE (a new statement, so a new snapshot that sees the winner), applies
+ * them again and writes again, up to CONFLICT_ROUNDS times in the same
+ * transaction.  So of any number of claims of one key in any number of
+ * processes, exactly one forwards.  The fenced UPDATE and DELETE compare the
+ * fence column with the value read under the lock, which cannot differ
+ * (belt and braces: a mismatch fails the batch).  Ops on different keys do
+ * not depend on each other, so SERIALIZABLE would add aborts, not safety.
+ * Rows are locked in (scope, key) order and inserted in the same order
+ * (COLLATE "C", byte order), so concurrent batches of several idemd do not
+ * deadlock in the common case; a deadlock_detected or serialization_failure
+ * that happens anyway retries the whole batch (BATCH_TRIES times).
+ *
+ * Pool and outages.  Up to pool=N blocking connections (mutex + condvar);
+ * exec, get, sweep and ping each borrow one.  libpq runs in non-blocking
+ * pipeline mode and every wait is a poll() with a deadline (timeout + 1 s),
+ * so a server that hangs cannot hang a caller.  A connection that breaks or
+ * times out is closed; a broken one also closes the idle ones (after a
+ * server restart they are all stale) and, if nothing was committed yet, the
+ * call is retried once on a fresh connection, so a restart costs no error.
+ * When a connect fails, or the server stops answering within the deadline,
+ * the store is down: for a backoff of 100 ms doubling to 5 s every call
+ * fails at once with IDEM_E_STORE_DOWN (an outage costs microseconds per
+ * request, not a connect timeout), then one caller tries to connect while
+ * the others go on failing fast; the first success ends the outage.  Any connection or server error is IDEM_E_STORE_DOWN (disk
+ * full, SQLSTATE 53100, is IDEM_E_STORE_FULL), with libpq's text in
+ * idem_store_errstr.  A COMMIT whose answer was lost (the connection broke
+ * after it was sent) has an unknown outcome: exec returns STORE_DOWN
+ * although the batch may have committed.
+ *
+ * Durability is the server's: a batch is durable when COMMIT returns with
+ * the server's synchronous_commit (default on).  get reads a row with
+ * expires_at > now; sweep deletes rows with expires_at <= now (the same
+ * boundaries as memory: and lmdb:), oldest first, in transactions of at most
+ * SWEEP_CHUNK rows, skipping rows a batch holds locked.  An allocation
+ * failure in exec fails the whole batch (IDEM_E_NOMEM, nothing written).
+ *
+ * Limits of this backend: a scope or key must be valid UTF-8 (it is a text
+ * column; the client encoding is UTF8), else that op is IDEM_E_INVAL; a
+ * record must fit a bytea (under 1 GiB), else that op is IDEM_E_TOOBIG.
+ *
+ * THREADING: any number of threads may call exec, get, sweep and ping at
+ * once; each holds its own connection while it runs.  The pool's mutex
+ * guards the idle list, the counts and the outage state.  After fork() a
+ * child must open its own store and neither use nor close its parent's
+ * (closing would end the parent's sessions).
+ */
+#include <errno.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "idem/alloc.h"
+#include "idem/units.h"
+#include "store/store_impl.h"
+
+#define DEFAULT_TABLE "idem_records"
+#define TABLE_MAX 63 /* PostgreSQL's identifier length */
+#define POOL_DEFAULT 4
+#define POOL_MAX 64
+#define TIMEOUT_DEFAULT_MS 5000
+#define TIMEOUT_MIN_MS 100
+#define TIMEOUT_MAX_MS 60000
+#define DEADLINE_SLACK_MS 1000 /* the client waits this much longer than the server */
+#define URL_MAX 2048
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define BATCH_TRIES 5     /* whole-batch attempts (deadlock, lost races, stale connection) */
+#define CONFLICT_ROUNDS 4 /* re-reads of keys that lost an insert race, per attempt */
+#define SWEEP_CHUNK 1000  /* rows deleted per sweep transaction */
+#define VALUE_MAX 0x3fffff00u /* a bytea value (1 GiB) less some slack */
+
+/* Type OIDs of the binary array elements we send (pg_type.h). */
+#define OID_BYTEA 17
+#define OID_INT8 20
+#define OID_INT2 21
+#define OID_INT4 23
+#define OID_TEXT 25
+
+enum { ST_SEL, ST_INS, ST_UPD, ST_DEL, ST_GET, ST_SWEEP, ST_COUNT };
+static const char *const stmt_name[ST_COUNT] = {"idem_sel", "idem_ins", "idem_upd",
+                                                "idem_del", "idem_get", "idem_sweep"};
+#define SQL_MAX 1024
+
+/* What a URL says. */
+struct cfg {
+    char table[TABLE_MAX + 1];
+    int pool;
+    int64_t timeout_ms;
+    char *uri; /* "postgresql:" + the URL without our options; idem_malloc'd */
+};
+
+/* One pooled connection. */
+struct pgc {
+    PGconn *pq;
+    struct pgc *next; /* idle list */
+};
+
+struct pg_store {
+    struct idem_store base; /* first: a pg_store is an idem_store */
+    struct cfg cfg;
+    char connect_timeout[24];     /* whole seconds, for libpq */
+    char sql[ST_COUNT][SQL_MAX];  /* the prepared statements' text */
+    char settings[256];           /* the session settings (statement_timeout, ...) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;            /* a connection came back, or the outage state changed */
+    struct pgc *idle;             /* guarded by mu */
+    int open;                     /* connections open or being opened; guarded by mu */
+    /* The outage state, guarded by mu. */
+    bool down;                    /* the last connect failed */
+    bool probing;                 /* a caller is connecting while down */
+    int64_t down_until_ms;        /* monotonic: no connect before this */
+    int backoff_ms;               /* the next backoff */
+    char down_err[200];           /* why it is down */
+};
+
+/* How a piece of work on a connection ended. */
+enum outcome {
+    R_OK,     /* done */
+    R_RETRY,  /* deadlock, serialization failure, too many lost races: run it again */
+    R_STALE,  /* the connection broke before anything could have committed */
+    R_BROKEN, /* the connection broke or timed out: close it */
+    R_FAIL,   /* a server error; the connection is fine */
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Length of a libpq message without its trailing newline, capped. */
+static int msg_len(const char *m)
+{
+    size_t l = m != NULL ? strlen(m) : 0;
+    while (l > 0 && (m[l - 1] == '\n' || m[l - 1] == ' '))
+        l--;
+    return (int)(l > 300 ? 300 : l);
+}
+
+/* ---- binary encoding -------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* A one-dimensional array parameter in PostgreSQL's binary array format:
+ * ndim, has-nulls, element type, length, lower bound, then length-prefixed
+ * elements.  The buffer is reused across statements. */
+struct arr {
+    uint8_t *p;
+    size_t len, cap;
+    uint32_t n;
+    bool nomem;
+};
+
+static void arr_grow(struct arr *a, size_t more)
+{
+    if (a->nomem || a->len + more <= a->cap)
+        return;
+    size_t cap = a->cap > 0 ? a->cap : 256;
+    while (cap < a->len + more)
+        cap *= 2;
+    uint8_t *p = idem_realloc(a->p, cap);
+    if (p == NULL) {
+        a->nomem = true;
+        return;
+    }
+    a->p = p;
+    a->cap = cap;
+}
+
+static void arr_start(struct arr *a, uint32_t oid)
+{
+    a->len = 0;
+    a->n = 0;
+    arr_grow(a, 20);
+    if (a->nomem)
+        return;
+    put32(a->p, 1);      /* ndim */
+    put32(a->p + 4, 0);  /* no NULLs */
+    put32(a->p + 8, oid);
+    put32(a->p + 12, 0); /* length, set by arr_end */
+    put32(a->p + 16, 1); /* lower bound */
+    a->len = 20;
+}
+
+static void arr_add(struct arr *a, const void *v, size_t len)
+{
+    arr_grow(a, 4 + len);
+    if (a->nomem)
+        return;
+    put32(a->p + a->len, (uint32_t)len);
+    if (len > 0)
+        memcpy(a->p + a->len + 4, v, len);
+    a->len += 4 + len;
+    a->n++;
+}
+
+static void arr_i64(struct arr *a, int64_t v)
+{
+    uint8_t b[8];
+    put64(b, (uint64_t)v);
+    arr_add(a, b, 8);
+}
+
+static void arr_i32(struct arr *a, int32_t v)
+{
+    uint8_t b[4];
+    put32(b, (uint32_t)v);
+    arr_add(a, b, 4);
+}
+
+static void arr_i16(struct arr *a, int16_t v)
+{
+    uint8_t b[2] = {(uint8_t)((uint16_t)v >> 8), (uint8_t)v};
+    arr_add(a, b, 2);
+}
+
+static void arr_end(struct arr *a)
+{
+    if (!a->nomem)
+        put32(a->p + 12, a->n);
+}
+
+/* ---- libpq I/O with deadlines -------------------------------------------- */
+
+/* Enter (or stay in) the outage state after a failed connect or a
+ * server that stopped answering (mu held). */
+static void mark_down(struct pg_store *s, const char *why)
+{
+    s->down = true;
+    s->down_until_ms = mono_ms() + s->backoff_ms;
+    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : s->backoff_ms * 2;
+    snprintf(s->down_err, sizeof s->down_err, "%s", why);
+    pthread_cond_broadcast(&s->cv);
+}
+
+/* Wait until the socket is ready for events; -1 on timeout or error. */
+static int wait_sock(PGconn *pq, short events, int64_t deadline, short *revents)
+{
+    int fd = PQsocket(pq);
+    if (fd < 0)
+        return -1;
+    for (;;) {
+        int64_t left = deadline - mono_ms();
+        if (left <= 0)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = events};
+        int r = poll(&p, 1, (int)left);
+        if (r > 0) {
+            if (revents != NULL)
+                *revents = p.revents;
+            return 0;
+        }
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Push everything libpq has queued to the server. */
+static int flush_out(PGconn *pq, int64_t deadline)
+{
+    for (;;) {
+        int r = PQflush(pq);
+        if (r == 0)
+            return 0;
+        if (r < 0)
+            return -1;
+        short rev = 0;
+        if (wait_sock(pq, POLLIN | POLLOUT, deadline, &rev) != 0)
+            return -1;
+        /* The server may be waiting for us to read before it reads more. */
+        if ((rev & POLLIN) && !PQconsumeInput(pq))
+            return -1;
+    }
+}
+
+/* The next result (NULL separates the results of two queries). */
+static int next_result(PGconn *pq, int64_t deadline, PGresult **out)
+{
+    while (PQisBusy(pq)) {
+        if (wait_sock(pq, POLLIN, deadline, NULL) != 0 || !PQconsumeInput(pq))
+            return -1;
+    }
+    *out = PQgetResult(pq);
+    return 0;
+}
+
+/* End a pipeline segment of nq queued queries, send it and collect their
+ * results in order (res[i], each to PQclear).  Returns R_OK, or R_BROKEN
+ * (the connection is lost, confused or too slow; res all NULL). */
+static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **res)
+{
+    int64_t deadline = mono_ms() + s->cfg.timeout_ms + DEADLINE_SLACK_MS;
+    int got = 0, nulls = 0;
+    bool late;
+
+    for (int i = 0; i < nq; i++)
+        res[i] = NULL;
+    if (!PQpipelineSync(pq) || flush_out(pq, deadline) != 0)
+        goto broken;
+    for (;;) {
+        PGresult *r;
+        if (PQstatus(pq) == CONNECTION_BAD)
+            goto broken;
+        if (next_result(pq, deadline, &r) != 0)
+            goto broken;
+        if (r == NULL) {
+            if (++nulls > 1)
+                goto broken; /* nothing pending: the protocol lost its way */
+            continue;
+        }
+        nulls = 0;
+        if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            break;
+        }
+        if (got == nq) {
+            PQclear(r);
+            goto broken;
+        }
+        res[got++] = r;
+    }
+    if (got == nq && PQstatus(pq) != CONNECTION_BAD)
+        return R_OK;
+
+broken:
+    late = PQstatus(pq) != CONNECTION_BAD && mono_ms() >= deadline;
+    if (late) {
+        /* A server that stopped answering is down: let the others fail fast. */
+        char why[64];
+        snprintf(why, sizeof why, "no answer within %lld ms",
+                 (long long)(s->cfg.timeout_ms + DEADLINE_SLACK_MS));
+        pthread_mutex_lock(&s->mu);
+        mark_down(s, why);
+        pthread_mutex_unlock(&s->mu);
+        idem__store_seterr(&s->base, "postgres: %s", why);
+    } else
+        idem__store_seterr(&s->base, "postgres: connection lost: %.*s",
+                           msg_len(PQerrorMessage(pq)), PQerrorMessage(pq));
+    for (int i = 0; i < got; i++) {
+        PQclear(res[i]);
+        res[i] = NULL;
+    }
+    return R_BROKEN;
+}
+
+/* Queue a statement without parameters (BEGIN, COMMIT, SET, ...). */
+static bool send_plain(PGconn *pq, const char *sql)
+{
+    return PQsendQueryParams(pq, sql, 0, NULL, NULL, NULL, NULL, 1) == 1;
+}
+
+/* Queue a prepared statement whose parameters are all binary. */
+static bool send_prepared(PGconn *pq, int st, int np, struct arr *a)
+{
+    const char *values[10];
+    int lengths[10], formats[10];
+    for (int i = 0; i < np; i++) {
+        values[i] = (const char *)a[i].p;
+        lengths[i] = (int)a[i].len;
+        formats[i] = 1;
+    }
+    return PQsendQueryPrepared(pq, stmt_name[st], np, values, lengths, formats, 1) == 1;
+}
+
+/* What a failed result means; the detail goes to errstr.  *err gets the
+ * code for R_FAIL. */
+static enum outcome classify(struct pg_store *s, PGconn *pq, const PGresult *r,
+                             const char *what, idem_err_t *err)
+{
+    const char *state = r != NULL ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = r != NULL ? PQresultErrorMessage(r) : PQerrorMessage(pq);
+
+    if (r != NULL && PQresultStatus(r) == PGRES_PIPELINE_ABORTED)
+        msg = "pipeline aborted";
+    idem__store_seterr(&s->base, "postgres %s: %.*s%s%s%s", what, msg_len(msg), msg,
+                       state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "");
+    *err = IDEM_E_STORE_DOWN;
+    if (PQstatus(pq) == CONNECTION_BAD)
+        return R_BROKEN;
+    if (state == NULL)
+        return R_FAIL;
+    if (strcmp(state, "40P01") == 0 || strcmp(state, "40001") == 0)
+        return R_RETRY;
+    if (strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0)
+        return R_BROKEN; /* connection exception, server shutting down */
+    if (strcmp(state, "53100") == 0)
+        *err = IDEM_E_STORE_FULL; /* disk_full */
+    return R_FAIL;
+}
+
+/* Send one statement alone and wait for it (outside a batch). */
+static enum outcome run_one(struct pg_store *s, PGconn *pq, const char *sql, PGresult **out)
+{
+    *out = NULL;
+    if (!send_plain(pq, sql)) {
+        idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
+                           PQerrorMessage(pq));
+        return R_BROKEN;
+    }
+    return seg_run(s, pq, 1, out);
+}
+
+/* End the transaction of a failed batch so the connection can be reused. */
+static enum outcome rollback(struct pg_store *s, PGconn *pq)
+{
+    if (PQtransactionStatus(pq) == PQTRANS_IDLE)
+        return R_OK;
+    PGresult *r;
+    if (run_one(s, pq, "ROLLBACK", &r) != R_OK)
+        return R_BROKEN;
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    return ok && PQtransactionStatus(pq) == PQTRANS_IDLE ? R_OK : R_BROKEN;
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static void ignore_notice(void *arg, const PGresult *r)
+{
+    (void)arg;
+    (void)r; /* "relation already exists, skipping" and the like: the library never prints */
+}
+
+/* Create the table if it does not exist, under an advisory lock so that
+ * several processes opening one table at once do not race on the catalog. */
+static enum outcome ensure_schema(struct pg_store *s, PGconn *pq, char *why, size_t whylen)
+{
+    char lockname[TABLE_MAX + 16], qualified[TABLE_MAX + 3], ddl[1024];
+    const char *params[2] = {lockname, qualified};
+    PGresult *res[3];
+    idem_err_t err;
+
+    snprintf(lockname, sizeof lockname, "idem_store:%s", s->cfg.table);
+    snprintf(qualified, sizeof qualified, "\"%s\"", s->cfg.table);
+    if (!send_plain(pq, "BEGIN") ||
+        PQsendQueryParams(pq, "SELECT pg_advisory_xact_lock(hashtext($1))", 1, NULL, params,
+                          NULL, NULL, 0) != 1 ||
+        PQsendQueryParams(pq, "SELECT to_regclass($1) IS NOT NULL", 1, NULL, params + 1, NULL,
+                          NULL, 0) != 1 ||
+        seg_run(s, pq, 3, res) != R_OK) {
+        snprintf(why, whylen, "%s", idem_store_errstr(&s->base));
+        return R_BROKEN;
+    }
+    enum outcome o = R_OK;
+    for (int i = 0; i < 3 && o == R_OK; i++) {
+        ExecStatusType want = i == 0 ? PGRES_COMMAND_OK : PGRES_TUPLES_OK;
+        if (PQresultStatus(res[i]) != want)
+            o = classify(s, pq, res[i], "creating the table", &err);
+    }
+    bool exists = o == R_OK && PQntuples(res[2]) == 1 &&
+                  strcmp(PQgetvalue(res[2], 0, 0), "t") == 0;
+    for (int i = 0; i < 3; i++)
+        PQclear(res[i]);
+    if (o != R_OK) {
+        snprintf(why, whylen, "%s", idem_store_errstr(&s->base));
+        return o == R_BROKEN ? o : R_FAIL;
+    }
+
+    int nq = 1;
+    if (!exists) {
+        /* The index name must fit 63 bytes and differ between tables. */
+        char index[TABLE_MAX + 1];
+        if (strlen(s->cfg.table) + strlen("_expires_at") <= TABLE_MAX) {
+            snprintf(index, sizeof index, "%s_expires_at", s->cfg.table);
+        } else {
+            uint32_t h = 2166136261u; /* FNV-1a */
+            for (const char *p = s->cfg.table; *p != '\0'; p++)
+                h = (h ^ (uint8_t)*p) * 16777619u;
+            snprintf(index, sizeof index, "%.42s_%08x_expires_at", s->cfg.table, h);
+        }
+        snprintf(ddl, sizeof ddl,
+                 "CREATE TABLE IF NOT EXISTS \"%s\" ("
+                 "scope text COLLATE \"C\" NOT NULL, key text COLLATE \"C\" NOT NULL, "
+                 "state smallint NOT NULL, flags integer NOT NULL, fingerprint bytea NOT NULL, "
+                 "fence bigint NOT NULL, lease_until bigint NOT NULL, "
+                 "expires_at bigint NOT NULL, record bytea NOT NULL, "
+                 "PRIMARY KEY (scope, key))",
+                 s->cfg.table);
+        if (!send_plain(pq, ddl))
+            goto lost;
+        snprintf(ddl, sizeof ddl, "CREATE INDEX IF NOT EXISTS \"%s\" ON \"%s\" (expires_at)",
+                 index, s->cfg.table);
+        if (!send_plain(pq, ddl))
+            goto lost;
+        nq = 3;
+    }
+    if (!send_plain(pq, "COMMIT") || seg_run(s, pq, nq, res) != R_OK)
+        goto lost;
+    for (int i = 0; i < nq && o == R_OK; i++)
+        if (PQresultStatus(res[i]) != PGRES_COMMAND_OK)
+            o = classify(s, pq, res[i], "creating the table", &err);
+    for (int i = 0; i < nq; i++)
+        PQclear(res[i]);
+    if (o != R_OK) {
+        snprintf(why, whylen, "%s", idem_store_errstr(&s->base));
+        return o == R_BROKEN ? o : R_FAIL; /* the caller closes the connection */
+    }
+    return R_OK;
+
+lost:
+    snprintf(why, whylen, "postgres: connection lost: %.*s", msg_len(PQerrorMessage(pq)),
+             PQerrorMessage(pq));
+    return R_BROKEN;
+}
+
+/* Open one connection, ready for use: pipeline mode, statement_timeout,
+ * prepared statements (and the table first when schema is set).  Returns
+ * R_OK, R_BROKEN (could not reach the server; why says so) or R_FAIL (the
+ * server refused something: a missing privilege, a table of another shape). */
+static enum outcome conn_open(struct pg_store *s, bool schema, struct pgc **out, char *why,
+                              size_t whylen)
+{
+    /* Earlier entries are overridden by the URI, later ones override it. */
+    const char *keys[] = {"connect_timeout", "fallback_application_name", "dbname",
+                          "client_encoding", NULL};
+    const char *vals[] = {s->connect_timeout, "idem", s->cfg.uri, "UTF8", NULL};
+    PGresult *res[ST_COUNT + 1];
+    idem_err_t err;
+
+    *out = NULL;
+    PGconn *pq = PQconnectdbParams(keys, vals, 1);
+    if (pq == NULL) {
+        snprintf(why, whylen, "postgres: out of memory connecting");
+        return R_BROKEN;
+    }
+    if (PQstatus(pq) != CONNECTION_OK) {
+        snprintf(why, whylen, "postgres: cannot connect: %.*s", msg_len(PQerrorMessage(pq)),
+                 PQerrorMessage(pq));
+        PQfinish(pq);
+        return R_BROKEN;
+    }
+    PQsetNoticeReceiver(pq, ignore_notice, NULL);
+    if (PQsetnonblocking(pq, 1) != 0 || PQenterPipelineMode(pq) != 1) {
+        snprintf(why, whylen, "postgres: cannot enter pipeline mode: %.*s",
+                 msg_len(PQerrorMessage(pq)), PQerrorMessage(pq));
+        PQfinish(pq);
+        return R_BROKEN;
+    }
+    enum outcome o = R_OK;
+    if (schema)
+        o = ensure_schema(s, pq, why, whylen);
+    if (o != R_OK) {
+        PQfinish(pq);
+        return o;
+    }
+    bool sent = send_plain(pq, s->settings);
+    for (int i = 0; i < ST_COUNT && sent; i++)
+        sent = PQsendPrepare(pq, stmt_name[i], s->sql[i], 0, NULL) == 1;
+    if (!sent || seg_run(s, pq, ST_COUNT + 1, res) != R_OK) {
+        snprintf(why, whylen, "postgres: connection lost: %.*s", msg_len(PQerrorMessage(pq)),
+                 PQerrorMessage(pq));
+        PQfinish(pq);
+        return R_BROKEN;
+    }
+    for (int i = 0; i <= ST_COUNT && o == R_OK; i++) {
+        if (PQresultStatus(res[i]) != (i == 0 ? PGRES_TUPLES_OK : PGRES_COMMAND_OK)) {
+            o = classify(s, pq, res[i], i == 0 ? "applying the session settings"
+                                               : "preparing statements", &err);
+            snprintf(why, whylen, "%s", idem_store_errstr(&s->base));
+        }
+    }
+    for (int i = 0; i <= ST_COUNT; i++)
+        PQclear(res[i]);
+    if (o != R_OK) {
+        PQfinish(pq);
+        return o == R_BROKEN ? o : R_FAIL;
+    }
+    struct pgc *c = idem_calloc(1, sizeof *c);
+    if (c == NULL) {
+        snprintf(why, whylen, "postgres: out of memory");
+        PQfinish(pq);
+        return R_FAIL;
+    }
+    c->pq = pq;
+    *out = c;
+    return R_OK;
+}
+
+static void conn_close(struct pgc *c)
+{
+    if (c != NULL) {
+        PQfinish(c->pq);
+        idem_free(c);
+    }
+}
+
+/* Close every idle connection (after one broke they are probably stale). */
+static void drop_idle(struct pg_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    struct pgc *list = s->idle;
+    s->idle = NULL;
+    for (struct pgc *c = list; c != NULL; c = c->next)
+        s->open--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    while (list != NULL) {
+        struct pgc *next = list->next;
+        conn_close(list);
+        list = next;
+    }
+}
+
+/* Borrow a connection: an idle one, else a new one if the pool has room
+ * and the store is not in backoff, else wait for one to come back.
+ * *fresh says whether it was just opened.  IDEM_OK or IDEM_E_STORE_DOWN. */
+static idem_err_t borrow(struct pg_store *s, struct pgc **out, bool *fresh)
+{
+    char why[sizeof s->down_err];
+    struct timespec until;
+    int64_t wait_ms = s->cfg.timeout_ms;
+
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (wait_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    *out = NULL;
+    *fresh = false;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->idle != NULL) {
+            *out = s->idle;
+            s->idle = (*out)->next;
+            (*out)->next = NULL;
+            pthread_mutex_unlock(&s->mu);
+            return IDEM_OK;
+        }
+        if (s->down) {
+            int64_t left = s->down_until_ms - mono_ms();
+            if (left > 0 || s->probing) {
+                idem__store_seterr(&s->base,
+                                   "postgres: server unreachable, next attempt in %lld ms (%s)",
+                                   (long long)(left > 0 ? left : 0), s->down_err);
+                pthread_mutex_unlock(&s->mu);
+                return IDEM_E_STORE_DOWN;
+            }
+        }
+        if (s->open < s->cfg.pool) {
+            bool probe = s->down; /* the one caller that tries while down */
+            s->open++;
+            s->probing = s->probing || probe;
+            pthread_mutex_unlock(&s->mu);
+            enum outcome o = conn_open(s, false, out, why, sizeof why);
+            pthread_mutex_lock(&s->mu);
+            if (probe)
+                s->probing = false;
+            if (o == R_OK) {
+                s->down = false;
+                s->backoff_ms = BACKOFF_MIN_MS;
+                pthread_cond_broadcast(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+                *fresh = true;
+                return IDEM_OK;
+            }
+            s->open--;
+            mark_down(s, why);
+            pthread_mutex_unlock(&s->mu);
+            idem__store_seterr(&s->base, "%s", why);
+            return IDEM_E_STORE_DOWN;
+        }
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&s->mu);
+            idem__store_seterr(&s->base, "postgres: all %d connections stayed busy for %lld ms",
+                               s->cfg.pool, (long long)wait_ms);
+            return IDEM_E_STORE_DOWN;
+        }
+    }
+}
+
+/* Give a connection back; a broken one is closed, and the idle ones with
+ * it (when one broke, the others are probably stale too). */
+static void give_back(struct pg_store *s, struct pgc *c, enum outcome o)
+{
+    if (o == R_BROKEN || o == R_STALE) {
+        conn_close(c);
+        pthread_mutex_lock(&s->mu);
+        s->open--;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        drop_idle(s);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    c->next = s->idle;
+    s->idle = c;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- the batch ------------------------------------------------------------ */
+
+#define NO_KEY SIZE_MAX
+
+/* One distinct (scope, key) of a batch. */
+struct kent {
+    const char *scope, *key; /* into the first op's id */
+    size_t slen, klen;
+    /* what the transaction read */
+    const uint8_t *orig; /* into a held result; NULL when absent */
+    size_t orig_len;
+    int64_t orig_fence;  /* the fence column */
+    /* this batch's view after the ops applied so far */
+    const uint8_t *cur; /* orig, owned, or NULL (absent) */
+    size_t cur_len;
+    uint8_t *owned;     /* an encoded record of ours */
+    bool changed;       /* an op wrote or deleted it */
+    bool round;         /* in the set being read and written now */
+    bool inserted;      /* the INSERT of this round wrote it */
+};
+
+struct batch {
+    idem_op_t *ops;
+    size_t n;
+    size_t *op_key; /* the kent of each op, NO_KEY for ops not applied here */
+    struct kent *keys;
+    size_t nkeys;
+    PGresult *held[1 + CONFLICT_ROUNDS]; /* results the kents point into */
+    size_t nheld;
+    struct arr a[10]; /* parameter buffers */
+};
+
+static int cmp_bytes(const char *a, size_t al, const char *b, size_t bl)
+{
+    int c = memcmp(a, b, al < bl ? al : bl);
+    return c != 0 ? c : (al > bl) - (al < bl);
+}
+
+static int cmp_id(const char *as, size_t asl, const char *ak, size_t akl, const char *bs,
+                  size_t bsl, const char *bk, size_t bkl)
+{
+    int c = cmp_bytes(as, asl, bs, bsl);
+    return c != 0 ? c : cmp_bytes(ak, akl, bk, bkl);
+}
+
+struct ref {
+    const char *scope, *key;
+    size_t slen, klen, op;
+};
+
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const struct ref *a = pa, *b = pb;
+    int c = cmp_id(a->scope, a->slen, a->key, a->klen, b->scope, b->slen, b->key, b->klen);
+    return c != 0 ? c : (a->op > b->op) - (a->op < b->op);
+}
+
+/* The kent of (scope, key), or NULL. */
+static struct kent *find_key(struct batch *b, const char *scope, size_t slen, const char *key,
+                             size_t klen)
+{
+    size_t lo = 0, hi = b->nkeys;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        struct kent *k = &b->keys[mid];
+        int c = cmp_id(scope, slen, key, klen, k->scope, k->slen, k->key, k->klen);
+        if (c == 0)
+            return k;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+static bool utf8_ok(const char *s)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    while (*p != '\0') {
+        uint32_t c = *p;
+        int more = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2
+                 : (c & 0xf8) == 0xf0 ? 3 : -1;
+        if (more < 0)
+            return false;
+        c &= 0x3fu >> more;
+        p++;
+        for (int i = 0; i < more; i++, p++) {
+            if ((*p & 0xc0) != 0x80)
+                return false;
+            c = (c << 6) | (*p & 0x3fu);
+        }
+        if ((more == 1 && c < 0x80) || (more == 2 && c < 0x800) || (more == 3 && c < 0x10000) ||
+            c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+    }
+    return true;
+}
+
+/* Group the ops that this backend applies by key.  Ops it cannot store get
+ * their own err here.  IDEM_OK or IDEM_E_NOMEM. */
+static idem_err_t batch_init(struct batch *b, idem_op_t *ops, size_t n)
+{
+    memset(b, 0, sizeof *b);
+    b->ops = ops;
+    b->n = n;
+    b->op_key = idem_malloc(n * sizeof *b->op_key);
+    struct ref *refs = idem_malloc(n * sizeof *refs);
+    if (b->op_key == NULL || refs == NULL) {
+        idem_free(refs);
+        return IDEM_E_NOMEM;
+    }
+    size_t nref = 0;
+    for (size_t i = 0; i < n; i++) {
+        idem_op_t *op = &ops[i];
+        b->op_key[i] = NO_KEY;
+        if (op->err != IDEM_OK)
+            continue;
+        if (!utf8_ok(op->id.scope) || !utf8_ok(op->id.key)) {
+            op->err = IDEM_E_INVAL; /* a text column holds UTF-8 only */
+            continue;
+        }
+        if (op->kind == IDEM_OP_COMPLETE) {
+            idem_record_t probe = {.response = *op->response};
+            if (idem_record_encoded_size(&probe) > VALUE_MAX) {
+                op->err = IDEM_E_TOOBIG;
+                continue;
+            }
+        }
+        refs[nref++] = (struct ref){op->id.scope, op->id.key, strlen(op->id.scope),
+                                    strlen(op->id.key), i};
+    }
+    qsort(refs, nref, sizeof *refs, ref_cmp);
+    b->keys = idem_calloc(nref > 0 ? nref : 1, sizeof *b->keys);
+    if (b->keys == NULL) {
+        idem_free(refs);
+        return IDEM_E_NOMEM;
+    }
+    for (size_t i = 0; i < nref; i++) {
+        const struct ref *r = &refs[i];
+        if (b->nkeys == 0 || cmp_id(r->scope, r->slen, r->key, r->klen,
+                                    b->keys[b->nkeys - 1].scope, b->keys[b->nkeys - 1].slen,
+                                    b->keys[b->nkeys - 1].key, b->keys[b->nkeys - 1].klen) != 0) {
+            struct kent *k = &b->keys[b->nkeys++];
+            k->scope = r->scope;
+            k->slen = r->slen;
+            k->key = r->key;
+            k->klen = r->klen;
+        }
+        b->op_key[r->op] = b->nkeys - 1;
+    }
+    idem_free(refs);
+    return IDEM_OK;
+}
+
+/* Forget what the ops of the keys in this round decided (all keys when all
+ * is set), so that they can be applied again. */
+static void batch_reset(struct batch *b, bool all)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->op_key[i] == NO_KEY || !(all || b->keys[b->op_key[i]].round))
+            continue;
+        idem_op_t *op = &b->ops[i];
+        idem_record_cleanup(&op->record);
+        memset(&op->decision, 0, sizeof op->decision);
+        op->token = IDEM_TOKEN_NONE;
+        op->err = IDEM_OK;
+    }
+    for (size_t i = 0; i < b->nkeys; i++) {
+        struct kent *k = &b->keys[i];
+        if (!(all || k->round))
+            continue;
+        idem_free(k->owned);
+        k->owned = NULL;
+        k->orig = k->cur = NULL;
+        k->orig_len = k->cur_len = 0;
+        k->orig_fence = 0;
+        k->changed = k->inserted = false;
+        if (all)
+            k->round = true;
+    }
+    if (all) {
+        for (size_t i = 0; i < b->nheld; i++)
+            PQclear(b->held[i]);
+        b->nheld = 0;
+    }
+}
+
+static void batch_free(struct batch *b)
+{
+    for (size_t i = 0; i < b->nkeys; i++)
+        idem_free(b->keys[i].owned);
+    for (size_t i = 0; i < b->nheld; i++)
+        PQclear(b->held[i]);
+    for (size_t i = 0; i < sizeof b->a / sizeof b->a[0]; i++)
+        idem_free(b->a[i].p);
+    idem_free(b->keys);
+    idem_free(b->op_key);
+}
+
+static bool arrs_nomem(const struct batch *b, int np)
+{
+    for (int i = 0; i < np; i++)
+        if (b->a[i].nomem)
+            return true;
+    return false;
+}
+
+/* Fill a[0..1] with the keys of this round, for ST_SEL.  false when out of memory. */
+static bool build_select(struct batch *b)
+{
+    arr_start(&b->a[0], OID_TEXT);
+    arr_start(&b->a[1], OID_TEXT);
+    for (size_t i = 0; i < b->nkeys; i++) {
+        if (b->keys[i].round) {
+            arr_add(&b->a[0], b->keys[i].scope, b->keys[i].slen);
+            arr_add(&b->a[1], b->keys[i].key, b->keys[i].klen);
+        }
+    }
+    arr_end(&b->a[0]);
+    arr_end(&b->a[1]);
+    return !arrs_nomem(b, 2);
+}
+
+/* Take the rows of a SELECT ... FOR UPDATE (scope, key, fence, record):
+ * the keys of this round that have one exist, the others are absent. */
+static void take_rows(struct batch *b, PGresult *r)
+{
+    b->held[b->nheld++] = r;
+    for (int row = 0; row < PQntuples(r); row++) {
+        struct kent *k = find_key(b, PQgetvalue(r, row, 0), (size_t)PQgetlength(r, row, 0),
+                                  PQgetvalue(r, row, 1), (size_t)PQgetlength(r, row, 1));
+        if (k == NULL || !k->round || PQgetlength(r, row, 2) != 8)
+            continue; /* not asked for: cannot happen */
+        k->orig_fence = (int64_t)get64((const uint8_t *)PQgetvalue(r, row, 2));
+        k->orig = (const uint8_t *)PQgetvalue(r, row, 3);
+        k->orig_len = (size_t)PQgetlength(r, row, 3);
+    }
+    for (size_t i = 0; i < b->nkeys; i++) {
+        struct kent *k = &b->keys[i];
+        if (k->round) {
+            k->cur = k->orig;
+            k->cur_len = k->orig_len;
+        }
+    }
+}
+
+/* Apply, in order, the ops of the keys in this round.  IDEM_OK or
+ * IDEM_E_NOMEM (a new record could not be encoded). */
+static idem_err_t apply_round(struct batch *b)
+{
+    idem_record_t next;
+
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->op_key[i] == NO_KEY || !b->keys[b->op_key[i]].round)
+            continue;
+        struct kent *k = &b->keys[b->op_key[i]];
+        idem_op_t *op = &b->ops[i];
+        switch (idem__store_apply(op, k->cur, k->cur_len, &next)) {
+        case IDEM__STORE_KEEP:
+            break;
+        case IDEM__STORE_PUT: {
+            size_t size = idem_record_encoded_size(&next);
+            uint8_t *buf = size > 0 ? idem_malloc(size) : NULL;
+            if (buf == NULL)
+                return IDEM_E_NOMEM;
+            idem_record_encode_into(&next, buf); /* next never points into cur */
+            idem_free(k->owned);
+            k->owned = buf;
+            k->cur = buf;
+            k->cur_len = size;
+            k->changed = true;
+            break;
+        }
+        case IDEM__STORE_DEL:
+            idem_free(k->owned);
+            k->owned = NULL;
+            k->cur = NULL;
+            k->cur_len = 0;
+            k->changed = true;
+            break;
+        }
+    }
+    return IDEM_OK;
+}
+
+/* The element types of the INSERT's and the UPDATE's array parameters. */
+static const uint32_t ins_types[9] = {OID_TEXT, OID_TEXT, OID_INT2, OID_INT4, OID_BYTEA,
+                                      OID_INT8, OID_INT8, OID_INT8, OID_BYTEA};
+static const uint32_t upd_types[10] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT2, OID_INT4,
+                                       OID_BYTEA, OID_INT8, OID_INT8, OID_INT8, OID_BYTEA};
+
+/* Add kent k's new record to the column arrays a[first..first+6]:
+ * state, flags, fingerprint, fence, lease_until, expires_at, record. */
+static void add_record(struct arr *a, const struct kent *k)
+{
+    idem_record_t h;
+    memset(&h, 0, sizeof h);
+    (void)idem_record_decode_head(k->cur, k->cur_len, &h); /* we encoded it */
+    arr_i16(&a[0], (int16_t)h.state);
+    arr_i32(&a[1], (int32_t)h.flags);
+    arr_add(&a[2], h.fingerprint, IDEM_FP_LEN);
+    arr_i64(&a[3], (int64_t)h.fence);
+    arr_i64(&a[4], h.lease_until_ms);
+    arr_i64(&a[5], h.expires_at_ms);
+    arr_add(&a[6], k->cur, k->cur_len);
+}
+
+/* Write what this round changed: INSERT for keys that were absent, UPDATE
+ * and DELETE (fenced by the fence read) for keys that existed.  Sets
+ * *conflicts to the number of keys whose INSERT lost a race (their round
+ * flag stays set, every other key's is cleared). */
+static enum outcome write_round(struct pg_store *s, PGconn *pq, struct batch *b, size_t *conflicts,
+                                idem_err_t *err)
+{
+    size_t nins = 0, nupd = 0, ndel = 0;
+    int nq = 0, qi_ins = -1, qi_upd = -1, qi_del = -1;
+    PGresult *res[3];
+
+    *conflicts = 0;
+    for (size_t i = 0; i < b->nkeys; i++) {
+        const struct kent *k = &b->keys[i];
+        if (!k->round || !k->changed)
+            continue;
+        if (k->orig == NULL && k->cur != NULL)
+            nins++;
+        else if (k->orig != NULL && k->cur != NULL)
+            nupd++;
+        else if (k->orig != NULL)
+            ndel++;
+    }
+    if (nins > 0) {
+        for (int c = 0; c < 9; c++)
+            arr_start(&b->a[c], ins_types[c]);
+        for (size_t i = 0; i < b->nkeys; i++) {
+            const struct kent *k = &b->keys[i];
+            if (k->round && k->changed && k->orig == NULL && k->cur != NULL) {
+                arr_add(&b->a[0], k->scope, k->slen);
+                arr_add(&b->a[1], k->key, k->klen);
+                add_record(&b->a[2], k);
+            }
+        }
+        for (int c = 0; c < 9; c++)
+            arr_end(&b->a[c]);
+        if (arrs_nomem(b, 9))
+            goto nomem;
+        if (!send_prepared(pq, ST_INS, 9, b->a))
+            goto lost;
+        qi_ins = nq++;
+    }
+    /* Each statement's parameters are copied into libpq's output buffer when
+     * it is queued, so the arrays may be reused for the next one. */
+    if (nupd > 0) {
+        for (int c = 0; c < 10; c++)
+            arr_start(&b->a[c], upd_types[c]);
+        for (size_t i = 0; i < b->nkeys; i++) {
+            const struct kent *k = &b->keys[i];
+            if (k->round && k->changed && k->orig != NULL && k->cur != NULL) {
+                arr_add(&b->a[0], k->scope, k->slen);
+                arr_add(&b->a[1], k->key, k->klen);
+                arr_i64(&b->a[2], k->orig_fence);
+                add_record(&b->a[3], k);
+            }
+        }
+        for (int c = 0; c < 10; c++)
+            arr_end(&b->a[c]);
+        if (arrs_nomem(b, 10))
+            goto nomem;
+        if (!send_prepared(pq, ST_UPD, 10, b->a))
+            goto lost;
+        qi_upd = nq++;
+    }
+    if (ndel > 0) {
+        arr_start(&b->a[0], OID_TEXT);
+        arr_start(&b->a[1], OID_TEXT);
+        arr_start(&b->a[2], OID_INT8);
+        for (size_t i = 0; i < b->nkeys; i++) {
+            const struct kent *k = &b->keys[i];
+            if (k->round && k->changed && k->orig != NULL && k->cur == NULL) {
+                arr_add(&b->a[0], k->scope, k->slen);
+                arr_add(&b->a[1], k->key, k->klen);
+                arr_i64(&b->a[2], k->orig_fence);
+            }
+        }
+        for (int c = 0; c < 3; c++)
+            arr_end(&b->a[c]);
+        if (arrs_nomem(b, 3))
+            goto nomem;
+        if (!send_prepared(pq, ST_DEL, 3, b->a))
+            goto lost;
+        qi_del = nq++;
+    }
+    for (size_t i = 0; i < b->nkeys; i++)
+        b->keys[i].inserted = false;
+    if (nq == 0) {
+        for (size_t i = 0; i < b->nkeys; i++)
+            b->keys[i].round = false;
+        return R_OK;
+    }
+    if (seg_run(s, pq, nq, res) != R_OK)
+        return R_STALE; /* nothing committed: the server rolls the transaction back */
+
+    enum outcome o = R_OK;
+    for (int q = 0; q < nq && o == R_OK; q++) {
+        ExecStatusType want = q == qi_ins ? PGRES_TUPLES_OK : PGRES_COMMAND_OK;
+        if (PQresultStatus(res[q]) != want)
+            o = classify(s, pq, res[q], "writing", err);
+    }
+    if (o == R_OK && qi_ins >= 0) {
+        PGresult *r = res[qi_ins];
+        for (int row = 0; row < PQntuples(r); row++) {
+            struct kent *k = find_key(b, PQgetvalue(r, row, 0), (size_t)PQgetlength(r, row, 0),
+                                      PQgetvalue(r, row, 1), (size_t)PQgetlength(r, row, 1));
+            if (k != NULL)
+                k->inserted = true;
+        }
+    }
+    if (o == R_OK && ((qi_upd >= 0 && strtoull(PQcmdTuples(res[qi_upd]), NULL, 10) != nupd) ||
+                      (qi_del >= 0 && strtoull(PQcmdTuples(res[qi_del]), NULL, 10) != ndel))) {
+        idem__store_seterr(&s->base, "postgres: a row locked by this batch changed under the lock");
+        *err = IDEM_E_STORE_DOWN;
+        o = R_FAIL;
+    }
+    for (int q = 0; q < nq; q++)
+        PQclear(res[q]);
+    if (o != R_OK)
+        return o;
+    for (size_t i = 0; i < b->nkeys; i++) {
+        struct kent *k = &b->keys[i];
+        bool lost = k->round && k->changed && k->orig == NULL && k->cur != NULL && !k->inserted;
+        k->round = lost;
+        *conflicts += lost;
+    }
+    return R_OK;
+
+nomem:
+    *err = IDEM_E_NOMEM;
+    idem__store_seterr(&s->base, "postgres: out of memory building the batch");
+    return R_FAIL;
+lost:
+    idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
+                       PQerrorMessage(pq));
+    return R_STALE;
+}
+
+/* Before COMMIT is sent nothing can have been written: a connection that
+ * broke then is only stale, and the batch may run again on another. */
+static enum outcome before_commit(enum outcome o)
+{
+    return o == R_BROKEN ? R_STALE : o;
+}
+
+/* One attempt at a batch in one transaction on connection pq. */
+static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, idem_err_t *err)
+{
+    PGresult *res[2];
+    enum outcome o;
+
+    /* Round trip 1: lock and read every row of the batch. */
+    if (!build_select(b))
+        goto nomem;
+    if (!send_plain(pq, "BEGIN") || !send_prepared(pq, ST_SEL, 2, b->a)) {
+        idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
+                           PQerrorMessage(pq));
+        return R_STALE;
+    }
+    if (seg_run(s, pq, 2, res) != R_OK)
+        return R_STALE;
+    o = R_OK;
+    if (PQresultStatus(res[0]) != PGRES_COMMAND_OK)
+        o = classify(s, pq, res[0], "BEGIN", err);
+    else if (PQresultStatus(res[1]) != PGRES_TUPLES_OK)
+        o = classify(s, pq, res[1], "reading the batch's rows", err);
+    PQclear(res[0]);
+    if (o != R_OK) {
+        PQclear(res[1]);
+        return before_commit(o);
+    }
+    take_rows(b, res[1]);
+
+    /* In C: every op in order; then round trip 2, the writes, repeated for
+     * keys that lost an insert race (each re-read in the same transaction). */
+    size_t conflicts = 0;
+    bool wrote = false;
+    for (int round = 0;; round++) {
+        if ((*err = apply_round(b)) != IDEM_OK) {
+            idem__store_seterr(&s->base, "postgres: out of memory applying the batch");
+            return R_FAIL;
+        }
+        for (size_t i = 0; i < b->nkeys; i++)
+            wrote = wrote || (b->keys[i].round && b->keys[i].changed);
+        if ((o = write_round(s, pq, b, &conflicts, err)) != R_OK)
+            return before_commit(o);
+        if (conflicts == 0)
+            break;
+        if (round == CONFLICT_ROUNDS || b->nheld == sizeof b->held / sizeof b->held[0]) {
+            idem__store_seterr(&s->base, "postgres: %zu key(s) kept losing insert races",
+                               conflicts);
+            return R_RETRY;
+        }
+        batch_reset(b, false);
+        if (!build_select(b))
+            goto nomem;
+        if (!send_prepared(pq, ST_SEL, 2, b->a) || seg_run(s, pq, 1, res) != R_OK)
+            return R_STALE;
+        if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
+            o = classify(s, pq, res[0], "reading rows again", err);
+            PQclear(res[0]);
+            return before_commit(o);
+        }
+        take_rows(b, res[0]);
+    }
+
+    /* Round trip 3.  A batch that wrote nothing only held row locks:
+     * ROLLBACK releases them without waiting for a WAL flush. */
+    if (run_one(s, pq, wrote ? "COMMIT" : "ROLLBACK", &res[0]) != R_OK) {
+        if (!wrote)
+            return R_STALE; /* nothing to lose: it may run again */
+        idem__store_seterr(&s->base, "postgres: connection lost during COMMIT: the batch may "
+                                     "or may not have been written");
+        return R_BROKEN;
+    }
+    o = R_OK;
+    if (PQresultStatus(res[0]) != PGRES_COMMAND_OK) {
+        o = classify(s, pq, res[0], "COMMIT", err); /* a failed COMMIT rolled back */
+    } else if (wrote && strcmp(PQcmdStatus(res[0]), "COMMIT") != 0) {
+        idem__store_seterr(&s->base, "postgres: COMMIT answered %s", PQcmdStatus(res[0]));
+        *err = IDEM_E_STORE_DOWN;
+        o = R_FAIL;
+    }
+    PQclear(res[0]);
+    return o;
+
+nomem:
+    *err = IDEM_E_NOMEM;
+    idem__store_seterr(&s->base, "postgres: out of memory building the batch");
+    return R_FAIL;
+}
+
+static idem_err_t pg_exec(idem_store_t *base, idem_op_t *ops, size_t n)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    struct batch b;
+    idem_err_t err = batch_init(&b, ops, n);
+    bool retried_stale = false;
+
+    if (err != IDEM_OK) {
+        batch_free(&b);
+        idem__store_seterr(base, "postgres: out of memory");
+        return err;
+    }
+    if (b.nkeys == 0) {
+        batch_free(&b);
+        return IDEM_OK; /* every op refused alone: no transaction needed */
+    }
+    for (size_t k = 0; k < b.nkeys; k++)
+        b.keys[k].round = true;
+    for (int attempt = 0;; attempt++) {
+        struct pgc *c;
+        bool fresh;
+        if ((err = borrow(s, &c, &fresh)) != IDEM_OK)
+            break;
+        err = IDEM_E_STORE_DOWN;
+        enum outcome o = run_batch(s, c->pq, &b, &err);
+        if (o == R_FAIL || o == R_RETRY) {
+            if (rollback(s, c->pq) != R_OK)
+                o = o == R_RETRY ? R_STALE : R_BROKEN;
+        }
+        give_back(s, c, o);
+        if (o == R_OK) {
+            err = IDEM_OK;
+            break;
+        }
+        /* A stale idle connection (the server restarted since it was last
+         * used) is worth one more try on a fresh one. */
+        bool again = (o == R_RETRY && attempt + 1 < BATCH_TRIES) ||
+                     (o == R_STALE && !fresh && !retried_stale);
+        if (!again) {
+            if (o != R_FAIL)
+                err = IDEM_E_STORE_DOWN;
+            break;
+        }
+        retried_stale = retried_stale || o == R_STALE;
+        batch_reset(&b, true);
+    }
+    batch_free(&b);
+    return err;
+}
+
+/* ---- get, sweep, ping ------------------------------------------------------ */
+
+/* Run fn on a borrowed connection, once more on a fresh one if the first
+ * broke (get, ping and one sweep step may always run again).  fn returns
+ * an outcome and sets *err for R_FAIL. */
+typedef enum outcome (*work_fn)(struct pg_store *s, PGconn *pq, void *arg, idem_err_t *err);
+
+static idem_err_t with_conn(struct pg_store *s, work_fn fn, void *arg)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        struct pgc *c;
+        bool fresh;
+        idem_err_t err = borrow(s, &c, &fresh);
+        if (err != IDEM_OK)
+            return err;
+        err = IDEM_E_STORE_DOWN;
+        enum outcome o = fn(s, c->pq, arg, &err);
+        give_back(s, c, o);
+        if (o == R_OK || o == R_FAIL)
+            return o == R_OK ? IDEM_OK : err;
+        if (fresh)
+            return IDEM_E_STORE_DOWN;
+    }
+    return IDEM_E_STORE_DOWN;
+}
+
+struct get_arg {
+    const idem_key_id_t *id;
+    int64_t now_ms;
+    idem_record_t *rec;
+    idem_err_t result; /* NOTFOUND, CORRUPT, NOMEM, OK */
+};
+
+static enum outcome get_work(struct pg_store *s, PGconn *pq, void *argp, idem_err_t *err)
+{
+    struct get_arg *g = argp;
+    uint8_t now[8];
+    put64(now, (uint64_t)g->now_ms);
+    const char *values[3] = {g->id->scope, g->id->key, (const char *)now};
+    int lengths[3] = {(int)strlen(g->id->scope), (int)strlen(g->id->key), 8};
+    int formats[3] = {1, 1, 1};
+    PGresult *r;
+
+    if (PQsendQueryPrepared(pq, stmt_name[ST_GET], 3, values, lengths, formats, 1) != 1 ||
+        seg_run(s, pq, 1, &r) != R_OK)
+        return R_STALE;
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        enum outcome o = classify(s, pq, r, "get", err);
+        PQclear(r);
+        return o == R_RETRY ? R_FAIL : o;
+    }
+    g->result = IDEM_E_NOTFOUND;
+    if (PQntuples(r) == 1) {
+        g->result = idem_record_decode((const uint8_t *)PQgetvalue(r, 0, 0),
+                                       (size_t)PQgetlength(r, 0, 0), g->rec);
+        if (g->result == IDEM_OK && g->rec->expires_at_ms <= g->now_ms) {
+            idem_record_cleanup(g->rec); /* the column and the record disagree */
+            g->result = IDEM_E_NOTFOUND;
+        }
+    }
+    PQclear(r);
+    return R_OK;
+}
+
+static idem_err_t pg_get(idem_store_t *base, const idem_key_id_t *id, int64_t now_ms,
+                         idem_record_t *rec)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    if (!utf8_ok(id->scope) || !utf8_ok(id->key))
+        return IDEM_E_NOTFOUND; /* no such key can be stored here */
+    struct get_arg g = {id, now_ms, rec, IDEM_E_NOTFOUND};
+    idem_err_t err = with_conn(s, get_work, &g);
+    return err != IDEM_OK ? err : g.result;
+}
+
+struct sweep_arg {
+    int64_t now_ms;
+    size_t want;
+    size_t removed;
+};
+
+static enum outcome sweep_work(struct pg_store *s, PGconn *pq, void *argp, idem_err_t *err)
+{
+    struct sweep_arg *w = argp;
+    uint8_t now[8], lim[8];
+    put64(now, (uint64_t)w->now_ms);
+    put64(lim, (uint64_t)w->want);
+    const char *values[2] = {(const char *)now, (const char *)lim};
+    int lengths[2] = {8, 8}, formats[2] = {1, 1};
+    PGresult *r;
+
+    /* One statement between syncs: its own implicit transaction. */
+    if (PQsendQueryPrepared(pq, stmt_name[ST_SWEEP], 2, values, lengths, formats, 1) != 1 ||
+        seg_run(s, pq, 1, &r) != R_OK)
+        return R_STALE;
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        enum outcome o = classify(s, pq, r, "sweep", err);
+        PQclear(r);
+        return o == R_RETRY ? R_FAIL : o;
+    }
+    w->removed = (size_t)strtoull(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    return R_OK;
+}
+
+static idem_err_t pg_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    size_t total = 0;
+    idem_err_t err = IDEM_OK;
+
+    while (total < max) {
+        struct sweep_arg w = {now_ms, max - total < SWEEP_CHUNK ? max - total : SWEEP_CHUNK, 0};
+        if ((err = with_conn(s, sweep_work, &w)) != IDEM_OK)
+            break;
+        total += w.removed;
+        if (w.removed < w.want)
+            break; /* nothing more has expired (or the rest is locked by a batch) */
+    }
+    *removed = total;
+    return err;
+}
+
+static enum outcome ping_work(struct pg_store *s, PGconn *pq, void *argp, idem_err_t *err)
+{
+    PGresult *r;
+    (void)argp;
+    if (run_one(s, pq, "SELECT 1", &r) != R_OK)
+        return R_STALE;
+    enum outcome o = R_OK;
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        o = classify(s, pq, r, "ping", err);
+    PQclear(r);
+    if (o == R_RETRY || o == R_FAIL) {
+        *err = IDEM_E_STORE_DOWN;
+        o = R_FAIL;
+    }
+    return o;
+}
+
+static idem_err_t pg_ping(idem_store_t *base)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    return with_conn(s, ping_work, NULL) == IDEM_OK ? IDEM_OK : IDEM_E_STORE_DOWN;
+}
+
+/* ---- opening ----------------------------------------------------------------- */
+
+static bool table_ok(const char *t)
+{
+    size_t n = strlen(t);
+    if (n == 0 || n > TABLE_MAX || !((t[0] >= 'a' && t[0] <= 'z') || t[0] == '_'))
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if (!((t[i] >= 'a' && t[i] <= 'z') || (t[i] >= '0' && t[i] <= '9') || t[i] == '_'))
+            return false;
+    return true;
+}
+
+/* Handle one of our options; 1 when name is ours, 0 when it is libpq's,
+ * -1 for a bad value. */
+static int our_option(struct cfg *c, const char *name, size_t nl, const char *value, size_t vl,
+                      unsigned *seen, char *errbuf, size_t errlen)
+{
+    static const char *const ours[] = {"table", "pool", "timeout"};
+    int which = -1;
+    for (int i = 0; i < 3; i++)
+        if (strlen(ours[i]) == nl && memcmp(ours[i], name, nl) == 0)
+            which = i;
+    if (which < 0)
+        return 0;
+    if (*seen & (1u << which)) {
+        idem__store_errbuf(errbuf, errlen, "postgres store option %s= is given twice",
+                           ours[which]);
+        return -1;
+    }
+    *seen |= 1u << which;
+    char v[IDEM_STORE_OPT_MAX + 1];
+    if (vl > IDEM_STORE_OPT_MAX) {
+        idem__store_errbuf(errbuf, errlen, "postgres store option %s= is too long", ours[which]);
+        return -1;
+    }
+    memcpy(v, value, vl);
+    v[vl] = '\0';
+    switch (which) {
+    case 0:
+        if (!table_ok(v)) {
+            idem__store_errbuf(errbuf, errlen,
+                               "postgres store option table=%s: expected a name of 1 to 63 "
+                               "characters a-z, 0-9 and _, not starting with a digit",
+                               v);
+            return -1;
+        }
+        memcpy(c->table, v, vl + 1);
+        return 1;
+    case 1: {
+        char *end;
+        errno = 0;
+        long p = vl > 0 && v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
+        if (p < 1 || p > POOL_MAX || errno != 0 || *end != '\0') {
+            idem__store_errbuf(errbuf, errlen,
+                               "postgres store option pool=%s: expected 1 to %d connections", v,
+                               POOL_MAX);
+            return -1;
+        }
+        c->pool = (int)p;
+        return 1;
+    }
+    default: {
+        int64_t ms;
+        if (idem_parse_duration(v, &ms) != IDEM_OK || ms < TIMEOUT_MIN_MS || ms > TIMEOUT_MAX_MS) {
+            idem__store_errbuf(errbuf, errlen,
+                               "postgres store option timeout=%s: expected a duration from "
+                               "100ms to 60s, e.g. 5s",
+                               v);
+            return -1;
+        }
+        c->timeout_ms = ms;
+        return 1;
+    }
+    }
+}
+
+/* Parse "//...?..." into c (c->uri allocated on success). */
+static idem_err_t parse_url(const char *rest, struct cfg *c, char *errbuf, size_t errlen)
+{
+    static const char prefix[] = "postgresql:";
+    size_t path_len, rl = strlen(rest);
+    const char *q;
+    unsigned seen = 0;
+
+    memset(c, 0, sizeof *c);
+    snprintf(c->table, sizeof c->table, "%s", DEFAULT_TABLE);
+    c->pool = POOL_DEFAULT;
+    c->timeout_ms = TIMEOUT_DEFAULT_MS;
+    if (strncmp(rest, "//", 2) != 0) {
+        idem__store_errbuf(errbuf, errlen,
+                           "a postgres store URL is postgres://[user[:password]@]host[:port]"
+                           "/dbname[?options]");
+        return IDEM_E_INVAL;
+    }
+    if (rl > URL_MAX) {
+        idem__store_errbuf(errbuf, errlen, "postgres store URL is longer than %d bytes",
+                           URL_MAX);
+        return IDEM_E_INVAL;
+    }
+    char *uri = idem_malloc(sizeof prefix + rl + 1);
+    if (uri == NULL)
+        return IDEM_E_NOMEM;
+    idem__store_split(rest, &path_len, &q);
+    memcpy(uri, prefix, sizeof prefix - 1);
+    size_t ul = sizeof prefix - 1;
+    memcpy(uri + ul, rest, path_len);
+    ul += path_len;
+    char sep = '?';
+    while (*q != '\0') {
+        size_t len = strcspn(q, "&");
+        const char *eq = memchr(q, '=', len);
+        int r = 0;
+        if (len > 0 && eq != NULL)
+            r = our_option(c, q, (size_t)(eq - q), eq + 1, len - (size_t)(eq - q) - 1, &seen,
+                           errbuf, errlen);
+        if (r < 0) {
+            idem_free(uri);
+            return IDEM_E_INVAL;
+        }
+        if (r == 0 && len > 0) { /* libpq's: passed on as written */
+            uri[ul++] = sep;
+            memcpy(uri + ul, q, len);
+            ul += len;
+            sep = '&';
+        }
+        q += len;
+        if (*q == '&')
+            q++;
+    }
+    uri[ul] = '\0';
+
+    char *msg = NULL;
+    PQconninfoOption *opts = PQconninfoParse(uri, &msg);
+    if (opts == NULL) {
+        if (msg == NULL) {
+            idem_free(uri);
+            return IDEM_E_NOMEM;
+        }
+        idem__store_errbuf(errbuf, errlen, "postgres store URL: %.*s", msg_len(msg), msg);
+        PQfreemem(msg);
+        idem_free(uri);
+        return IDEM_E_INVAL;
+    }
+    PQconninfoFree(opts);
+    c->uri = uri;
+    return IDEM_OK;
+}
+
+static void pg_close(idem_store_t *base)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    drop_idle(s); /* every connection is idle when the store is closed */
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    idem_free(s->cfg.uri);
+    idem_free(s);
+}
+
+static void build_sql(struct pg_store *s)
+{
+    const char *t = s->cfg.table;
+    snprintf(s->sql[ST_SEL], SQL_MAX,
+             "SELECT t.scope, t.key, t.fence, t.record FROM \"%s\" t "
+             "JOIN unnest($1::text[], $2::text[]) AS u(s, k) ON t.scope = u.s AND t.key = u.k "
+             "ORDER BY t.scope, t.key FOR UPDATE OF t",
+             t);
+    snprintf(s->sql[ST_INS], SQL_MAX,
+             "INSERT INTO \"%s\" (scope, key, state, flags, fingerprint, fence, lease_until, "
+             "expires_at, record) SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], "
+             "$4::int4[], $5::bytea[], $6::int8[], $7::int8[], $8::int8[], $9::bytea[]) "
+             "ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key",
+             t);
+    snprintf(s->sql[ST_UPD], SQL_MAX,
+             "UPDATE \"%s\" t SET state = u.state, flags = u.flags, fingerprint = u.fp, "
+             "fence = u.fence, lease_until = u.lease, expires_at = u.exp, record = u.rec "
+             "FROM unnest($1::text[], $2::text[], $3::int8[], $4::int2[], $5::int4[], "
+             "$6::bytea[], $7::int8[], $8::int8[], $9::int8[], $10::bytea[]) "
+             "AS u(s, k, old, state, flags, fp, fence, lease, exp, rec) "
+             "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.old",
+             t);
+    snprintf(s->sql[ST_DEL], SQL_MAX,
+             "DELETE FROM \"%s\" t USING unnest($1::text[], $2::text[], $3::int8[]) "
+             "AS d(s, k, f) WHERE t.scope = d.s AND t.key = d.k AND t.fence = d.f",
+             t);
+    snprintf(s->sql[ST_GET], SQL_MAX,
+             "SELECT record FROM \"%s\" WHERE scope = $1::text AND key = $2::text "
+             "AND expires_at > $3::int8",
+             t);
+    snprintf(s->sql[ST_SWEEP], SQL_MAX,
+             "DELETE FROM \"%s\" WHERE ctid = ANY (ARRAY(SELECT ctid FROM \"%s\" "
+             "WHERE expires_at <= $1::int8 ORDER BY expires_at LIMIT $2::int8 "
+             "FOR UPDATE SKIP LOCKED))",
+             t, t);
+    /* enable_seqscan: see "Plans" in the opening comment. */
+    snprintf(s->settings, sizeof s->settings,
+             "SELECT set_config('statement_timeout', '%lld', false), "
+             "set_config('enable_seqscan', 'off', false)",
+             (long long)s->cfg.timeout_ms);
+    snprintf(s->connect_timeout, sizeof s->connect_timeout, "%lld",
+             (long long)((s->cfg.timeout_ms + 999) / 1000));
+}
+
+static idem_err_t pg_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    struct cfg c;
+    idem_err_t err = parse_url(rest, &c, errbuf, errlen);
+    if (err != IDEM_OK)
+        return err;
+    if (out == NULL) {
+        idem_free(c.uri);
+        return IDEM_OK; /* idem_store_check_url: the URL is good */
+    }
+
+    struct pg_store *s = idem_calloc(1, sizeof *s);
+    if (s == NULL) {
+        idem_free(c.uri);
+        return IDEM_E_NOMEM;
+    }
+    s->base.ops = &idem__store_postgres_ops;
+    s->cfg = c;
+    s->backoff_ms = BACKOFF_MIN_MS;
+    build_sql(s);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->mu, NULL);
+
+    /* The first connection makes the table: a wrong URL, password or
+     * privilege fails here, at start-up, not at the first request. */
+    char why[256];
+    struct pgc *first;
+    enum outcome o = conn_open(s, true, &first, why, sizeof why);
+    if (o != R_OK) {
+        idem__store_errbuf(errbuf, errlen, "%s", why);
+        pg_close(&s->base);
+        return IDEM_E_STORE_DOWN;
+    }
+    s->open = 1;
+    s->idle = first;
+    *out = &s->base;
+    return IDEM_OK;
+}
+
+const struct idem_store_ops idem__store_postgres_ops = {
+    .name = "postgres",
+    .scheme = "postgres",
+    .open = pg_open,
+    .close = pg_close,
+    .exec = pg_exec,
+    .get = pg_get,
+    .sweep = pg_sweep,
+    .ping = pg_ping,
+};
+
+/* The same backend under libpq's other scheme name. */
+const struct idem_store_ops idem__store_postgresql_ops = {
+    .name = "postgres",
+    .scheme = "postgresql",
+    .open = pg_open,
+    .close = pg_close,
+    .exec = pg_exec,
+    .get = pg_get,
+    .sweep = pg_sweep,
+    .ping = pg_ping,
+};
