@@ -312,6 +312,7 @@ struct idem_req {
     bool renew_busy;
     int64_t lease_until_ms;       /* our lease ends (claim, then each renewal) */
     int complete_tries;           /* completions refused by a failing store so far */
+    bool counted;                 /* its outcome is in the metrics already */
     /* upstream */
     idem_upconn_t *up;
     idem_up_result_t up_result;   /* why the upstream call failed */

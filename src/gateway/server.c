@@ -896,6 +896,9 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
             idem_proxy_abort(req);
         req_store_unavailable(req, "the upstream answered but its response could not be recorded "
                                    "yet; a retry gets the recorded answer once the store is back");
+        /* Counted now, not when the retries end a lease later. */
+        idem_metrics_count(&req_gw(req)->metrics, req->outcome);
+        req->counted = true;
     }
     int64_t delay = COMPLETE_RETRY_FIRST_MS << (req->complete_tries < 5 ? req->complete_tries : 5);
     if (delay > COMPLETE_RETRY_MAX_MS)
@@ -1649,7 +1652,8 @@ static void req_maybe_free(idem_req_t *req)
     req->dead = true;
     /* This request is done: log it, count it, free it. */
     idem_gw_t *gw = req->w->gw;
-    idem_metrics_count(&gw->metrics, req->outcome);
+    if (!req->counted)
+        idem_metrics_count(&gw->metrics, req->outcome);
     idem_hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
     idem_log_request(req->w, req);
