@@ -2676,20 +2676,31 @@ static void pg_insert_claim(PGconn *c, const char *key, int fpc, uint64_t fence,
 /* The store's INSERT of a new key waits for another transaction that
  * inserted it first; when that one commits, the store reads the key again
  * and decides on what the other wrote, and its other key still commits. */
-Test(store_postgres, lost_insert_race_reads_the_winner_again, .init = setup_postgres,
-     .fini = teardown)
+/* Another connection inserts "contested" (fence 7) in an open transaction;
+ * the store claims "contested" and "free" in one batch, which blocks on that
+ * insert; then the other transaction ends with finish (COMMIT or ROLLBACK). */
+static void race_against_an_open_insert(const char *finish, struct pg_claimer *c)
 {
     PGconn *other = pg_direct(), *watch = pg_direct();
     pg_sql(other, "BEGIN");
     pg_insert_claim(other, "contested", 1, 7, T0 + LEASE);
-
-    struct pg_claimer c = {{claim_op("contested", 1, T0 + 1), claim_op("free", 1, T0 + 1)}, 0};
+    c->ops[0] = claim_op("contested", 1, T0 + 1);
+    c->ops[1] = claim_op("free", 1, T0 + 1);
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &c), 0);
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, c), 0);
     wait_for_blocked_insert(watch);
-    pg_sql(other, "COMMIT");
+    pg_sql(other, finish);
     pthread_join(t, NULL);
+    PQfinish(other);
+    PQfinish(watch);
+}
 
+Test(store_postgres, lost_insert_race_reads_the_winner_again, .init = setup_postgres,
+     .fini = teardown)
+{
+    struct pg_claimer c;
+    memset(&c, 0, sizeof c);
+    race_against_an_open_insert("COMMIT", &c);
     cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
     cr_expect_eq(c.ops[0].err, IDEM_OK);
     cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
@@ -2700,30 +2711,18 @@ Test(store_postgres, lost_insert_race_reads_the_winner_again, .init = setup_post
     idem_decision_t d = claim("contested", 1, T0 + LEASE);
     cr_expect_eq(d.kind, IDEM_DECIDE_TAKEOVER);
     cr_expect_eq(d.fence, 8);
-    PQfinish(other);
-    PQfinish(watch);
 }
 
 Test(store_postgres, insert_race_against_a_rolled_back_insert_claims, .init = setup_postgres,
      .fini = teardown)
 {
-    PGconn *other = pg_direct(), *watch = pg_direct();
-    pg_sql(other, "BEGIN");
-    pg_insert_claim(other, "contested", 1, 7, T0 + LEASE);
-
-    struct pg_claimer c = {{claim_op("contested", 1, T0 + 1), claim_op("free", 1, T0 + 1)}, 0};
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &c), 0);
-    wait_for_blocked_insert(watch);
-    pg_sql(other, "ROLLBACK");
-    pthread_join(t, NULL);
-
+    struct pg_claimer c;
+    memset(&c, 0, sizeof c);
+    race_against_an_open_insert("ROLLBACK", &c);
     cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
     cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_CLAIM);
     cr_expect_eq(c.ops[0].decision.fence, 1);
     cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
-    PQfinish(other);
-    PQfinish(watch);
 }
 
 Test(store_postgres, sweep_deletes_in_bounded_batches_and_skips_locked_rows,
