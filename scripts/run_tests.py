@@ -64,6 +64,7 @@ def sanitizer_env(env):
     env = dict(env)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:strict_string_checks=1")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    env.setdefault("LSAN_OPTIONS", "suppressions=" + os.path.join(ROOT, "scripts", "lsan.supp"))
     return env
 
 
