@@ -431,6 +431,9 @@ check_key "$IDEM_A_URL" "$REPLAY_KEY"
 
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   say "starting Redis on :$REDIS_PORT and PostgreSQL on :$PG_PORT (scripts/services.sh)"
+  # As root, PostgreSQL runs as the postgres user, who must be able to reach
+  # its directory inside this (mode 0700) work directory.
+  chmod 711 "$WORK"
   IDEM_TEST_REDIS_PORT=$REDIS_PORT IDEM_TEST_PG_PORT=$PG_PORT \
     timeout 300 bash scripts/services.sh start "$WORK/services" >"$WORK/services.log" 2>&1 ||
     die "could not start Redis and PostgreSQL: $(tail -5 "$WORK/services.log")"

@@ -777,7 +777,7 @@ static void on_renew_done(idem_wjob_t *job)
     req->renew_busy = false;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
         req->lease_until_ms = job->op.lease_until_ms;
-    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE)
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE && req->renewing)
         idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
                  req->id.key);
 }
