@@ -1373,6 +1373,14 @@ static int req_fingerprint(idem_req_t *req)
     return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
 }
 
+/* The caller's scope (SPEC section 1): the hash of the scope header, or
+ * "anonymous"; "" only when out of memory, which the caller must refuse. */
+static void req_caller_scope(const idem_req_t *req, char *out)
+{
+    const idem_http_field_t *sf = idem_http_find(&req->msg, req_gw(req)->cfg->scope_header);
+    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, out);
+}
+
 /* ---- prevention tokens (SPEC section 6) ----------------------------------- */
 
 #define TOKENS_PATH "/_idem/tokens"
@@ -1440,8 +1448,7 @@ static void req_issue_token(idem_req_t *req)
         free(body);
         return;
     }
-    const idem_http_field_t *sf = idem_http_find(m, cfg->scope_header);
-    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, scope);
+    req_caller_scope(req, scope);
     if (scope[0] == '\0' || idem_token_generate(NULL, token) != IDEM_OK) {
         req->finished = true;
         req_problem(req, 500, "internal", scope[0] ? "no random bytes from the kernel"
@@ -1539,8 +1546,7 @@ static void req_spend_token(idem_req_t *req)
                     0);
         return;
     }
-    const idem_http_field_t *sf = idem_http_find(m, req_gw(req)->cfg->scope_header);
-    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, scope);
+    req_caller_scope(req, scope);
     if (scope[0] == '\0') {
         req->finished = true;
         req_problem(req, 500, "internal", "out of memory", 0);
@@ -1596,8 +1602,7 @@ static void req_dispatch(idem_req_t *req)
                     0);
         return;
     }
-    const idem_http_field_t *sf = idem_http_find(m, cfg->scope_header);
-    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, req->id.scope);
+    req_caller_scope(req, req->id.scope);
     if (req_fingerprint(req) != 0) {
         req->finished = true;
         req_problem(req, 500, "internal", "out of memory", 0);
