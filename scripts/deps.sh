@@ -7,8 +7,8 @@
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
-            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev curl python3)
-test_pkgs=(libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql)
+            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl python3)
+test_pkgs=(libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
 bench_pkgs=(nginx wrk linux-perf valgrind)
 
 want=("${build_pkgs[@]}")

@@ -100,14 +100,14 @@ def run_criterion(tally, build, label, env, log):
         print(f"  {name}: {passed} passed, {failed} failed ({secs:.1f}s)", flush=True)
 
 
-def run_blackbox(tally, build, label, env, log, pattern):
+def run_blackbox(tally, build, label, env, log, pattern, directory="tests/blackbox"):
     env = dict(env)
     env["IDEMD"] = os.path.join(ROOT, build, "idemd")
     env["IDEMCTL"] = os.path.join(ROOT, build, "idemctl")
     env["IDEM_BUILD"] = os.path.join(ROOT, build)
-    cmd = [sys.executable, "-m", "unittest", "discover", "-s", "tests/blackbox", "-t", ".", "-p", pattern, "-v"]
+    cmd = [sys.executable, "-m", "unittest", "discover", "-s", directory, "-t", ".", "-p", pattern, "-v"]
     rc, out, secs = run(cmd, env=env, timeout=2400)
-    name = f"{label}:blackbox"
+    name = f"{label}:{os.path.basename(directory)}"
     log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
     ran = re.search(r"^Ran (\d+) tests?", out, re.M)
     total = int(ran.group(1)) if ran else 0
@@ -209,6 +209,10 @@ def run_all(args, tally, log, services):
         print(f"{build}:", flush=True)
         run_criterion(tally, build, label, env, log)
         run_blackbox(tally, build, label, env, log, args.blackbox)
+        # The examples' own tests (ledger, consumer) need no idemd store, so
+        # they run once per build rather than once per store.
+        if os.path.isdir(os.path.join(ROOT, "tests/examples")):
+            run_blackbox(tally, build, label, env, log, "test_*.py", "tests/examples")
         if label == "asan" and args.memory_blackbox:
             # The same suite on memory:, where idemd applies store jobs on
             # its loops instead of the writer thread (as with sync=interval).

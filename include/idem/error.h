@@ -22,7 +22,8 @@
     X(E_CORRUPT, 8, "corrupt or foreign record")                         \
     X(E_IO, 9, "input/output error")                                     \
     X(E_EXISTS, 10, "already exists")                                    \
-    X(E_UNSUPPORTED, 11, "not supported by this store")
+    X(E_UNSUPPORTED, 11, "not supported by this store")                 \
+    X(E_RETRY, 12, "the database refused the transaction: roll back and run it again")
 
 typedef enum idem_err {
 #define IDEM__ERR_ENUM(name, num, text) IDEM_##name = num,

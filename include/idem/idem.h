@@ -21,5 +21,8 @@
 #include "idem/engine.h"
 #include "idem/token.h"
 #include "idem/store.h"
+#include "idem/tx.h"
+#include "idem/fsm.h"
+#include "idem/dedup.h"
 
 #endif /* IDEM_IDEM_H */

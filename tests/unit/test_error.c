@@ -28,6 +28,7 @@ static const struct expect all[] = {
     {IDEM_E_IO, 9, "E_IO", "input/output error"},
     {IDEM_E_EXISTS, 10, "E_EXISTS", "already exists"},
     {IDEM_E_UNSUPPORTED, 11, "E_UNSUPPORTED", "not supported by this store"},
+    {IDEM_E_RETRY, 12, "E_RETRY", "the database refused the transaction: roll back and run it again"},
 };
 #define N_ALL (sizeof all / sizeof all[0])
 
