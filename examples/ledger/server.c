@@ -380,6 +380,13 @@ void srv_stop(void)
     }
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 int srv_run(const srv_config_t *cfg)
 {
     srv.cfg = cfg;
@@ -391,14 +398,21 @@ int srv_run(const srv_config_t *cfg)
         srv.fds[i] = -1;
     struct pollfd pf[2] = {{.fd = srv.listen_fd, .events = POLLIN},
                            {.fd = srv.wake[0], .events = POLLIN}};
+    uint64_t next_tick = mono_ms() + (uint64_t)cfg->tick_ms;
     while (!atomic_load(&srv.stopping)) {
-        int n = poll(pf, 2, cfg->tick ? cfg->tick_ms : -1);
+        int timeout = -1;
+        if (cfg->tick) {
+            uint64_t now = mono_ms();
+            if (now >= next_tick) {
+                cfg->tick(cfg->ctx);
+                next_tick = now + (uint64_t)cfg->tick_ms;
+            }
+            uint64_t left = next_tick > now ? next_tick - now : 0;
+            timeout = (int)(left < (uint64_t)cfg->tick_ms ? left : (uint64_t)cfg->tick_ms);
+        }
+        int n = poll(pf, 2, timeout);
         if (n < 0 && errno != EINTR)
             break;
-        if (n == 0 && cfg->tick) {
-            cfg->tick(cfg->ctx);
-            continue;
-        }
         if (n > 0 && (pf[0].revents & POLLIN)) {
             int fd = accept4(srv.listen_fd, NULL, NULL, SOCK_CLOEXEC);
             if (fd >= 0)
