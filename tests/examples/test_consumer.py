@@ -162,6 +162,15 @@ class ConsumerTestBase(unittest.TestCase):
             self.assertNotIn(m, text, "sanitizer report in a consumer's output:\n" + text[-8000:])
 
     def stop(self, p, timeout=20):
+        # A process just started may not have its SIGTERM handler yet: wait
+        # for its first line (written after the handler is installed).
+        log = next(lg for _, q, lg in self.procs if q is p)
+        deadline = time.monotonic() + 10
+        while p.poll() is None and time.monotonic() < deadline:
+            with open(log, "rb") as f:
+                if b"consuming" in f.read():
+                    break
+            time.sleep(0.05)
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
         try:
@@ -190,6 +199,33 @@ class ConsumerTestBase(unittest.TestCase):
         except RedisError:
             return {}
         return {s(name): int(n) for name, n in (summary[3] or [])}
+
+    def victim(self, rng, names, aim):
+        """Which consumer slot to kill now.  A consumer that holds unacked
+        entries (busy with a batch) is preferred, waiting up to a second for
+        one: that is where a crash costs something.  With aim, one whose
+        held entries are partly committed already is preferred further (the
+        window between COMMIT and XACK that redelivers applied messages)."""
+        deadline = time.monotonic() + 1.0
+        busy = []
+        while time.monotonic() < deadline:
+            held = self.pending_by_consumer()
+            busy = [i for i in range(len(names)) if held.get(names[i], 0) > 0]
+            if busy and not aim:
+                break
+            for i in busy:
+                try:
+                    ids = [s(e[0]) for e in self.r.call("XPENDING", self.stream, self.group,
+                                                         "-", "+", 100, names[i])]
+                except RedisError:
+                    continue
+                marks = ",".join("?" * len(ids))
+                done = self.query("SELECT count(*) FROM payments WHERE stream_id IN (%s)" % marks,
+                                  *ids) if ids else None
+                if done and done[0][0] > 0:
+                    return i
+            time.sleep(0.005)
+        return rng.choice(busy or list(range(len(names))))
 
     def query(self, sql, *args):
         con = sqlite3.connect(self.dbpath, timeout=30)
@@ -239,6 +275,7 @@ class TestConsumerKills(ConsumerTestBase):
     PAYMENTS = 500
     ACCOUNTS = 7
     MIN_KILLS = 12
+    EXTRA_BURSTS = 20  # payments added while the kills have not yet hit work
 
     def _plan(self, rng):
         """The messages in publishing order, and what the ledger must end as."""
@@ -258,16 +295,13 @@ class TestConsumerKills(ConsumerTestBase):
         bad = malformed_messages(rng)
         for m in bad:
             msgs.insert(rng.randrange(len(msgs)), ("bad", m))
-        expected = {}
-        for _, account, amount in payments:
-            expected[account] = expected.get(account, 0) + amount
-        return msgs, payments, copies, len(bad), expected
+        return msgs, payments, copies, len(bad)
 
     def test_kill9_at_random_applies_each_payment_once(self):
         seed = int(os.environ.get("IDEM_TEST_SEED") or random.randrange(1 << 30))
         rng = random.Random(seed)
-        msgs, payments, copies, nbad, expected = self._plan(rng)
-        common = ["--batch", "16", "--claim-idle-ms", "300", "--block-ms", "200", "--work-ms", "3"]
+        msgs, payments, copies, nbad = self._plan(rng)
+        common = ["--batch", "16", "--claim-idle-ms", "1000", "--block-ms", "200", "--work-ms", "3"]
         published = []          # (stream id, kind)
         done_publishing = threading.Event()
         errors = []
@@ -298,17 +332,38 @@ class TestConsumerKills(ConsumerTestBase):
         t.start()
         kills = same_name = new_name = 0
         generation = 0
-        while not done_publishing.is_set() or kills < self.MIN_KILLS:
+        def exercised():
+            """Whether a redelivery was de-duplicated and both recovery
+            paths (own pending entries, XAUTOCLAIM) carried entries."""
+            rows = self.query("SELECT via, stream_id FROM payments UNION ALL "
+                              "SELECT via, stream_id FROM rejected UNION ALL "
+                              "SELECT via, stream_id FROM skipped") or []
+            vias = {v for v, _ in rows}
+            return ("pending" in vias and "claimed" in vias and
+                    len(rows) > len({sid for _, sid in rows}))
+
+        extra = 0
+        while True:
             time.sleep(rng.uniform(0.2, 1.0))
-            # A random consumer, preferring one that holds unacked entries
-            # (busy with a batch): that is where a crash costs something.
-            busy = self.pending_by_consumer()
-            choices = [i for i in range(2) if busy.get(names[i], 0) > 0] or [0, 1]
-            k = rng.choice(choices)
+            if done_publishing.is_set() and kills >= self.MIN_KILLS:
+                if exercised() or extra >= self.EXTRA_BURSTS:
+                    break
+                # Not yet: more payments, so that the kills land on work.
+                for _ in range(30):
+                    pay = ("pay-x%d-%s" % (extra, uuid.uuid4().hex[:12]),
+                           "acct-%d" % rng.randrange(self.ACCOUNTS), rng.randint(1, 900))
+                    payments.append(pay)
+                    published.append((self.publish(self.r, [("payment_id", pay[0]),
+                                                            ("account", pay[1]),
+                                                            ("amount", str(pay[2]))]), "pay"))
+                extra += 1
+            k = self.victim(rng, names, aim=rng.random() < 0.5)
             slots[k].kill()
             slots[k].wait()
             kills += 1
-            if rng.random() < 0.5:
+            # Every other restart under a new name: the dead name's entries
+            # then wait for XAUTOCLAIM; under the same name, for its own re-read.
+            if kills % 2 == 0:
                 same_name += 1
             else:
                 generation += 1
@@ -348,6 +403,9 @@ class TestConsumerKills(ConsumerTestBase):
         by_id = {p[0]: p for p in payments}
         for pid, [(account, amount, _)] in applied.items():
             self.assertEqual((account, amount), by_id[pid][1:])
+        expected = {}
+        for _, account, amount in payments:
+            expected[account] = expected.get(account, 0) + amount
         balances = dict(self.query("SELECT account, balance FROM accounts"))
         self.assertEqual(balances, expected)
 
@@ -377,10 +435,12 @@ class TestConsumerKills(ConsumerTestBase):
                               "SELECT via FROM rejected UNION ALL SELECT via FROM skipped) GROUP BY via"))
         print("\n  consumer kills: seed %d, %d kills (%d restarted under the same name, %d under a new "
               "one); %d payments, %d producer-retry copies skipped, %d malformed rejected once; "
-              "%d redeliveries de-duplicated; entries by path %s"
+              "%d redeliveries de-duplicated; entries by path %s; %d extra bursts"
               % (seed, kills, same_name, new_name, len(distinct), len(retry_copies), nbad,
-                 redelivered, via), flush=True)
+                 redelivered, via, extra), flush=True)
         self.assertGreaterEqual(kills, self.MIN_KILLS)
+        self.assertGreater(via.get("pending", 0), 0, "no restart re-read its own pending entries")
+        self.assertGreater(via.get("claimed", 0), 0, "no entry was taken over with XAUTOCLAIM")
         self.assertGreaterEqual(redelivered, 1, "no redelivery happened: the test did not exercise "
                                                 "the crash window")
 
