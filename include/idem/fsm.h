@@ -31,6 +31,8 @@
 #include "idem/tx.h"
 
 #define IDEM_FSM_STATE_MAX 63 /* characters of a state name */
+#define IDEM_FSM_ID_MAX 255 /* characters of a row id */
+#define IDEM_FSM_TRANSITIONS_MAX 1024 /* transitions in one table */
 
 typedef struct idem_fsm_transition {
     const char *from;
@@ -62,7 +64,8 @@ bool idem_fsm_allows(const idem_fsm_t *fsm, const char *from, const char *to);
  * @param[in]  id        the row's id as text (a number is compared as one).
  * @param[out] outcome   CHANGED or ALREADY on IDEM_OK.
  * @param[out] from      optional, IDEM_FSM_STATE_MAX + 1 bytes: the state
- *                       found (before the change).
+ *                       found (before the change); also set on an
+ *                       undeclared transition; "" otherwise.
  * @param[out] errbuf, errlen  a sentence naming the problem on failure.
  * @return IDEM_OK; IDEM_E_INVAL (a transition the table does not declare,
  *         errbuf names both states; or a bad declaration); IDEM_E_NOTFOUND
