@@ -19,7 +19,10 @@
  * PostgreSQL, inside or outside the caller's transaction; run it inside the
  * transaction that does the transition's other writes, so they commit
  * together.  The table, column and state names are the caller's constants;
- * table and column names are checked ([A-Za-z_][A-Za-z0-9_]*, at most 63).
+ * table and column names are checked ([A-Za-z_][A-Za-z0-9_]*, at most 63)
+ * and quoted in the SQL, so they are used exactly as written (on PostgreSQL,
+ * as the catalog spells them: usually lowercase).  The id column must be
+ * unique (a primary key); the id and states are bound as values.
  */
 #ifndef IDEM_FSM_H
 #define IDEM_FSM_H

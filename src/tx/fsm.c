@@ -13,9 +13,10 @@
  * SERIALIZABLE it fails with 40001, which is IDEM_E_RETRY.  On SQLite the
  * writers are serialised by the database.
  *
- * The statements are built per call from names idem_fsm_validate checked
- * (quoted, so they are used as written: on PostgreSQL write them as the
- * catalog has them, usually lowercase) and prepared per call.
+ * The statements are built per call from names idem_fsm_validate checked,
+ * quoted (so they are used as written: on PostgreSQL write them as the
+ * catalog has them, usually lowercase; on SQLite they are quoted [x], since
+ * a misspelled "x" would silently be a string), and prepared per call.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -127,12 +128,14 @@ idem_err_t idem_fsm_transition(idem_tx_t *db, const idem_fsm_t *fsm, const char 
         return IDEM_E_INVAL;
     }
 
-    char m = db->ops->param_mark;
+    char m = db->ops->param_mark, qo = db->ops->quote_open, qc = db->ops->quote_close;
     char sel[SQL_MAX], upd[SQL_MAX];
-    snprintf(sel, sizeof sel, "SELECT \"%s\" FROM \"%s\" WHERE \"%s\" = %c1", fsm->state_column,
-             fsm->table, fsm->id_column, m);
-    snprintf(upd, sizeof upd, "UPDATE \"%s\" SET \"%s\" = %c2 WHERE \"%s\" = %c1 AND \"%s\" = %c3",
-             fsm->table, fsm->state_column, m, fsm->id_column, m, fsm->state_column, m);
+    snprintf(sel, sizeof sel, "SELECT %c%s%c FROM %c%s%c WHERE %c%s%c = %c1", qo,
+             fsm->state_column, qc, qo, fsm->table, qc, qo, fsm->id_column, qc, m);
+    snprintf(upd, sizeof upd,
+             "UPDATE %c%s%c SET %c%s%c = %c2 WHERE %c%s%c = %c1 AND %c%s%c = %c3", qo,
+             fsm->table, qc, qo, fsm->state_column, qc, m, qo, fsm->id_column, qc, m, qo,
+             fsm->state_column, qc, m);
 
     for (int round = 0; round < ROUNDS; round++) {
         idem__tx_param_t p[3] = {

@@ -67,6 +67,10 @@ typedef struct idem__tx_result {
 struct idem_tx_ops {
     const char *name;
     char param_mark; /* '$' (PostgreSQL) or '?' (SQLite), before a parameter's number */
+    /* How a caller's identifier is quoted: "x" on PostgreSQL, [x] on SQLite,
+     * where a double-quoted name that matches no column silently becomes a
+     * string literal (SQLite's "double-quoted string" compatibility rule). */
+    char quote_open, quote_close;
     /* The texts of the statements on the key table, with "%s" for the table. */
     const char *const *sql;
     /* Run one statement.  stmt >= 0: tx->sql[stmt] (prepared once and kept

@@ -146,6 +146,8 @@ static void pg_release(idem_tx_t *tx)
 static const struct idem_tx_ops pg_ops = {
     .name = "postgres",
     .param_mark = '$',
+    .quote_open = '"',
+    .quote_close = '"',
     .sql = pg_sql,
     .exec = pg_exec,
     .release = pg_release,

@@ -161,6 +161,8 @@ static void sqlite_release(idem_tx_t *tx)
 static const struct idem_tx_ops sqlite_ops = {
     .name = "sqlite",
     .param_mark = '?',
+    .quote_open = '[',
+    .quote_close = ']',
     .sql = sqlite_sql,
     .exec = sqlite_exec,
     .release = sqlite_release,

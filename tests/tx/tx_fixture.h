@@ -259,7 +259,7 @@ static void teardown(void)
     if (bk == BK_PG && table[0] != '\0') {
         tconn_t c;
         if (tconn_try_open(&c)) {
-            char sql[160];
+            char sql[320];
             snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\", \"%s\"", table, biz);
             tconn_try(&c, sql, NULL, 0);
             for (int i = 0; i < n_extra; i++) {
