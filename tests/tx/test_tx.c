@@ -401,6 +401,8 @@ TX_CASE(tx, migrate_twice_is_harmless)
 
 #define RACE_KEYS 50
 
+static pthread_barrier_t race_bar;
+
 struct racer {
     int who;
     char answer[RACE_KEYS][64]; /* the body this thread ended up with, per key */
@@ -412,20 +414,19 @@ static void *race_thread(void *arg)
 {
     struct racer *me = arg;
     tconn_t c;
-    if (!tconn_try_open(&c)) {
+    if (!tconn_try_open(&c))
         snprintf(me->fail, sizeof me->fail, "cannot connect");
-        return NULL;
-    }
     idem_tx_t *tx = NULL;
-    if ((c.db != NULL ? idem_tx_sqlite(c.db, table, &tx) : idem_tx_postgres(c.pg, table, &tx)) !=
-        IDEM_OK) {
+    if (me->fail[0] == '\0' &&
+        (c.db != NULL ? idem_tx_sqlite(c.db, table, &tx) : idem_tx_postgres(c.pg, table, &tx)) !=
+            IDEM_OK)
         snprintf(me->fail, sizeof me->fail, "no handle");
-        tconn_close(&c);
-        return NULL;
-    }
     uint8_t fp[IDEM_FP_LEN];
     fp_of(fp, 1);
-    for (int k = 0; k < RACE_KEYS && me->fail[0] == '\0'; k++) {
+    for (int k = 0; k < RACE_KEYS; k++) {
+        pthread_barrier_wait(&race_bar); /* both start each key together */
+        if (me->fail[0] != '\0')
+            continue;
         char key[32], body[64], sql[256];
         snprintf(key, sizeof key, "race-%d", k);
         snprintf(body, sizeof body, "done %s by %d", key, me->who);
@@ -504,6 +505,7 @@ TX_CASE(tx, two_connections_racing_one_key_apply_it_once)
 {
     static struct racer r[2];
     memset(r, 0, sizeof r);
+    pthread_barrier_init(&race_bar, NULL, 2);
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
         r[i].who = i + 1;
@@ -511,6 +513,7 @@ TX_CASE(tx, two_connections_racing_one_key_apply_it_once)
     }
     for (int i = 0; i < 2; i++)
         pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&race_bar);
     for (int i = 0; i < 2; i++)
         cr_assert_str_empty(r[i].fail, "thread %d: %s", i + 1, r[i].fail);
     cr_expect_eq(r[0].forwarded + r[1].forwarded, RACE_KEYS);
