@@ -58,6 +58,8 @@ typedef struct idem_tx idem_tx_t;
 
 #define IDEM_TX_TABLE_DEFAULT "idem_keys"
 #define IDEM_TX_TABLE_MAX 63 /* characters of a table name: [A-Za-z_][A-Za-z0-9_]* */
+#define IDEM_TX_RESPONSE_MAX (64u * 1024u * 1024u) /* bytes of an encoded completed record */
+#define IDEM_TX_SWEEP_MAX 10000 /* records one idem_tx_sweep removes at most */
 
 /** Wrap an open SQLite connection.
  * @param[in]  db     borrowed; must outlive the handle.
