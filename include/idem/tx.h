@@ -95,7 +95,8 @@ typedef struct idem_tx_begin {
  * @param[in]  lease_until_ms the lease, should the caller commit before complete.
  * @param[in]  expires_at_ms  the retention of an in_progress record.
  * @param[out] out            zeroed, then filled.
- * @return IDEM_OK (look at out->decision), IDEM_E_INVAL (empty key or scope),
+ * @return IDEM_OK (look at out->decision), IDEM_E_INVAL (empty key or scope;
+ *         on PostgreSQL also one that is not valid UTF-8),
  *         IDEM_E_RETRY, IDEM_E_CORRUPT (a row that does not decode),
  *         IDEM_E_IO, IDEM_E_NOMEM. */
 idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t fp[IDEM_FP_LEN],
