@@ -24,6 +24,8 @@
  * Ids are 1 to IDEM_KEY_MAX bytes without NUL; a namespace (one per
  * consumer group or message kind) is 1 to IDEM_DEDUP_NS_MAX characters of
  * [A-Za-z0-9_.-].  In a store, an id is the record (scope "dedup:" ns, key id).
+ * In a PostgreSQL transaction an id must also be valid UTF-8 (the key column
+ * is TEXT); in SQLite any bytes but NUL are fine.
  */
 #ifndef IDEM_DEDUP_H
 #define IDEM_DEDUP_H

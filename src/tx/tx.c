@@ -134,11 +134,50 @@ idem_err_t idem_tx_migrate(idem_tx_t *tx)
 
 /* ---- helpers -------------------------------------------------------------- */
 
-static int id_ok(const idem_key_id_t *id)
+/* Whether s is well-formed UTF-8 (no overlong forms, no surrogates). */
+static int utf8_ok(const char *str)
 {
-    return id != NULL && id->scope[0] != '\0' && id->key[0] != '\0' &&
-           memchr(id->scope, '\0', sizeof id->scope) != NULL &&
-           memchr(id->key, '\0', sizeof id->key) != NULL;
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s != '\0') {
+        unsigned c = *s;
+        size_t n;
+        unsigned min;
+        if (c < 0x80) {
+            s++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            n = 1, min = 0x80, c &= 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            n = 2, min = 0x800, c &= 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            n = 3, min = 0x10000, c &= 0x07;
+        } else {
+            return 0;
+        }
+        for (size_t i = 1; i <= n; i++) {
+            if ((s[i] & 0xc0) != 0x80)
+                return 0;
+            c = (c << 6) | (s[i] & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return 0;
+        s += n + 1;
+    }
+    return 1;
+}
+
+static int id_ok_for(const idem_tx_t *tx, const idem_key_id_t *id)
+{
+    if (id == NULL || id->scope[0] == '\0' || id->key[0] == '\0' ||
+        memchr(id->scope, '\0', sizeof id->scope) == NULL ||
+        memchr(id->key, '\0', sizeof id->key) == NULL)
+        return 0;
+    if (tx->ops->utf8_text && (!utf8_ok(id->scope) || !utf8_ok(id->key))) {
+        idem__tx_seterr((idem_tx_t *)tx, "on %s a scope and a key must be valid UTF-8",
+                        tx->ops->name);
+        return 0;
+    }
+    return 1;
 }
 
 static idem__tx_param_t text_param(const char *s)
@@ -237,7 +276,7 @@ idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t f
 {
     if (out != NULL)
         memset(out, 0, sizeof *out);
-    if (tx == NULL || out == NULL || fp == NULL || !id_ok(id))
+    if (tx == NULL || out == NULL || fp == NULL || !id_ok_for(tx, id))
         return IDEM_E_INVAL;
 
     if (tx->sql[IDEM__TX_SQL_LOCK] != NULL) {
@@ -334,7 +373,7 @@ static idem_err_t replace_owned(idem_tx_t *tx, const idem_key_id_t *id, const id
 idem_err_t idem_tx_complete(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
                             const idem_response_t *r, uint32_t flags, int64_t expires_at_ms)
 {
-    if (tx == NULL || !id_ok(id) || r == NULL || (flags & ~IDEM_REC_NOT_RETAINED) != 0 ||
+    if (tx == NULL || !id_ok_for(tx, id) || r == NULL || (flags & ~IDEM_REC_NOT_RETAINED) != 0 ||
         (r->n_headers > 0 && r->headers == NULL) || (r->body_len > 0 && r->body == NULL) ||
         r->status < 0)
         return IDEM_E_INVAL;
@@ -366,7 +405,7 @@ idem_err_t idem_tx_complete(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fen
 idem_err_t idem_tx_renew(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
                          int64_t lease_until_ms)
 {
-    if (tx == NULL || !id_ok(id))
+    if (tx == NULL || !id_ok_for(tx, id))
         return IDEM_E_INVAL;
     idem_record_t head;
     idem_err_t rc = read_owned(tx, id, fence, &head);
@@ -381,7 +420,7 @@ idem_err_t idem_tx_renew(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
 
 idem_err_t idem_tx_release(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence)
 {
-    if (tx == NULL || !id_ok(id))
+    if (tx == NULL || !id_ok_for(tx, id))
         return IDEM_E_INVAL;
     idem__tx_param_t p[3] = {text_param(id->scope), text_param(id->key),
                              int_param((int64_t)fence)};
@@ -399,7 +438,7 @@ idem_err_t idem_tx_get(idem_tx_t *tx, const idem_key_id_t *id, int64_t now_ms,
 {
     if (rec != NULL)
         memset(rec, 0, sizeof *rec);
-    if (tx == NULL || rec == NULL || !id_ok(id))
+    if (tx == NULL || rec == NULL || !id_ok_for(tx, id))
         return IDEM_E_INVAL;
     idem__tx_result_t res;
     idem_record_t head;

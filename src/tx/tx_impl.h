@@ -71,6 +71,9 @@ struct idem_tx_ops {
      * where a double-quoted name that matches no column silently becomes a
      * string literal (SQLite's "double-quoted string" compatibility rule). */
     char quote_open, quote_close;
+    /* Whether TEXT must be valid UTF-8 (PostgreSQL in a UTF8 database refuses
+     * anything else): scopes and keys are then checked before use. */
+    int utf8_text;
     /* The texts of the statements on the key table, with "%s" for the table. */
     const char *const *sql;
     /* Run one statement.  stmt >= 0: tx->sql[stmt] (prepared once and kept

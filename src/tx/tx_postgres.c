@@ -148,6 +148,7 @@ static const struct idem_tx_ops pg_ops = {
     .param_mark = '$',
     .quote_open = '"',
     .quote_close = '"',
+    .utf8_text = 1,
     .sql = pg_sql,
     .exec = pg_exec,
     .release = pg_release,

@@ -291,7 +291,8 @@ TX_CASE(tx, bad_arguments_are_inval)
     char good[IDEM_TX_TABLE_MAX + 1];
     memset(good, 'A', IDEM_TX_TABLE_MAX);
     good[IDEM_TX_TABLE_MAX] = '\0';
-    idem_err_t rc = C.db != NULL ? idem_tx_sqlite(C.db, good, &tx) : idem_tx_postgres(C.pg, good, &tx);
+    idem_err_t rc =
+        C.db != NULL ? idem_tx_sqlite(C.db, good, &tx) : idem_tx_postgres(C.pg, good, &tx);
     cr_expect_eq(rc, IDEM_OK);
     idem_tx_free(tx);
     rc = C.db != NULL ? idem_tx_sqlite(C.db, NULL, &tx) : idem_tx_postgres(C.pg, NULL, &tx);
@@ -622,4 +623,50 @@ Test(tx_sqlite, begin_in_autocommit_commits_at_once, .init = setup_sqlite, .fini
     idem_tx_begin_t b = begin_on(T, "auto", 1, T0 + 2);
     cr_expect_eq(b.decision.kind, IDEM_DECIDE_REPLAY);
     idem_record_cleanup(&b.record);
+}
+
+/* ---- out of memory ----------------------------------------------------------
+ * Each call with its Nth allocation failing, for N = 1, 2, ... until it
+ * works: every failure is IDEM_E_NOMEM, nothing leaks (the sanitizer build),
+ * and the call then works as if nothing had happened. */
+
+#define OOM_LOOP(call, what)                                                              \
+    for (long n = 1;; n++) {                                                              \
+        cr_assert_lt(n, 100, "%s never succeeded", what);                                 \
+        idem_alloc_fail_after(n);                                                         \
+        idem_err_t oom_rc = (call);                                                       \
+        idem_alloc_fail_after(0);                                                         \
+        if (oom_rc == IDEM_OK)                                                            \
+            break;                                                                        \
+        cr_assert_eq(oom_rc, IDEM_E_NOMEM, "%s, allocation %ld: %s", what, n,             \
+                     idem_err_name(oom_rc));                                              \
+    }
+
+TX_CASE(tx, every_failed_allocation_is_nomem)
+{
+    idem_tx_t *tx = NULL;
+    OOM_LOOP(C.db != NULL ? idem_tx_sqlite(C.db, table, &tx) : idem_tx_postgres(C.pg, table, &tx),
+             "create");
+    uint8_t fp[IDEM_FP_LEN];
+    fp_of(fp, 1);
+    idem_key_id_t id = kid("oom");
+    idem_tx_begin_t b;
+    cr_assert(tconn_begin(&C));
+    OOM_LOOP(idem_tx_begin(tx, &id, fp, T0, T0 + LEASE, T0 + TTL, &b), "begin");
+    cr_assert_eq(b.decision.kind, IDEM_DECIDE_CLAIM);
+    cr_assert_eq(b.decision.fence, 1);
+    idem_response_t r = resp("body");
+    OOM_LOOP(idem_tx_complete(tx, &id, 1, &r, 0, T0 + TTL), "complete");
+    cr_assert(tconn_commit(&C));
+    cr_assert(tconn_begin(&C));
+    OOM_LOOP(idem_tx_begin(tx, &id, fp, T0 + 1, T0 + LEASE, T0 + TTL, &b), "replay");
+    cr_assert_eq(b.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_response(&b.record, "body");
+    idem_record_cleanup(&b.record);
+    tconn_rollback(&C);
+    idem_record_t rec;
+    OOM_LOOP(idem_tx_get(tx, &id, T0 + 1, &rec), "get");
+    expect_response(&rec, "body");
+    idem_record_cleanup(&rec);
+    idem_tx_free(tx);
 }
