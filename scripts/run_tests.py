@@ -70,7 +70,7 @@ def sanitizer_env(env):
 
 def criterion_suites(build):
     found = []
-    for sub in ("tests/unit", "tests/store"):
+    for sub in ("tests/unit", "tests/store", "tests/tx"):
         d = os.path.join(build, sub)
         if not os.path.isdir(d):
             continue
