@@ -377,7 +377,7 @@ static void sleep_ms(int64_t ms)
         ;
 }
 
-#define WD_LEASE 300ll
+#define WD_LEASE 600ll
 
 BACKEND_CASE(lock, watchdog_keeps_the_lock_past_several_leases)
 {
@@ -495,4 +495,36 @@ Test(lock, watchdog_start_out_of_memory_is_nomem)
     idem_alloc_fail_after(0);
     cr_assert_null(wd);
     idem_store_close(s);
+}
+
+/* A store error is retried while the lease lasts, and is the reason for the
+ * loss once it has ended: the table under the store is dropped. */
+Test(lock_postgres, watchdog_reports_a_store_that_fails_until_the_lease_ends,
+     .init = setup_postgres, .fini = teardown)
+{
+    struct lost_seen seen = {0};
+    idem_lock_t a = acquire_ok("wdfail", fx_real_ms(), WD_LEASE);
+    idem_lock_watchdog_t *wd = NULL;
+    cr_assert_eq(idem_lock_watchdog_start(&a, WD_LEASE, NULL, on_lost, &seen, &wd), IDEM_OK);
+    sleep_ms(WD_LEASE / 2); /* a renewal or so */
+
+    PGconn *c = PQconnectdb(getenv("IDEM_TEST_PG_URL"));
+    cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
+    char sql[128];
+    snprintf(sql, sizeof sql, "DROP TABLE \"%s\"", fx_pg_table);
+    PGresult *r = PQexec(c, sql);
+    cr_assert_eq(PQresultStatus(r), PGRES_COMMAND_OK, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    PQfinish(c);
+    int64_t dropped = fx_real_ms();
+
+    for (int i = 0; i < 500 && atomic_load(&seen.calls) == 0; i++)
+        sleep_ms(10);
+    int64_t lost_at = fx_real_ms();
+    cr_assert_eq(atomic_load(&seen.calls), 1);
+    cr_assert_eq(atomic_load(&seen.why), IDEM_E_STORE_DOWN);
+    cr_assert_eq(idem_lock_watchdog_lost(wd), IDEM_E_STORE_DOWN);
+    cr_assert_eq(idem_lock_watchdog_stop(wd), IDEM_E_STORE_DOWN);
+    cr_assert_geq(lost_at, a.lease_until_ms, "not given up before the lease ended");
+    cr_assert_lt(lost_at - dropped, 2 * WD_LEASE);
 }
