@@ -70,7 +70,7 @@ def sanitizer_env(env):
 
 def criterion_suites(build):
     found = []
-    for sub in ("tests/unit", "tests/store"):
+    for sub in ("tests/unit", "tests/store", "tests/tx"):
         d = os.path.join(build, sub)
         if not os.path.isdir(d):
             continue
@@ -127,6 +127,18 @@ def run_blackbox(tally, build, label, env, log, pattern, directory="tests/blackb
     passed = max(total - failed - skipped, 0)
     tally.add(name, passed, failed)
     print(f"  {name}: {passed} passed, {failed} failed, {skipped} skipped ({secs:.1f}s)", flush=True)
+
+
+def run_counted(tally, name, cmd, log, timeout=900, env=None):
+    """A step that ends with its own `N passed, N failed` line."""
+    rc, out, secs = run(cmd, timeout=timeout, env=env)
+    log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
+    m = re.findall(r"^(\d+) passed, (\d+) failed$", out, re.M)
+    passed, failed = (int(m[-1][0]), int(m[-1][1])) if m else (0, 0)
+    if rc != 0 and failed == 0:
+        failed = 1
+    tally.add(name, passed, failed)
+    print(f"  {name}: {passed} passed, {failed} failed ({secs:.1f}s)", flush=True)
 
 
 def run_step(tally, name, cmd, log, timeout=900, env=None):
@@ -208,6 +220,9 @@ def run_all(args, tally, log, services):
         env = sanitizer_env(os.environ) if label == "asan" else dict(os.environ)
         print(f"{build}:", flush=True)
         run_criterion(tally, build, label, env, log)
+        if label == "plain":
+            # docs/library.md's programs, built against the installed libidem.
+            run_counted(tally, "library-docs", [sys.executable, "scripts/check_library.py", build], log)
         run_blackbox(tally, build, label, env, log, args.blackbox)
         # The examples' own tests (ledger, consumer) need no idemd store, so
         # they run once per build rather than once per store.
