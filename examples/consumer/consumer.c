@@ -542,8 +542,11 @@ static void redis_connect(consumer_t *c)
             redis_drop(c);
             continue;
         }
-        if (attempt > 0)
-            logf_(c, "redis: connected again after %u attempts", attempt + 1);
+        if (c->reconnects > 0 || attempt > 0)
+            logf_(c, "redis: connected again (attempt %u)", attempt + 1);
+        /* Acks that did not get through are dropped: those entries come
+         * again with the pending list and are DUPLICATEs then. */
+        c->nacks = 0;
         c->pend_done = false;
         snprintf(c->pend_cursor, sizeof c->pend_cursor, "0");
         snprintf(c->claim_cursor, sizeof c->claim_cursor, "0-0");
@@ -898,13 +901,15 @@ static step_t record_rejected(consumer_t *c, const char *sid, const char *reason
     return sql_result(c, db_step(st), "insert the rejection");
 }
 
-/* One attempt at the message's transaction.  On S_OK, *out is the outcome. */
+/* One attempt at the message's transaction.  With forced, the message is
+ * rejected for that reason without being parsed.  On S_OK, *out is the
+ * outcome. */
 static step_t apply_once(consumer_t *c, const char *sid, const redisReply *fields, via_t via,
-                         outcome_t *out)
+                         const char *forced, outcome_t *out)
 {
-    payment_t p;
-    const char *reason = NULL;
-    bool good = parse_payment(fields, &p, &reason);
+    payment_t p = {0};
+    const char *reason = forced;
+    bool good = forced == NULL && parse_payment(fields, &p, &reason);
     /* A good payment is de-duplicated by its business key; a malformed
      * message has none to trust, so by its entry id. */
     const char *ns = good ? "payments" : "rejected";
@@ -938,6 +943,9 @@ static step_t apply_once(consumer_t *c, const char *sid, const redisReply *field
             if (s != S_OK)
                 goto rollback;
             *out = OUT_DUPLICATE;
+            if (c->o.verbose)
+                logf_(c, "duplicate %s (%s): %s %.*s done before", sid, via_names[via], ns,
+                      (int)key_len, key);
             return S_OK;
         }
     }
@@ -974,12 +982,13 @@ rollback:
 }
 
 /* Apply one message, running its transaction again while the database is
- * busy. */
-static outcome_t apply_message(consumer_t *c, const char *sid, const redisReply *fields, via_t via)
+ * busy.  forced: see apply_once. */
+static outcome_t apply_message(consumer_t *c, const char *sid, const redisReply *fields,
+                               via_t via, const char *forced)
 {
     for (unsigned attempt = 0; attempt < RETRY_MAX; attempt++) {
         outcome_t out = OUT_FATAL;
-        step_t s = apply_once(c, sid, fields, via, &out);
+        step_t s = apply_once(c, sid, fields, via, forced, &out);
         if (s == S_OK)
             return out;
         if (s == S_FATAL)
@@ -1020,7 +1029,7 @@ static bstat_t run_batch(consumer_t *c, const redisReply *entries, via_t via, si
         if (e->element[1]->type == REDIS_REPLY_NIL) {
             out = OUT_DUPLICATE; /* deleted from the stream while pending: nothing to apply */
         } else {
-            out = apply_message(c, sid, e->element[1], via);
+            out = apply_message(c, sid, e->element[1], via, NULL);
         }
         switch (out) {
         case OUT_APPLIED: c->applied++; break;
@@ -1031,9 +1040,13 @@ static bstat_t run_batch(consumer_t *c, const redisReply *entries, via_t via, si
         }
         if (st == B_FATAL)
             break;
+        if (c->nacks == BATCH_MAX && redis_ack(c) != RS_OK) {
+            st = B_REDIS; /* more entries than asked for: ack as they come */
+            break;
+        }
         memcpy(c->acks[c->nacks++], sid, sizeof sid);
     }
-    if (redis_ack(c) != RS_OK && st == B_OK)
+    if (st != B_REDIS && redis_ack(c) != RS_OK && st == B_OK)
         st = B_REDIS;
     return st;
 }
@@ -1041,7 +1054,7 @@ static bstat_t run_batch(consumer_t *c, const redisReply *entries, via_t via, si
 /* After a reply too big: the entry at the head of what this consumer holds
  * beyond the pending cursor is the one.  It is rejected (by its entry id)
  * and acked without ever being read. */
-static rstat_t reject_oversize(consumer_t *c)
+static bstat_t reject_oversize(consumer_t *c)
 {
     char start[ID_MAX + 2];
     if (strcmp(c->pend_cursor, "0") == 0)
@@ -1050,61 +1063,36 @@ static rstat_t reject_oversize(consumer_t *c)
         snprintf(start, sizeof start, "(%s", c->pend_cursor);
     const char *argv[] = {"XPENDING", c->o.stream, c->o.group, start, "+", "1", c->o.consumer};
     redisReply *r;
-    rstat_t s = redis_cmd(c, &r, false, 7, argv);
-    if (s != RS_OK) {
+    if (redis_cmd(c, &r, false, 7, argv) != RS_OK) {
         redis_log_error(c, "XPENDING", r);
-        return s;
+        return B_REDIS;
     }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-        r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements >= 1 &&
-        r->element[0]->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[0]->element[0]->len <= ID_MAX) {
+    bstat_t b = B_OK;
+    /* [[id, consumer, idle, deliveries]] */
+    const redisReply *e = r->type == REDIS_REPLY_ARRAY && r->elements == 1 ? r->element[0] : NULL;
+    if (e != NULL && e->type == REDIS_REPLY_ARRAY && e->elements >= 1 &&
+        e->element[0]->type == REDIS_REPLY_STRING && e->element[0]->len <= ID_MAX) {
         char sid[ID_MAX + 1];
-        memcpy(sid, r->element[0]->element[0]->str, r->element[0]->element[0]->len);
-        sid[r->element[0]->element[0]->len] = '\0';
-        /* Reject with an empty field list, so the reason is the size. */
-        payment_t none = {0};
-        outcome_t out = OUT_FATAL;
-        step_t st = S_RETRY;
-        for (unsigned a = 0; a < RETRY_MAX && st == S_RETRY; a++) {
-            int64_t t = now_ms();
-            idem_dedup_claim_t claim = {0};
-            st = sql_result(c, db_step(c->st_begin), "BEGIN IMMEDIATE");
-            if (st != S_OK)
-                continue;
-            if (c->o.dedup)
-                st = idem_result(c, idem_dedup_tx_begin(c->tx, "rejected", sid, strlen(sid), t,
-                                                        &claim), "idem_dedup_tx_begin");
-            if (st == S_OK && (!c->o.dedup || claim.verdict == IDEM_DEDUP_NEW)) {
-                st = record_rejected(c, sid, "the message is larger than the consumer reads",
-                                     &none, NULL, VIA_PENDING, t);
-                if (st == S_OK && c->o.dedup)
-                    st = idem_result(c, idem_dedup_tx_done(c->tx, "rejected", sid, strlen(sid),
-                                                           claim.fence, t, c->o.retention_ms),
-                                     "idem_dedup_tx_done");
-                out = OUT_REJECTED;
-            } else if (st == S_OK) {
-                out = OUT_DUPLICATE;
-            }
-            if (st == S_OK)
-                st = sql_result(c, db_step(c->st_commit), "COMMIT");
-            if (st != S_OK && sqlite3_get_autocommit(c->db) == 0)
-                db_step(c->st_rollback);
+        memcpy(sid, e->element[0]->str, e->element[0]->len);
+        sid[e->element[0]->len] = '\0';
+        logf_(c, "%s: larger than %u bytes: rejected unread", sid, REPLY_MAX);
+        switch (apply_message(c, sid, NULL, VIA_PENDING,
+                              "the message is larger than the consumer reads")) {
+        case OUT_REJECTED: c->rejected++; break;
+        case OUT_DUPLICATE: c->duplicates++; break;
+        case OUT_APPLIED: break; /* not with a forced reason */
+        case OUT_LEFT: c->left++; break;
+        case OUT_FATAL: b = B_FATAL; break;
         }
-        if (st == S_OK) {
-            if (out == OUT_REJECTED)
-                c->rejected++;
-            logf_(c, "%s: rejected: larger than %u bytes", sid, REPLY_MAX);
+        if (b == B_OK && c->nacks < BATCH_MAX)
             memcpy(c->acks[c->nacks++], sid, sizeof sid);
-            s = redis_ack(c);
-        } else if (st == S_FATAL) {
-            freeReplyObject(r);
-            return RS_DOWN;
-        }
+        if (b == B_OK && redis_ack(c) != RS_OK)
+            b = B_REDIS;
     }
     freeReplyObject(r);
-    c->oversize = false;
-    return s;
+    if (b == B_OK)
+        c->oversize = false;
+    return b;
 }
 
 /* Read and apply one batch from one of the three sources.  *got is how many
@@ -1163,8 +1151,9 @@ static bstat_t poll_once(consumer_t *c, via_t via, size_t *got)
     bstat_t b = run_batch(c, entries, via, got, via == VIA_PENDING ? c->pend_cursor : NULL);
     if (via == VIA_PENDING && *got == 0 && b == B_OK)
         c->pend_done = true;
-    if (*got > 0 && c->batch < c->o.batch && b == B_OK)
-        c->batch = c->o.batch; /* past the entry too big */
+    if (*got > 0 && c->batch < c->o.batch && b == B_OK && via != VIA_PENDING)
+        c->batch = c->o.batch; /* past the entry too big (the pending list is
+                                * walked one by one to find it) */
     freeReplyObject(r);
     return b;
 }
@@ -1185,10 +1174,15 @@ static int run(consumer_t *c)
             db_sweep(c);
             last_sweep = t;
         }
-        if (c->oversize && reject_oversize(c) != RS_OK) {
-            c->reconnects++;
-            redis_drop(c);
-            continue;
+        if (c->oversize) {
+            bstat_t b = reject_oversize(c);
+            if (b == B_FATAL)
+                return 1;
+            if (b == B_REDIS) {
+                c->reconnects++;
+                redis_drop(c);
+                continue;
+            }
         }
         size_t got = 0;
         bstat_t b;
