@@ -570,9 +570,10 @@ static const char *env_url(const char *var)
     return u;
 }
 
-/* The store URL of a backend; one directory, prefix or table per test
- * process, and keys that differ per run. */
-static void backend_url(enum backend be, char *url, size_t len)
+/* The store URL of a backend: a directory per run, one prefix or table per
+ * test process (a table per run when fresh: the open makes it under the
+ * faults), and keys that differ per run. */
+static void backend_url(enum backend be, int fresh, char *url, size_t len)
 {
     const char *base;
     switch (be) {
@@ -598,9 +599,13 @@ static void backend_url(enum backend be, char *url, size_t len)
         return;
     case B_postgres:
         base = env_url("IDEM_TEST_PG_URL");
-        if (pg_table[0] == '\0') {
-            snprintf(pg_table, sizeof pg_table, "idem_fault_%d", (int)getpid());
-            atexit(pg_cleanup);
+        if (fresh || pg_table[0] == '\0') {
+            /* A scenario that opens under faults creates its table each run. */
+            static unsigned tables;
+            pg_cleanup();
+            snprintf(pg_table, sizeof pg_table, "idem_fault_%d_%u", (int)getpid(), tables);
+            if (tables++ == 0)
+                atexit(pg_cleanup);
         }
         snprintf(url, len, "%s%ctable=%s", base, strchr(base, '?') ? '&' : '?', pg_table);
         return;
@@ -745,7 +750,7 @@ static int run_once(enum backend be, const struct scenario *sc, enum fault kind,
     run_serial++;
     for (int k = 0; k < NKEYS; k++)
         snprintf(r.keys[k], sizeof r.keys[k], "r%u-%c", run_serial, "abcdtf"[k]);
-    backend_url(be, url, sizeof url);
+    backend_url(be, sc->arm_before_open, url, sizeof url);
     models_reset();
 
     unsigned long before = fired();
