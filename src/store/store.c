@@ -18,8 +18,13 @@
  * the store it belongs to, so idem_store_errstr(store) gives the detail of
  * the last failure of that store in the calling thread, or "".
  *
+ * I/O fault injection for tests (idem__store_fail_io_after, store_impl.h)
+ * keeps its counter here; the backends call idem__store_io_fault() at each
+ * of their I/O points.
+ *
  * THREADING: nothing here has shared mutable state except the thread-local
- * error buffer; see each backend for its locking.
+ * error buffer and the atomic fault-injection counters; see each backend
+ * for its locking.
  */
 #include "store/store_impl.h"
 
