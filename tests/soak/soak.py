@@ -61,7 +61,8 @@ Environment (defaults in brackets):
   SOAK_STORE            idemd --store [lmdb:<temporary directory>/data]; a shared
                         redis:// or postgres:// store works too (keys are random
                         per run and expire after SOAK_KEY_TTL)
-  SOAK_RATE             requests per second offered, all connections together [1500]
+  SOAK_RATE             requests per second offered, all connections together; a
+                        duplicate counts once, so ~8 % more arrive [1500]
   SOAK_CONNECTIONS      client connections (plus one more each for duplicates) [32]
   SOAK_KEY_TTL          key_ttl, failure_ttl and lease, in seconds [10]
   SOAK_LOCAL_CACHE      idemd local_cache entries [1000]
