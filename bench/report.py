@@ -202,7 +202,7 @@ def main():
         r["vs_direct"] = (r["rps"] / direct["rps"]) if direct and direct["rps"] and r["rps"] else None
         errs = r["non_2xx_3xx"] + sum(r["socket_errors"].values())
         r["errors"] = errs
-        if r["name"] in RPS_TARGETS:
+        if r["name"] in RPS_TARGETS and proxy is not None:  # BENCH_ROWS may leave nginx out
             want = RPS_TARGETS[r["name"]]
             ok_rps = r["vs_proxy"] is not None and r["vs_proxy"] >= want
             ok_p99 = (proxy is not None and r["p99_ms"] is not None and proxy["p99_ms"] is not None
@@ -282,6 +282,9 @@ def main():
         print("idemd / express-idempotency (Node %s, express %s, express-idempotency %s, store: %s)"
               % (meta.get("node", "?"), meta.get("express", "?"), meta.get("express_idempotency", "?"),
                  {"map": "a Map in memory", "default": "the package's in-memory array"}.get(ad, ad)))
+        if meta.get("express_rss_kib"):
+            print("  (the Express app's RSS at the end: %.0f MiB; its store keeps every key)"
+                  % (int(meta["express_rss_kib"]) / 1024.0))
         for v in versus_express:
             print("  %-8s %-30s %6.2fx  p99 %s vs %s%s" % (
                 v["path"], by[v["idemd_row"]]["label"], v["rps_ratio"],
