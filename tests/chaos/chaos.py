@@ -298,7 +298,8 @@ class StoreRun:
             store_at = [start + 0.45 * self.prof["seconds"]]
         else:
             store_at = [start + every * (n + 0.5) for n in range(int(self.prof["seconds"]))
-                        if every * (n + 0.5) < self.prof["seconds"] - 3]
+                        if every * (n + 0.5) < self.prof["seconds"] - 3] \
+                or [start + 0.45 * self.prof["seconds"]]
         next_kill = start + self.prof["kill_every"]
         try:
             while time.monotonic() < self.fault_end:
