@@ -77,7 +77,7 @@ PROFILES = {
     # seconds between store restarts, answers dropped, keys verified at most
     "short": {"seconds": 14, "clients": 10, "kill_every": 2.5, "store_every": None,
               "drop": 0.15, "verify_max": 300},
-    "default": {"seconds": 75, "clients": 12, "kill_every": 3.0, "store_every": 25.0,
+    "default": {"seconds": 90, "clients": 12, "kill_every": 3.0, "store_every": 25.0,
                 "drop": 0.15, "verify_max": 1000},
 }
 
