@@ -423,6 +423,14 @@ class StoreRun:
         self.result = analyse(self.up.executions(), list(self.answers), list(self.kills),
                               list(self.outages), LEASE)
         self.elapsed = time.monotonic() - self.t0
+        self.sanitizer = []
+        for d in self.daemons:
+            text = d.log_text()
+            for marker in h.SANITIZER_MARKERS:
+                i = text.find(marker)
+                if i >= 0:
+                    self.sanitizer.append("%s: %s" % (d.name, text[max(0, i - 200):i + 2000]))
+                    break
 
     def verify(self):
         """Send again (straight to idemd, no proxy) every interesting key and a
@@ -494,6 +502,7 @@ class StoreRun:
              and not self.errors),
             ("faults injected (drops, kills, a store restart)",
              f["dropped"] > 0 and len(self.kills) > 0 and self.store_restarts > 0),
+            ("no sanitizer report in idemd's logs", not self.sanitizer),
         ]
 
     def report(self):
@@ -539,6 +548,8 @@ class StoreRun:
             out.append("    unexpected: %s" % ex)
         for e in self.errors:
             out.append("    error: %s" % e)
+        for e in self.sanitizer:
+            out.append("    sanitizer: %s" % e)
         return "\n".join(out)
 
 

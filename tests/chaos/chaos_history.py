@@ -45,7 +45,7 @@ it is the contract of guarantees.md written as checks:
 """
 
 EPS = 0.2      # s: clock and scheduling slack between the harness's events
-GRACE = 1.0    # s: after the upstream answered, the owner still has to record
+GRACE = 2.0    # s: after the upstream answered, the owner still has to record it
 
 
 def _owner_crashed(prev, nxt, kills, outages, lease):
