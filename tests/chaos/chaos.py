@@ -98,37 +98,70 @@ RETRY_PROBLEMS = {"in-flight", "store-unavailable", "upstream-outcome-unknown",
 
 
 _TMPDIRS = set()
+_SERVERS = []               # the Redis / PostgreSQL servers started, for the deadline
 _KEEP = False
+ABORT = threading.Event()   # set at the deadline: start nothing more
+DEADLINE = threading.Event()  # the watchdog fired: it ends the process
 
 
-def _cleanup():
+def _stop_servers():
+    for srv in list(_SERVERS):
+        try:
+            if isinstance(srv, ss.OwnPostgres):
+                # whatever close() believes: a start may be under way
+                if os.path.exists(os.path.join(srv.data, "postmaster.pid")):
+                    srv._run(os.path.join(srv.bin, "pg_ctl"), "-D", srv.data, "-m",
+                             "immediate", "-w", "stop")
+            else:
+                srv.stop()
+        except Exception:  # noqa: BLE001 - clean-up goes on
+            pass
+
+
+def _kill_processes():
     for p in list(h._LIVE):
         if p.poll() is None:
             p.kill()
             p.wait()
         h._LIVE.discard(p)
-    for srv in list(ss._OWN_SERVERS):
-        try:
-            srv.close()
-        except Exception:  # noqa: BLE001 - clean-up goes on
-            pass
+    _stop_servers()
+
+
+def _remove_dirs():
     if not _KEEP:
         for d in list(_TMPDIRS):
             shutil.rmtree(d, True)
             _TMPDIRS.discard(d)
 
 
+def _cleanup():
+    ABORT.set()
+    _kill_processes()
+    _remove_dirs()
+
+
 atexit.register(_cleanup)
 
 
 def _watchdog(deadline):
+    """At the deadline: start nothing more, kill everything (again and again
+    for a few seconds, since a start may have been under way), remove the
+    directories, exit 3."""
     def fire():
         left = deadline - time.monotonic()
         if left > 0:
             time.sleep(left)
+        DEADLINE.set()
+        ABORT.set()
         sys.stdout.flush()
         sys.stderr.write("chaos: global deadline reached; killing everything\n")
-        _cleanup()
+        sys.stderr.flush()
+        until = time.monotonic() + 3.0
+        while time.monotonic() < until:
+            _kill_processes()
+            time.sleep(0.2)
+        _kill_processes()
+        _remove_dirs()
         os._exit(3)
     threading.Thread(target=fire, daemon=True).start()
 
@@ -234,6 +267,7 @@ class StoreRun:
                 raise RuntimeError("PostgreSQL (initdb, pg_ctl) is not installed")
             self.server = ss.OwnPostgres(self.tmp)
         if self.server is not None:
+            _SERVERS.append(self.server)
             self.server.start()
         self.url = self.store_url(tag)
         self.up = RecordingUpstream(2)
@@ -243,6 +277,8 @@ class StoreRun:
             d = h.Idemd(self.tmp, self.up.url(i), config=cfg, store=self.url,
                         name="idemd%d" % i)
             self.daemons.append(d)
+            if ABORT.is_set():
+                raise RuntimeError("aborted at the deadline")
             d.start()
         for i in range(2):
             self.proxies.append(FaultProxy(i, lambda i=i: self.daemons[i].port,
@@ -252,6 +288,8 @@ class StoreRun:
     def restart_idemd(self, i):
         d = self.daemons[i]
         for attempt in range(3):
+            if ABORT.is_set():
+                raise RuntimeError("aborted at the deadline")
             try:
                 d.start()
                 return
@@ -285,6 +323,8 @@ class StoreRun:
         self.server.stop()
         self.log("%s down" % self.store)
         time.sleep(self.rng.uniform(0.5, 3.0))
+        if ABORT.is_set():
+            raise RuntimeError("aborted at the deadline")
         self.server.start()
         with self.lock:
             self.outages.append((t_down, time.monotonic()))
@@ -476,6 +516,7 @@ class StoreRun:
             self.up.close()
         if self.server is not None:
             self.server.close()
+            _SERVERS.remove(self.server)
         if not _KEEP:
             shutil.rmtree(self.tmp, True)
             _TMPDIRS.discard(self.tmp)
@@ -603,6 +644,8 @@ def main(argv=None):
     summary = []
     t0 = time.monotonic()
     for n, store in enumerate(stores):
+        if ABORT.is_set():
+            break
         run = StoreRun(store, prof, seed + n, args.verbose)
         try:
             run.run()
@@ -638,6 +681,10 @@ def main(argv=None):
             r["stale_plain"], r["stale_fenced"], r["lost"], run.elapsed))
     print("total time %.0f s" % (time.monotonic() - t0))
     print("%d passed, %d failed" % (passed, failed))
+    sys.stdout.flush()
+    if DEADLINE.is_set():
+        time.sleep(30)  # the watchdog finishes its clean-up and exits with 3
+        return 3
     return 1 if failed else 0
 
 
