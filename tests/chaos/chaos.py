@@ -607,6 +607,8 @@ def main(argv=None):
     ap.add_argument("--short", action="store_true", help="the short form (about 75 s for all)")
     ap.add_argument("--seconds", type=float, help="seconds of faults per store")
     ap.add_argument("--clients", type=int, help="client threads")
+    ap.add_argument("--kill-every", type=float, help="mean seconds between idemd kills")
+    ap.add_argument("--store-every", type=float, help="seconds between store restarts")
     ap.add_argument("--seed", type=int, default=None, help="seed of the random choices")
     ap.add_argument("--deadline", type=float, help="seconds for the whole run, then kill all")
     ap.add_argument("--idemd", default=h.IDEMD, help="the idemd binary (default $IDEMD or "
@@ -624,13 +626,21 @@ def main(argv=None):
         if not 1 <= args.clients <= 64:
             ap.error("--clients must be from 1 to 64")
         prof["clients"] = args.clients
+    if args.kill_every is not None:
+        if not 0.5 <= args.kill_every <= 3600:
+            ap.error("--kill-every must be from 0.5 to 3600")
+        prof["kill_every"] = args.kill_every
+    if args.store_every is not None:
+        if not 5 <= args.store_every <= 3600:
+            ap.error("--store-every must be from 5 to 3600")
+        prof["store_every"] = args.store_every
     stores = STORES if args.store == "all" else tuple(args.store.split(","))
     for s in stores:
         if s not in STORES + ("memory",):
             ap.error("unknown store %r" % s)
     if not os.path.exists(args.idemd):
         ap.error("idemd binary not found at %s (build it, or --idemd)" % args.idemd)
-    h.IDEMD = args.idemd
+    h.IDEMD = os.path.abspath(args.idemd)
     _KEEP = args.keep
     per_store = prof["seconds"] + SETTLE + 45  # set-up, settle, verification
     deadline = args.deadline or per_store * len(stores) + 30
