@@ -271,7 +271,7 @@ class StoreRun:
             self.server.start()
         self.url = self.store_url(tag)
         self.up = RecordingUpstream(2)
-        cfg = {"workers": 2, "on_store_error": "closed", "upstream_timeout": "30s",
+        cfg = {"workers": 2, "on_store_error": self.prof["on_store_error"], "upstream_timeout": "30s",
                "defaults": {"lease": "%gs" % LEASE}}
         for i in range(2):
             d = h.Idemd(self.tmp, self.up.url(i), config=cfg, store=self.url,
@@ -577,7 +577,8 @@ class StoreRun:
              % self.verified),
             ("run time (s)", "%.1f" % self.elapsed, "%g s of faults" % self.prof["seconds"]),
         ]
-        out = ["", "== %s: 2 idemd on %s, lease %gs ==" % (self.store, self.url, LEASE)]
+        out = ["", "== %s: 2 idemd on %s, lease %gs, on_store_error %s ==" % (
+            self.store, self.url, LEASE, self.prof["on_store_error"])]
         for name, value, note in rows:
             out.append("  %-42s %8s  %s" % (name, value, note))
         for name, ok in self.checks():
@@ -609,6 +610,9 @@ def main(argv=None):
     ap.add_argument("--clients", type=int, help="client threads")
     ap.add_argument("--kill-every", type=float, help="mean seconds between idemd kills")
     ap.add_argument("--store-every", type=float, help="seconds between store restarts")
+    ap.add_argument("--on-store-error", choices=("closed", "open"), default="closed",
+                    help="idemd's on_store_error; open is a control that must fail on "
+                         "redis and postgres")
     ap.add_argument("--seed", type=int, default=None, help="seed of the random choices")
     ap.add_argument("--deadline", type=float, help="seconds for the whole run, then kill all")
     ap.add_argument("--idemd", default=h.IDEMD, help="the idemd binary (default $IDEMD or "
@@ -626,6 +630,7 @@ def main(argv=None):
         if not 1 <= args.clients <= 64:
             ap.error("--clients must be from 1 to 64")
         prof["clients"] = args.clients
+    prof["on_store_error"] = args.on_store_error
     if args.kill_every is not None:
         if not 0.5 <= args.kill_every <= 3600:
             ap.error("--kill-every must be from 0.5 to 3600")
