@@ -207,6 +207,8 @@ def send(port, path, key, body):
 
 
 class StoreRun:
+    """One store's run: its processes, clients, faults, history and report."""
+
     def __init__(self, store, prof, seed, verbose):
         self.store = store
         self.prof = prof
@@ -271,8 +273,8 @@ class StoreRun:
             self.server.start()
         self.url = self.store_url(tag)
         self.up = RecordingUpstream(2)
-        cfg = {"workers": 2, "on_store_error": self.prof["on_store_error"], "upstream_timeout": "30s",
-               "defaults": {"lease": "%gs" % LEASE}}
+        cfg = {"workers": 2, "on_store_error": self.prof["on_store_error"],
+               "upstream_timeout": "30s", "defaults": {"lease": "%gs" % LEASE}}
         for i in range(2):
             d = h.Idemd(self.tmp, self.up.url(i), config=cfg, store=self.url,
                         name="idemd%d" % i)
