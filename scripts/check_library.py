@@ -73,11 +73,17 @@ def main():
         staged = dest + prefix
 
         def pkg_flags(pkgs):
-            r = subprocess.run(["pkg-config", "--define-variable=prefix=" + staged,
-                                "--cflags", "--libs"] + pkgs,
-                               env=dict(os.environ, PKG_CONFIG_PATH=pcdir),
-                               capture_output=True, text=True)
-            return r.stdout.split() if r.returncode == 0 else None
+            # libidem from the staged copy; the others as the system has them.
+            out = []
+            for pkg in pkgs:
+                define = ["--define-variable=prefix=" + staged] if pkg == "libidem" else []
+                r = subprocess.run(["pkg-config"] + define + ["--cflags", "--libs", pkg],
+                                   env=dict(os.environ, PKG_CONFIG_PATH=pcdir),
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    return None
+                out += r.stdout.split()
+            return out
         libdir = subprocess.run(["pkg-config", "--define-variable=prefix=" + staged,
                                  "--variable=libdir", "libidem"],
                                 env=dict(os.environ, PKG_CONFIG_PATH=pcdir),

@@ -21,11 +21,12 @@
  *     whatever crashes.  begin and done go inside the transaction that
  *     applies the message; a rollback forgets both.
  *
- * Ids are 1 to IDEM_KEY_MAX bytes without NUL; a namespace (one per
- * consumer group or message kind) is 1 to IDEM_DEDUP_NS_MAX characters of
- * [A-Za-z0-9_.-].  In a store, an id is the record (scope "dedup:" ns, key id).
- * In a PostgreSQL transaction an id must also be valid UTF-8 (the key column
- * is TEXT); in SQLite any bytes but NUL are fine.
+ * Ids are 1 to IDEM_KEY_MAX bytes of valid UTF-8 without NUL (PostgreSQL
+ * keeps them as text, and an id must mean the same on every store: put a
+ * binary id in hex or base64); a namespace (one per consumer group or
+ * message kind) is 1 to IDEM_DEDUP_NS_MAX characters of [A-Za-z0-9_.-].
+ * Either form keeps an id as the record (scope "dedup:" ns, key id).
+ * Limits of the store form: lease 1 ms to 1 day, retention 1 ms to 10 years.
  */
 #ifndef IDEM_DEDUP_H
 #define IDEM_DEDUP_H
@@ -54,6 +55,20 @@ typedef struct idem_dedup_claim {
     uint64_t fence;          /* NEW: pass to done/abandon */
     int64_t retry_after_ms;  /* IN_PROGRESS: until the holder's lease ends */
 } idem_dedup_claim_t;
+
+/* ---- shared by both forms ---------------------------------------------- */
+
+/** The record identity of msg_id in namespace ns: (scope "dedup:" ns, key
+ * msg_id).  Ids must be valid UTF-8 (PostgreSQL keeps them as text), so an
+ * id that works on one store works on all.
+ * @return IDEM_OK, or IDEM_E_INVAL (out zeroed) for a bad ns or id. */
+idem_err_t idem_dedup_id(const char *ns, const char *msg_id, size_t id_len, idem_key_id_t *out);
+
+/** The verdict of a claim's decision: CLAIM/TAKEOVER -> NEW with the fence,
+ * REPLAY/NOT_RETAINED -> DUPLICATE, IN_FLIGHT* -> IN_PROGRESS (retry_after_ms
+ * from the decision's whole seconds).  @return IDEM_OK, or IDEM_E_CORRUPT for
+ * MISMATCH: a record that is not a message id's sits under the identity. */
+idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out);
 
 /* ---- on a store ------------------------------------------------------- */
 

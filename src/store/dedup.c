@@ -26,11 +26,8 @@
  * expires_at) would give the next consumer fence 1 again, equal to the dead
  * one's.
  *
- * Ids.  dedup.h allows 1 to IDEM_KEY_MAX bytes without NUL.  LMDB, memory:
- * and Redis keys take any such bytes, but PostgreSQL keeps keys in a text
- * column that takes only valid UTF-8, so every backend refuses an id that is
- * not UTF-8 (IDEM_E_INVAL): the ids a consumer may use do not depend on the
- * store it moves to.  Binary ids (a Kafka key, a hash) go in hex or base64.
+ * The identity of an id and the verdict of a decision are
+ * src/core/dedup_id.c's, shared with the in-transaction form.
  *
  * Limits: lease 1 ms .. LEASE_MAX_MS, retention 1 ms .. RETENTION_MAX_MS,
  * now_ms 0 .. IDEM_LOCK_TIME_MAX (so that every sum stays exact in Redis's
@@ -45,79 +42,10 @@
 
 #include "idem/lock.h" /* IDEM_LOCK_TIME_MAX */
 
-#define SCOPE_PREFIX "dedup:"
 #define LEASE_MAX_MS 86400000ll             /* one day */
 #define RETENTION_MAX_MS 315360000000ll     /* ten years */
 #define CLAIM_KEPT_MS (7 * 86400000ll)      /* a claim outlives its lease by a week */
 
-_Static_assert(sizeof SCOPE_PREFIX - 1 + IDEM_DEDUP_NS_MAX <= IDEM_SCOPE_MAX,
-               "dedup: + ns fits a scope");
-
-/* Whether the len bytes at s are well-formed UTF-8 as PostgreSQL takes it:
- * no overlong forms, no surrogates, nothing above U+10FFFF. */
-static bool utf8_ok(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        size_t n;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            n = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            n = 2;
-            if (c == 0xe0)
-                lo = 0xa0;
-            else if (c == 0xed)
-                hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            n = 3;
-            if (c == 0xf0)
-                lo = 0x90;
-            else if (c == 0xf4)
-                hi = 0x8f;
-        } else {
-            return false;
-        }
-        if (len - i - 1 < n)
-            return false;
-        if (s[i + 1] < lo || s[i + 1] > hi)
-            return false;
-        for (size_t j = 2; j <= n; j++)
-            if (s[i + j] < 0x80 || s[i + j] > 0xbf)
-                return false;
-        i += n + 1;
-    }
-    return true;
-}
-
-/* The store identity of (ns, msg_id), or false when either is not allowed. */
-static bool make_id(const char *ns, const char *msg_id, size_t id_len, idem_key_id_t *id)
-{
-    if (ns == NULL || msg_id == NULL || id_len == 0 || id_len > IDEM_KEY_MAX)
-        return false;
-    size_t nl = strnlen(ns, IDEM_DEDUP_NS_MAX + 1);
-    if (nl == 0 || nl > IDEM_DEDUP_NS_MAX)
-        return false;
-    for (size_t i = 0; i < nl; i++) {
-        char c = ns[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == '-'))
-            return false;
-    }
-    if (memchr(msg_id, '\0', id_len) != NULL ||
-        !utf8_ok((const unsigned char *)msg_id, id_len))
-        return false;
-
-    memset(id, 0, sizeof *id);
-    memcpy(id->scope, SCOPE_PREFIX, sizeof SCOPE_PREFIX - 1);
-    memcpy(id->scope + sizeof SCOPE_PREFIX - 1, ns, nl);
-    memcpy(id->key, msg_id, id_len);
-    return true;
-}
 
 static bool time_ok(int64_t now_ms)
 {
@@ -149,7 +77,8 @@ idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg
     memset(out, 0, sizeof *out);
     idem_op_t op;
     memset(&op, 0, sizeof op);
-    if (store == NULL || !make_id(ns, msg_id, id_len, &op.id) || !time_ok(now_ms) ||
+    if (store == NULL || idem_dedup_id(ns, msg_id, id_len, &op.id) != IDEM_OK ||
+        !time_ok(now_ms) ||
         lease_ms < 1 || lease_ms > LEASE_MAX_MS)
         return IDEM_E_INVAL;
 
@@ -162,24 +91,10 @@ idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg
     if (err != IDEM_OK)
         return err;
 
-    switch (op.decision.kind) {
-    case IDEM_DECIDE_CLAIM:
-    case IDEM_DECIDE_TAKEOVER:
-        out->verdict = IDEM_DEDUP_NEW;
-        out->fence = op.decision.fence;
-        return IDEM_OK;
-    case IDEM_DECIDE_REPLAY:
-    case IDEM_DECIDE_NOT_RETAINED:
-        out->verdict = IDEM_DEDUP_DUPLICATE;
-        return IDEM_OK;
-    case IDEM_DECIDE_IN_FLIGHT:
-    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
-        out->verdict = IDEM_DEDUP_IN_PROGRESS;
+    err = idem_dedup_verdict(&op.decision, out);
+    if (err == IDEM_OK && out->verdict == IDEM_DEDUP_IN_PROGRESS)
         out->retry_after_ms = wait_for_lease(store, &op.id, now_ms, op.decision.retry_after_s);
-        return IDEM_OK;
-    default: /* MISMATCH: a record of something else under this identity */
-        return IDEM_E_CORRUPT;
-    }
+    return err;
 }
 
 idem_err_t idem_dedup_done(idem_store_t *store, const char *ns, const char *msg_id,
@@ -187,7 +102,8 @@ idem_err_t idem_dedup_done(idem_store_t *store, const char *ns, const char *msg_
                            int64_t retention_ms)
 {
     idem_key_id_t id;
-    if (store == NULL || !make_id(ns, msg_id, id_len, &id) || fence == 0 || !time_ok(now_ms) ||
+    if (store == NULL || idem_dedup_id(ns, msg_id, id_len, &id) != IDEM_OK || fence == 0 ||
+        !time_ok(now_ms) ||
         retention_ms < 1 || retention_ms > RETENTION_MAX_MS)
         return IDEM_E_INVAL;
     const idem_response_t done = {.status = 200};
@@ -198,7 +114,7 @@ idem_err_t idem_dedup_abandon(idem_store_t *store, const char *ns, const char *m
                               size_t id_len, uint64_t fence)
 {
     idem_key_id_t id;
-    if (store == NULL || !make_id(ns, msg_id, id_len, &id) || fence == 0)
+    if (store == NULL || idem_dedup_id(ns, msg_id, id_len, &id) != IDEM_OK || fence == 0)
         return IDEM_E_INVAL;
     /* The lease ends "now": at the earliest possible time, since abandon
      * is given no clock.  RENEW keeps expires_at. */

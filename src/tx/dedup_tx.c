@@ -20,31 +20,6 @@
 #include "idem/dedup.h"
 #include "tx/tx_impl.h"
 
-/* Check ns and msg_id and build the record's identity. */
-static idem_err_t dedup_id(const char *ns, const char *msg_id, size_t id_len,
-                           idem_key_id_t *id)
-{
-    memset(id, 0, sizeof *id);
-    if (ns == NULL || msg_id == NULL || id_len < 1 || id_len > IDEM_KEY_MAX ||
-        memchr(msg_id, '\0', id_len) != NULL)
-        return IDEM_E_INVAL;
-    size_t n = 0;
-    for (; ns[n] != '\0'; n++) {
-        char c = ns[n];
-        if (n >= IDEM_DEDUP_NS_MAX)
-            return IDEM_E_INVAL;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == '-'))
-            return IDEM_E_INVAL;
-    }
-    if (n == 0)
-        return IDEM_E_INVAL;
-    snprintf(id->scope, sizeof id->scope, "dedup:%s", ns);
-    memcpy(id->key, msg_id, id_len);
-    id->key[id_len] = '\0';
-    return IDEM_OK;
-}
-
 idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id,
                                size_t id_len, int64_t now_ms, idem_dedup_claim_t *out)
 {
@@ -52,7 +27,7 @@ idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id
         memset(out, 0, sizeof *out);
     idem_key_id_t id;
     if (tx == NULL || out == NULL || now_ms < 0 || now_ms > INT64_MAX - IDEM_DEDUP_TX_LEASE_MS ||
-        dedup_id(ns, msg_id, id_len, &id) != IDEM_OK)
+        idem_dedup_id(ns, msg_id, id_len, &id) != IDEM_OK)
         return IDEM_E_INVAL;
     static const uint8_t zero_fp[IDEM_FP_LEN];
     int64_t lease_until = now_ms + IDEM_DEDUP_TX_LEASE_MS;
@@ -61,29 +36,11 @@ idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id
     if (rc != IDEM_OK)
         return rc;
     idem_record_cleanup(&b.record);
-    switch (b.decision.kind) {
-    case IDEM_DECIDE_CLAIM:
-    case IDEM_DECIDE_TAKEOVER:
-        out->verdict = IDEM_DEDUP_NEW;
-        out->fence = b.decision.fence;
-        return IDEM_OK;
-    case IDEM_DECIDE_REPLAY:
-    case IDEM_DECIDE_NOT_RETAINED:
-        out->verdict = IDEM_DEDUP_DUPLICATE;
-        return IDEM_OK;
-    case IDEM_DECIDE_IN_FLIGHT:
-    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
-        out->verdict = IDEM_DEDUP_IN_PROGRESS;
-        out->retry_after_ms = b.decision.retry_after_s * 1000;
-        return IDEM_OK;
-    case IDEM_DECIDE_MISMATCH:
-        break;
-    }
-    /* Only a record some other code wrote under a dedup identity has
-     * another fingerprint. */
-    idem__tx_seterr(tx, "the record of (%s, %s) was not written by idem_dedup_tx_begin",
-                    id.scope, id.key);
-    return IDEM_E_CORRUPT;
+    rc = idem_dedup_verdict(&b.decision, out);
+    if (rc == IDEM_E_CORRUPT)
+        idem__tx_seterr(tx, "the record of (%s, %s) was not written by idem_dedup_tx_begin",
+                        id.scope, id.key);
+    return rc;
 }
 
 idem_err_t idem_dedup_tx_done(idem_tx_t *tx, const char *ns, const char *msg_id,
@@ -92,7 +49,7 @@ idem_err_t idem_dedup_tx_done(idem_tx_t *tx, const char *ns, const char *msg_id,
 {
     idem_key_id_t id;
     if (tx == NULL || retention_ms < 1 || now_ms < 0 || now_ms > INT64_MAX - retention_ms ||
-        dedup_id(ns, msg_id, id_len, &id) != IDEM_OK)
+        idem_dedup_id(ns, msg_id, id_len, &id) != IDEM_OK)
         return IDEM_E_INVAL;
     const idem_response_t done = {.status = 200};
     return idem_tx_complete(tx, &id, fence, &done, 0, now_ms + retention_ms);
