@@ -89,6 +89,9 @@ import uuid
 from collections import Counter, deque
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.blackbox.harness import free_ports  # noqa: E402  (one port picker for every harness)
+
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 MAX_REQUEST_BYTES = 64 * 1024   # idemd's max_request_bytes in this run
@@ -127,19 +130,6 @@ def env_int(name, default, lo, hi):
     if not lo <= v <= hi:
         die("%s must be %d..%d, not %d" % (name, lo, hi, v))
     return v
-
-
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def rss_kib(pid):
