@@ -8,7 +8,8 @@ meta.json (parameters and environment).  This script parses wrk's summary
 (Requests/sec, the 50% and 99% lines of --latency, non-2xx answers, socket
 errors), takes each figure's median over a row's rounds, works out each
 row's ratio to nginx proxy_pass and to nginx direct (ratio of the medians),
-checks the targets of the benchmark issue, prints a table and writes
+checks the targets of the benchmark issue, prints a table and the
+ratios of idemd to express-idempotency (new key and replay), and writes
 everything, every round's raw wrk output included, to
 RESULTS_DIR/bench-<UTC time>.json (and latest.json).
 
@@ -32,6 +33,21 @@ ROWS = [
     ("idemd-replay-redis", "idemd replay, Redis"),
     ("idemd-new-pg", "idemd new key, PostgreSQL"),
     ("idemd-replay-pg", "idemd replay, PostgreSQL"),
+    ("express-new", "express-idempotency new key"),
+    ("express-replay", "express-idempotency replay"),
+]
+
+# idemd against express-idempotency: (idemd row, express row, path).  The
+# first of each path is a target of the benchmark issue (idemd ahead: a
+# ratio of req/s of at least 1.0); the others are printed for information.
+EXPRESS_PAIRS = [
+    ("idemd-new-always", "express-new", "new key", True),
+    ("idemd-new-interval", "express-new", "new key", False),
+    ("idemd-replay", "express-replay", "replay", True),
+    ("idemd-new-redis", "express-new", "new key", False),
+    ("idemd-replay-redis", "express-replay", "replay", False),
+    ("idemd-new-pg", "express-new", "new key", False),
+    ("idemd-replay-pg", "express-replay", "replay", False),
 ]
 
 # Minimum ratio of requests/s to nginx proxy_pass, per idemd row.  Every
@@ -186,7 +202,7 @@ def main():
         r["vs_direct"] = (r["rps"] / direct["rps"]) if direct and direct["rps"] and r["rps"] else None
         errs = r["non_2xx_3xx"] + sum(r["socket_errors"].values())
         r["errors"] = errs
-        if r["name"] in RPS_TARGETS:
+        if r["name"] in RPS_TARGETS and proxy is not None:  # BENCH_ROWS may leave nginx out
             want = RPS_TARGETS[r["name"]]
             ok_rps = r["vs_proxy"] is not None and r["vs_proxy"] >= want
             ok_p99 = (proxy is not None and r["p99_ms"] is not None and proxy["p99_ms"] is not None
@@ -202,6 +218,22 @@ def main():
         if errs:
             missed.append("%s: %d non-2xx answers, socket errors %s"
                           % (r["label"], r["non_2xx_3xx"], r["socket_errors"]))
+
+    # idemd against express-idempotency.
+    versus_express = []
+    for idem_name, ex_name, path, is_target in EXPRESS_PAIRS:
+        a, b = by.get(idem_name), by.get(ex_name)
+        if not a or not b or not a["rps"] or not b["rps"]:
+            continue
+        v = {"idemd_row": idem_name, "express_row": ex_name, "path": path,
+             "rps_ratio": a["rps"] / b["rps"], "idemd_p99_ms": a["p99_ms"],
+             "express_p99_ms": b["p99_ms"], "target": is_target}
+        if is_target:
+            v["met"] = v["rps_ratio"] >= 1.0
+            if not v["met"]:
+                missed.append("%s: %.2fx express-idempotency %s, target >= 1.0x"
+                              % (a["label"], v["rps_ratio"], path))
+        versus_express.append(v)
 
     # The table.
     print()
@@ -244,6 +276,20 @@ def main():
         if m.get("store_errors"):
             bits.append("STORE ERRORS %d" % m["store_errors"])
         print("  %-28s %s" % (r["label"] + ":", "; ".join(bits)))
+    if versus_express:
+        print()
+        ad = meta.get("express_adapter")
+        print("idemd / express-idempotency (Node %s, express %s, express-idempotency %s, store: %s)"
+              % (meta.get("node", "?"), meta.get("express", "?"), meta.get("express_idempotency", "?"),
+                 {"map": "a Map in memory", "default": "the package's in-memory array"}.get(ad, ad)))
+        if meta.get("express_rss_kib"):
+            print("  (the Express app's RSS at the end: %.0f MiB; its store keeps every key)"
+                  % (int(meta["express_rss_kib"]) / 1024.0))
+        for v in versus_express:
+            print("  %-8s %-30s %6.2fx  p99 %s vs %s%s" % (
+                v["path"], by[v["idemd_row"]]["label"], v["rps_ratio"],
+                fmt_ms(v["idemd_p99_ms"]), fmt_ms(v["express_p99_ms"]),
+                ("  target >=1.0x %s" % ("MET" if v["met"] else "MISSED")) if v["target"] else ""))
     if missed:
         print()
         print("not met / errors:")
@@ -252,7 +298,7 @@ def main():
 
     os.makedirs(results_dir, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    doc = {"meta": meta, "rows": rows, "not_met": missed}
+    doc = {"meta": meta, "rows": rows, "versus_express": versus_express, "not_met": missed}
     out = os.path.join(results_dir, "bench-%s.json" % stamp)
     for p in (out, os.path.join(results_dir, "latest.json")):
         with open(p, "w") as f:

@@ -17,6 +17,15 @@
 #   idemd-replay-pg     replays on PostgreSQL (local_cache off)
 #   The Redis and PostgreSQL rows are skipped with BENCH_SERVER_STORES=0; their
 #   stores are preloaded with BENCH_PRELOAD_SERVER keys.
+#   express-new         wrk -> Node.js Express app with the express-idempotency
+#                       middleware (bench/express/app.js) -> the same upstream,
+#                       a fresh key per request
+#   express-replay      the same app, one completed key: every request a replay
+#   The express rows are skipped with BENCH_EXPRESS=0; bench/express's
+#   dependencies are installed there with `npm ci` when missing.
+# BENCH_ROWS (a comma-separated list of the row names above) measures only
+# those rows; a server (Redis, PostgreSQL, the Express app) that no chosen
+# row needs is not started.
 # Every row sends the same POST (bench/post.lua), so the client's work per
 # request is the same everywhere.  The rows are measured BENCH_ROUNDS times,
 # interleaved (round 1 of every row, then round 2 ...), so a load that comes
@@ -56,6 +65,12 @@
 #   BENCH_STRICT          1: exit 1 when a target is missed or a row had errors [0]
 #   BENCH_SERVER_STORES   1: also the Redis and PostgreSQL rows [1]
 #   BENCH_PRELOAD_SERVER  completed keys preloaded into Redis and PostgreSQL [100000]
+#   BENCH_EXPRESS         1: also the express-idempotency rows [1]
+#   BENCH_EXPRESS_ADAPTER the middleware's store: map (a Map, O(1)) or default (the
+#                         package's own in-memory adapter, an array scanned per
+#                         request) [map]
+#   BENCH_ROWS            comma-separated row names to measure; all of them when
+#                         empty [all]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,6 +91,9 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
 BENCH_RESULTS=${BENCH_RESULTS:-bench/results}
 BENCH_SERVER_STORES=${BENCH_SERVER_STORES:-1}
 BENCH_PRELOAD_SERVER=${BENCH_PRELOAD_SERVER:-100000}
+BENCH_EXPRESS=${BENCH_EXPRESS:-1}
+BENCH_EXPRESS_ADAPTER=${BENCH_EXPRESS_ADAPTER:-map}
+BENCH_ROWS=${BENCH_ROWS:-all}
 export BENCH_STRICT=${BENCH_STRICT:-0}
 
 # Messages go to fd 9, a copy of the original stderr: a trap that fires
@@ -85,7 +103,7 @@ say() { printf 'bench: %s\n' "$*" >&9; }
 die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
 
 for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
-  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER; do
+  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
 done
 ((BENCH_SECONDS >= 1 && BENCH_SECONDS <= 3600)) || die "BENCH_SECONDS must be 1..3600"
@@ -95,6 +113,28 @@ done
 ((BENCH_WARMUP <= 600)) || die "BENCH_WARMUP must be at most 600"
 ((BENCH_ROUNDS >= 1 && BENCH_ROUNDS <= 20)) || die "BENCH_ROUNDS must be 1..20"
 ((BENCH_WORKERS >= 1 && BENCH_WORKERS <= 64)) || die "BENCH_WORKERS must be 1..64"
+[[ $BENCH_EXPRESS_ADAPTER == map || $BENCH_EXPRESS_ADAPTER == default ]] ||
+  die "BENCH_EXPRESS_ADAPTER must be map or default, not '$BENCH_EXPRESS_ADAPTER'"
+
+ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
+          idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay)
+if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
+  IFS=, read -r -a _rows <<<"$BENCH_ROWS"
+  for _r in "${_rows[@]}"; do
+    [[ " ${ALL_ROWS[*]} " == *" $_r "* ]] || die "BENCH_ROWS: no row '$_r' (rows: ${ALL_ROWS[*]})"
+  done
+fi
+# want_row ROW: is ROW to be measured?
+want_row() {
+  [[ $BENCH_ROWS == all || -z $BENCH_ROWS || ,$BENCH_ROWS, == *",$1,"* ]]
+}
+if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
+  ! want_row idemd-new-pg && ! want_row idemd-replay-pg; then
+  BENCH_SERVER_STORES=0
+fi
+if [[ $BENCH_EXPRESS == 1 ]] && ! want_row express-new && ! want_row express-replay; then
+  BENCH_EXPRESS=0
+fi
 
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
@@ -104,6 +144,12 @@ LUA=$ROOT/bench/post.lua
 for t in nginx wrk curl python3 timeout; do
   command -v "$t" >/dev/null || die "$t is not installed (make bench installs it: scripts/deps.sh bench)"
 done
+if [[ $BENCH_EXPRESS == 1 ]]; then
+  for t in node npm; do
+    command -v "$t" >/dev/null ||
+      die "$t is not installed (make bench installs it: scripts/deps.sh bench); or set BENCH_EXPRESS=0"
+  done
+fi
 [[ -x $IDEMD ]] || die "$IDEMD is missing: run 'make build', or set IDEM_BUILD"
 if ((BENCH_PRELOAD > 0)) && [[ ! -x $PRELOAD_BIN ]]; then
   die "$PRELOAD_BIN is missing (built from bench/preload.c); or set BENCH_PRELOAD=0"
@@ -161,11 +207,11 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Twelve distinct free loopback ports (held open together while picked).
+# Thirteen distinct free loopback ports (held open together while picked).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
-  IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT < <(python3 - <<'PY'
+  IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(12)]
+socks = [socket.socket() for _ in range(13)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -460,19 +506,64 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   write_meta redis_store="$REDIS_STORE" pg_store="$PG_STORE" preload_server="$BENCH_PRELOAD_SERVER"
 fi
 
+# ---- express-idempotency ----------------------------------------------------------------
+
+if [[ $BENCH_EXPRESS == 1 ]]; then
+  EXPRESS_DIR=$ROOT/bench/express
+  # npm ci (exactly package-lock.json) when node_modules is missing or older
+  # than the lock file; npm records what it installed in .package-lock.json.
+  if [[ ! -f $EXPRESS_DIR/node_modules/.package-lock.json ||
+        $EXPRESS_DIR/package-lock.json -nt $EXPRESS_DIR/node_modules/.package-lock.json ]]; then
+    say "installing bench/express's dependencies (npm ci)"
+    (cd "$EXPRESS_DIR" && timeout 600 npm ci --no-audit --no-fund) >"$WORK/npm-ci.log" 2>&1 ||
+      die "npm ci in bench/express failed: $(tail -5 "$WORK/npm-ci.log")"
+  fi
+  EXPRESS_URL=http://127.0.0.1:$EXPRESS_PORT/
+  NODE_ENV=production node "$EXPRESS_DIR/app.js" --listen "$EXPRESS_PORT" --upstream "$UP_URL" \
+    --adapter "$BENCH_EXPRESS_ADAPTER" 2>"$WORK/express.log" &
+  EXPRESS_PID=$!
+  PIDS+=("$EXPRESS_PID")
+  wait_http "${EXPRESS_URL}metrics" "$EXPRESS_PID" 30 ||
+    die "the Express app did not start: $(tail -5 "$WORK/express.log")"
+  # The middleware marks no replay in its answer: check with its counters
+  # that a first POST was forwarded and the second was a replay.
+  for k in "$RUNID-check-express" "$RUNID-check-express" "$REPLAY_KEY-x"; do
+    code=$(http_code POST "$EXPRESS_URL" -H 'Content-Type: application/json' \
+      -H "Idempotency-Key: $k" --data-raw "$BODY")
+    [[ $code == 200 ]] || die "the Express app answered $code to a POST with key $k (want 200)"
+  done
+  grep -qx 'idem_requests_total{outcome="new"} 2' <(curl -s --max-time 5 "${EXPRESS_URL}metrics") &&
+    grep -qx 'idem_requests_total{outcome="replay"} 1' <(curl -s --max-time 5 "${EXPRESS_URL}metrics") ||
+    die "the Express app did not replay a repeated key: $(curl -s --max-time 5 "${EXPRESS_URL}metrics" | tr '\n' ' ')"
+  write_meta node="$(node --version)" \
+    express="$(node -p 'require(process.argv[1]).version' "$EXPRESS_DIR/node_modules/express/package.json")" \
+    express_idempotency="$(node -p 'require(process.argv[1]).version' \
+      "$EXPRESS_DIR/node_modules/express-idempotency/package.json")" \
+    express_adapter="$BENCH_EXPRESS_ADAPTER"
+  say "Express app (express-idempotency, adapter $BENCH_EXPRESS_ADAPTER) on :$EXPRESS_PORT"
+fi
+
 # ---- the rounds ----------------------------------------------------------------------
 
 for ((r = 1; r <= BENCH_ROUNDS; r++)); do
-  measure nginx-direct "$r" "$UP_URL" unique "$RUNID-d$r"
-  measure nginx-proxy "$r" "$PROXY_URL" unique "$RUNID-p$r"
-  measure idemd-new-always "$r" "$IDEM_A_URL" unique "$RUNID-a$r" "$ADMIN_A_URL"
-  measure idemd-new-interval "$r" "$IDEM_I_URL" unique "$RUNID-i$r" "$ADMIN_I_URL"
-  measure idemd-replay "$r" "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ADMIN_A_URL"
+  want_row nginx-direct && measure nginx-direct "$r" "$UP_URL" unique "$RUNID-d$r"
+  want_row nginx-proxy && measure nginx-proxy "$r" "$PROXY_URL" unique "$RUNID-p$r"
+  want_row idemd-new-always && measure idemd-new-always "$r" "$IDEM_A_URL" unique "$RUNID-a$r" "$ADMIN_A_URL"
+  want_row idemd-new-interval && measure idemd-new-interval "$r" "$IDEM_I_URL" unique "$RUNID-i$r" "$ADMIN_I_URL"
+  want_row idemd-replay && measure idemd-replay "$r" "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ADMIN_A_URL"
   if [[ $BENCH_SERVER_STORES == 1 ]]; then
-    measure idemd-new-redis "$r" "$IDEM_R_URL" unique "$RUNID-r$r" "http://127.0.0.1:$ADMIN_R_PORT"
-    measure idemd-replay-redis "$r" "$IDEM_R_URL" fixed "$REPLAY_KEY-r" "http://127.0.0.1:$ADMIN_R_PORT"
-    measure idemd-new-pg "$r" "$IDEM_P_URL" unique "$RUNID-g$r" "http://127.0.0.1:$ADMIN_P_PORT"
-    measure idemd-replay-pg "$r" "$IDEM_P_URL" fixed "$REPLAY_KEY-p" "http://127.0.0.1:$ADMIN_P_PORT"
+    want_row idemd-new-redis &&
+      measure idemd-new-redis "$r" "$IDEM_R_URL" unique "$RUNID-r$r" "http://127.0.0.1:$ADMIN_R_PORT"
+    want_row idemd-replay-redis &&
+      measure idemd-replay-redis "$r" "$IDEM_R_URL" fixed "$REPLAY_KEY-r" "http://127.0.0.1:$ADMIN_R_PORT"
+    want_row idemd-new-pg &&
+      measure idemd-new-pg "$r" "$IDEM_P_URL" unique "$RUNID-g$r" "http://127.0.0.1:$ADMIN_P_PORT"
+    want_row idemd-replay-pg &&
+      measure idemd-replay-pg "$r" "$IDEM_P_URL" fixed "$REPLAY_KEY-p" "http://127.0.0.1:$ADMIN_P_PORT"
+  fi
+  if [[ $BENCH_EXPRESS == 1 ]]; then
+    want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
+    want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
   fi
 done
 
@@ -487,6 +578,12 @@ stop_idemd idemd-interval "$INTERVAL_PID"
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-redis "$REDIS_PID"
   stop_idemd idemd-pg "$PG_PID"
+fi
+if [[ $BENCH_EXPRESS == 1 ]]; then
+  # Its memory at the end: the in-memory store holds every key of the run.
+  write_meta express_rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$EXPRESS_PID/status" 2>/dev/null || echo 0)"
+  stop_pid "$EXPRESS_PID"
+  forget_pid "$EXPRESS_PID"
 fi
 
 # ---- the report ------------------------------------------------------------------------

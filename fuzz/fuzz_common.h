@@ -1,8 +1,9 @@
 /* fuzz/fuzz_common.h - what the HTTP fuzz targets share: a check that
- * aborts (so libFuzzer records the input), a bounds test for slices, and a
- * body decoder driver that feeds input in pieces and checks the decoder's
- * invariants.  Each target defines MAX_HEAD and BODY_LIMIT before including
- * this header.  Header-only: every target is one translation unit.
+ * aborts (so libFuzzer records the input; CHECK, from fuzz_check.h), a
+ * bounds test for slices, and a body decoder driver that feeds input in
+ * pieces and checks the decoder's invariants.  Each target defines MAX_HEAD
+ * and BODY_LIMIT before including this header.  Header-only: every target
+ * is one translation unit.
  */
 #ifndef IDEM_FUZZ_COMMON_H
 #define IDEM_FUZZ_COMMON_H
@@ -12,15 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "http/http.h"
-
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                               \
-        }                                                                          \
-    } while (0)
 
 static bool inside(idem_slice_t s, const char *buf, size_t len)
 {

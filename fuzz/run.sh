@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # fuzz/run.sh [SECONDS] - build the libFuzzer targets and run each of them.
 #
-# Builds in build-fuzz with clang, AddressSanitizer and UBSan (configured only
-# the first time), then runs every target fuzz/fuzz_<name>.c for SECONDS
-# divided by the number of targets (default 60 s in all), on a working copy of
-# its seed corpus in fuzz/corpus-work/<name>/ (gitignored; new inputs land
-# there) plus the seed corpus fuzz/corpus/<name>/ itself.  A crash leaves its
-# input as fuzz/corpus-work/<name>-crash-* and makes the script exit 1.
+# SECONDS is the budget for the whole run (default 60), split evenly between
+# the targets (at least 1 s each): `fuzz/run.sh 60` with seven targets gives
+# each 8 s, which is what CI runs (scripts/run_tests.py); `make fuzz
+# FUZZ_SECONDS=N` passes N the same way.  To fuzz one target for longer, run
+# its binary by hand (fuzz/README.md).
+#
+# Builds in build-fuzz with clang, AddressSanitizer and UBSan (configured the
+# first time, and again when a target is missing from it), then runs every
+# target fuzz/fuzz_<name>.c on a working copy of its seed corpus in
+# fuzz/corpus-work/<name>/ (gitignored; new inputs land there) plus the seed
+# corpus fuzz/corpus/<name>/ itself, with the dictionary fuzz/<name>.dict
+# when there is one.  Each target's output goes to
+# fuzz/corpus-work/<name>.log; a summary line per target is printed (execs,
+# coverage, corpus size, result), and the log's end for a target that
+# failed.  A crash, a violated property (abort), a leak or an input slower
+# than 10 s leaves its input as fuzz/corpus-work/<name>-{crash,leak,timeout}-*
+# and makes the script exit 1.
 #
 # Every library is compiled with -fsanitize=fuzzer-no-link so coverage
 # guides the fuzzers through it; only the fuzz executables link libFuzzer.
@@ -42,6 +53,14 @@ targets=()
 for name in "${names[@]}"; do
   targets+=("fuzz/fuzz_$name")
 done
+# meson.build skips a target whose source did not exist at configure time.
+known=$(ninja -C "$build" -t targets all)
+for t in "${targets[@]}"; do
+  if ! grep -q "^$t:" <<<"$known"; then
+    meson setup --reconfigure "$build" >/dev/null
+    break
+  fi
+done
 ninja -C "$build" "${targets[@]}"
 
 per=$(( total / ${#names[@]} ))
@@ -51,20 +70,36 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
 failed=()
+summary=()
 for name in "${names[@]}"; do
   seeds=fuzz/corpus/$name
   work=fuzz/corpus-work/$name
+  log=fuzz/corpus-work/$name.log
   mkdir -p "$work" "$seeds"
   cp -R "$seeds/." "$work/"
-  echo "== fuzz_$name for ${per}s"
-  if ! "$build/fuzz/fuzz_$name" -max_total_time="$per" -print_final_stats=1 \
-      -artifact_prefix="fuzz/corpus-work/$name-" "$work" "$seeds"; then
+  dict=()
+  [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
+  echo "== fuzz_$name for ${per}s (log: $log)"
+  result=ok
+  if ! "$build/fuzz/fuzz_$name" -max_total_time="$per" -timeout=10 -print_final_stats=1 \
+      "${dict[@]}" -artifact_prefix="fuzz/corpus-work/$name-" "$work" "$seeds" >"$log" 2>&1; then
+    result=FOUND
     failed+=("$name")
+    tail -n 60 "$log"
   fi
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 || true)
+  files=$(find "$work" -type f | wc -l)
+  line=$(printf '%-14s %8s execs  %-18s corpus %5s  %s' "$name" "${execs:-?}" \
+    "${cov:-cov: ?}" "$files" "$result")
+  echo "$line"
+  summary+=("$line")
 done
 
+echo "== fuzz summary (${per}s per target)"
+printf '%s\n' "${summary[@]}"
 if [ ${#failed[@]} -ne 0 ]; then
-  echo "fuzz/run.sh: crashes in: ${failed[*]} (inputs in fuzz/corpus-work/)" >&2
+  echo "fuzz/run.sh: findings in: ${failed[*]} (inputs in fuzz/corpus-work/)" >&2
   exit 1
 fi
-echo "fuzz/run.sh: no crashes in ${#names[@]} targets"
+echo "fuzz/run.sh: nothing found in ${#names[@]} targets"

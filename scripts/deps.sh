@@ -9,7 +9,7 @@ set -euo pipefail
 build_pkgs=(gcc make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
             libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl python3)
 test_pkgs=(libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
-bench_pkgs=(nginx wrk linux-perf valgrind)
+bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in

@@ -30,7 +30,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SANITIZER_RE = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:")
 CRITERION_RE = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
 
 
@@ -64,13 +63,34 @@ def sanitizer_env(env):
     env = dict(env)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:strict_string_checks=1")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
-    env.setdefault("LSAN_OPTIONS", "suppressions=" + os.path.join(ROOT, "scripts", "lsan.supp"))
+    env.setdefault("LSAN_OPTIONS", "exitcode=23")
     return env
+
+
+LEAK_RE = re.compile(r"^(Direct|Indirect) leak of .*?\n((?:\s+#\d+ .*\n?)+)", re.M)
+# Frames that are the allocator, libc or the test framework itself.
+FRAMEWORK_RE = re.compile(r"libasan|liblsan|libc\.so|ld-linux|libcriterion|libnanomsg|libboxfort"
+                          r"|\b(malloc|calloc|realloc|strdup|__interceptor_\w+)\b")
+
+
+def leaks_of_ours(out):
+    """The leak reports in out that have at least one frame of idem's code.
+    Criterion's runner keeps a small allocation now and then at exit (seen
+    once: 48 bytes, calloc inside libcriterion.so); a report whose every
+    frame is the allocator, libc or the framework is that, not ours.  A
+    blanket suppression of libcriterion.so would hide every leak of a test,
+    since every test runs below a libcriterion frame."""
+    ours = []
+    for m in LEAK_RE.finditer(out):
+        frames = [f for f in m.group(2).splitlines() if f.strip()]
+        if any(not FRAMEWORK_RE.search(f) for f in frames):
+            ours.append(m.group(0))
+    return ours
 
 
 def criterion_suites(build):
     found = []
-    for sub in ("tests/unit", "tests/store"):
+    for sub in ("tests/unit", "tests/store", "tests/tx"):
         d = os.path.join(build, sub)
         if not os.path.isdir(d):
             continue
@@ -92,9 +112,13 @@ def run_criterion(tally, build, label, env, log):
             failed = failing + crashing
         else:
             passed, failed = 0, 1
-        if SANITIZER_RE.search(out):
+        framework_leak_only = False
+        if re.search(r"ERROR: AddressSanitizer|runtime error:", out) or leaks_of_ours(out):
             failed += 1
-        if rc != 0 and failed == 0:
+        elif "ERROR: LeakSanitizer" in out:
+            framework_leak_only = True
+            log.write(f"===== {name}: a leak of the test framework only (not counted)\n")
+        if rc != 0 and failed == 0 and not (framework_leak_only and rc == 23):
             failed = 1
         tally.add(name, passed, failed)
         print(f"  {name}: {passed} passed, {failed} failed ({secs:.1f}s)", flush=True)
@@ -127,6 +151,18 @@ def run_blackbox(tally, build, label, env, log, pattern, directory="tests/blackb
     passed = max(total - failed - skipped, 0)
     tally.add(name, passed, failed)
     print(f"  {name}: {passed} passed, {failed} failed, {skipped} skipped ({secs:.1f}s)", flush=True)
+
+
+def run_counted(tally, name, cmd, log, timeout=900, env=None):
+    """A step that ends with its own `N passed, N failed` line."""
+    rc, out, secs = run(cmd, timeout=timeout, env=env)
+    log.write(f"===== {name} (rc={rc}, {secs:.1f}s)\n{out}\n")
+    m = re.findall(r"^(\d+) passed, (\d+) failed$", out, re.M)
+    passed, failed = (int(m[-1][0]), int(m[-1][1])) if m else (0, 0)
+    if rc != 0 and failed == 0:
+        failed = 1
+    tally.add(name, passed, failed)
+    print(f"  {name}: {passed} passed, {failed} failed ({secs:.1f}s)", flush=True)
 
 
 def run_step(tally, name, cmd, log, timeout=900, env=None):
@@ -208,11 +244,22 @@ def run_all(args, tally, log, services):
         env = sanitizer_env(os.environ) if label == "asan" else dict(os.environ)
         print(f"{build}:", flush=True)
         run_criterion(tally, build, label, env, log)
+        if label == "plain":
+            # docs/library.md's programs, built against the installed libidem.
+            run_counted(tally, "library-docs", [sys.executable, "scripts/check_library.py", build], log)
         run_blackbox(tally, build, label, env, log, args.blackbox)
         # The examples' own tests (ledger, consumer) need no idemd store, so
         # they run once per build rather than once per store.
         if os.path.isdir(os.path.join(ROOT, "tests/examples")):
             run_blackbox(tally, build, label, env, log, "test_*.py", "tests/examples")
+        # The chaos harness, short form: 2 idemd on each store under kill -9,
+        # dropped answers and store restarts, its servers its own.
+        if label == "plain":
+            run_blackbox(tally, build, label, env, log, "test_*.py", "tests/chaos")
+        run_counted(tally, f"{label}:chaos", [sys.executable, "tests/chaos/chaos.py", "--short",
+                                              "--store", "all",
+                                              "--idemd", os.path.join(ROOT, build, "idemd")],
+                    log, timeout=900, env=env)
         if label == "asan" and args.memory_blackbox:
             # The same suite on memory:, where idemd applies store jobs on
             # its loops instead of the writer thread (as with sync=interval).

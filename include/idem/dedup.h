@@ -21,9 +21,12 @@
  *     whatever crashes.  begin and done go inside the transaction that
  *     applies the message; a rollback forgets both.
  *
- * Ids are 1 to IDEM_KEY_MAX bytes without NUL; a namespace (one per
- * consumer group or message kind) is 1 to IDEM_DEDUP_NS_MAX characters of
- * [A-Za-z0-9_.-].  In a store, an id is the record (scope "dedup:" ns, key id).
+ * Ids are 1 to IDEM_KEY_MAX bytes of valid UTF-8 without NUL (PostgreSQL
+ * keeps them as text, and an id must mean the same on every store: put a
+ * binary id in hex or base64); a namespace (one per consumer group or
+ * message kind) is 1 to IDEM_DEDUP_NS_MAX characters of [A-Za-z0-9_.-].
+ * Either form keeps an id as the record (scope "dedup:" ns, key id).
+ * Limits of the store form: lease 1 ms to 1 day, retention 1 ms to 10 years.
  */
 #ifndef IDEM_DEDUP_H
 #define IDEM_DEDUP_H
@@ -36,6 +39,9 @@
 #include "idem/tx.h"
 
 #define IDEM_DEDUP_NS_MAX 58 /* "dedup:" + ns fits IDEM_SCOPE_MAX */
+/* In-transaction form: the lease (and retention) of an id claimed by a
+ * transaction that commits before idem_dedup_tx_done (5 minutes). */
+#define IDEM_DEDUP_TX_LEASE_MS (5ll * 60 * 1000)
 
 typedef enum idem_dedup_verdict {
     IDEM_DEDUP_NEW = 1,         /* apply it, then done */
@@ -49,6 +55,20 @@ typedef struct idem_dedup_claim {
     uint64_t fence;          /* NEW: pass to done/abandon */
     int64_t retry_after_ms;  /* IN_PROGRESS: until the holder's lease ends */
 } idem_dedup_claim_t;
+
+/* ---- shared by both forms ---------------------------------------------- */
+
+/** The record identity of msg_id in namespace ns: (scope "dedup:" ns, key
+ * msg_id).  Ids must be valid UTF-8 (PostgreSQL keeps them as text), so an
+ * id that works on one store works on all.
+ * @return IDEM_OK, or IDEM_E_INVAL (out zeroed) for a bad ns or id. */
+idem_err_t idem_dedup_id(const char *ns, const char *msg_id, size_t id_len, idem_key_id_t *out);
+
+/** The verdict of a claim's decision: CLAIM/TAKEOVER -> NEW with the fence,
+ * REPLAY/NOT_RETAINED -> DUPLICATE, IN_FLIGHT* -> IN_PROGRESS (retry_after_ms
+ * from the decision's whole seconds).  @return IDEM_OK, or IDEM_E_CORRUPT for
+ * MISMATCH: a record that is not a message id's sits under the identity. */
+idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out);
 
 /* ---- on a store ------------------------------------------------------- */
 
@@ -78,13 +98,19 @@ idem_err_t idem_dedup_abandon(idem_store_t *store, const char *ns, const char *m
 /** Inside the caller's open transaction: NEW (the id is claimed in this
  * transaction; apply the message, then idem_dedup_tx_done, then commit) or
  * DUPLICATE (committed as done before: skip it).  IN_PROGRESS only on
- * PostgreSQL, when another open transaction holds the id.
- * @return IDEM_OK, IDEM_E_INVAL, IDEM_E_RETRY, IDEM_E_IO, IDEM_E_NOMEM. */
+ * PostgreSQL, when another open transaction holds the id (retry_after_ms
+ * 1000).  The id is written in_progress with a lease (and retention) of
+ * IDEM_DEDUP_TX_LEASE_MS, which only matters if the caller commits before
+ * done: a redelivery after the lease is NEW again.
+ * @return IDEM_OK, IDEM_E_INVAL, IDEM_E_RETRY, IDEM_E_IO, IDEM_E_NOMEM,
+ *         IDEM_E_CORRUPT (the row under the id does not decode, or was
+ *         written by something other than idem_dedup_tx_begin). */
 idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id,
                                size_t id_len, int64_t now_ms, idem_dedup_claim_t *out);
 
 /** Mark the id done in the same transaction, remembered until now_ms +
- * retention_ms.  @return IDEM_OK, IDEM_E_FENCE, IDEM_E_RETRY, IDEM_E_IO. */
+ * retention_ms (>= 1).  @return IDEM_OK, IDEM_E_INVAL, IDEM_E_FENCE,
+ * IDEM_E_RETRY, IDEM_E_IO, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
 idem_err_t idem_dedup_tx_done(idem_tx_t *tx, const char *ns, const char *msg_id,
                               size_t id_len, uint64_t fence, int64_t now_ms,
                               int64_t retention_ms);

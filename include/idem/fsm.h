@@ -19,7 +19,10 @@
  * PostgreSQL, inside or outside the caller's transaction; run it inside the
  * transaction that does the transition's other writes, so they commit
  * together.  The table, column and state names are the caller's constants;
- * table and column names are checked ([A-Za-z_][A-Za-z0-9_]*, at most 63).
+ * table and column names are checked ([A-Za-z_][A-Za-z0-9_]*, at most 63)
+ * and quoted in the SQL, so they are used exactly as written (on PostgreSQL,
+ * as the catalog spells them: usually lowercase).  The id column must be
+ * unique (a primary key); the id and states are bound as values.
  */
 #ifndef IDEM_FSM_H
 #define IDEM_FSM_H
@@ -31,6 +34,8 @@
 #include "idem/tx.h"
 
 #define IDEM_FSM_STATE_MAX 63 /* characters of a state name */
+#define IDEM_FSM_ID_MAX 255 /* characters of a row id */
+#define IDEM_FSM_TRANSITIONS_MAX 1024 /* transitions in one table */
 
 typedef struct idem_fsm_transition {
     const char *from;
@@ -62,7 +67,8 @@ bool idem_fsm_allows(const idem_fsm_t *fsm, const char *from, const char *to);
  * @param[in]  id        the row's id as text (a number is compared as one).
  * @param[out] outcome   CHANGED or ALREADY on IDEM_OK.
  * @param[out] from      optional, IDEM_FSM_STATE_MAX + 1 bytes: the state
- *                       found (before the change).
+ *                       found (before the change); also set on an
+ *                       undeclared transition; "" otherwise.
  * @param[out] errbuf, errlen  a sentence naming the problem on failure.
  * @return IDEM_OK; IDEM_E_INVAL (a transition the table does not declare,
  *         errbuf names both states; or a bad declaration); IDEM_E_NOTFOUND

@@ -24,5 +24,6 @@
 #include "idem/tx.h"
 #include "idem/fsm.h"
 #include "idem/dedup.h"
+#include "idem/lock.h"
 
 #endif /* IDEM_IDEM_H */

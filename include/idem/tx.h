@@ -32,8 +32,13 @@
  * IDEM_E_RETRY: roll back and run the whole transaction again.
  *
  * The handle borrows the connection: it never opens, begins, commits, rolls
- * back or closes it.  One handle per connection; a handle is used by one
- * thread at a time, as the connection is.
+ * back or closes it (free the handle before closing a SQLite connection: it
+ * keeps prepared statements on it).  One handle per connection; a handle is
+ * used by one thread at a time, as the connection is.  Called outside a
+ * transaction, each statement commits on its own: the key stays correct
+ * (every write is a compare-and-set), but the business writes no longer
+ * commit with it.  After IDEM_E_RETRY or IDEM_E_IO on PostgreSQL the
+ * caller's transaction is aborted: roll it back.
  *
  * The table (default "idem_keys"; idem_tx_migrate creates it):
  *   scope TEXT, key TEXT, state TEXT ('in_progress' | 'completed'),
@@ -58,6 +63,8 @@ typedef struct idem_tx idem_tx_t;
 
 #define IDEM_TX_TABLE_DEFAULT "idem_keys"
 #define IDEM_TX_TABLE_MAX 63 /* characters of a table name: [A-Za-z_][A-Za-z0-9_]* */
+#define IDEM_TX_RESPONSE_MAX (64u * 1024u * 1024u) /* bytes of an encoded completed record */
+#define IDEM_TX_SWEEP_MAX 10000 /* records one idem_tx_sweep removes at most */
 
 /** Wrap an open SQLite connection.
  * @param[in]  db     borrowed; must outlive the handle.
@@ -93,7 +100,8 @@ typedef struct idem_tx_begin {
  * @param[in]  lease_until_ms the lease, should the caller commit before complete.
  * @param[in]  expires_at_ms  the retention of an in_progress record.
  * @param[out] out            zeroed, then filled.
- * @return IDEM_OK (look at out->decision), IDEM_E_INVAL (empty key or scope),
+ * @return IDEM_OK (look at out->decision), IDEM_E_INVAL (empty key or scope;
+ *         on PostgreSQL also one that is not valid UTF-8),
  *         IDEM_E_RETRY, IDEM_E_CORRUPT (a row that does not decode),
  *         IDEM_E_IO, IDEM_E_NOMEM. */
 idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t fp[IDEM_FP_LEN],
@@ -103,8 +111,10 @@ idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t f
 /** Store the response under the key, in the same transaction, fenced.
  * @param[in] flags          IDEM_REC_NOT_RETAINED when the body is not kept.
  * @param[in] expires_at_ms  the retention of the completed record.
- * @return IDEM_OK, IDEM_E_FENCE (no record with this fence: it was taken
- *         over), IDEM_E_TOOBIG, IDEM_E_RETRY, IDEM_E_IO, IDEM_E_NOMEM. */
+ * @return IDEM_OK, IDEM_E_INVAL, IDEM_E_FENCE (no in_progress record with
+ *         this fence: it was taken over, released or already completed),
+ *         IDEM_E_TOOBIG (the record would exceed IDEM_TX_RESPONSE_MAX
+ *         bytes), IDEM_E_RETRY, IDEM_E_CORRUPT, IDEM_E_IO, IDEM_E_NOMEM. */
 idem_err_t idem_tx_complete(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
                             const idem_response_t *response, uint32_t flags,
                             int64_t expires_at_ms);
@@ -125,8 +135,11 @@ idem_err_t idem_tx_release(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fenc
 idem_err_t idem_tx_get(idem_tx_t *tx, const idem_key_id_t *id, int64_t now_ms,
                        idem_record_t *rec);
 
-/** Delete up to max records whose retention ended before now_ms.
- * @param[out] removed  how many.  @return IDEM_OK, IDEM_E_RETRY, IDEM_E_IO. */
+/** Delete up to max (at most IDEM_TX_SWEEP_MAX per call) records whose
+ * retention ended at or before now_ms.  On PostgreSQL rows another open
+ * transaction has locked are skipped.
+ * @param[out] removed  how many.  @return IDEM_OK, IDEM_E_INVAL, IDEM_E_RETRY,
+ *         IDEM_E_IO. */
 idem_err_t idem_tx_sweep(idem_tx_t *tx, int64_t now_ms, size_t max, size_t *removed);
 
 /** The database's last error message for this handle; never NULL. */

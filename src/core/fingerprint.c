@@ -64,6 +64,12 @@
  * "not JSON" when memory ran short would hash the body raw, give a different
  * fingerprint for the same request and turn an honest retry into a 422.
  * Nothing else in the process may change jansson's allocator.
+ * Known limit (found by fuzz/fuzz_json.c): jansson 2.14 does not always get
+ * that far.  An allocation that fails while the lexer holds a token longer
+ * than 16 bytes trips its assertion in lex_unget_unsave and aborts the
+ * process (upstream akheron/jansson#362, open).  Only a failed malloc
+ * reaches it, which Linux's overcommit makes rare; the fuzz target injects
+ * failures only after the parse for that reason.
  *
  * THREADING: reentrant; the one-time allocator setup is guarded by
  * pthread_once.

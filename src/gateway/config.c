@@ -843,7 +843,12 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
         slot = &cfg->upstream;
         break;
     }
-    case T_STORE: slot = &cfg->store; break;
+    case T_STORE:
+        /* scalar() refuses a plain empty value; a quoted one ("") is text. */
+        if (*v == '\0')
+            return fail(c, n, key, "must not be empty");
+        slot = &cfg->store;
+        break;
     case T_REPLAY_HEADER:
     case T_SCOPE_HEADER:
         if (!is_token(v))

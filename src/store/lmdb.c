@@ -131,9 +131,23 @@ static idem_err_t fail(struct lmdb_store *s, const char *what, int rc)
     }
 }
 
+/* Fault injection (store_impl.h): each LMDB call that touches the map or
+ * the disk may fail with EIO as a real one would.  An injected commit
+ * failure frees the transaction, as a failed mdb_txn_commit does. */
+#define IO(call) (idem__store_io_fault() ? EIO : (call))
+
+static int txn_commit(MDB_txn *txn)
+{
+    if (idem__store_io_fault()) {
+        mdb_txn_abort(txn);
+        return EIO;
+    }
+    return mdb_txn_commit(txn);
+}
+
 static int begin(struct lmdb_store *s, unsigned flags, MDB_txn **txn)
 {
-    int rc = mdb_txn_begin(s->e->env, NULL, flags, txn);
+    int rc = IO(mdb_txn_begin(s->e->env, NULL, flags, txn));
     if (rc == MDB_READERS_FULL) {
         /* Slots of dead processes are freed lazily; try once more after. */
         int dead = 0;
@@ -276,22 +290,22 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     }
     /* No MDB_WRITEMAP: see docs/stores.md (a full disk would be SIGBUS). */
     unsigned flags = MDB_NOTLS | (o->nosync ? MDB_NOSYNC : 0);
-    if ((rc = mdb_env_open(e->env, dir, flags, 0600)) != 0) {
+    if ((rc = IO(mdb_env_open(e->env, dir, flags, 0600))) != 0) {
         what = "mdb_env_open";
         goto fail;
     }
     int dead = 0;
     mdb_reader_check(e->env, &dead); /* free slots of dead processes; best effort */
-    if ((rc = mdb_txn_begin(e->env, NULL, 0, &txn)) != 0) {
+    if ((rc = IO(mdb_txn_begin(e->env, NULL, 0, &txn))) != 0) {
         what = "mdb_txn_begin";
         goto fail;
     }
-    if ((rc = mdb_dbi_open(txn, DB_NAME, MDB_CREATE, &e->dbi)) != 0) {
+    if ((rc = IO(mdb_dbi_open(txn, DB_NAME, MDB_CREATE, &e->dbi))) != 0) {
         mdb_txn_abort(txn);
         what = "mdb_dbi_open";
         goto fail;
     }
-    if ((rc = mdb_txn_commit(txn)) != 0) {
+    if ((rc = txn_commit(txn)) != 0) {
         what = "creating the records database";
         goto fail;
     }
@@ -435,7 +449,7 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
         if (op->err != IDEM_OK)
             continue;
         MDB_val k = {idem__store_key(&op->id, key), key}, v;
-        rc = mdb_get(txn, dbi, &k, &v);
+        rc = IO(mdb_get(txn, dbi, &k, &v));
         if (rc != 0 && rc != MDB_NOTFOUND) {
             *what = "mdb_get";
             return rc;
@@ -446,7 +460,7 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
             break;
         case IDEM__STORE_PUT: {
             MDB_val nv = {idem_record_encoded_size(&next), NULL};
-            if ((rc = mdb_put(txn, dbi, &k, &nv, MDB_RESERVE)) != 0) {
+            if ((rc = IO(mdb_put(txn, dbi, &k, &nv, MDB_RESERVE))) != 0) {
                 *what = "mdb_put";
                 return rc;
             }
@@ -454,7 +468,7 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
             break;
         }
         case IDEM__STORE_DEL:
-            if ((rc = mdb_del(txn, dbi, &k, NULL)) != 0) {
+            if ((rc = IO(mdb_del(txn, dbi, &k, NULL))) != 0) {
                 *what = "mdb_del";
                 return rc;
             }
@@ -479,7 +493,7 @@ static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
             return fail(s, what, rc);
         }
     }
-    if ((rc = mdb_txn_commit(txn)) != 0)
+    if ((rc = txn_commit(txn)) != 0)
         return fail(s, "mdb_txn_commit", rc);
     return IDEM_OK;
 }
@@ -548,7 +562,7 @@ static idem_err_t lmdb_get(idem_store_t *base, const idem_key_id_t *id, int64_t 
         err = fail(s, "mdb_txn_begin", rc);
         return err == IDEM_E_IO ? IDEM_E_STORE_DOWN : err;
     }
-    rc = mdb_get(txn, s->e->dbi, &k, &v);
+    rc = IO(mdb_get(txn, s->e->dbi, &k, &v));
     if (rc == MDB_NOTFOUND) {
         err = IDEM_E_NOTFOUND;
     } else if (rc != 0) {
@@ -584,15 +598,15 @@ static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t m
         *whatp = "mdb_txn_begin";
         return rc;
     }
-    if ((rc = mdb_cursor_open(txn, s->e->dbi, &c)) != 0)
+    if ((rc = IO(mdb_cursor_open(txn, s->e->dbi, &c))) != 0)
         goto abort;
     what = "sweeping";
     if (s->sweep_klen > 0) {
         k.mv_data = s->sweep_key;
         k.mv_size = s->sweep_klen;
-        rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+        rc = IO(mdb_cursor_get(c, &k, &v, MDB_SET_RANGE));
     } else {
-        rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+        rc = IO(mdb_cursor_get(c, &k, &v, MDB_FIRST));
     }
     while (rc == 0) {
         if (visited == max || gone == max_del) {
@@ -605,20 +619,20 @@ static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t m
         visited++;
         if (idem_record_decode_head(v.mv_data, v.mv_size, &head) == IDEM_OK &&
             head.expires_at_ms <= now_ms) {
-            if ((rc = mdb_cursor_del(c, 0)) != 0)
+            if ((rc = IO(mdb_cursor_del(c, 0))) != 0)
                 goto abort;
             gone++;
         }
         /* After a delete the cursor already rests on the next record, and
          * LMDB's MDB_NEXT returns that one rather than skipping it. */
-        rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+        rc = IO(mdb_cursor_get(c, &k, &v, MDB_NEXT));
     }
     if (rc != 0 && rc != MDB_NOTFOUND)
         goto abort;
     mdb_cursor_close(c);
     if (gone == 0) {
         mdb_txn_abort(txn); /* nothing written: no commit, no fsync */
-    } else if ((rc = mdb_txn_commit(txn)) != 0) {
+    } else if ((rc = txn_commit(txn)) != 0) {
         *whatp = "mdb_txn_commit";
         return rc;
     }

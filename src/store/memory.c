@@ -187,6 +187,13 @@ static idem_err_t mem_exec(idem_store_t *s, idem_op_t *ops, size_t n)
     idem_record_t next;
 
     pthread_mutex_lock(&m->lock);
+    if (idem__store_io_fault()) {
+        /* Fault injection: a commit that failed before it wrote anything
+         * (this store has no I/O; the point tests store.c's batch failure). */
+        pthread_mutex_unlock(&m->lock);
+        idem__store_seterr(s, "memory: injected commit failure");
+        return IDEM_E_IO;
+    }
     for (size_t i = 0; i < n; i++) {
         idem_op_t *op = &ops[i];
         if (op->err != IDEM_OK)

@@ -408,7 +408,10 @@ static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **r
         }
         res[got++] = r;
     }
-    if (got == nq && PQstatus(pq) != CONNECTION_BAD)
+    /* Fault injection (store_impl.h): the connection is lost after the
+     * server answered, so what it did stays done (or, inside a transaction,
+     * is rolled back when the connection is closed). */
+    if (got == nq && PQstatus(pq) != CONNECTION_BAD && !idem__store_io_fault())
         return R_OK;
 
 broken:
@@ -612,9 +615,10 @@ static enum outcome conn_open(struct pg_store *s, bool schema, struct pgc **out,
         snprintf(why, whylen, "postgres: out of memory connecting");
         return R_BROKEN;
     }
-    if (PQstatus(pq) != CONNECTION_OK) {
-        snprintf(why, whylen, "postgres: cannot connect: %.*s", msg_len(PQerrorMessage(pq)),
-                 PQerrorMessage(pq));
+    bool refused = PQstatus(pq) != CONNECTION_OK;
+    if (refused || idem__store_io_fault()) {
+        const char *m = refused ? PQerrorMessage(pq) : "connection refused (injected fault)";
+        snprintf(why, whylen, "postgres: cannot connect: %.*s", msg_len(m), m);
         PQfinish(pq);
         return R_BROKEN;
     }

@@ -781,6 +781,10 @@ static redisContext *connect_to(const struct endpoint *ep, int timeout_ms, char 
         say(err, errlen, "%s: out of memory", who);
         return NULL;
     }
+    if (!c->err && idem__store_io_fault()) {
+        c->err = REDIS_ERR_IO; /* fault injection: a refused connect */
+        say(c->errstr, sizeof c->errstr, "Connection refused (injected fault)");
+    }
     if (c->err) {
         errtext_io(err, errlen, who, c, timeout_ms);
         redisFree(c);
@@ -795,10 +799,32 @@ static redisContext *connect_to(const struct endpoint *ep, int timeout_ms, char 
     return c;
 }
 
-/* One command, its reply; NULL on a connection error (c->err says why). */
+/* redisGetReply.  Under fault injection (store_impl.h) the connection is
+ * lost just after the reply arrived: the server did what it was asked and
+ * the caller never learns the answer, the hardest case for a caller. */
+static int get_reply(redisContext *c, redisReply **out)
+{
+    void *r = NULL;
+    int rc = redisGetReply(c, &r);
+    if (rc == REDIS_OK && idem__store_io_fault()) {
+        freeReplyObject(r);
+        r = NULL;
+        c->err = REDIS_ERR_EOF;
+        say(c->errstr, sizeof c->errstr, "Server closed the connection (injected fault)");
+        rc = REDIS_ERR;
+    }
+    *out = r;
+    return rc;
+}
+
+/* One command, its reply; NULL on a connection error (c->err says why).
+ * What redisCommandArgv does on a blocking context, with get_reply. */
 static redisReply *command(redisContext *c, int argc, const char **argv, const size_t *len)
 {
-    return redisCommandArgv(c, argc, argv, len);
+    redisReply *r = NULL;
+    if (redisAppendCommandArgv(c, argc, argv, len) != REDIS_OK || get_reply(c, &r) != REDIS_OK)
+        return NULL;
+    return r;
 }
 
 static int reply_is(const redisReply *r, int type)
@@ -868,7 +894,7 @@ static int load_scripts(struct conn *k, char *err, size_t errlen, int timeout_ms
     int failed = 0;
     for (int i = 0; i < NSCRIPTS; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+        if (get_reply(c, &r) != REDIS_OK) {
             errtext_io(err, errlen, "SCRIPT LOAD", c, timeout_ms);
             return -1;
         }
@@ -939,7 +965,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
     int bad = 0;
     for (int i = 0; i < nsent; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(k->c, (void **)&r) != REDIS_OK) {
+        if (get_reply(k->c, &r) != REDIS_OK) {
             errtext_io(err, errlen, who, k->c, cfg->timeout_ms);
             bad = 2;
             break;
@@ -1405,13 +1431,13 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
     redisAppendCommandArgv(c, 1, (const char *[]){"EXEC"}, (const size_t[]){4});
 
     for (size_t i = 0; i < sent + 1; i++) { /* +OK, then +QUEUED or an error per op */
-        if (redisGetReply(c, (void **)&r) != REDIS_OK)
+        if (get_reply(c, &r) != REDIS_OK)
             goto lost;
         if (reply_is(r, REDIS_REPLY_ERROR) && qerr[0] == '\0')
             say(qerr, sizeof qerr, "%s", r->str);
         freeReplyObject(r);
     }
-    if (redisGetReply(c, (void **)&r) != REDIS_OK)
+    if (get_reply(c, &r) != REDIS_OK)
         goto lost;
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != sent) {
         idem_err_t err = IDEM_E_STORE_DOWN;

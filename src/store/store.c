@@ -18,8 +18,13 @@
  * the store it belongs to, so idem_store_errstr(store) gives the detail of
  * the last failure of that store in the calling thread, or "".
  *
+ * I/O fault injection for tests (idem__store_fail_io_after, store_impl.h)
+ * keeps its counter here; the backends call idem__store_io_fault() at each
+ * of their I/O points.
+ *
  * THREADING: nothing here has shared mutable state except the thread-local
- * error buffer; see each backend for its locking.
+ * error buffer and the atomic fault-injection counters; see each backend
+ * for its locking.
  */
 #include "store/store_impl.h"
 
@@ -115,6 +120,52 @@ int idem__store_next_opt(const char **query, char *name, char *value, char *errb
         q++;
     *query = q;
     return 1;
+}
+
+/* ---- I/O fault injection (store_impl.h) ----------------------------------- */
+
+atomic_int idem__store_io_armed;
+static atomic_int io_sticky;     /* every I/O after the nth fails too */
+static atomic_long io_left;      /* I/Os still allowed before the fault */
+static atomic_ulong io_injected; /* faults injected so far */
+
+static void io_arm(long n, int sticky)
+{
+    if (n <= 0) {
+        atomic_store(&idem__store_io_armed, 0);
+        return;
+    }
+    atomic_store(&io_sticky, sticky);
+    atomic_store(&io_left, n - 1);
+    atomic_store(&idem__store_io_armed, 1);
+}
+
+void idem__store_fail_io_after(long n)
+{
+    io_arm(n, 0);
+}
+
+void idem__store_fail_io_from(long n)
+{
+    io_arm(n, 1);
+}
+
+unsigned long idem__store_io_injected(void)
+{
+    return atomic_load(&io_injected);
+}
+
+bool idem__store_io_fault_slow(void)
+{
+    /* Exactly one caller sees 0; below it the fault has fired already.  A
+     * long cannot wrap in any test's lifetime. */
+    long left = atomic_fetch_sub(&io_left, 1);
+    if (left > 0 || (left < 0 && !atomic_load(&io_sticky)))
+        return false;
+    if (!atomic_load(&io_sticky))
+        atomic_store(&idem__store_io_armed, 0);
+    atomic_fetch_add(&io_injected, 1);
+    return true;
 }
 
 /* ---- the semantics of one op --------------------------------------------- */
@@ -306,8 +357,14 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
     size_t sl = (size_t)(colon - url);
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
         const struct idem_store_ops *ops = backends[i];
-        if (strlen(ops->scheme) == sl && memcmp(ops->scheme, url, sl) == 0)
-            return ops->open(colon + 1, out, errbuf, errlen);
+        if (strlen(ops->scheme) == sl && memcmp(ops->scheme, url, sl) == 0) {
+            idem_err_t err = ops->open(colon + 1, out, errbuf, errlen);
+            /* A backend out of memory may not have said so in words. */
+            if (err != IDEM_OK && errbuf != NULL && errlen > 0 && errbuf[0] == '\0')
+                idem__store_errbuf(errbuf, errlen, "store %s: %s", ops->name,
+                                   idem_strerror(err));
+            return err;
+        }
     }
     idem__store_errbuf(errbuf, errlen,
                        "unknown store scheme \"%.*s\" (this build knows lmdb:, redis://, "

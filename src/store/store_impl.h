@@ -31,6 +31,7 @@
 #ifndef IDEM_STORE_IMPL_H
 #define IDEM_STORE_IMPL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -141,5 +142,48 @@ typedef enum idem__store_action {
  * claimed by nobody else, so its owner may still finish it. */
 idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t cur_len,
                                        idem_record_t *next);
+
+/* ---- I/O fault injection (tests only) ----------------------------------
+ *
+ * The I/O counterpart of idem_alloc_fail_after (SQLite's I/O-error tests):
+ * after idem__store_fail_io_after(n), the nth store I/O from then on fails,
+ * once, and the later ones go through (idem__store_fail_io_from(n): it and
+ * every later one fail).  A store I/O is one call that reaches
+ * a disk or a server: an LMDB transaction begin, get, put, delete, cursor
+ * step or commit; a Redis connect or reply read; a PostgreSQL connect or
+ * pipeline round; the memory store's exec (its "commit").  Each backend
+ * calls idem__store_io_fault() at those points and, when it says so, acts
+ * exactly as if the library call had failed there (LMDB EIO, a Redis or
+ * PostgreSQL connection lost after the request went out), so the error paths
+ * that run are the real ones.  Not public: the tests include this header.
+ *
+ * Off, the check is one relaxed load of a global and a predicted branch.
+ *
+ * THREADING: the state is atomic; any thread may hit a fault point while a
+ * test arms or disarms it, and exactly one caller gets the nth fault. */
+
+/* Arm (n >= 1: the nth I/O from now fails, once) or disarm (n <= 0). */
+void idem__store_fail_io_after(long n);
+
+/* Arm so that the nth I/O from now and every later one fail (a server that
+ * went away: reconnects fail too), until idem__store_fail_io_after(0). */
+void idem__store_fail_io_from(long n);
+
+/* How many faults have been injected since the process started. */
+unsigned long idem__store_io_injected(void);
+
+/* Nonzero while armed (do not use directly). */
+extern atomic_int idem__store_io_armed;
+
+/* The slow path of idem__store_io_fault (store.c). */
+bool idem__store_io_fault_slow(void);
+
+/* Whether this I/O is to fail by injection. */
+static inline bool idem__store_io_fault(void)
+{
+    if (__builtin_expect(!atomic_load_explicit(&idem__store_io_armed, memory_order_relaxed), 1))
+        return false;
+    return idem__store_io_fault_slow();
+}
 
 #endif /* IDEM_STORE_IMPL_H */

@@ -466,6 +466,9 @@ Test(config, value_where_a_list_belongs_is_refused)
 Test(config, empty_value_is_refused)
 {
     expect_error("store:\n", 1, "store: missing value");
+    /* Quoted, it is a value, but an empty store URL (found by fuzz_config:
+     * the loader took it and validation refused it). */
+    expect_error("workers: 2\nstore: \"\"\n", 2, "store: must not be empty");
     expect_error("defaults:\n  fingerprint_headers:\n", 2,
                  "defaults.fingerprint_headers: expected a list (write [] for none)");
 }
