@@ -122,8 +122,8 @@ static const char SCHEMA[] =
     " state TEXT NOT NULL,"
     " created_at BIGINT NOT NULL);";
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...)
 {
     char line[768];
     va_list ap;
@@ -181,7 +181,7 @@ static slot_t *pool_borrow(app_t *app)
         ok = idem_tx_postgres(db_handle(s->db), NULL, &s->tx) == IDEM_OK;
     }
     if (!ok) {
-        logf_("database unavailable: %s", db_errstr(s->db));
+        log_line("database unavailable: %s", db_errstr(s->db));
         pthread_mutex_lock(&app->mu);
         app->free_slots[app->n_free++] = (int)(s - app->slots);
         pthread_cond_signal(&app->freed);
@@ -411,7 +411,7 @@ static void run_tx(app_t *app, tx_body_fn fn, void *arg, srv_response_t *resp)
             continue;
         }
         if (rc != DB_OK) {
-            logf_("BEGIN: %s", db_errstr(s->db));
+            log_line("BEGIN: %s", db_errstr(s->db));
             db_rollback(s->db);
             reply_problem(&r, 503, "database-unavailable", "Database unavailable", 1,
                           "the database refused to start a transaction");
@@ -427,7 +427,7 @@ static void run_tx(app_t *app, tx_body_fn fn, void *arg, srv_response_t *resp)
             db_rollback(s->db);
             if (rc == DB_RETRY)
                 continue;
-            logf_("COMMIT: %s", db_errstr(s->db));
+            log_line("COMMIT: %s", db_errstr(s->db));
             st = STEP_FAIL;
         }
         db_rollback(s->db);
@@ -456,7 +456,7 @@ static void run_tx(app_t *app, tx_body_fn fn, void *arg, srv_response_t *resp)
 static step_t db_failed(slot_t *s, db_rc_t rc, const char *what)
 {
     if (rc != DB_RETRY)
-        logf_("%s: %s", what, db_errstr(s->db));
+        log_line("%s: %s", what, db_errstr(s->db));
     return DB_STEP(rc);
 }
 
@@ -637,7 +637,7 @@ static step_t transfer_create(app_t *app, slot_t *s, void *arg, reply_t *r)
         if (e == IDEM_E_RETRY)
             return STEP_RETRY;
         if (e != IDEM_OK) {
-            logf_("idem_tx_begin: %s: %s", idem_strerror(e), idem_tx_errstr(s->tx));
+            log_line("idem_tx_begin: %s: %s", idem_strerror(e), idem_tx_errstr(s->tx));
             return STEP_FAIL;
         }
         bool claimed = false;
@@ -686,7 +686,7 @@ static step_t transfer_create(app_t *app, slot_t *s, void *arg, reply_t *r)
     if (e == IDEM_E_RETRY || e == IDEM_E_FENCE)
         return STEP_RETRY; /* FENCE: taken over; the next run sees by whom */
     if (e != IDEM_OK) {
-        logf_("idem_tx_complete: %s: %s", idem_strerror(e), idem_tx_errstr(s->tx));
+        log_line("idem_tx_complete: %s: %s", idem_strerror(e), idem_tx_errstr(s->tx));
         return STEP_FAIL;
     }
     return STEP_COMMIT;
@@ -848,7 +848,7 @@ static step_t order_move(app_t *app, slot_t *s, void *arg, reply_t *r)
         reply_problem(r, 404, "unknown-order", "Unknown order", 0, "no order '%s'", a->number);
         return STEP_ROLLBACK;
     default:
-        logf_("idem_fsm_transition: %s: %s %s", idem_strerror(e), why, idem_tx_errstr(s->tx));
+        log_line("idem_fsm_transition: %s: %s %s", idem_strerror(e), why, idem_tx_errstr(s->tx));
         return STEP_FAIL;
     }
     const char *account = order.text[0];
@@ -1103,7 +1103,7 @@ static void sweep(void *ctx)
         idem_tx_sweep(s->tx, idem_clock_now(NULL), SWEEP_BATCH, &removed) == IDEM_OK &&
         db_commit(s->db) == DB_OK) {
         if (removed > 0)
-            logf_("swept %zu expired keys", removed);
+            log_line("swept %zu expired keys", removed);
     }
     db_rollback(s->db);
     pool_return(app, s);
@@ -1244,13 +1244,13 @@ int main(int argc, char **argv)
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
         signal(SIGPIPE, SIG_IGN);
-        logf_("listening on %s (%s, keys %s, %d database connections)", listen,
+        log_line("listening on %s (%s, keys %s, %d database connections)", listen,
               is_sqlite ? "SQLite" : "PostgreSQL", app.keys ? "on" : "off", app.n_slots);
         if (srv_run(&cfg) != 0) {
-            logf_("stopped with connections still busy");
+            log_line("stopped with connections still busy");
             return 1; /* their threads may still hold database connections */
         }
-        logf_("stopped");
+        log_line("stopped");
     }
     for (int i = 0; i < app.n_slots; i++)
         slot_close(&app.slots[i]);

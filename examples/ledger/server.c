@@ -70,7 +70,7 @@ int srv_write(srv_response_t *resp, int status, const idem_header_t *headers, si
     if (rc == 0)
         rc = idem_buf_appendf(b, "Content-Length: %zu\r\n%s\r\n", body_len,
                               resp->close ? "Connection: close\r\n" : "");
-    if (rc == 0 && body_len > 0)
+    if (rc == 0 && body_len > 0 && !resp->head_only)
         rc = idem_buf_append(b, body, body_len);
     if (rc != 0) {
         b->len = mark; /* nothing half-written goes out */
@@ -214,7 +214,8 @@ static void serve(int fd, idem_buf_t *in, idem_buf_t *out, idem_http_msg_t *msg)
 
         idem_buf_reset(out);
         srv_response_t resp = {.out = out,
-                               .close = !msg->keep_alive || atomic_load(&srv.stopping)};
+                               .close = !msg->keep_alive || atomic_load(&srv.stopping),
+                               .head_only = idem_slice_eq_ci(msg->method, "HEAD")};
         srv.cfg->handler(srv.cfg->ctx, &req, &resp);
         if (!resp.written) {
             resp.close = true;

@@ -38,6 +38,7 @@ typedef struct srv_request {
 typedef struct srv_response {
     idem_buf_t *out;   /* where the response goes */
     bool close;        /* the connection closes after it ("Connection: close") */
+    bool head_only;    /* a HEAD request: the body is left out (its length is not) */
     bool written;      /* srv_write succeeded */
 } srv_response_t;
 

@@ -611,6 +611,12 @@ class TestLedgerBadInput(LedgerCase):
         a = lg.call("DELETE", "/transfers")
         self.assertProblem(a, 405, "method-not-allowed")
         self.assertEqual(a.header("Allow"), "POST")
+        # HEAD: the head only, and the connection stays usable
+        got = self.raw(lg.port, b"HEAD /healthz HTTP/1.1\r\nHost: l\r\n\r\n"
+                                b"GET /healthz HTTP/1.1\r\nHost: l\r\nConnection: close\r\n\r\n")
+        first, _, rest = got.partition(b"\r\n\r\n")
+        self.assertTrue(first.startswith(b"HTTP/1.1 405 "), got[:200])
+        self.assertTrue(rest.startswith(b"HTTP/1.1 200 "), got[:400])
         # keep-alive and pipelining: two requests in one write, two answers
         got = self.raw(lg.port, b"GET /healthz HTTP/1.1\r\nHost: l\r\n\r\n"
                                 b"GET /stats HTTP/1.1\r\nHost: l\r\nConnection: close\r\n\r\n")
