@@ -16,12 +16,10 @@ client's answer is the one stored first; with --keys off the same run
 charges accounts again and again.
 """
 
-import hashlib
 import http.client
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -329,20 +327,7 @@ class LedgerCase(unittest.TestCase):
         self.assertIsNone(again.header("X-Idempotent-Replay"))
         return extra
 
-
-class TestLedgerTransfers(LedgerCase):
-
-    def test_transfers_apply_exactly_once_when_answers_are_lost(self):
-        lg = self.start()
-        self.check_exactly_once(lg, seed=11)
-
-    def test_without_keys_lost_answers_charge_twice(self):
-        lg = self.start(keys=False)
-        extra = self.check_double_charging(lg, seed=12)
-        sys.stderr.write("(--keys off: %d extra transfers for %d) " % (extra, N_TRANSFERS))
-
-    def test_same_key_at_once_applies_once(self):
-        lg = self.start()
+    def check_same_key_at_once(self, lg):
         for i in ("a", "b"):
             self.assertEqual(lg.call("POST", "/accounts", {"id": i, "balance": 1000}).status, 201)
         key = "same-" + uuid.uuid4().hex
@@ -376,6 +361,21 @@ class TestLedgerTransfers(LedgerCase):
         self.assertEqual(sum(1 for a in created if a.header("X-Idempotent-Replay") is None), 1)
         self.assertEqual(lg.call("GET", "/stats").json()["transfers"], 1)
         self.assertEqual(lg.call("GET", "/accounts/a").json()["balance"], 993)
+
+
+class TestLedgerTransfers(LedgerCase):
+
+    def test_transfers_apply_exactly_once_when_answers_are_lost(self):
+        lg = self.start()
+        self.check_exactly_once(lg, seed=11)
+
+    def test_without_keys_lost_answers_charge_twice(self):
+        lg = self.start(keys=False)
+        extra = self.check_double_charging(lg, seed=12)
+        sys.stderr.write("(--keys off: %d extra transfers for %d) " % (extra, N_TRANSFERS))
+
+    def test_same_key_at_once_applies_once(self):
+        self.check_same_key_at_once(self.start())
 
     def test_key_rules(self):
         lg = self.start()
@@ -776,6 +776,9 @@ class TestLedgerPostgres(LedgerCase):
                            ("paid", "delivered"))
         self.assertEqual(lg.call("POST", "/orders/ORD-1/cancel").json()["state"], "cancelled")
         self.assertEqual(lg.call("GET", "/accounts/alice").json()["balance"], 1000)
+
+    def test_pg_same_key_at_once_applies_once(self):
+        self.check_same_key_at_once(self.start(db=self.url, threads=8))
 
     def test_pg_key_rules(self):
         lg = self.start(db=self.url)
