@@ -1,17 +1,18 @@
-/* tests/store/store_fixture.h - a fresh store of each backend for a test
- * (test_lock.c, test_dedup.c).
+/* tests/store/store_fixture.h - the one fixture of tests/store/ (store_fixture.c).
+ *
+ * Redis and PostgreSQL URLs from $IDEM_TEST_REDIS_URL / $IDEM_TEST_PG_URL (a
+ * network test FAILS, it does not skip, when its variable is unset:
+ * scripts/services.sh starts both servers) with a key prefix or table of the
+ * test's own; direct connections that delete that prefix or drop that table
+ * (never anything else on the shared servers); LMDB mkdtemp directories.
+ * The primitives never assert, so test_store_faults.c may call them off the
+ * Criterion thread; the fx_ calls below them fail the test instead.
  *
  * BACKEND_CASE(suite, name) { ... } defines one Criterion test per backend
- * (suite_memory, suite_lmdb, suite_redis, suite_postgres), each opening a
- * fresh empty store in `st` and closing it after: memory:, lmdb: in a
- * mkdtemp directory, Redis on $IDEM_TEST_REDIS_URL under a prefix of its
- * own, PostgreSQL on $IDEM_TEST_PG_URL in a table of its own.  A network
- * test FAILS (it does not skip) when its variable is unset, as the
- * conformance suite does: scripts/services.sh starts both servers.
- *
- * Time: Redis deletes a record at its expires_at by the wall clock, so every
- * backend's cases run at T0, a few seconds after the real time of setup, and
- * move forward from there by adding to it.
+ * (suite_memory, _lmdb, _redis, _postgres), each with a fresh empty store in
+ * `st`.  Redis deletes a record at its expires_at by the wall clock, so those
+ * setups move T0 to a few seconds after the real time; until a setup moves
+ * it, T0 is a fixed date (the conformance suite's memory: and lmdb:).
  */
 #ifndef IDEM_TEST_STORE_FIXTURE_H
 #define IDEM_TEST_STORE_FIXTURE_H
@@ -22,6 +23,8 @@
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,171 +35,97 @@
 #include "idem/alloc.h"
 #include "idem/store.h"
 
-static idem_store_t *st;
-static char fx_url[256];
-static char fx_dir[64];          /* lmdb's directory, or "" */
-static char fx_redis_prefix[64]; /* this test's Redis keys, or "" */
-static char fx_pg_table[64];     /* this test's table, or "" */
-static int64_t T0;
+/* ---- primitives: no assertions ------------------------------------------- */
 
-static int64_t fx_real_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* The wall clock in milliseconds. */
+int64_t fx_real_ms(void);
 
-static void fx_open(void)
-{
-    char err[256] = "";
-    T0 = (fx_real_ms() / 1000 + 5) * 1000;
-    idem_err_t rc = idem_store_open(fx_url, &st, err, sizeof err);
-    cr_assert_eq(rc, IDEM_OK, "open %s: %s (%s)", fx_url, idem_err_name(rc), err);
-}
+/* The value of environment variable name.
+ * @return it, or NULL when it is unset or empty */
+const char *fx_getenv(const char *name);
 
-/* A fresh temporary directory in buf (64 bytes). */
-static void fx_mkdtemp(char *buf)
-{
-    snprintf(buf, 64, "/tmp/idem-lock-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(buf), "mkdtemp: %s", strerror(errno));
-}
+/* A fresh private directory /tmp/idem-<name>-XXXXXX in buf.
+ * @param buf  receives the path (len bytes, 64 are enough for a short name)
+ * @return 0, or -1 with errno set (buf then holds no directory) */
+int fx_make_dir(char *buf, size_t len, const char *name);
 
-static void fx_rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    char p[PATH_MAX];
-    while ((de = readdir(d)) != NULL) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            fx_rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(path);
-}
+/* Remove path and everything below it; a missing path is no error. */
+void fx_rm_tree(const char *path);
 
-/* A name unique to this process and moment, for a prefix or a table. */
-static void fx_unique(char *buf, size_t len, const char *head, const char *tail)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    snprintf(buf, len, "%s%d_%lx%s", head, (int)getpid(), (unsigned long)ts.tv_nsec, tail);
-}
+/* A name unique to this process and moment: head, pid, nanoseconds, tail. */
+void fx_unique(char *buf, size_t len, const char *head, const char *tail);
 
-static const char *fx_env(const char *name)
-{
-    const char *v = getenv(name);
-    cr_assert(v != NULL && v[0] != '\0',
-              "%s is not set: start the servers with `scripts/services.sh start DIR` and "
-              "export what it prints",
-              name);
-    return v;
-}
+/* base with option param=value added ('?' or '&' as base needs), then extra
+ * (more options, "&a=b..."; NULL for none).
+ * @return 0, or -1 when it does not fit in len bytes */
+int fx_url_with(char *out, size_t len, const char *base, const char *param, const char *value,
+                const char *extra);
 
-static void setup_memory(void)
-{
-    snprintf(fx_url, sizeof fx_url, "memory:");
-    fx_open();
-}
+/* A direct connection (not through the store) to the server of
+ * $IDEM_TEST_REDIS_URL (redis://host:port[/db], no password), its db
+ * selected, with 5 s timeouts.
+ * @return the connection (redisFree it), or NULL when the variable is unset
+ *         or not of that form, or the server does not answer */
+redisContext *fx_redis_connect(void);
 
-static void setup_lmdb(void)
-{
-    fx_mkdtemp(fx_dir);
-    snprintf(fx_url, sizeof fx_url, "lmdb:%s", fx_dir);
-    fx_open();
-}
+/* Delete every key starting with prefix on the server of $IDEM_TEST_REDIS_URL;
+ * nothing when prefix is empty or the server cannot be reached. */
+void fx_redis_delete_prefix(const char *prefix);
 
-static void setup_redis(void)
-{
-    const char *base = fx_env("IDEM_TEST_REDIS_URL");
-    fx_unique(fx_redis_prefix, sizeof fx_redis_prefix, "idemlocktest:", ":");
-    int n = snprintf(fx_url, sizeof fx_url, "%s%cprefix=%s", base,
-                     strchr(base, '?') ? '&' : '?', fx_redis_prefix);
-    cr_assert(n > 0 && (size_t)n < sizeof fx_url, "IDEM_TEST_REDIS_URL is too long");
-    fx_open();
-}
+/* A direct libpq connection to $IDEM_TEST_PG_URL, its notices silenced.
+ * @return the connection (PQfinish it; check PQstatus), or NULL when the
+ *         variable is unset */
+PGconn *fx_pg_connect(void);
 
-static void setup_postgres(void)
-{
-    const char *base = fx_env("IDEM_TEST_PG_URL");
-    fx_unique(fx_pg_table, sizeof fx_pg_table, "idem_lt_", "");
-    int n = snprintf(fx_url, sizeof fx_url, "%s%ctable=%s", base,
-                     strchr(base, '?') ? '&' : '?', fx_pg_table);
-    cr_assert(n > 0 && (size_t)n < sizeof fx_url, "IDEM_TEST_PG_URL is too long");
-    fx_open();
-}
+/* DROP TABLE IF EXISTS table on the server of $IDEM_TEST_PG_URL; nothing
+ * when table is empty or the server cannot be reached. */
+void fx_pg_drop(const char *table);
 
-/* Delete this test's Redis keys (never anything else on the shared server). */
-static void fx_redis_cleanup(void)
-{
-    char host[256], pattern[80], cursor[32] = "0";
-    int port = 0, db = 0;
-    const char *base = getenv("IDEM_TEST_REDIS_URL");
-    if (base == NULL || sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) < 2)
-        return;
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (c == NULL || c->err != 0) {
-        redisFree(c);
-        return;
-    }
-    freeReplyObject(redisCommand(c, "SELECT %d", db));
-    snprintf(pattern, sizeof pattern, "%s*", fx_redis_prefix);
-    do {
-        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
-        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-            freeReplyObject(r);
-            break;
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-        for (size_t i = 0; i < r->element[1]->elements; i++)
-            freeReplyObject(redisCommand(c, "DEL %b", r->element[1]->element[i]->str,
-                                         r->element[1]->element[i]->len));
-        freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0);
-    redisFree(c);
-}
+/* ---- on a Criterion test's thread: failures fail the test ---------------- */
 
-static void fx_pg_quiet(void *arg, const char *message)
-{
-    (void)arg;
-    (void)message;
-}
+/* $name, failing the test with how to start the servers when it is unset. */
+const char *fx_env(const char *name);
 
-static void fx_pg_drop(void)
-{
-    PGconn *c = PQconnectdb(getenv("IDEM_TEST_PG_URL"));
-    if (PQstatus(c) == CONNECTION_OK) {
-        char sql[128];
-        PQsetNoticeProcessor(c, fx_pg_quiet, NULL);
-        snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\"", fx_pg_table);
-        PQclear(PQexec(c, sql));
-    }
-    PQfinish(c);
-}
+/* fx_make_dir that fails the test when mkdtemp fails. */
+void fx_mkdtemp(char *buf, size_t len, const char *name);
 
-static void teardown(void)
-{
-    idem_store_close(st);
-    st = NULL;
-    if (fx_dir[0] != '\0')
-        fx_rm_tree(fx_dir);
-    if (fx_redis_prefix[0] != '\0')
-        fx_redis_cleanup();
-    if (fx_pg_table[0] != '\0')
-        fx_pg_drop();
-    fx_dir[0] = fx_redis_prefix[0] = fx_pg_table[0] = '\0';
-}
+/* Open url into st, failing the test on any error. */
+void fx_open_url(const char *url);
+
+/* Move T0 to a whole second a few seconds after the real time. */
+void fx_t0_from_clock(void);
+
+/* ---- BACKEND_CASE ------------------------------------------------------- */
+
+extern idem_store_t *st;        /* the test's store */
+extern int64_t fx_t0;           /* the cases' time */
+extern char fx_url[256];        /* st's URL */
+extern char fx_dir[64];         /* lmdb's directory, or "" */
+extern char fx_redis_prefix[64]; /* this test's Redis keys, or "" */
+extern char fx_pg_table[64];    /* this test's table, or "" */
+
+#define T0 fx_t0
+
+/* The setups of each backend (a fresh empty store in st at T0 on the
+ * clock) and the one teardown (closes st, deletes what the setup made). */
+void fx_setup_memory(void);
+void fx_setup_lmdb(void);
+void fx_setup_redis(void);
+void fx_setup_postgres(void);
+void fx_teardown(void);
+
+/* Claim op (its id and fingerprint set by the caller) at T0 with a lease of
+ * lease ms and a retention of keep ms, failing the test unless it worked:
+ * a record that some other module wrote. */
+void fx_claim_at_t0(idem_op_t *op, int64_t lease, int64_t keep);
+
+#define FX_THREADS_MAX 64
+
+/* Run fn(NULL) on n threads at once (n <= FX_THREADS_MAX) and wait for all. */
+void fx_run_threads(int n, void *(*fn)(void *));
 
 #define FX_TEST_FOR(suite, backend, name)                                          \
-    Test(suite##_##backend, name, .init = setup_##backend, .fini = teardown)       \
+    Test(suite##_##backend, name, .init = fx_setup_##backend, .fini = fx_teardown) \
     {                                                                              \
         name##_case();                                                             \
     }

@@ -215,10 +215,7 @@ BACKEND_CASE(dedup, a_record_of_something_else_is_corrupt)
 {
     idem_op_t op = {.id = {.scope = "dedup:q", .key = "foreign"}};
     op.fp[3] = 7;
-    op.now_ms = T0;
-    op.lease_until_ms = T0 + LEASE;
-    op.expires_at_ms = T0 + RETENTION;
-    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    fx_claim_at_t0(&op, LEASE, RETENTION);
     idem_dedup_claim_t c;
     cr_assert_eq(idem_dedup_begin(st, "q", "foreign", 7, T0 + 1, LEASE, &c), IDEM_E_CORRUPT);
     cr_assert_eq(c.verdict, 0);
@@ -255,12 +252,8 @@ static void *consumer(void *arg)
 
 BACKEND_CASE(dedup, racing_consumers_get_exactly_one_new)
 {
-    pthread_t t[CONSUMERS];
     pthread_barrier_init(&race_go, NULL, CONSUMERS);
-    for (int i = 0; i < CONSUMERS; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, consumer, NULL), 0);
-    for (int i = 0; i < CONSUMERS; i++)
-        pthread_join(t[i], NULL);
+    fx_run_threads(CONSUMERS, consumer);
     pthread_barrier_destroy(&race_go);
     cr_assert_eq(atomic_load(&race_errors), 0);
     for (int i = 0; i < RACE_IDS; i++) {

@@ -164,10 +164,7 @@ BACKEND_CASE(lock, a_record_that_is_not_a_lock_is_corrupt)
 {
     idem_op_t op = {.id = {.scope = IDEM_LOCK_SCOPE, .key = "foreign"}};
     op.fp[0] = 1;
-    op.now_ms = T0;
-    op.lease_until_ms = T0 + LEASE;
-    op.expires_at_ms = T0 + DAY;
-    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    fx_claim_at_t0(&op, LEASE, DAY);
     idem_lock_t l;
     int64_t retry = -1;
     cr_assert_eq(idem_lock_acquire(st, "foreign", T0 + 1, LEASE, &l, &retry), IDEM_E_CORRUPT);
@@ -256,13 +253,9 @@ static void *racer(void *arg)
 
 BACKEND_CASE(lock, racing_threads_get_exactly_one_holder_each_round)
 {
-    pthread_t t[RACERS];
     pthread_barrier_init(&race_start, NULL, RACERS);
     pthread_barrier_init(&race_end, NULL, RACERS);
-    for (int i = 0; i < RACERS; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, racer, NULL), 0);
-    for (int i = 0; i < RACERS; i++)
-        pthread_join(t[i], NULL);
+    fx_run_threads(RACERS, racer);
     pthread_barrier_destroy(&race_start);
     pthread_barrier_destroy(&race_end);
     cr_assert_eq(atomic_load(&race_errors), 0);
@@ -321,7 +314,7 @@ static void resource_expect(sqlite3 *db, const char *owner, uint64_t fence)
 BACKEND_CASE(lock, fencing_demo_a_stalled_holder_is_refused_by_the_resource)
 {
     char rdir[64], path[128];
-    fx_mkdtemp(rdir);
+    fx_mkdtemp(rdir, sizeof rdir, "lock-test");
     snprintf(path, sizeof path, "%s/resource.db", rdir);
     sqlite3 *a_db = resource_open(path); /* each holder has its own connection */
     sqlite3 *b_db = resource_open(path);
@@ -500,7 +493,7 @@ Test(lock, watchdog_start_out_of_memory_is_nomem)
 /* A store error is retried while the lease lasts, and is the reason for the
  * loss once it has ended: the table under the store is dropped. */
 Test(lock_postgres, watchdog_reports_a_store_that_fails_until_the_lease_ends,
-     .init = setup_postgres, .fini = teardown)
+     .init = fx_setup_postgres, .fini = fx_teardown)
 {
     struct lost_seen seen = {0};
     idem_lock_t a = acquire_ok("wdfail", fx_real_ms(), WD_LEASE);

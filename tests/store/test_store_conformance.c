@@ -41,54 +41,29 @@
 #include "idem/alloc.h"
 #include "idem/store.h"
 #include "store/store_impl.h" /* IDEM_STORE_BATCH_MAX, IDEM_STORE_KEY_MAX */
+#include "store_fixture.h"
 
-/* The cases' time.  memory: and lmdb: keep a fixed date; Redis expires
- * records by the wall clock (PEXPIREAT), so a Redis setup moves t0 to a few
- * seconds after the real time (set_real_t0), and a record kept until
- * T0 + 1 s is still there while its case runs. */
-static int64_t t0 = 1700000000000ll;
-#define T0 t0
+/* The cases' time, T0 (store_fixture.h).  memory: and lmdb: keep a fixed
+ * date; Redis expires records by the wall clock (PEXPIREAT), so a Redis
+ * setup moves T0 to a few seconds after the real time (fx_t0_from_clock),
+ * and a record kept until T0 + 1 s is still there while its case runs. */
 #define LEASE 30000ll
 #define TTL 86400000ll
 
-static idem_store_t *st;
+/* st, the test's store, is the fixture's. */
 static char dir[64];          /* the backend's temporary directory, or "" */
 static char url[128];
 
-/* ---- fixtures ------------------------------------------------------------ */
+/* ---- fixtures (store_fixture.c) ------------------------------------------ */
 
 static void open_store(void)
 {
-    char err[256] = "";
-    idem_err_t rc = idem_store_open(url, &st, err, sizeof err);
-    cr_assert_eq(rc, IDEM_OK, "open %s: %s (%s)", url, idem_err_name(rc), err);
+    fx_open_url(url);
 }
 
 static void make_dir(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/idem-store-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    char p[PATH_MAX];
-    while ((de = readdir(d)) != NULL) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(path);
+    fx_mkdtemp(dir, sizeof dir, "store-test");
 }
 
 static void setup_memory(void)
@@ -109,97 +84,29 @@ static void setup_lmdb(void)
 
 static char redis_prefix[64]; /* this test's keys; deleted at exit */
 
-static int64_t real_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void set_real_t0(void)
-{
-    t0 = (real_ms() / 1000 + 5) * 1000;
-}
-
-static const char *redis_base_url(void)
-{
-    const char *base = getenv("IDEM_TEST_REDIS_URL");
-    cr_assert(base != NULL && base[0] != '\0',
-              "IDEM_TEST_REDIS_URL is not set: start a server with "
-              "`scripts/services.sh start DIR` and export what it prints");
-    return base;
-}
-
-/* A direct connection to the server of $IDEM_TEST_REDIS_URL
- * (redis://host:port[/db], no password). */
+/* A direct connection to the server of $IDEM_TEST_REDIS_URL. */
 static redisContext *redis_direct_shared(void)
 {
-    char host[256];
-    int port = 0, db = 0;
-    const char *base = redis_base_url();
-    cr_assert(sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) >= 2,
-              "the tests read IDEM_TEST_REDIS_URL as redis://host:port[/db], got %s", base);
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    cr_assert(c != NULL && c->err == 0, "connect to %s: %s", base, c ? c->errstr : "no memory");
-    redisSetTimeout(c, tv);
-    redisReply *r = redisCommand(c, "SELECT %d", db);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "SELECT %d", db);
-    freeReplyObject(r);
+    const char *base = fx_env("IDEM_TEST_REDIS_URL");
+    redisContext *c = fx_redis_connect();
+    cr_assert(c != NULL, "no connection to %s (the tests read IDEM_TEST_REDIS_URL as "
+              "redis://host:port[/db])", base);
     return c;
-}
-
-/* Delete every key under pattern on c. */
-static void redis_delete_matching(redisContext *c, const char *pattern)
-{
-    char cursor[32] = "0";
-    do {
-        redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
-        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-            freeReplyObject(r);
-            return;
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-        for (size_t i = 0; i < r->element[1]->elements; i++) {
-            redisReply *d = redisCommand(c, "DEL %b", r->element[1]->element[i]->str,
-                                         r->element[1]->element[i]->len);
-            freeReplyObject(d);
-        }
-        freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0);
 }
 
 static void redis_cleanup(void)
 {
-    const char *base = getenv("IDEM_TEST_REDIS_URL");
-    char host[256], pattern[80];
-    int port = 0, db = 0;
-    if (base == NULL || redis_prefix[0] == '\0' ||
-        sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) < 2)
-        return;
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (c != NULL && c->err == 0) {
-        redisSetTimeout(c, tv);
-        freeReplyObject(redisCommand(c, "SELECT %d", db));
-        snprintf(pattern, sizeof pattern, "%s*", redis_prefix);
-        redis_delete_matching(c, pattern);
-    }
-    redisFree(c);
+    fx_redis_delete_prefix(redis_prefix);
 }
 
 static void setup_redis(void)
 {
-    const char *base = redis_base_url();
+    const char *base = fx_env("IDEM_TEST_REDIS_URL");
     dir[0] = '\0';
-    set_real_t0();
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    snprintf(redis_prefix, sizeof redis_prefix, "idemtest:%d:%ld:", (int)getpid(),
-             (long)ts.tv_nsec);
-    int n = snprintf(url, sizeof url, "%s%cprefix=%s", base, strchr(base, '?') ? '&' : '?',
-                     redis_prefix);
-    cr_assert(n > 0 && (size_t)n < sizeof url, "IDEM_TEST_REDIS_URL is too long");
+    fx_t0_from_clock();
+    fx_unique(redis_prefix, sizeof redis_prefix, "idemtest:", ":");
+    cr_assert_eq(fx_url_with(url, sizeof url, base, "prefix", redis_prefix, NULL), 0,
+                 "IDEM_TEST_REDIS_URL is too long");
     atexit(redis_cleanup);
     open_store();
 }
@@ -211,7 +118,7 @@ static void teardown(void)
     idem_store_close(st);
     st = NULL;
     if (dir[0] != '\0')
-        rm_tree(dir);
+        fx_rm_tree(dir);
     pg_drop_tables();
 }
 
@@ -1396,7 +1303,7 @@ Test(store_redis, record_layout_and_native_ttl, .init = setup_redis, .fini = tea
     redisContext *c = redis_direct_shared();
     char key[256];
     redis_key("ttl", key, sizeof key);
-    int64_t now = real_ms();
+    int64_t now = fx_real_ms();
 
     idem_op_t op = claim_op("ttl", 1, now);
     op.expires_at_ms = now + 1000;
@@ -1566,28 +1473,17 @@ static int own_ports[OWN_MAX];
 static char pg_tables[PG_TABLES_MAX][64]; /* tables this test made; teardown drops them */
 static int pg_ntables;
 
-static const char *pg_base_url(void)
-{
-    const char *u = getenv("IDEM_TEST_PG_URL");
-    cr_assert(u != NULL && u[0] != '\0',
-              "IDEM_TEST_PG_URL is not set: run `scripts/services.sh start DIR` and export "
-              "what it prints (e.g. postgres://postgres@127.0.0.1:5441/idem_test)");
-    return u;
-}
-
 /* A fresh table name for this test, and a store URL on it (extra: more options). */
 static const char *pg_new_table(char *u, size_t ulen, const char *extra)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    char tail[16];
     cr_assert_lt(pg_ntables, PG_TABLES_MAX);
     char *t = pg_tables[pg_ntables++];
-    snprintf(t, sizeof pg_tables[0], "idem_t_%d_%lx_%d", (int)getpid(),
-             (unsigned long)ts.tv_nsec, pg_ntables);
-    const char *base = pg_base_url();
-    int n = snprintf(u, ulen, "%s%ctable=%s%s", base, strchr(base, '?') ? '&' : '?', t,
-                     extra != NULL ? extra : "");
-    cr_assert(n > 0 && (size_t)n < ulen, "IDEM_TEST_PG_URL is too long");
+    snprintf(tail, sizeof tail, "_%d", pg_ntables);
+    fx_unique(t, sizeof pg_tables[0], "idem_t_", tail);
+    const char *base = fx_env("IDEM_TEST_PG_URL");
+    cr_assert_eq(fx_url_with(u, ulen, base, "table", t, extra), 0,
+                 "IDEM_TEST_PG_URL is too long");
     return t;
 }
 
@@ -1598,18 +1494,12 @@ static void setup_postgres(void)
     open_store();
 }
 
-static void pg_quiet(void *arg, const char *message)
-{
-    (void)arg;
-    (void)message; /* "table ... does not exist, skipping" */
-}
-
 /* A direct libpq connection to the shared server (not through the store). */
 static PGconn *pg_direct(void)
 {
-    PGconn *c = PQconnectdb(pg_base_url());
+    fx_env("IDEM_TEST_PG_URL");
+    PGconn *c = fx_pg_connect();
     cr_assert_eq(PQstatus(c), CONNECTION_OK, "%s", PQerrorMessage(c));
-    PQsetNoticeProcessor(c, pg_quiet, NULL);
     return c;
 }
 
@@ -1640,18 +1530,8 @@ static long long pg_num(PGconn *c, const char *sql)
 
 static void pg_drop_tables(void)
 {
-    if (pg_ntables == 0)
-        return;
-    const char *u = getenv("IDEM_TEST_PG_URL");
-    PGconn *c = u != NULL ? PQconnectdb(u) : NULL;
-    if (c != NULL)
-        PQsetNoticeProcessor(c, pg_quiet, NULL);
-    for (int i = 0; i < pg_ntables && c != NULL && PQstatus(c) == CONNECTION_OK; i++) {
-        char sql[128];
-        snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\"", pg_tables[i]);
-        PQclear(PQexec(c, sql));
-    }
-    PQfinish(c);
+    for (int i = 0; i < pg_ntables; i++)
+        fx_pg_drop(pg_tables[i]);
     pg_ntables = 0;
 }
 
@@ -1844,7 +1724,7 @@ static void stop_server(int slot, int sig)
 static void setup_own(void)
 {
     make_dir();
-    set_real_t0();
+    fx_t0_from_clock();
 }
 
 static void teardown_own(void)
@@ -1853,7 +1733,7 @@ static void teardown_own(void)
     st = NULL;
     for (int i = 0; i < OWN_MAX; i++)
         stop_server(i, SIGKILL);
-    rm_tree(dir);
+    fx_rm_tree(dir);
 }
 
 static idem_err_t open_url(const char *u, idem_store_t **out, char *err, size_t errlen)
@@ -2284,7 +2164,7 @@ Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .f
     idem_store_t *mem;
     cr_assert_eq(idem_store_open("memory:", &mem, NULL, 0), IDEM_OK);
     /* Far enough ahead that Redis expires nothing while the test runs. */
-    int64_t now = real_ms() + 600000;
+    int64_t now = fx_real_ms() + 600000;
     char what[96];
     int kinds[8] = {0}, verdicts[4] = {0}, errs[16] = {0};
     for (int round = 0; round < 3000; round++) {
@@ -2856,7 +2736,7 @@ static void cluster_destroy(struct cluster *c)
     if (system(cmd) != 0) {
         /* already stopped */
     }
-    rm_tree(c->dir);
+    fx_rm_tree(c->dir);
     live_cluster = NULL;
 }
 

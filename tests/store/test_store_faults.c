@@ -61,6 +61,7 @@
 #include "idem/alloc.h"
 #include "idem/store.h"
 #include "store/store_impl.h" /* idem__store_apply, idem__store_fail_io_* */
+#include "store_fixture.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -477,71 +478,14 @@ static char lmdb_dir[64];
 static char redis_prefix[64];
 static char pg_table[64];
 
-static void rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    char p[PATH_MAX];
-    while ((de = readdir(d)) != NULL) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(path);
-}
-
 static void redis_cleanup(void)
 {
-    const char *base = getenv("IDEM_TEST_REDIS_URL");
-    char host[256], cursor[32] = "0";
-    int port = 0, db = 0;
-    if (base == NULL || redis_prefix[0] == '\0' ||
-        sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) < 2)
-        return;
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (c != NULL && c->err == 0) {
-        redisSetTimeout(c, tv);
-        freeReplyObject(redisCommand(c, "SELECT %d", db));
-        do {
-            redisReply *r = redisCommand(c, "SCAN %s MATCH %s* COUNT 1000", cursor, redis_prefix);
-            if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-                freeReplyObject(r);
-                break;
-            }
-            snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-            for (size_t i = 0; i < r->element[1]->elements; i++)
-                freeReplyObject(redisCommand(c, "DEL %b", r->element[1]->element[i]->str,
-                                             r->element[1]->element[i]->len));
-            freeReplyObject(r);
-        } while (strcmp(cursor, "0") != 0);
-    }
-    redisFree(c);
-}
-
-static void pg_quiet(void *arg, const char *message)
-{
-    (void)arg;
-    (void)message;
+    fx_redis_delete_prefix(redis_prefix);
 }
 
 static void pg_cleanup(void)
 {
-    const char *u = getenv("IDEM_TEST_PG_URL");
-    if (u == NULL || pg_table[0] == '\0')
-        return;
-    PGconn *c = PQconnectdb(u);
-    PQsetNoticeProcessor(c, pg_quiet, NULL);
-    if (PQstatus(c) == CONNECTION_OK) {
-        char sql[128];
-        snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS \"%s\"", pg_table);
-        PQclear(PQexec(c, sql));
-    }
-    PQfinish(c);
+    fx_pg_drop(pg_table);
 }
 
 static int lmdb_atexit;
@@ -549,21 +493,14 @@ static int lmdb_atexit;
 static void lmdb_cleanup(void)
 {
     if (lmdb_dir[0] != '\0')
-        rm_tree(lmdb_dir);
+        fx_rm_tree(lmdb_dir);
     lmdb_dir[0] = '\0';
-}
-
-static int64_t real_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static const char *env_url(const char *var)
 {
-    const char *u = getenv(var);
-    CHECK(u != NULL && u[0] != '\0',
+    const char *u = fx_getenv(var);
+    CHECK(u != NULL,
               "%s is not set: run `scripts/services.sh start DIR` and export what it prints",
               var);
     return u;
@@ -582,8 +519,8 @@ static void backend_url(enum backend be, int fresh, char *url, size_t len)
     case B_lmdb:
         /* A directory per run: a sweep visits the whole store. */
         lmdb_cleanup();
-        snprintf(lmdb_dir, sizeof lmdb_dir, "/tmp/idem-faults-XXXXXX");
-        CHECK(mkdtemp(lmdb_dir) != NULL, "mkdtemp: %s", strerror(errno));
+        CHECK(fx_make_dir(lmdb_dir, sizeof lmdb_dir, "faults") == 0, "mkdtemp: %s",
+              strerror(errno));
         if (!lmdb_atexit++)
             atexit(lmdb_cleanup);
         snprintf(url, len, "lmdb:%s", lmdb_dir);
@@ -594,7 +531,8 @@ static void backend_url(enum backend be, int fresh, char *url, size_t len)
             snprintf(redis_prefix, sizeof redis_prefix, "idemfault:%d:", (int)getpid());
             atexit(redis_cleanup);
         }
-        snprintf(url, len, "%s%cprefix=%s", base, strchr(base, '?') ? '&' : '?', redis_prefix);
+        CHECK(fx_url_with(url, len, base, "prefix", redis_prefix, NULL) == 0,
+              "IDEM_TEST_REDIS_URL is too long");
         return;
     case B_postgres:
         base = env_url("IDEM_TEST_PG_URL");
@@ -606,7 +544,8 @@ static void backend_url(enum backend be, int fresh, char *url, size_t len)
             if (tables++ == 0)
                 atexit(pg_cleanup);
         }
-        snprintf(url, len, "%s%ctable=%s", base, strchr(base, '?') ? '&' : '?', pg_table);
+        CHECK(fx_url_with(url, len, base, "table", pg_table, NULL) == 0,
+              "IDEM_TEST_PG_URL is too long");
         return;
     }
 }
@@ -702,9 +641,9 @@ static void run_step(struct run *r, int i, const struct step *s)
 /* After the faults: the store works again and holds one of the worlds. */
 static void verify(struct run *r, int64_t t_end)
 {
-    int64_t give_up = real_ms() + RECOVER_MS;
+    int64_t give_up = fx_real_ms() + RECOVER_MS;
     idem_err_t rc;
-    while ((rc = idem_store_ping(r->st)) != IDEM_OK && real_ms() < give_up)
+    while ((rc = idem_store_ping(r->st)) != IDEM_OK && fx_real_ms() < give_up)
         usleep(20000); /* a network store waits out its backoff */
     CHECK((rc) == (IDEM_OK), "%s: the store did not recover: %s", r->where,
                  idem_store_errstr(r->st));
@@ -745,7 +684,7 @@ static int run_once(enum backend be, const struct scenario *sc, enum fault kind,
     snprintf(r.where, sizeof r.where, "%s/%s/%s n=%ld", backend_name[be], sc->name,
              fault_name[kind], n);
     /* Redis expires records by the wall clock: keep its times just ahead of it. */
-    r.t0 = be == B_redis ? (real_ms() / 1000 + 5) * 1000 : 1700000000000ll;
+    r.t0 = be == B_redis ? (fx_real_ms() / 1000 + 5) * 1000 : 1700000000000ll;
     run_serial++;
     for (int k = 0; k < NKEYS; k++)
         snprintf(r.keys[k], sizeof r.keys[k], "r%u-%c", run_serial, "abcdtf"[k]);
