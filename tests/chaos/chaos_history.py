@@ -120,12 +120,13 @@ def analyse(executions, answers, kills, outages, lease):
         applied = [e for e in execs if e["outcome"] == "applied"]
         fig["refused_stale"] += sum(1 for e in execs if e["outcome"] == "refused")
         if len(applied) > 1:
-            fig["double_effect_" + execs[0]["mode"]] += len(applied) - 1
+            name = "double_effect_" + execs[0]["mode"]
+            fig[name] = fig.get(name, 0) + len(applied) - 1
         for e in applied:
             earlier = [o for o in applied if o is not e and o["t_end"] < e["t_end"]]
             if any(o["fence"] is not None and e["fence"] is not None and o["fence"] >= e["fence"]
                    for o in earlier):
-                fig["stale_" + e["mode"]] += 1
+                fig["stale_" + e["mode"]] = fig.get("stale_" + e["mode"], 0) + 1
                 if e["mode"] == "fenced":
                     example("stale_fenced", "%s: nonce %d fence %s applied after a higher "
                             "or equal fence" % (key, e["nonce"], e["fence"]))
