@@ -35,11 +35,21 @@ target was missed.
   python3 tests/chaos/chaos.py --short --store all     # about 75 s
   python3 tests/chaos/chaos.py --store all             # about 5 minutes
   python3 tests/chaos/chaos.py --store redis --seconds 30 --keep
+  python3 tests/chaos/chaos.py --short --store all --upstream ledger   # about 60 s
 
 The whole run has a deadline (--deadline, default derived from the profile):
 past it every process the harness started is killed, its directories are
 removed, and it exits with status 3.  No other server is touched: Redis and
 PostgreSQL are started by the harness on free ports.
+
+`--upstream ledger` puts idem-ledger (examples/ledger, on a SQLite file,
+de-duplicating by key in the transaction of the transfer) behind both idemd
+instead, through a tap that records every forward (chaos_ledger.py); clients
+send transfers between accounts created at the start, with the same faults,
+and the ledger's table, balances and /stats are judged at the end: the
+target is 0 double effects at all, although idemd's lease-window takeovers
+still forward some keys twice.  `--ledger-keys off` runs the ledger without
+its keys: a control that must fail (double effects > 0).
 
 `--store memory` is a control that must fail: two idemd with their own
 in-process stores share nothing, so keys run twice ('other' double
@@ -95,8 +105,7 @@ RETRY_PROBLEMS = {"in-flight", "store-unavailable", "upstream-outcome-unknown",
 RELEASE_STATUSES = (429, 503)  # idemd removes the key: the upstream did nothing
 
 # the ledger mode (--upstream ledger)
-LEDGER = os.environ.get("IDEM_LEDGER") or str(HERE.parent.parent / "build" / "examples" /
-                                             "ledger" / "idem-ledger")
+LEDGER_IN_BUILD = os.path.join("examples", "ledger", "idem-ledger")
 ACCOUNTS = 8
 OPENING = 10 ** 9           # cents per account: no transfer is ever refused for funds
 
@@ -771,9 +780,9 @@ def main(argv=None):
     ap.add_argument("--upstream", choices=("recording", "ledger"), default="recording",
                     help="recording (default): the recording upstream; ledger: idem-ledger "
                          "on SQLite, de-duplicating by key in its own transaction")
-    ap.add_argument("--ledger", default=LEDGER, help="the idem-ledger binary (default "
-                                                     "$IDEM_LEDGER or "
-                                                     "build/examples/ledger/idem-ledger)")
+    ap.add_argument("--ledger", default=os.environ.get("IDEM_LEDGER"),
+                    help="the idem-ledger binary (default $IDEM_LEDGER, or "
+                         "examples/ledger/idem-ledger in idemd's build directory)")
     ap.add_argument("--ledger-keys", choices=("on", "off"), default="on",
                     help="the ledger's --keys; off is a control that must fail")
     ap.add_argument("--seed", type=int, default=None, help="seed of the random choices")
@@ -795,6 +804,8 @@ def main(argv=None):
         prof["clients"] = args.clients
     prof["on_store_error"] = args.on_store_error
     prof["upstream"] = args.upstream
+    if args.ledger is None:
+        args.ledger = os.path.join(os.path.dirname(os.path.abspath(args.idemd)), LEDGER_IN_BUILD)
     prof["ledger"] = os.path.abspath(args.ledger)
     prof["ledger_keys"] = args.ledger_keys == "on"
     if args.upstream != "ledger" and args.ledger_keys != "on":

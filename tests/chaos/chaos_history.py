@@ -7,7 +7,10 @@ harness process, which also runs the upstream and the fault proxies):
               ("plain" or "fenced"), which idemd instance forwarded it, arrival
               and end time, nonce (a number unique to that execution, echoed in
               its response body) and outcome ("applied", or "refused" when the
-              fenced upstream refused a stale fence)
+              fenced upstream refused a stale fence); with the ledger, every
+              forward the tap of chaos_ledger.py passed on (mode "ledger",
+              nonce in a header, outcome "applied", "replayed" by the
+              ledger, "refused" or "error")
   answers     every answer idemd gave that carried an upstream body (so a
               nonce): seen at a fault proxy (delivered or dropped), by a client
               directly, or by the verification pass at the end
