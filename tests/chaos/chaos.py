@@ -35,11 +35,21 @@ target was missed.
   python3 tests/chaos/chaos.py --short --store all     # about 75 s
   python3 tests/chaos/chaos.py --store all             # about 5 minutes
   python3 tests/chaos/chaos.py --store redis --seconds 30 --keep
+  python3 tests/chaos/chaos.py --short --store all --upstream ledger   # about 60 s
 
 The whole run has a deadline (--deadline, default derived from the profile):
 past it every process the harness started is killed, its directories are
 removed, and it exits with status 3.  No other server is touched: Redis and
 PostgreSQL are started by the harness on free ports.
+
+`--upstream ledger` puts idem-ledger (examples/ledger, on a SQLite file,
+de-duplicating by key in the transaction of the transfer) behind both idemd
+instead, through a tap that records every forward (chaos_ledger.py); clients
+send transfers between accounts created at the start, with the same faults,
+and the ledger's table, balances and /stats are judged at the end: the
+target is 0 double effects at all, although idemd's lease-window takeovers
+still forward some keys twice.  `--ledger-keys off` runs the ledger without
+its keys: a control that must fail (double effects > 0).
 
 `--store memory` is a control that must fail: two idemd with their own
 in-process stores share nothing, so keys run twice ('other' double
@@ -67,6 +77,7 @@ sys.path.insert(0, str(HERE.parent / "blackbox"))
 import harness as h  # noqa: E402  (tests/blackbox: idemd processes, ports, config)
 import test_shared_stores as ss  # noqa: E402  (Redis / PostgreSQL servers of our own)
 from chaos_history import analyse  # noqa: E402
+from chaos_ledger import Ledger, LedgerTap, read_db, verdict  # noqa: E402
 from chaos_proxy import FaultProxy, upstream_doc  # noqa: E402
 from chaos_upstream import RecordingUpstream  # noqa: E402
 
@@ -91,6 +102,12 @@ SETTLE = LEASE * 4 + 15.0   # s after the faults for the last operations to fini
 
 RETRY_PROBLEMS = {"in-flight", "store-unavailable", "upstream-outcome-unknown",
                   "upstream-unreachable"}
+RELEASE_STATUSES = (429, 503)  # idemd removes the key: the upstream did nothing
+
+# the ledger mode (--upstream ledger)
+LEDGER_IN_BUILD = os.path.join("examples", "ledger", "idem-ledger")
+ACCOUNTS = 8
+OPENING = 10 ** 9           # cents per account: no transfer is ever refused for funds
 
 
 # --------------------------------------------------------------------------
@@ -170,12 +187,14 @@ def _watchdog(deadline):
 # one client request
 
 
-def send(port, path, key, body):
+def send(port, path, key, body, ledger=False):
     """POST through a proxy (or straight to idemd); return (kind, status, doc).
 
     kind: "final" (the upstream's answer, doc is its JSON), "retry" (a
     connection error, a dropped answer, or an idemd problem worth a retry),
-    "unexpected" (anything else)."""
+    "unexpected" (anything else).  With the ledger only a 2xx is final: its
+    503 (database busy, released by idemd) is a retry, any other answer of
+    the ledger's unexpected."""
     conn = http.client.HTTPConnection(h.HOST, port, timeout=REQUEST_TIMEOUT)
     try:
         conn.request("POST", path, body=body,
@@ -187,9 +206,15 @@ def send(port, path, key, body):
         return "retry", None, None
     finally:
         conn.close()
-    head = ("HTTP/1.1 %d\r\nContent-Type: %s" % (r.status, r.getheader("Content-Type", ""))
-            ).encode("latin-1")
-    doc = upstream_doc(head, data)
+    head = "HTTP/1.1 %d\r\nContent-Type: %s" % (r.status, r.getheader("Content-Type", ""))
+    for name in ("X-Chaos-Forward", "X-Chaos-Fence"):
+        if r.getheader(name) is not None:
+            head += "\r\n%s: %s" % (name, r.getheader(name))
+    doc = upstream_doc(head.encode("latin-1"), data)
+    if doc is not None and ledger and not 200 <= r.status < 300:
+        if r.status in RELEASE_STATUSES:
+            return "retry", r.status, None
+        return "unexpected", r.status, data[:300]
     if doc is not None:
         return "final", r.status, doc
     try:
@@ -222,7 +247,8 @@ class StoreRun:
         self.outages = []
         self.restart_kind = None
         self.store_restarts = 0
-        self.stats = {"ops": 0, "ops_plain": 0, "ops_fenced": 0, "requests": 0,
+        self.stats = {"ops": 0, "ops_plain": 0, "ops_fenced": 0, "ops_before": 0,
+                      "ops_after": 0, "requests": 0,
                       "retries": 0, "concurrent": 0, "late": 0, "verify": 0,
                       "unanswered": 0, "unexpected": 0}
         self.unexpected = []
@@ -233,6 +259,11 @@ class StoreRun:
         self.daemons = []
         self.proxies = []
         self.up = None
+        self.ledger = None
+        self.ledger_mode = prof["upstream"] == "ledger"
+        self.plan = {}      # ledger: key -> (from, to, amount)
+        self.finals = {}    # ledger: key -> [2xx answer documents]
+        self.ledger_result = None
 
     # ---- bookkeeping
 
@@ -241,6 +272,8 @@ class StoreRun:
             self.stats[name] += n
 
     def record_answer(self, a):
+        if a["status"] in RELEASE_STATUSES:
+            return  # idemd removed the key: not an answer for it
         with self.lock:
             self.answers.append(a)
 
@@ -272,7 +305,15 @@ class StoreRun:
             _SERVERS.append(self.server)
             self.server.start()
         self.url = self.store_url(tag)
-        self.up = RecordingUpstream(2)
+        if self.ledger_mode:
+            self.ledger = Ledger(self.prof["ledger"], self.tmp, h.free_port(),
+                                 keys=self.prof["ledger_keys"])
+            self.ledger.start(h._LIVE)
+            self.openings = {"acct%d" % n: OPENING for n in range(ACCOUNTS)}
+            self.ledger.create_accounts(self.openings)
+            self.up = LedgerTap(self.ledger.port, 2)
+        else:
+            self.up = RecordingUpstream(2)
         cfg = {"workers": 2, "on_store_error": self.prof["on_store_error"],
                "upstream_timeout": "30s", "defaults": {"lease": "%gs" % LEASE}}
         for i in range(2):
@@ -372,12 +413,15 @@ class StoreRun:
             if not first:
                 self.bump("retries")
             first = False
-            kind, status, doc = send(port, path, key, body)
+            kind, status, doc = send(port, path, key, body, self.ledger_mode)
             if kind == "final":
                 self.record_answer({"key": key, "nonce": doc.get("nonce"),
                                     "fence": doc.get("fence"), "status": status,
                                     "t": time.monotonic(),
                                     "source": "verify" if direct else "client"})
+                if self.ledger_mode:
+                    with self.lock:
+                        self.finals.setdefault(key, []).append(doc)
                 return True
             if kind == "unexpected":
                 with self.lock:
@@ -402,8 +446,20 @@ class StoreRun:
                 work = rng.randint(100, 400)
             else:
                 work = rng.randint(5, 40)
-            body = json.dumps({"op": key, "work_ms": work}).encode()
-            path = "/%s/op" % mode
+            if self.ledger_mode:
+                # the hold of the key's first forward at the tap, before the
+                # ledger or after its answer
+                mode = "before" if rng.random() < 0.5 else "after"
+                self.up.hold(key, mode, work)
+                src, dst = rng.sample(sorted(self.openings), 2)
+                amount = rng.randint(1, 1000)
+                with self.lock:
+                    self.plan[key] = (src, dst, amount)
+                body = json.dumps({"from": src, "to": dst, "amount": amount}).encode()
+                path = "/transfers"
+            else:
+                body = json.dumps({"op": key, "work_ms": work}).encode()
+                path = "/%s/op" % mode
             self.bump("ops")
             self.bump("ops_" + mode)
             inst = rng.randrange(2)
@@ -464,15 +520,42 @@ class StoreRun:
                      SLOW_WORK + 10, what="the upstream's executions to end")
         self.result = analyse(self.up.executions(), list(self.answers), list(self.kills),
                               list(self.outages), LEASE)
+        if self.ledger_mode:
+            self.judge_ledger()
         self.elapsed = time.monotonic() - self.t0
         self.sanitizer = []
-        for d in self.daemons:
-            text = d.log_text()
+        logs = [(d.name, d.log_text()) for d in self.daemons]
+        if self.ledger is not None:
+            logs.append(("idem-ledger", self.ledger.log_text()))
+        for name, text in logs:
             for marker in h.SANITIZER_MARKERS:
                 i = text.find(marker)
                 if i >= 0:
-                    self.sanitizer.append("%s: %s" % (d.name, text[max(0, i - 200):i + 2000]))
+                    self.sanitizer.append("%s: %s" % (name, text[max(0, i - 200):i + 2000]))
                     break
+
+    def judge_ledger(self):
+        """GET /stats, stop the ledger (SIGTERM: it must exit 0), read its
+        SQLite file, and judge it (chaos_ledger.verdict)."""
+        try:
+            status, stats = self.ledger.request("GET", "/stats")
+            if status != 200:
+                stats = None
+        except OSError:
+            stats = None
+        if stats is None:
+            self.errors.append("GET /stats of the ledger failed")
+        if self.ledger.stop() != 0:
+            self.errors.append("idem-ledger did not exit 0 on SIGTERM (%r)"
+                               % self.ledger.exit_status)
+        rows, accounts, key_records = read_db(self.ledger.db)
+        with self.lock:
+            finals = {k: list(v) for k, v in self.finals.items()}
+            plan = dict(self.plan)
+        self.ledger_result = verdict(rows, accounts, stats, plan, self.up.executions(), finals,
+                                     self.stats["ops"])
+        self.ledger_result["key_records"] = key_records
+        self.ledger_result["stats"] = stats
 
     def verify(self):
         """Send again (straight to idemd, no proxy) every interesting key and a
@@ -516,6 +599,8 @@ class StoreRun:
             d.kill()
         if self.up is not None:
             self.up.close()
+        if self.ledger is not None:
+            self.ledger.stop()
         if self.server is not None:
             self.server.close()
             _SERVERS.remove(self.server)
@@ -535,6 +620,29 @@ class StoreRun:
     def checks(self):
         r = self.result
         f = self.faults_counts()
+        if self.ledger_mode:
+            lr = self.ledger_result
+            return [
+                ("0 double effects at the ledger (each key applied at most once)",
+                 lr["double_effects"] == 0),
+                ("ledger transfers == keys it received and answered 2xx (<= operations), "
+                 "each as the client asked",
+                 lr["not_received"] == 0 and lr["received_not_applied"] == 0
+                 and lr["row_mismatch"] == 0 and lr["within_ops"]),
+                ("balances conserved and equal to the applied transfers; /stats agrees",
+                 lr["balance_wrong"] == 0 and lr["conserved"] and lr["stats_agree"]),
+                ("every client's 2xx answer is the ledger's stored transfer",
+                 lr["final_mismatch"] == 0),
+                ("0 'other' double forwards", r["double_other"] == 0),
+                ("0 lost completed responses", r["lost"] == 0),
+                ("every answer is its forward's (0 mismatched, 0 unexpected)",
+                 r["answer_mismatch"] == 0 and self.stats["unexpected"] == 0),
+                ("every operation got its answer", self.stats["unanswered"] == 0
+                 and not self.errors),
+                ("faults injected (drops, kills, a store restart)",
+                 f["dropped"] > 0 and len(self.kills) > 0 and self.store_restarts > 0),
+                ("no sanitizer report in idemd's or the ledger's logs", not self.sanitizer),
+            ]
         return [
             ("0 'other' double executions", r["double_other"] == 0),
             ("0 lost completed responses", r["lost"] == 0),
@@ -546,6 +654,51 @@ class StoreRun:
             ("faults injected (drops, kills, a store restart)",
              f["dropped"] > 0 and len(self.kills) > 0 and self.store_restarts > 0),
             ("no sanitizer report in idemd's logs", not self.sanitizer),
+        ]
+
+    def ledger_rows(self):
+        r, s, f, lr = self.result, self.stats, self.faults_counts(), self.ledger_result
+        execs = self.up.executions()
+        outcomes = {}
+        for e in execs:
+            outcomes[e["outcome"]] = outcomes.get(e["outcome"], 0) + 1
+        return [
+            ("keyed operations (transfers)", s["ops"],
+             "held first forward: before the ledger %d, after its answer %d"
+             % (s["ops_before"], s["ops_after"])),
+            ("requests sent", s["requests"], ""),
+            ("duplicates sent", s["requests"] - s["ops"],
+             "retries %d, concurrent %d, late %d, verification %d"
+             % (s["retries"], s["concurrent"], s["late"], s["verify"])),
+            ("faults: dropped responses", f["dropped"],
+             "%d of them the ledger's answer" % f["dropped_final"]),
+            ("faults: idemd kills (kill -9)", len(self.kills),
+             "connections broken %d, refused while down %d" % (f["broken"], f["no_idemd"])),
+            ("faults: store restarts", self.store_restarts, self.restart_kind or ""),
+            ("executions forwarded by idemd", r["executions"],
+             "%d keys; at the ledger: applied %d, replayed %d, refused %d, failed %d"
+             % (r["keys_executed"], outcomes.get("applied", 0), outcomes.get("replayed", 0),
+                outcomes.get("refused", 0), outcomes.get("error", 0))),
+            ("double forwards: lease-expiry window", r["double_lease_window"],
+             "after an owner kill %d, a store restart %d" % (r["double_lease_window_kill"],
+                                                             r["double_lease_window_store"])),
+            ("double forwards: other", r["double_other"], "target 0"),
+            ("ledger transfers (rows / distinct keys)", "%d / %d" % (lr["rows"],
+                                                                    lr["keys_applied"]),
+             "keys received %d, key records %s, /stats %s"
+             % (lr["keys_received"], lr["key_records"], json.dumps(lr["stats"]))),
+            ("double effects at the ledger", lr["double_effects"],
+             "target 0; keys applied twice or more %d" % lr["keys_applied_twice"]),
+            ("accounts with a wrong balance", lr["balance_wrong"],
+             "total %s" % ("conserved" if lr["conserved"] else "NOT conserved")),
+            ("2xx answers not the stored transfer", lr["final_mismatch"],
+             "of %d checked" % lr["finals_checked"]),
+            ("lost completed responses", r["lost"], "target 0"),
+            ("answers not matching a forward", r["answer_mismatch"],
+             "unexpected answers %d" % s["unexpected"]),
+            ("operations without a final answer", s["unanswered"], "keys verified %d"
+             % self.verified),
+            ("run time (s)", "%.1f" % self.elapsed, "%g s of faults" % self.prof["seconds"]),
         ]
 
     def report(self):
@@ -579,8 +732,13 @@ class StoreRun:
              % self.verified),
             ("run time (s)", "%.1f" % self.elapsed, "%g s of faults" % self.prof["seconds"]),
         ]
-        out = ["", "== %s: 2 idemd on %s, lease %gs, on_store_error %s ==" % (
-            self.store, self.url, LEASE, self.prof["on_store_error"])]
+        if self.ledger_mode:
+            rows = self.ledger_rows()
+        out = ["", "== %s: 2 idemd on %s, lease %gs, on_store_error %s%s ==" % (
+            self.store, self.url, LEASE, self.prof["on_store_error"],
+            ", upstream idem-ledger (--keys %s) on %s" % (
+                "on" if self.prof["ledger_keys"] else "off", "sqlite:TMP/ledger.db")
+            if self.ledger_mode else "")]
         for name, value, note in rows:
             out.append("  %-42s %8s  %s" % (name, value, note))
         for name, ok in self.checks():
@@ -588,6 +746,10 @@ class StoreRun:
         for kind, lst in r["examples"].items():
             for ex in lst:
                 out.append("    %s: %s" % (kind, ex))
+        if self.ledger_mode:
+            for kind, lst in self.ledger_result["examples"].items():
+                for ex in lst:
+                    out.append("    ledger %s: %s" % (kind, ex))
         for ex in self.unexpected:
             out.append("    unexpected: %s" % ex)
         for e in self.errors:
@@ -615,6 +777,14 @@ def main(argv=None):
     ap.add_argument("--on-store-error", choices=("closed", "open"), default="closed",
                     help="idemd's on_store_error; open is a control that must fail on "
                          "redis and postgres")
+    ap.add_argument("--upstream", choices=("recording", "ledger"), default="recording",
+                    help="recording (default): the recording upstream; ledger: idem-ledger "
+                         "on SQLite, de-duplicating by key in its own transaction")
+    ap.add_argument("--ledger", default=os.environ.get("IDEM_LEDGER"),
+                    help="the idem-ledger binary (default $IDEM_LEDGER, or "
+                         "examples/ledger/idem-ledger in idemd's build directory)")
+    ap.add_argument("--ledger-keys", choices=("on", "off"), default="on",
+                    help="the ledger's --keys; off is a control that must fail")
     ap.add_argument("--seed", type=int, default=None, help="seed of the random choices")
     ap.add_argument("--deadline", type=float, help="seconds for the whole run, then kill all")
     ap.add_argument("--idemd", default=h.IDEMD, help="the idemd binary (default $IDEMD or "
@@ -633,6 +803,15 @@ def main(argv=None):
             ap.error("--clients must be from 1 to 64")
         prof["clients"] = args.clients
     prof["on_store_error"] = args.on_store_error
+    prof["upstream"] = args.upstream
+    if args.ledger is None:
+        args.ledger = os.path.join(os.path.dirname(os.path.abspath(args.idemd)), LEDGER_IN_BUILD)
+    prof["ledger"] = os.path.abspath(args.ledger)
+    prof["ledger_keys"] = args.ledger_keys == "on"
+    if args.upstream != "ledger" and args.ledger_keys != "on":
+        ap.error("--ledger-keys needs --upstream ledger")
+    if args.upstream == "ledger" and not os.path.exists(args.ledger):
+        ap.error("idem-ledger binary not found at %s (build it, or --ledger)" % args.ledger)
     if args.kill_every is not None:
         if not 0.5 <= args.kill_every <= 3600:
             ap.error("--kill-every must be from 0.5 to 3600")
@@ -653,8 +832,10 @@ def main(argv=None):
     deadline = args.deadline or per_store * len(stores) + 30
     _watchdog(time.monotonic() + deadline)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print("chaos: stores %s, %g s of faults each, %d clients, seed %d, deadline %.0f s"
-          % (",".join(stores), prof["seconds"], prof["clients"], seed, deadline))
+    print("chaos: stores %s, upstream %s, %g s of faults each, %d clients, seed %d, "
+          "deadline %.0f s" % (",".join(stores), args.upstream if args.upstream == "recording"
+                               else "idem-ledger (--keys %s)" % args.ledger_keys,
+                               prof["seconds"], prof["clients"], seed, deadline))
     sys.stdout.flush()
 
     passed = failed = 0
@@ -684,9 +865,10 @@ def main(argv=None):
             failed += not ok
         summary.append((store, run))
 
+    ledger = args.upstream == "ledger"
     print("\n%-9s %6s %6s %7s %6s %6s %9s %6s %6s %6s %5s %6s" % (
         "store", "ops", "dups", "drops", "kills", "store", "dbl-lease", "other",
-        "stale", "stale-f", "lost", "time"))
+        "rows" if ledger else "stale", "dbl-eff" if ledger else "stale-f", "lost", "time"))
     for store, run in summary:
         if run is None:
             print("%-9s (did not complete)" % store)
@@ -695,7 +877,9 @@ def main(argv=None):
         print("%-9s %6d %6d %7d %6d %6d %9d %6d %6d %6d %5d %6.0f" % (
             store, s["ops"], s["requests"] - s["ops"], f["dropped"], len(run.kills),
             run.store_restarts, r["double_lease_window"], r["double_other"],
-            r["stale_plain"], r["stale_fenced"], r["lost"], run.elapsed))
+            run.ledger_result["rows"] if ledger else r["stale_plain"],
+            run.ledger_result["double_effects"] if ledger else r["stale_fenced"],
+            r["lost"], run.elapsed))
     print("total time %.0f s" % (time.monotonic() - t0))
     print("%d passed, %d failed" % (passed, failed))
     sys.stdout.flush()

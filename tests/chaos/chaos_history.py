@@ -7,7 +7,10 @@ harness process, which also runs the upstream and the fault proxies):
               ("plain" or "fenced"), which idemd instance forwarded it, arrival
               and end time, nonce (a number unique to that execution, echoed in
               its response body) and outcome ("applied", or "refused" when the
-              fenced upstream refused a stale fence)
+              fenced upstream refused a stale fence); with the ledger, every
+              forward the tap of chaos_ledger.py passed on (mode "ledger",
+              nonce in a header, outcome "applied", "replayed" by the
+              ledger, "refused" or "error")
   answers     every answer idemd gave that carried an upstream body (so a
               nonce): seen at a fault proxy (delivered or dropped), by a client
               directly, or by the verification pass at the end
@@ -120,12 +123,13 @@ def analyse(executions, answers, kills, outages, lease):
         applied = [e for e in execs if e["outcome"] == "applied"]
         fig["refused_stale"] += sum(1 for e in execs if e["outcome"] == "refused")
         if len(applied) > 1:
-            fig["double_effect_" + execs[0]["mode"]] += len(applied) - 1
+            name = "double_effect_" + execs[0]["mode"]
+            fig[name] = fig.get(name, 0) + len(applied) - 1
         for e in applied:
             earlier = [o for o in applied if o is not e and o["t_end"] < e["t_end"]]
             if any(o["fence"] is not None and e["fence"] is not None and o["fence"] >= e["fence"]
                    for o in earlier):
-                fig["stale_" + e["mode"]] += 1
+                fig["stale_" + e["mode"]] = fig.get("stale_" + e["mode"], 0) + 1
                 if e["mode"] == "fenced":
                     example("stale_fenced", "%s: nonce %d fence %s applied after a higher "
                             "or equal fence" % (key, e["nonce"], e["fence"]))

@@ -10,7 +10,8 @@ done everything.  That is the fault a client meets when a response is lost on
 the way back, and it must retry with the same key.
 
 Every complete answer idemd gave that carries an upstream body (JSON with a
-"nonce") is reported to on_answer(record), delivered or dropped, so that the
+"nonce", or the ledger's answer named by the tap's X-Chaos-Forward header)
+is reported to on_answer(record), delivered or dropped, so that the
 history check knows what idemd said and when.  When idemd is not there (killed,
 restarting) or dies mid-answer, the client's connection is closed too: a
 connection error the client retries.
@@ -90,7 +91,23 @@ def header_of(head, name):
 
 def upstream_doc(head, body):
     """The upstream's JSON document in an answer, or None (idemd's own
-    problem+json, or anything else)."""
+    problem+json, or anything else).
+
+    The recording upstream names its execution in the body ("nonce",
+    "fence"); the ledger's answers come through the tap of chaos_ledger.py,
+    which names the forward in two headers: then the document is the
+    ledger's JSON body (or {}) with "nonce" and "fence" added."""
+    fwd = header_of(head, "X-Chaos-Forward")
+    if fwd is not None and fwd.isdigit():
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        doc = dict(doc) if isinstance(doc, dict) else {}
+        fence = header_of(head, "X-Chaos-Fence") or ""
+        doc["nonce"] = int(fwd)
+        doc["fence"] = int(fence) if fence.isdigit() else None
+        return doc
     ctype = (header_of(head, "Content-Type") or "").lower()
     if "problem+json" in ctype:
         return None
