@@ -1842,6 +1842,25 @@ static int sentinel_says(int port, int master_port, int seconds)
     return 0;
 }
 
+/* Wait until the master on port has a replica whose link is online (the
+ * replica's first full sync can take seconds on a loaded machine). */
+static int replica_online(int port, int seconds)
+{
+    for (int i = 0; i < seconds * 10; i++) {
+        redisContext *c = redis_direct(port);
+        redisReply *r = redisCommand(c, "INFO replication");
+        int ok = r != NULL && r->type == REDIS_REPLY_STRING &&
+                 strstr(r->str, "connected_slaves:1") != NULL &&
+                 strstr(r->str, "state=online") != NULL;
+        freeReplyObject(r);
+        redisFree(c);
+        if (ok)
+            return 1;
+        usleep(100 * 1000);
+    }
+    return 0;
+}
+
 Test(store_redis, sentinel_discovers_the_master, .init = setup_own, .fini = teardown_own)
 {
     int mport = free_port(), sport = free_port();
@@ -1885,17 +1904,18 @@ Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = tear
     const char *extra[] = {"--sentinel-conf", conf, NULL};
     start_server(2, sport, extra);
     cr_assert(sentinel_says(sport, mport, 10));
+    cr_assert(replica_online(mport, 30), "the replica never finished its first sync");
 
     snprintf(u, sizeof u, "redis+sentinel://127.0.0.1:%d/mymaster?timeout=500ms", sport);
     cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
     cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
     cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
     redisContext *c = redis_direct(mport);
-    redisReply *r = redisCommand(c, "WAIT 1 5000");
-    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
-              "the replica did not get the record");
+    redisReply *r = redisCommand(c, "WAIT 1 10000");
+    int replicated = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
     freeReplyObject(r);
     redisFree(c);
+    cr_assert(replicated, "the replica did not get the record");
 
     /* The sentinel must have seen the replica before it can promote it. */
     int started = 0;
