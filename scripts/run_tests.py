@@ -256,10 +256,11 @@ def run_all(args, tally, log, services):
         # dropped answers and store restarts, its servers its own.
         if label == "plain":
             run_blackbox(tally, build, label, env, log, "test_*.py", "tests/chaos")
-        run_counted(tally, f"{label}:chaos", [sys.executable, "tests/chaos/chaos.py", "--short",
-                                              "--store", "all",
-                                              "--idemd", os.path.join(ROOT, build, "idemd")],
-                    log, timeout=900, env=env)
+        for upstream in ("recording", "ledger"):
+            run_counted(tally, f"{label}:chaos-{upstream}",
+                        [sys.executable, "tests/chaos/chaos.py", "--short", "--store", "all",
+                         "--upstream", upstream, "--idemd", os.path.join(ROOT, build, "idemd")],
+                        log, timeout=900, env=env)
         if label == "asan" and args.memory_blackbox:
             # The same suite on memory:, where idemd applies store jobs on
             # its loops instead of the writer thread (as with sync=interval).
