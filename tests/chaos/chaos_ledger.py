@@ -38,7 +38,8 @@ import sqlite3
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from chaos_upstream import QuietHandler, close_servers, serve_instances
 
 HOST = "127.0.0.1"
 MAX_BODY = 64 * 1024
@@ -141,21 +142,7 @@ class Ledger:
 # the tap between idemd and the ledger
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def handle_error(self, request, client_address):
-        pass  # idemd killed mid-request: its connection breaks, that is normal
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 120
-
-    def log_message(self, fmt, *args):
-        pass
+class _Handler(QuietHandler):
 
     def do_GET(self):
         self._pass()
@@ -200,14 +187,7 @@ class LedgerTap:
         self._execs = []
         self._keys = set()
         self.plan = {}        # key -> (phase "before"|"after", ms): a first forward's hold
-        self.servers = []
-        for i in range(instances):
-            srv = _Server((HOST, 0), _Handler)
-            srv.tap = self
-            srv.instance = i
-            threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                             daemon=True).start()
-            self.servers.append(srv)
+        self.servers = serve_instances(_Handler, instances, tap=self)
 
     def url(self, instance):
         return "http://%s:%d" % (HOST, self.servers[instance].server_address[1])
@@ -281,9 +261,7 @@ class LedgerTap:
 
     def close(self):
         self.stopping.set()
-        for srv in self.servers:
-            srv.shutdown()
-            srv.server_close()
+        close_servers(self.servers)
 
 
 # --------------------------------------------------------------------------

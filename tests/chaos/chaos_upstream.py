@@ -38,7 +38,9 @@ MAX_BODY = 64 * 1024
 RETRY_WORK_MS = 50
 
 
-class _Server(ThreadingHTTPServer):
+class QuietServer(ThreadingHTTPServer):
+    """A loopback listener of the harness (also chaos_ledger's tap): threads
+    per request, no noise when idemd breaks a connection."""
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
@@ -47,12 +49,39 @@ class _Server(ThreadingHTTPServer):
         pass  # idemd killed mid-request: its connection breaks, that is normal
 
 
-class _Handler(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no access log: the base of the harness's handlers."""
     protocol_version = "HTTP/1.1"
     timeout = 120
 
     def log_message(self, fmt, *args):
         pass
+
+
+def serve_instances(handler, instances, **attrs):
+    """Start one QuietServer per idemd instance on a free loopback port, each
+    served by a daemon thread; every server gets the attributes attrs and
+    `instance` (its number).  Returns the servers, in instance order."""
+    servers = []
+    for i in range(instances):
+        srv = QuietServer((HOST, 0), handler)
+        for name, value in attrs.items():
+            setattr(srv, name, value)
+        srv.instance = i
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        servers.append(srv)
+    return servers
+
+
+def close_servers(servers):
+    """Stop and close the servers serve_instances started."""
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+class _Handler(QuietHandler):
 
     def _answer(self, status, doc):
         body = json.dumps(doc).encode()
@@ -99,17 +128,7 @@ class RecordingUpstream:
         self._execs = []
         self._max_seen = {}     # key -> highest fence received (fenced mode)
         self._keys = set()      # keys executed at least once
-        self.servers = []
-        self.threads = []
-        for i in range(instances):
-            srv = _Server((HOST, 0), _Handler)
-            srv.up = self
-            srv.instance = i
-            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                                 daemon=True)
-            t.start()
-            self.servers.append(srv)
-            self.threads.append(t)
+        self.servers = serve_instances(_Handler, instances, up=self)
 
     def url(self, instance):
         return "http://%s:%d" % (HOST, self.servers[instance].server_address[1])
@@ -150,6 +169,4 @@ class RecordingUpstream:
 
     def close(self):
         self.stopping.set()
-        for srv in self.servers:
-            srv.shutdown()
-            srv.server_close()
+        close_servers(self.servers)
