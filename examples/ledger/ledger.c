@@ -370,6 +370,7 @@ static bool field_cents(json_t *o, const char *name, int64_t min, int64_t max, i
 /* ---- transactions ------------------------------------------------------- */
 
 typedef enum step {
+    STEP_GO = 0,       /* no end yet: the body goes on (row_find found its row) */
     STEP_COMMIT = 1,   /* commit, then send the reply */
     STEP_ROLLBACK = 2, /* roll back, then send the reply */
     STEP_RETRY = 3,    /* the database refused: roll back and run again */
@@ -460,6 +461,28 @@ static step_t db_failed(slot_t *s, db_rc_t rc, const char *what)
     return DB_STEP(rc);
 }
 
+/* Select the one row sql (whose $1 is id) finds, into *row (NULL: only
+ * whether it is there).  Returns STEP_GO when it is found; db_failed's step
+ * when the query failed (what names it in the log); `missing` when there is
+ * no such row, r then holding the 404 "unknown-<noun>" problem. */
+static step_t row_find(slot_t *s, const char *sql, const char *id, const char *noun,
+                       const char *what, step_t missing, db_row_t *row, reply_t *r)
+{
+    db_arg_t p[] = {DB_TEXT(id)};
+    bool found;
+    db_rc_t rc = db_query(s->db, sql, p, 1, row, &found, NULL);
+    if (rc != DB_OK)
+        return db_failed(s, rc, what);
+    if (found)
+        return STEP_GO;
+    char type[32];
+    char title[32];
+    snprintf(type, sizeof type, "unknown-%s", noun);
+    snprintf(title, sizeof title, "Unknown %s", noun);
+    reply_problem(r, 404, type, title, 0, "no %s '%s'", noun, id);
+    return missing;
+}
+
 /* ---- accounts ----------------------------------------------------------- */
 
 typedef struct account_arg {
@@ -511,17 +534,12 @@ static step_t account_create(app_t *app, slot_t *s, void *arg, reply_t *r)
 static step_t account_get(app_t *app, slot_t *s, void *arg, reply_t *r)
 {
     const char *id = arg;
-    db_arg_t p[] = {DB_TEXT(id)};
     db_row_t row;
-    bool found;
-    db_rc_t rc = db_query(s->db, "SELECT balance FROM accounts WHERE id = $1", p, 1, &row,
-                          &found, NULL);
-    if (rc != DB_OK)
-        return db_failed(s, rc, "select account");
-    if (!found)
-        reply_problem(r, 404, "unknown-account", "Unknown account", 0, "no account '%s'", id);
-    else
-        reply_json(r, 200, "application/json", account_json(id, row.num[0]));
+    step_t st = row_find(s, "SELECT balance FROM accounts WHERE id = $1", id, "account",
+                         "select account", STEP_ROLLBACK, &row, r);
+    if (st != STEP_GO)
+        return st;
+    reply_json(r, 200, "application/json", account_json(id, row.num[0]));
     return STEP_ROLLBACK;
 }
 
@@ -548,17 +566,12 @@ static step_t transfer_apply(slot_t *s, const transfer_arg_t *a, reply_t *r)
     const char *order[2] = {from_first ? a->from : a->to, from_first ? a->to : a->from};
     int64_t bal[2];
     for (int i = 0; i < 2; i++) {
-        db_arg_t p[] = {DB_TEXT(order[i])};
         db_row_t row;
-        bool found;
-        db_rc_t rc = db_query(s->db, lock_sql, p, 1, &row, &found, NULL);
-        if (rc != DB_OK)
-            return db_failed(s, rc, "lock account");
-        if (!found) {
-            reply_problem(r, 404, "unknown-account", "Unknown account", 0, "no account '%s'",
-                          order[i]);
-            return STEP_COMMIT; /* an answer like any other: stored under the key */
-        }
+        /* a missing account: an answer like any other, stored under the key */
+        step_t st = row_find(s, lock_sql, order[i], "account", "lock account", STEP_COMMIT,
+                             &row, r);
+        if (st != STEP_GO)
+            return st;
         bal[i] = row.num[0];
     }
     int64_t from_bal = from_first ? bal[0] : bal[1];
@@ -695,21 +708,16 @@ static step_t transfer_create(app_t *app, slot_t *s, void *arg, reply_t *r)
 static step_t transfer_get(app_t *app, slot_t *s, void *arg, reply_t *r)
 {
     const char *id = arg;
-    db_arg_t p[] = {DB_TEXT(id)};
     db_row_t row;
-    bool found;
-    db_rc_t rc = db_query(s->db,
-                          "SELECT from_id, to_id, amount, created_at FROM transfers WHERE id = $1",
-                          p, 1, &row, &found, NULL);
-    if (rc != DB_OK)
-        return db_failed(s, rc, "select transfer");
-    if (!found)
-        reply_problem(r, 404, "unknown-transfer", "Unknown transfer", 0, "no transfer '%s'", id);
-    else
-        reply_json(r, 200, "application/json",
-                   json_pack("{s:s, s:s, s:s, s:I, s:I}", "id", id, "from", row.text[0], "to",
-                             row.text[1], "amount", (json_int_t)row.num[2], "created_at",
-                             (json_int_t)row.num[3]));
+    step_t st = row_find(s,
+                         "SELECT from_id, to_id, amount, created_at FROM transfers WHERE id = $1",
+                         id, "transfer", "select transfer", STEP_ROLLBACK, &row, r);
+    if (st != STEP_GO)
+        return st;
+    reply_json(r, 200, "application/json",
+               json_pack("{s:s, s:s, s:s, s:I, s:I}", "id", id, "from", row.text[0], "to",
+                         row.text[1], "amount", (json_int_t)row.num[2], "created_at",
+                         (json_int_t)row.num[3]));
     return STEP_ROLLBACK;
 }
 
@@ -752,21 +760,15 @@ static json_t *order_json(const char *number, const char *account, int64_t amoun
 static step_t order_create(app_t *app, slot_t *s, void *arg, reply_t *r)
 {
     order_arg_t *a = arg;
-    db_arg_t acct[] = {DB_TEXT(a->account)};
+    step_t st = row_find(s, "SELECT 1 FROM accounts WHERE id = $1", a->account, "account",
+                         "select account", STEP_ROLLBACK, NULL, r);
+    if (st != STEP_GO)
+        return st;
     bool found;
-    db_rc_t rc = db_query(s->db, "SELECT 1 FROM accounts WHERE id = $1", acct, 1, NULL, &found,
-                          NULL);
-    if (rc != DB_OK)
-        return db_failed(s, rc, "select account");
-    if (!found) {
-        reply_problem(r, 404, "unknown-account", "Unknown account", 0, "no account '%s'",
-                      a->account);
-        return STEP_ROLLBACK;
-    }
     int64_t changes;
     db_arg_t p[] = {DB_TEXT(a->number), DB_TEXT(a->account), DB_INT(a->amount),
                     DB_INT(idem_clock_now(NULL))};
-    rc = db_query(s->db,
+    db_rc_t rc = db_query(s->db,
                   "INSERT INTO orders (number, account, amount, state, created_at)"
                   " VALUES ($1, $2, $3, 'created', $4) ON CONFLICT (number) DO NOTHING",
                   p, 4, NULL, NULL, &changes);
@@ -801,18 +803,13 @@ static step_t order_create(app_t *app, slot_t *s, void *arg, reply_t *r)
 static step_t order_get(app_t *app, slot_t *s, void *arg, reply_t *r)
 {
     order_arg_t *a = arg;
-    db_arg_t p[] = {DB_TEXT(a->number)};
     db_row_t row;
-    bool found;
-    db_rc_t rc = db_query(s->db, "SELECT account, amount, state FROM orders WHERE number = $1", p,
-                          1, &row, &found, NULL);
-    if (rc != DB_OK)
-        return db_failed(s, rc, "select order");
-    if (!found)
-        reply_problem(r, 404, "unknown-order", "Unknown order", 0, "no order '%s'", a->number);
-    else
-        reply_json(r, 200, "application/json",
-                   order_json(a->number, row.text[0], row.num[1], row.text[2]));
+    step_t st = row_find(s, "SELECT account, amount, state FROM orders WHERE number = $1",
+                         a->number, "order", "select order", STEP_ROLLBACK, &row, r);
+    if (st != STEP_GO)
+        return st;
+    reply_json(r, 200, "application/json",
+               order_json(a->number, row.text[0], row.num[1], row.text[2]));
     return STEP_ROLLBACK;
 }
 
@@ -821,17 +818,12 @@ static step_t order_get(app_t *app, slot_t *s, void *arg, reply_t *r)
 static step_t order_move(app_t *app, slot_t *s, void *arg, reply_t *r)
 {
     order_arg_t *a = arg;
-    db_arg_t p[] = {DB_TEXT(a->number)};
     db_row_t order;
-    bool found;
-    db_rc_t rc = db_query(s->db, "SELECT account, amount FROM orders WHERE number = $1", p, 1,
-                          &order, &found, NULL);
-    if (rc != DB_OK)
-        return db_failed(s, rc, "select order");
-    if (!found) {
-        reply_problem(r, 404, "unknown-order", "Unknown order", 0, "no order '%s'", a->number);
-        return STEP_ROLLBACK;
-    }
+    step_t st = row_find(s, "SELECT account, amount FROM orders WHERE number = $1", a->number,
+                         "order", "select order", STEP_ROLLBACK, &order, r);
+    if (st != STEP_GO)
+        return st;
+    db_rc_t rc;
     idem_fsm_outcome_t outcome;
     char from[IDEM_FSM_STATE_MAX + 1] = "";
     char why[256] = "";
