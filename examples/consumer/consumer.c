@@ -841,6 +841,15 @@ static step_t idem_result(consumer_t *c, idem_err_t e, const char *what)
     return S_FATAL;
 }
 
+/* Bind the three columns every row the consumer writes ends with (consumer,
+ * via, at_ms) to st's parameters first, first + 1 and first + 2. */
+static void bind_origin(consumer_t *c, sqlite3_stmt *st, int first, via_t via, int64_t t)
+{
+    sqlite3_bind_text(st, first, c->o.consumer, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, first + 1, via_names[via], -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, first + 2, t);
+}
+
 /* The business write of a good payment: the balance, then the row.  A
  * balance that would leave int64 turns the payment into a rejection. */
 static step_t apply_payment(consumer_t *c, const payment_t *p, const char *sid, via_t via,
@@ -869,9 +878,7 @@ static step_t apply_payment(consumer_t *c, const payment_t *p, const char *sid, 
     sqlite3_bind_text(st, 2, p->account, (int)p->account_len, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, p->amount);
     sqlite3_bind_text(st, 4, sid, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 5, c->o.consumer, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 6, via_names[via], -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 7, t);
+    bind_origin(c, st, 5, via, t);
     return sql_result(c, db_step(st), "insert the payment");
 }
 
@@ -895,9 +902,7 @@ static step_t record_rejected(consumer_t *c, const char *sid, const char *reason
             }
         }
     }
-    sqlite3_bind_text(st, 4, c->o.consumer, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 5, via_names[via], -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 6, t);
+    bind_origin(c, st, 4, via, t);
     return sql_result(c, db_step(st), "insert the rejection");
 }
 
@@ -917,6 +922,7 @@ static step_t apply_once(consumer_t *c, const char *sid, const redisReply *field
     size_t key_len = good ? p.id_len : strlen(sid);
     int64_t t = now_ms();
     idem_dedup_claim_t claim = {0};
+    outcome_t outcome;
 
     step_t s = sql_result(c, db_step(c->st_begin), "BEGIN IMMEDIATE");
     if (s != S_OK)
@@ -933,20 +939,12 @@ static step_t apply_once(consumer_t *c, const char *sid, const redisReply *field
             sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
             sqlite3_bind_text(st, 2, key, (int)key_len, SQLITE_STATIC);
             sqlite3_bind_text(st, 3, sid, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 4, c->o.consumer, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 5, via_names[via], -1, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 6, t);
+            bind_origin(c, st, 4, via, t);
             s = sql_result(c, db_step(st), "insert the skip");
             if (s != S_OK)
                 goto rollback;
-            s = sql_result(c, db_step(c->st_commit), "COMMIT");
-            if (s != S_OK)
-                goto rollback;
-            *out = OUT_DUPLICATE;
-            if (c->o.verbose)
-                logf_(c, "duplicate %s (%s): %s %.*s done before", sid, via_names[via], ns,
-                      (int)key_len, key);
-            return S_OK;
+            outcome = OUT_DUPLICATE;
+            goto commit;
         }
     }
     if (good) {
@@ -967,12 +965,17 @@ static step_t apply_once(consumer_t *c, const char *sid, const redisReply *field
         if (s != S_OK)
             goto rollback;
     }
+    outcome = reason != NULL ? OUT_REJECTED : OUT_APPLIED;
+commit:
     s = sql_result(c, db_step(c->st_commit), "COMMIT");
     if (s != S_OK)
         goto rollback;
-    *out = reason != NULL ? OUT_REJECTED : OUT_APPLIED;
-    if (c->o.verbose)
-        logf_(c, "%s %s (%s)%s%s", *out == OUT_APPLIED ? "applied" : "rejected", sid,
+    *out = outcome;
+    if (c->o.verbose && outcome == OUT_DUPLICATE)
+        logf_(c, "duplicate %s (%s): %s %.*s done before", sid, via_names[via], ns, (int)key_len,
+              key);
+    else if (c->o.verbose)
+        logf_(c, "%s %s (%s)%s%s", outcome == OUT_APPLIED ? "applied" : "rejected", sid,
               via_names[via], reason != NULL ? ": " : "", reason != NULL ? reason : "");
     return S_OK;
 rollback:
