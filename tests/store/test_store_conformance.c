@@ -1825,40 +1825,50 @@ static void write_sentinel_conf(const char *path, int master_port)
     fclose(f);
 }
 
-/* Wait until the sentinel on port names master_port as mymaster's address. */
-static int sentinel_says(int port, int master_port, int seconds)
+/* Ask the server on port cmd (hiredis splits it on spaces; no '%') every
+ * 100 ms, each time on a new connection, until ok(reply, arg) holds (1) or
+ * seconds have passed (0). */
+static int redis_poll(int port, const char *cmd, int (*ok)(const redisReply *r, int arg),
+                      int arg, int seconds)
 {
     for (int i = 0; i < seconds * 10; i++) {
         redisContext *c = redis_direct(port);
-        redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name mymaster");
-        int ok = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                 strtol(r->element[1]->str, NULL, 10) == master_port;
+        redisReply *r = redisCommand(c, cmd);
+        int done = r != NULL && ok(r, arg);
         freeReplyObject(r);
         redisFree(c);
-        if (ok)
+        if (done)
             return 1;
         usleep(100 * 1000);
     }
     return 0;
 }
 
+static int names_master(const redisReply *r, int master_port)
+{
+    return r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+           strtol(r->element[1]->str, NULL, 10) == master_port;
+}
+
+/* Wait until the sentinel on port names master_port as mymaster's address. */
+static int sentinel_says(int port, int master_port, int seconds)
+{
+    return redis_poll(port, "SENTINEL get-master-addr-by-name mymaster", names_master,
+                      master_port, seconds);
+}
+
+static int has_online_replica(const redisReply *r, int unused)
+{
+    (void)unused;
+    return r->type == REDIS_REPLY_STRING && strstr(r->str, "connected_slaves:1") != NULL &&
+           strstr(r->str, "state=online") != NULL;
+}
+
 /* Wait until the master on port has a replica whose link is online (the
  * replica's first full sync can take seconds on a loaded machine). */
 static int replica_online(int port, int seconds)
 {
-    for (int i = 0; i < seconds * 10; i++) {
-        redisContext *c = redis_direct(port);
-        redisReply *r = redisCommand(c, "INFO replication");
-        int ok = r != NULL && r->type == REDIS_REPLY_STRING &&
-                 strstr(r->str, "connected_slaves:1") != NULL &&
-                 strstr(r->str, "state=online") != NULL;
-        freeReplyObject(r);
-        redisFree(c);
-        if (ok)
-            return 1;
-        usleep(100 * 1000);
-    }
-    return 0;
+    return redis_poll(port, "INFO replication", has_online_replica, 0, seconds);
 }
 
 Test(store_redis, sentinel_discovers_the_master, .init = setup_own, .fini = teardown_own)
