@@ -63,11 +63,7 @@ class ProxiedRequest:
         self.attempt = attempt  # 1 for the first request with this identity
 
     def header(self, name):
-        name = name.lower()
-        for n, v in self.headers:
-            if n.lower() == name:
-                return v
-        return None
+        return _field(self.headers, name.lower())
 
     @property
     def key(self):
@@ -116,6 +112,8 @@ def _parse_fields(lines):
 
 
 def _field(headers, name):
+    """The first value of the header name (lower case) in (name, value) pairs;
+    None when there is none."""
     for n, v in headers:
         if n.lower() == name:
             return v
