@@ -36,10 +36,9 @@ import os
 import signal
 import sqlite3
 import subprocess
-import threading
 import time
 
-from chaos_upstream import QuietHandler, close_servers, serve_instances
+from chaos_upstream import QuietHandler, Recorder
 
 HOST = "127.0.0.1"
 MAX_BODY = 64 * 1024
@@ -176,21 +175,14 @@ class _Handler(QuietHandler):
             self.close_connection = True
 
 
-class LedgerTap:
+class LedgerTap(Recorder):
     """instances listeners that pass requests on to the ledger and record
     each forward."""
 
     def __init__(self, ledger_port, instances=2):
         self.ledger_port = ledger_port
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._execs = []
-        self._keys = set()
         self.plan = {}        # key -> (phase "before"|"after", ms): a first forward's hold
-        self.servers = serve_instances(_Handler, instances, tap=self)
-
-    def url(self, instance):
-        return "http://%s:%d" % (HOST, self.servers[instance].server_address[1])
+        super().__init__(_Handler, instances, "tap")
 
     def hold(self, key, phase, ms):
         with self.lock:
@@ -253,15 +245,6 @@ class LedgerTap:
         rheaders = rheaders + [(FORWARD_HEADER, str(e["nonce"])),
                                (FENCE_HEADER, "" if fence is None else str(fence))]
         return status, rheaders, rbody
-
-    def executions(self):
-        """A copy of the forwards (those still under way have t_end None)."""
-        with self.lock:
-            return [dict(e) for e in self._execs]
-
-    def close(self):
-        self.stopping.set()
-        close_servers(self.servers)
 
 
 # --------------------------------------------------------------------------

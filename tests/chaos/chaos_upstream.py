@@ -81,6 +81,32 @@ def close_servers(servers):
         srv.server_close()
 
 
+class Recorder:
+    """The common part of the recording upstream and chaos_ledger's tap: one
+    listener per idemd instance, served by handler (each server's attribute
+    attr is the recorder), and one history under one lock.  A subclass sets
+    its own fields first, then calls this __init__ (which starts serving)."""
+
+    def __init__(self, handler, instances, attr):
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._execs = []
+        self._keys = set()      # keys executed (forwarded) at least once
+        self.servers = serve_instances(handler, instances, **{attr: self})
+
+    def url(self, instance):
+        return "http://%s:%d" % (HOST, self.servers[instance].server_address[1])
+
+    def executions(self):
+        """A copy of the history (entries still under way have t_end None)."""
+        with self.lock:
+            return [dict(e) for e in self._execs]
+
+    def close(self):
+        self.stopping.set()
+        close_servers(self.servers)
+
+
 class _Handler(QuietHandler):
 
     def _answer(self, status, doc):
@@ -119,19 +145,12 @@ class _Handler(QuietHandler):
             self.close_connection = True
 
 
-class RecordingUpstream:
+class RecordingUpstream(Recorder):
     """The recording upstream: instances listeners, one history."""
 
     def __init__(self, instances=2):
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._execs = []
         self._max_seen = {}     # key -> highest fence received (fenced mode)
-        self._keys = set()      # keys executed at least once
-        self.servers = serve_instances(_Handler, instances, up=self)
-
-    def url(self, instance):
-        return "http://%s:%d" % (HOST, self.servers[instance].server_address[1])
+        super().__init__(_Handler, instances, "up")
 
     def execute(self, instance, mode, key, fence, work_ms):
         """Run one execution: record it, work, apply (or refuse) its write."""
@@ -161,12 +180,3 @@ class RecordingUpstream:
         if refused:
             doc["refused"] = "stale-fence"
         return e["status"], doc
-
-    def executions(self):
-        """A copy of the history (executions still working have t_end None)."""
-        with self.lock:
-            return [dict(e) for e in self._execs]
-
-    def close(self):
-        self.stopping.set()
-        close_servers(self.servers)
