@@ -635,6 +635,26 @@ static bool db_exec(consumer_t *c, const char *sql)
     return true;
 }
 
+/* Switch a database to WAL.  Two consumers that open a new file at the same
+ * moment both ask for the switch, and SQLite answers the loser SQLITE_BUSY
+ * at once, without calling the busy handler (the switch needs the file to
+ * itself); so retry it here for as long as the busy timeout would wait. */
+static bool db_use_wal(consumer_t *c)
+{
+    for (int64_t waited = 0;; waited += 20) {
+        int rc = sqlite3_exec(c->db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            return true;
+        if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
+            break;
+        if (waited >= BUSY_TIMEOUT_MS || g_stop)
+            break;
+        sleep_ms(20);
+    }
+    logf_(c, "sqlite: PRAGMA journal_mode=WAL: %s", sqlite3_errmsg(c->db));
+    return false;
+}
+
 static bool db_open(consumer_t *c)
 {
     if (sqlite3_open_v2(c->o.db_path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
@@ -646,7 +666,7 @@ static bool db_open(consumer_t *c)
     sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
     /* WAL lets readers (a test, a report) look while writers take turns;
      * synchronous=FULL makes a commit durable before the XACK that follows. */
-    if (!db_exec(c, "PRAGMA journal_mode=WAL") || !db_exec(c, "PRAGMA synchronous=FULL"))
+    if (!db_use_wal(c) || !db_exec(c, "PRAGMA synchronous=FULL"))
         return false;
     idem_err_t e = idem_tx_sqlite(c->db, NULL, &c->tx);
     if (e != IDEM_OK) {
