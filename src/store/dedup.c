@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "idem/lock.h" /* IDEM_LOCK_TIME_MAX */
+#include "store/store_impl.h"
 
 #define LEASE_MAX_MS 86400000ll             /* one day */
 #define RETENTION_MAX_MS 315360000000ll     /* ten years */
@@ -50,22 +51,6 @@
 static bool time_ok(int64_t now_ms)
 {
     return now_ms >= 0 && now_ms <= IDEM_LOCK_TIME_MAX;
-}
-
-/* How long until the holder's lease ends: exact from the record when it can
- * be read, else the decision's whole seconds. */
-static int64_t wait_for_lease(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
-                              int64_t retry_after_s)
-{
-    idem_record_t rec;
-    int64_t wait = retry_after_s * 1000;
-    if (idem_store_get(store, id, now_ms, &rec) == IDEM_OK) {
-        if (rec.state == IDEM_STATE_IN_PROGRESS && rec.lease_until_ms > now_ms &&
-            (rec.flags & IDEM_REC_HELD) == 0)
-            wait = rec.lease_until_ms - now_ms;
-        idem_record_cleanup(&rec);
-    }
-    return wait >= 1 ? wait : 1;
 }
 
 idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg_id,
@@ -93,7 +78,8 @@ idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg
 
     err = idem_dedup_verdict(&op.decision, out);
     if (err == IDEM_OK && out->verdict == IDEM_DEDUP_IN_PROGRESS)
-        out->retry_after_ms = wait_for_lease(store, &op.id, now_ms, op.decision.retry_after_s);
+        out->retry_after_ms =
+            idem__store_wait_for_lease(store, &op.id, now_ms, op.decision.retry_after_s);
     return err;
 }
 

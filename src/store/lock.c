@@ -51,6 +51,7 @@
 #include <time.h>
 
 #include "idem/alloc.h"
+#include "store/store_impl.h"
 
 /* ---- arguments ------------------------------------------------------------ */
 
@@ -85,21 +86,6 @@ static bool held(const idem_lock_t *lock)
 }
 
 /* ---- acquire, renew, release ---------------------------------------------- */
-
-/* How long until the holder's lease ends, for a busy answer: exact from the
- * record when it can be read, else the decision's whole seconds. */
-static int64_t wait_for_lease(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
-                              int64_t retry_after_s)
-{
-    idem_record_t rec;
-    int64_t wait = retry_after_s * 1000;
-    if (idem_store_get(store, id, now_ms, &rec) == IDEM_OK) {
-        if (rec.state == IDEM_STATE_IN_PROGRESS && rec.lease_until_ms > now_ms)
-            wait = rec.lease_until_ms - now_ms;
-        idem_record_cleanup(&rec);
-    }
-    return wait >= 1 ? wait : 1;
-}
 
 idem_err_t idem_lock_acquire(idem_store_t *store, const char *name, int64_t now_ms,
                              int64_t lease_ms, idem_lock_t *out, int64_t *retry_after_ms)
@@ -136,7 +122,8 @@ idem_err_t idem_lock_acquire(idem_store_t *store, const char *name, int64_t now_
         return IDEM_OK;
     case IDEM_DECIDE_IN_FLIGHT:
         if (retry_after_ms != NULL)
-            *retry_after_ms = wait_for_lease(store, &op.id, now_ms, op.decision.retry_after_s);
+            *retry_after_ms =
+                idem__store_wait_for_lease(store, &op.id, now_ms, op.decision.retry_after_s);
         return IDEM_E_EXISTS;
     default: /* REPLAY, MISMATCH, IN_FLIGHT_UNKNOWN, NOT_RETAINED: not a lock's record */
         return IDEM_E_CORRUPT;

@@ -61,6 +61,20 @@ void idem__store_seterr(idem_store_t *store, const char *fmt, ...)
     tls_err.owner = store;
 }
 
+int64_t idem__store_wait_for_lease(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                   int64_t retry_after_s)
+{
+    idem_record_t rec;
+    int64_t wait = retry_after_s * 1000;
+    if (idem_store_get(store, id, now_ms, &rec) == IDEM_OK) {
+        if (rec.state == IDEM_STATE_IN_PROGRESS && rec.lease_until_ms > now_ms &&
+            (rec.flags & IDEM_REC_HELD) == 0)
+            wait = rec.lease_until_ms - now_ms;
+        idem_record_cleanup(&rec);
+    }
+    return wait >= 1 ? wait : 1;
+}
+
 void idem__store_errbuf(char *errbuf, size_t errlen, const char *fmt, ...)
 {
     if (errbuf == NULL || errlen == 0)

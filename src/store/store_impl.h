@@ -86,6 +86,13 @@ extern const struct idem_store_ops idem__store_postgres_ops, idem__store_postgre
 void idem__store_seterr(idem_store_t *store, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* How long until the lease of the in_progress record under id ends, for a
+ * busy answer (locks, de-duplication): exact from the record when it can be
+ * read, else the decision's whole seconds; at least 1 ms.  A held record
+ * (IDEM_REC_HELD) has no lease to wait for: the decision's figure. */
+int64_t idem__store_wait_for_lease(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
+                                   int64_t retry_after_s);
+
 /* snprintf into an open() error buffer; errbuf may be NULL. */
 void idem__store_errbuf(char *errbuf, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
