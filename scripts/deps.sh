@@ -4,11 +4,20 @@
 # Called by every Makefile target, so `make run` and `make test` work on a
 # fresh Debian 12 machine.  Runs apt-get only when a package is missing
 # (uses sudo when not root).  Usage: scripts/deps.sh [build|test|bench]
+#
+#   build  what building and running idemd, idemctl and libidem needs, with
+#          every store backend (`make build`, `make run`): no test tools
+#   test   build, plus Criterion, clang for the fuzzers, and the Redis and
+#          PostgreSQL servers the tests start (`make test`)
+#   bench  test, plus nginx, wrk, perf and Node.js (`make bench`)
+#
+# apt-get's own messages are shown as they come; a step that fails stops
+# here with a line naming it.
 set -euo pipefail
 
-build_pkgs=(gcc make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
-            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl python3)
-test_pkgs=(libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
+build_pkgs=(gcc libc6-dev make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
+            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl)
+test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
 bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
@@ -25,9 +34,18 @@ for p in "${want[@]}"; do
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null; then
+    echo "deps: missing Debian packages: ${missing[*]}; run as root, or install sudo" >&2
+    exit 1
+  fi
+  SUDO=(sudo)
+fi
 echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >&2
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+  || { echo "deps: apt-get update failed (its message is above)" >&2; exit 1; }
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -o DPkg::Lock::Timeout=600 "${missing[@]}" >&2 \
+  || { echo "deps: apt-get install failed (its message is above)" >&2; exit 1; }

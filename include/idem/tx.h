@@ -70,10 +70,12 @@ typedef struct idem_tx idem_tx_t;
  * @param[in]  db     borrowed; must outlive the handle.
  * @param[in]  table  NULL for IDEM_TX_TABLE_DEFAULT.
  * @param[out] out    the handle (idem_tx_free); NULL on failure.
- * @return IDEM_OK, IDEM_E_INVAL (bad table name), IDEM_E_NOMEM. */
+ * @return IDEM_OK, IDEM_E_INVAL (bad table name), IDEM_E_NOMEM,
+ *         IDEM_E_UNSUPPORTED (this libidem was built without SQLite). */
 idem_err_t idem_tx_sqlite(struct sqlite3 *db, const char *table, idem_tx_t **out);
 
-/** Wrap an open PostgreSQL connection (the same rules). */
+/** Wrap an open PostgreSQL connection (the same rules; IDEM_E_UNSUPPORTED
+ * when this libidem was built without PostgreSQL). */
 idem_err_t idem_tx_postgres(struct pg_conn *conn, const char *table, idem_tx_t **out);
 
 /** Free the handle (and its prepared statements); the connection stays open.

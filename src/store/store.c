@@ -1,8 +1,11 @@
 /* src/store/store.c - the one store API over every backend.
  *
  * idem_store_open picks a backend by the URL's scheme from a table (one line
- * per backend: "memory:", "lmdb:"; "redis://" and "postgres://" will be one
- * line each) and hands it the rest of the URL.  Every other public function
+ * per scheme: "memory:", "lmdb:", "redis:", "redis+sentinel:", "postgres:",
+ * "postgresql:") and hands it the rest of the URL.  Redis and PostgreSQL are
+ * optional parts of the build (meson_options.txt): a scheme whose backend
+ * was left out is still known by name, so its URL is refused with a sentence
+ * saying so rather than as an unknown scheme.  Every other public function
  * checks its arguments once here and calls through the backend's vtable, so
  * backends see only well-formed calls (see store_impl.h for exactly what is
  * checked).  The conveniences (claim, complete, release, renew, delete) are
@@ -37,10 +40,30 @@
 static const struct idem_store_ops *const backends[] = {
     &idem__store_memory_ops,
     &idem__store_lmdb_ops,
+#if IDEM_HAVE_REDIS
     &idem__store_redis_ops,
     &idem__store_redis_sentinel_ops,
+#endif
+#if IDEM_HAVE_POSTGRES
     &idem__store_postgres_ops,
     &idem__store_postgresql_ops,
+#endif
+};
+
+/* The schemes of the backends this build left out, and the meson option
+ * that builds each. */
+static const struct {
+    const char *scheme, *name, *library, *option;
+} absent_backends[] = {
+#if !IDEM_HAVE_REDIS
+    {"redis", "Redis", "hiredis", "redis"},
+    {"redis+sentinel", "Redis", "hiredis", "redis"},
+#endif
+#if !IDEM_HAVE_POSTGRES
+    {"postgres", "PostgreSQL", "libpq", "postgres"},
+    {"postgresql", "PostgreSQL", "libpq", "postgres"},
+#endif
+    {NULL, NULL, NULL, NULL},
 };
 
 #define SCHEME_MAX 32
@@ -380,10 +403,22 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
             return err;
         }
     }
+    for (size_t i = 0; absent_backends[i].scheme != NULL; i++) {
+        if (strlen(absent_backends[i].scheme) == sl &&
+            memcmp(absent_backends[i].scheme, url, sl) == 0) {
+            idem__store_errbuf(errbuf, errlen,
+                               "%.*s:// URLs need the %s store, which this build of idem left "
+                               "out (built without %s; rebuild with it, or meson -D%s=enabled)",
+                               (int)sl, url, absent_backends[i].name, absent_backends[i].library,
+                               absent_backends[i].option);
+            return IDEM_E_UNSUPPORTED;
+        }
+    }
     idem__store_errbuf(errbuf, errlen,
-                       "unknown store scheme \"%.*s\" (this build knows lmdb:, redis://, "
-                       "redis+sentinel://, postgres://, postgresql:// and memory:)",
-                       (int)sl, url);
+                       "unknown store scheme \"%.*s\" (this build knows lmdb:%s%s and memory:)",
+                       (int)sl, url,
+                       IDEM_HAVE_REDIS ? ", redis://, redis+sentinel://" : "",
+                       IDEM_HAVE_POSTGRES ? ", postgres://, postgresql://" : "");
     return IDEM_E_INVAL;
 }
 

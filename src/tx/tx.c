@@ -476,3 +476,30 @@ idem_err_t idem_tx_sweep(idem_tx_t *tx, int64_t now_ms, size_t max, size_t *remo
     idem__tx_result_cleanup(&res);
     return IDEM_OK;
 }
+
+/* ---- databases this build left out ---------------------------------------
+ * A library built without SQLite or PostgreSQL (meson -Dsqlite=disabled,
+ * -Dpostgres=disabled) keeps the entry point, so every build exports the
+ * same symbols; it only says that the database is not there. */
+
+#if !IDEM_HAVE_SQLITE
+idem_err_t idem_tx_sqlite(struct sqlite3 *db, const char *table, idem_tx_t **out)
+{
+    (void)db;
+    (void)table;
+    if (out != NULL)
+        *out = NULL;
+    return IDEM_E_UNSUPPORTED;
+}
+#endif
+
+#if !IDEM_HAVE_POSTGRES
+idem_err_t idem_tx_postgres(struct pg_conn *conn, const char *table, idem_tx_t **out)
+{
+    (void)conn;
+    (void)table;
+    if (out != NULL)
+        *out = NULL;
+    return IDEM_E_UNSUPPORTED;
+}
+#endif
