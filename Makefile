@@ -1,35 +1,52 @@
 # idem - the commands of README.md.  The build itself is Meson + ninja;
 # every target first installs any missing Debian package (scripts/deps.sh).
-.PHONY: all build build-asan run test test-quick bench soak fuzz lint chaos clean
+.PHONY: all build build-test build-asan run test test-quick bench soak fuzz lint chaos clean
 
 MESON_OPTS ?=
 FUZZ_SECONDS ?= 60
+# make test builds every part, so that every part is tested.
+TEST_FEATURES = -Dtests=enabled -Dredis=enabled -Dpostgres=enabled -Dsqlite=enabled
+
+# meson_tree DIR OPTIONS: set DIR up with OPTIONS, or apply them to the DIR
+# that is there; meson's own messages are shown when it fails.
+meson_tree = if [ -f $(1)/build.ninja ]; then meson configure $(1) $(2) >/dev/null; \
+	else meson setup $(1) $(2) >$(1).setup.log 2>&1 || { cat $(1).setup.log; rm -f $(1).setup.log; exit 1; }; \
+	rm -f $(1).setup.log; fi
 
 all: build
 
+# What running needs: no test tools, no test programs.
 build:
 	@scripts/deps.sh build
-	@test -f build/build.ninja || meson setup build --buildtype=debugoptimized $(MESON_OPTS) >/dev/null
+	@if [ ! -f build/build.ninja ]; then \
+	  meson setup build --buildtype=debugoptimized -Dtests=disabled $(MESON_OPTS) >build.setup.log 2>&1 \
+	    || { cat build.setup.log; rm -f build.setup.log; exit 1; }; rm -f build.setup.log; fi
 	@ninja -C build
 	@echo "built: build/idemd build/idemctl build/examples/demo-upstream"
 
+# The optimised tree and the sanitizer tree, each with every part and test.
+build-test:
+	@scripts/deps.sh test
+	@$(call meson_tree,build,--buildtype=debugoptimized $(TEST_FEATURES) $(MESON_OPTS))
+	@ninja -C build
+
 build-asan:
 	@scripts/deps.sh test
-	@test -f build-asan/build.ninja || meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false $(MESON_OPTS) >/dev/null
+	@$(call meson_tree,build-asan,-Db_sanitize=address,undefined -Db_lundef=false $(TEST_FEATURES) $(MESON_OPTS))
 	@ninja -C build-asan
 
 # The demo: an upstream on :9000 and idemd on :8080 with ./idem-data.
 run: build
 	@scripts/run.sh
 
-# Every test: unit, store conformance and black-box, on the optimised and on
-# the sanitizer build, then the HTTP fuzzers for FUZZ_SECONDS, then lint.
-test: build build-asan
-	@python3 scripts/run_tests.py --fuzz-seconds $(FUZZ_SECONDS)
+# Every test suite (tests/meson.build) on the optimised and on the sanitizer
+# tree, the fuzzers for FUZZ_SECONDS, the lint; ends "N passed, N failed".
+test: build-test build-asan
+	@IDEM_FUZZ_SECONDS=$(FUZZ_SECONDS) python3 scripts/run_tests.py
 
-# The same without the sanitizer build and the fuzzers.
-test-quick: build
-	@python3 scripts/run_tests.py --builds build --fuzz-seconds 0
+# The same on the optimised tree only, without the fuzzers.
+test-quick: build-test
+	@python3 scripts/run_tests.py --builds build --no-fuzz
 
 bench: build
 	@scripts/deps.sh bench

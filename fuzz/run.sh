@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # fuzz/run.sh [SECONDS] - build the libFuzzer targets and run each of them.
 #
-# SECONDS is the budget for the whole run (default 60), split evenly between
-# the targets (at least 1 s each): `fuzz/run.sh 60` with seven targets gives
-# each 8 s, which is what CI runs (scripts/run_tests.py); `make fuzz
-# FUZZ_SECONDS=N` passes N the same way.  To fuzz one target for longer, run
+# SECONDS is the budget for the whole run (default $IDEM_FUZZ_SECONDS, else
+# 60), split evenly between the targets (at least 1 s each): `fuzz/run.sh 60`
+# with seven targets gives each 8 s, which is what `make test` runs (the
+# meson test `fuzz`); `make fuzz FUZZ_SECONDS=N` passes N the same way.  To fuzz one target for longer, run
 # its binary by hand (fuzz/README.md).
 #
 # Builds in build-fuzz with clang, AddressSanitizer and UBSan (configured the
@@ -23,7 +23,7 @@
 # guides the fuzzers through it; only the fuzz executables link libFuzzer.
 set -euo pipefail
 
-total=${1:-60}
+total=${1:-${IDEM_FUZZ_SECONDS:-60}}
 case $total in
   ''|*[!0-9]*) echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2 ;;
 esac
@@ -34,7 +34,7 @@ build=build-fuzz
 
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang meson setup "$build" \
-    -Db_sanitize=address,undefined -Dfuzz=true -Dtests=false \
+    -Db_sanitize=address,undefined -Dfuzz=true -Dtests=disabled \
     -Dc_args='-fsanitize=fuzzer-no-link -fno-sanitize-recover=undefined'
 fi
 
