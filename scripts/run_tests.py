@@ -110,8 +110,10 @@ def meson_test(build, setup, suites, jobs, results):
     results[build] = (rc, time.monotonic() - start, out)
 
 
-def read_testlog(build):
-    path = os.path.join(ROOT, build, "meson-logs", "testlog.json")
+def read_testlog(build, setup):
+    """meson writes testlog.json, or testlog-<setup>.json under a setup."""
+    name = f"testlog-{setup}.json" if setup else "testlog.json"
+    path = os.path.join(ROOT, build, "meson-logs", name)
     entries = []
     try:
         with open(path) as f:
@@ -154,7 +156,7 @@ def main():
     ap.add_argument("--suite", action="append", default=[], help="run only this suite (repeatable)")
     ap.add_argument("--no-fuzz", action="store_true", help="leave out the fuzz suite")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("IDEM_TEST_JOBS", "3")),
-                    help="tests at once in each tree (default 3)")
+                    help="tests at once in each tree (default 3, $IDEM_TEST_JOBS)")
     args = ap.parse_args()
 
     tally = Tally()
@@ -178,9 +180,10 @@ def main():
             t.join()
         for build in args.builds.split(","):
             rc, secs, out = results.get(build, (-1, 0.0, "not run"))
-            label = "asan" if "asan" in build else "plain"
+            setup = "asan" if "asan" in build else None
+            label = setup or "plain"
             print(f"{build} ({secs:.0f}s, meson test exit {rc}):", flush=True)
-            entries = read_testlog(build)
+            entries = read_testlog(build, setup)
             if not entries:
                 print(out[-4000:], flush=True)
                 tally.add(f"{label}:meson-test", 0, 1)
@@ -193,7 +196,7 @@ def main():
     finally:
         services.stop()
     if tally.failures:
-        print("failures (logs in <tree>/meson-logs/testlog.txt):")
+        print("failures (logs in build/meson-logs/testlog.txt, build-asan/meson-logs/testlog-asan.txt):")
         for f in tally.failures:
             print("  " + f)
     print(f"make test: {time.monotonic() - started:.0f}s", flush=True)
