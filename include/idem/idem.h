@@ -9,6 +9,7 @@
 #ifndef IDEM_IDEM_H
 #define IDEM_IDEM_H
 
+#include "idem/version.h"
 #include "idem/error.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"

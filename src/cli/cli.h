@@ -22,6 +22,7 @@
 #include <stddef.h>
 
 #include "cli/args.h"
+#include "idem/version.h"
 
 #define IDEM_CLI_EXIT_OK 0
 #define IDEM_CLI_EXIT_USAGE 2
@@ -31,10 +32,7 @@
 #define IDEM_CLI_EXIT_NOMEM 27
 #define IDEM_CLI_EXIT_TOO_BIG 63
 
-#ifndef IDEM_VERSION
-#define IDEM_VERSION "unknown"
-#endif
-#define IDEM_CLI_USER_AGENT "idemctl/" IDEM_VERSION
+#define IDEM_CLI_USER_AGENT "idemctl/" IDEM_VERSION_STRING
 
 /** idemctl request: send with retries (request.c).  @return the exit code. */
 int idem__cli_request(const idem_cli_args_t *a);

@@ -110,7 +110,7 @@ int main(int argc, char **argv)
     }
     if (args.cmd == IDEM_CLI_VERSION) {
         char line[160];
-        int n = snprintf(line, sizeof line, "idemctl %s (libcurl %s)\n", IDEM_VERSION,
+        int n = snprintf(line, sizeof line, "idemctl %s (libcurl %s)\n", IDEM_VERSION_STRING,
                          curl_version_info(CURLVERSION_NOW)->version);
         idem__cli_args_cleanup(&args);
         return idem__cli_write_out(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) ==

@@ -22,8 +22,7 @@
 
 #include "gateway/gateway.h"
 #include "idem/units.h"
-
-#define IDEM_VERSION "0.1.0"
+#include "idem/version.h"
 
 static void usage(FILE *f)
 {
@@ -202,7 +201,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (a.version) {
-        printf("idemd %s\n", IDEM_VERSION);
+        printf("idemd %s\n", IDEM_VERSION_STRING);
         return 0;
     }
     static idem_config_t cfg;
