@@ -1,6 +1,6 @@
 # idem - the commands of README.md.  The build itself is Meson + ninja;
 # every target first installs any missing Debian package (scripts/deps.sh).
-.PHONY: all build build-test build-asan run test test-quick bench soak fuzz lint chaos clean
+.PHONY: all build build-test build-asan run test test-quick bench soak fuzz lint chaos deb check-deb clean
 
 MESON_OPTS ?=
 FUZZ_SECONDS ?= 60
@@ -76,6 +76,19 @@ chaos: build
 	python3 tests/chaos/chaos.py --store all $(CHAOS_ARGS) || rc=1; \
 	python3 tests/chaos/chaos.py --short --store all --upstream ledger $(CHAOS_ARGS) || rc=1; \
 	exit $$rc
+
+# The Debian packages idemd, idemctl, libidem0 and libidem-dev (debian/),
+# built by dpkg-buildpackage from a copy of the tree, into build/deb/.
+deb:
+	@scripts/deps.sh deb
+	@bash scripts/build_deb.sh
+
+# make deb, then lintian, the unit file, the installed idemd proxying one
+# request, the manual pages and libidem-dev, from the packages unpacked into
+# a temporary root (scripts/check_deb.sh).
+check-deb:
+	@scripts/deps.sh deb
+	@bash scripts/check_deb.sh
 
 clean:
 	rm -rf build build-asan build-fuzz fuzz/corpus-work

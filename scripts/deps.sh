@@ -3,13 +3,14 @@
 #
 # Called by every Makefile target, so `make run` and `make test` work on a
 # fresh Debian 12 machine.  Runs apt-get only when a package is missing
-# (uses sudo when not root).  Usage: scripts/deps.sh [build|test|bench]
+# (uses sudo when not root).  Usage: scripts/deps.sh [build|test|bench|deb]
 #
 #   build  what building and running idemd, idemctl and libidem needs, with
 #          every store backend (`make build`, `make run`): no test tools
 #   test   build, plus Criterion, clang for the fuzzers, and the Redis and
 #          PostgreSQL servers the tests start (`make test`)
 #   bench  test, plus nginx, wrk, perf and Node.js (`make bench`)
+#   deb    build, plus Debian's packaging tools (`make deb`)
 #
 # apt-get's own messages are shown as they come; a step that fails stops
 # here with a line naming it.
@@ -18,12 +19,16 @@ set -euo pipefail
 build_pkgs=(gcc libc6-dev make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
             libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl)
 test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
+# make deb and scripts/check_deb.sh: Debian's packaging tools, scdoc for the
+# manual pages, systemd for systemd-analyze verify, man-db/groff to render.
+deb_pkgs=(debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base)
 bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in
   test) want+=("${test_pkgs[@]}") ;;
   bench) want+=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  deb) want+=("${deb_pkgs[@]}") ;;
 esac
 
 missing=()
