@@ -7,8 +7,8 @@
 #
 #   build  what building and running idemd, idemctl and libidem needs, with
 #          every store backend (`make build`, `make run`): no test tools
-#   test   build, plus Criterion, clang for the fuzzers, and the Redis and
-#          PostgreSQL servers the tests start (`make test`)
+#   test   build, plus Criterion, clang for the fuzzers, the Redis and
+#          PostgreSQL servers the tests start, and deb's tools (`make test`)
 #   bench  test, plus nginx, wrk, perf and Node.js (`make bench`)
 #   deb    build, plus Debian's packaging tools (`make deb`)
 #
@@ -19,14 +19,15 @@ set -euo pipefail
 build_pkgs=(gcc libc6-dev make meson ninja-build pkg-config libuv1-dev liblmdb-dev libssl-dev
             libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl)
 test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3)
-# make deb and scripts/check_deb.sh: Debian's packaging tools, scdoc for the
+# make deb and scripts/check_deb.sh: Debian's packaging tools (dpkg-buildpackage
+# also wants build-essential, whatever debian/control says), scdoc for the
 # manual pages, systemd for systemd-analyze verify, man-db/groff to render.
-deb_pkgs=(debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base)
+deb_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base)
 bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in
-  test) want+=("${test_pkgs[@]}") ;;
+  test) want+=("${test_pkgs[@]}" "${deb_pkgs[@]}") ;;  # make test builds the packages too
   bench) want+=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
   deb) want+=("${deb_pkgs[@]}") ;;
 esac
