@@ -433,7 +433,7 @@ start_idemd() {
   fi
 }
 
-# stop_idemd NAME PID: SIGTERM, and it should exit 0 (SPEC section 10).
+# stop_idemd NAME PID: SIGTERM, and it should exit 0 (docs/protocol.md section 14).
 stop_idemd() {
   local name=$1 pid=$2 rc=0
   kill -TERM "$pid" 2>/dev/null || true

@@ -71,7 +71,7 @@
 #define BORROW_TIMEOUT_S 10                /* waiting for a database connection */
 #define SWEEP_EVERY_MS 60000
 #define SWEEP_BATCH 1000
-#define REPLAY_HEADER "X-Idempotent-Replay" /* SPEC section 3, idemd's default */
+#define REPLAY_HEADER "X-Idempotent-Replay" /* docs/protocol.md section 2, idemd's default */
 
 /* ---- the connection pool ------------------------------------------------ */
 

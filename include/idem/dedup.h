@@ -1,5 +1,5 @@
 /* include/idem/dedup.h - message de-duplication for consumers of queues that
- * redeliver (SPEC section 12).
+ * redeliver (docs/protocol.md section 16).
  *
  * A broker delivers at least once: after a consumer crash, a lost ack or a
  * redelivery timeout the same message comes again.  Before applying a

@@ -1,4 +1,4 @@
-/* include/idem/engine.h - the decision of SPEC section 3, as a pure function.
+/* include/idem/engine.h - the decision of docs/protocol.md section 6, as a pure function.
  *
  * Given the record a store holds for (scope, key) (or none), the fingerprint
  * of the new request and the time, idem_decide says what happens: claim the

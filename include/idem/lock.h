@@ -1,5 +1,5 @@
 /* include/idem/lock.h - a named lock with a lease and a fencing token
- * (SPEC section 12), on any store.
+ * (docs/protocol.md section 16), on any store.
  *
  * A service that must do one thing at a time across processes (run a
  * scheduled job, own a shard, compact a ledger) takes a lock by name.  The

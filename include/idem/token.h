@@ -1,4 +1,4 @@
-/* include/idem/token.h - single-use prevention tokens (SPEC section 6).
+/* include/idem/token.h - single-use prevention tokens (docs/protocol.md section 8).
  *
  * A token is 128 random bits from the kernel, written as 32 lowercase hex
  * digits.  The server issues it to a caller (bound to the caller's scope),

@@ -1,5 +1,5 @@
 /* include/idem/tx.h - key records written inside the caller's own database
- * transaction (SPEC section 12), for SQLite and PostgreSQL.
+ * transaction (docs/protocol.md section 16), for SQLite and PostgreSQL.
  *
  * A gateway cannot make a business write and its key record commit
  * together; a service can.  The service opens a transaction on its own

@@ -1,6 +1,6 @@
 /* src/cli/idemctl.c - idemctl's main: parse the command line, run one command.
  *
- * idemctl is the command line of idem (SPEC section 13): a client that sends
+ * idemctl is the command line of idem (docs/protocol.md section 15): a client that sends
  * a non-idempotent request with an Idempotency-Key and retries it safely
  * (request), an operator's view of stored keys over idemd's admin listener
  * (keys), and a prevention token fetcher (token).  The help text below is

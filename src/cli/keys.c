@@ -1,10 +1,10 @@
 /* src/cli/keys.c - idemctl keys get|delete and idemctl token: one exchange each, no retries.
  *
- * keys talks to idemd's admin listener (SPEC section 11): GET or DELETE
+ * keys talks to idemd's admin listener (docs/protocol.md section 13): GET or DELETE
  * {admin}/keys/{key}?scope=S, the key percent-encoded byte by byte outside
  * RFC 3986 unreserved (the admin reads '+' as a plus sign, so it is encoded
- * too).  token asks the public listener for a prevention token (SPEC
- * section 6): POST {url}/_idem/tokens, with the caller's -H headers so that
+ * too).  token asks the public listener for a prevention token (docs/protocol.md
+ * section 8): POST {url}/_idem/tokens, with the caller's -H headers so that
  * an Authorization header binds the token to the caller's scope.
  *
  * These are an operator's lookups, not operations to make happen: they are

@@ -1,6 +1,6 @@
 /* src/core/engine.c - what a claim of a key does, decided once for all stores.
  *
- * idem_decide is the state machine of SPEC section 3 as a pure function of
+ * idem_decide is the state machine of docs/protocol.md section 6 as a pure function of
  * the record a store holds (or none), the new request's fingerprint and the
  * time.  The rules are tried in the order listed in include/idem/engine.h;
  * the first that matches decides.  The store that calls it applies the

@@ -45,7 +45,7 @@
  *     request is not worth having).  Checked before parsing, without
  *     allocating.
  * In the fingerprint, "not JSON" means the body is hashed raw (frame 'B'),
- * as SPEC section 2 says.
+ * as docs/protocol.md section 4 says.
  *
  * JSON pointers (RFC 6901): "/a/b" names member b of member a; "~1" stands
  * for "/" and "~0" for "~" inside a token; a token on an array is an index

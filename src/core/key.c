@@ -1,6 +1,6 @@
 /* src/core/key.c - the Idempotency-Key header value, and the caller's scope.
  *
- * SPEC section 1 accepts a key in two spellings, and both give the same key:
+ * docs/protocol.md section 2 accepts a key in two spellings, and both give the same key:
  *
  *   bare token   Idempotency-Key: 8e03978e-40d5     what most clients send
  *   SF string    Idempotency-Key: "8e03978e-40d5"   RFC 8941 sf-string, IETF draft
@@ -13,12 +13,12 @@
  * control character, no DEL, no byte >= 0x80).  A quote or backslash inside
  * a bare token is kept as it is.  Either way the resulting key has 1 to
  * IDEM_KEY_MAX characters; a quoted key may hold spaces, even only spaces,
- * since the SPEC allows space in a quoted string.
+ * since docs/protocol.md section 2 allows space in a quoted string.
  *
  * Scope: the SHA-256 of the scope header's exact bytes in lowercase hex, or
  * "anonymous" when the header is absent.  An empty but present header is
  * hashed like any other value, so it is not anonymous.  Hashing keeps the raw
- * credential out of the store and the logs (SPEC section 1).
+ * credential out of the store and the logs (docs/protocol.md section 3).
  *
  * THREADING: pure functions.
  */

@@ -1,4 +1,4 @@
-/* src/gateway/admin.c - idemd's admin listener (SPEC section 11).
+/* src/gateway/admin.c - idemd's admin listener (docs/protocol.md section 13).
  *
  * A thread of its own with its own loop, so that a scrape or an operator's
  * lookup never waits behind client traffic and a flood of clients never

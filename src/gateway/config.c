@@ -1,4 +1,4 @@
-/* src/gateway/config.c - idemd's configuration: SPEC section 10's defaults,
+/* src/gateway/config.c - idemd's configuration: docs/protocol.md section 14's defaults,
  * the YAML file laid over them, and the route table a request is matched on.
  *
  * The file is read whole (at most 1 MiB) and composed with libyaml's
@@ -227,7 +227,7 @@ static void route_cleanup(idem_route_t *r)
     policy_cleanup(&r->policy);
 }
 
-/* The route of SPEC section 5 when nothing is configured: POST and PATCH on
+/* The route of docs/protocol.md section 5 when nothing is configured: POST and PATCH on
  * every path, key required.  Also what a route of the file starts from. */
 static int route_defaults(idem_route_t *r)
 {

@@ -1,6 +1,6 @@
 /* src/gateway/config.h - idemd's configuration: defaults, YAML file, flags.
  *
- * idem_config_defaults() fills every key with SPEC section 10's default;
+ * idem_config_defaults() fills every key with docs/protocol.md section 14's default;
  * idem_config_load_file() then overlays a YAML file, and the command line is
  * applied over that by main.c.  Every error names the file, the line and the
  * key ("idem.yaml:12: defaults.lease: not a duration: '3x'"), so a user can
@@ -73,7 +73,7 @@ typedef struct idem_config {
     size_t n_routes;
 } idem_config_t;
 
-/** Fill cfg with the defaults of SPEC section 10 (one route: POST, PATCH on
+/** Fill cfg with the defaults of docs/protocol.md section 14 (one route: POST, PATCH on
  * "/" required; log_format "text").  cfg need not be initialised; its strings
  * are then owned by it (replace them with idem_config_set_string, free them
  * with idem_config_cleanup).  @return 0, or -1 when out of memory (cfg is

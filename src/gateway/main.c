@@ -1,6 +1,6 @@
 /* src/gateway/main.c - idemd: the command line, start-up and shutdown.
  *
- * Configuration is layered: SPEC section 10's defaults, then the YAML file
+ * Configuration is layered: docs/protocol.md section 14's defaults, then the YAML file
  * (--config), then the flags.  Any problem with them is one line on stderr
  * naming it, and exit status 2.  `idemd -t` stops after that check.
  *

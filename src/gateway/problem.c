@@ -4,7 +4,7 @@
  * tell idemd's word from the upstream's: Content-Type
  * application/problem+json and a body
  * {"type":"urn:idem:problem:<type>","title":...,"status":N,"detail":...}.
- * The type names are part of the contract (SPEC section 8); the titles are
+ * The type names are part of the contract (docs/protocol.md section 10); the titles are
  * fixed per type, the detail says what happened to this request.
  */
 #include <string.h>

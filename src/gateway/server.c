@@ -5,7 +5,7 @@
  * so the kernel spreads connections over the workers).  A client connection
  * reads and parses one request at a time (pipelined requests wait in the
  * read buffer), buffers its body up to max_request_bytes, and hands the
- * whole request to req_dispatch, which follows SPEC sections 1-5:
+ * whole request to req_dispatch, which follows docs/protocol.md sections 2-7:
  *
  *   route -> key -> scope -> fingerprint -> fast read of the record
  *     completed/mismatch/in-flight: answer at once (no writer round trip)
@@ -563,7 +563,7 @@ static void write_connection_header(const idem_req_t *req, idem_buf_t *out)
         idem_buf_append_str(out, "Connection: keep-alive\r\n");
 }
 
-/* Replay a stored response (SPEC section 3, completed). */
+/* Replay a stored response (docs/protocol.md section 6, completed). */
 static void req_replay(idem_req_t *req, const idem_record_t *rec)
 {
     const idem_response_t *r = &rec->response;
@@ -1038,7 +1038,7 @@ void idem_req_upstream_overflow(idem_req_t *req)
     req_store_outcome(req, false);
 }
 
-/* The answer to a request whose upstream call failed (SPEC section 4). */
+/* The answer to a request whose upstream call failed (docs/protocol.md section 7). */
 static void req_answer_failure(idem_req_t *req, idem_up_result_t why)
 {
     if (why == IDEM_UP_CONNECT_FAILED)
@@ -1192,7 +1192,7 @@ void idem_req_stream_end(idem_req_t *req, bool complete)
     conn_response_done(c, client_keep_alive(req) && !req->stream_close);
 }
 
-/* ---- dispatch: SPEC sections 1-5 ------------------------------------------ */
+/* ---- dispatch: docs/protocol.md sections 2-7 ------------------------------ */
 
 static void req_forward(idem_req_t *req)
 {
@@ -1373,7 +1373,7 @@ static int req_fingerprint(idem_req_t *req)
     return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
 }
 
-/* The caller's scope (SPEC section 1): the hash of the scope header, or
+/* The caller's scope (docs/protocol.md section 3): the hash of the scope header, or
  * "anonymous"; "" only when out of memory, which the caller must refuse. */
 static void req_caller_scope(const idem_req_t *req, char *out)
 {
@@ -1381,7 +1381,7 @@ static void req_caller_scope(const idem_req_t *req, char *out)
     idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, out);
 }
 
-/* ---- prevention tokens (SPEC section 6) ----------------------------------- */
+/* ---- prevention tokens (docs/protocol.md section 8) ----------------------- */
 
 #define TOKENS_PATH "/_idem/tokens"
 

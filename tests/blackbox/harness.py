@@ -9,7 +9,7 @@ answers as the test programs it: any status, headers and body, after a delay,
 after waiting for an event, or not at all (closing the connection).
 
 Nothing here knows how idemd works inside; it only speaks HTTP to it, sends
-it signals and looks at its exit status, as SPEC.md describes.
+it signals and looks at its exit status, as docs/protocol.md describes.
 
 Environment:
   IDEMD          path of the idemd binary (default <repo>/build/idemd)
@@ -121,7 +121,7 @@ def store_is_lmdb():
 def parse_time(v):
     """A timestamp from admin JSON as seconds since the epoch.
 
-    SPEC leaves the format open, so accept epoch milliseconds, epoch seconds
+    docs/protocol.md section 13 says RFC 3339; accept epoch milliseconds, epoch seconds
     (int or float) or an RFC 3339 string."""
     if isinstance(v, bool) or v is None:
         raise AssertionError("not a timestamp: %r" % (v,))

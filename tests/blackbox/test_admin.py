@@ -1,4 +1,4 @@
-"""SPEC section 11: the admin listener.
+"""docs/protocol.md section 13: the admin listener.
 
   GET /healthz             200 while the process runs
   GET /readyz              200 when the store answers, else 503

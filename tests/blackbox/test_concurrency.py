@@ -1,4 +1,4 @@
-"""Concurrency (SPEC section 3): atomic claims and lease renewal.
+"""Concurrency (docs/protocol.md section 6): atomic claims and lease renewal.
 
 Of any number of concurrent requests with one key exactly one is forwarded;
 the others get 409 in-flight or, once it completed, the replay.  While a

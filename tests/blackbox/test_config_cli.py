@@ -1,4 +1,4 @@
-"""SPEC section 10: the idemd command line and its YAML config.
+"""docs/protocol.md section 14: the idemd command line and its YAML config.
 
   idemd [--config FILE] [--listen ADDR:PORT] [--upstream URL] [--store URL]
         [--admin ADDR:PORT] [--workers N] [--log-format json|text]

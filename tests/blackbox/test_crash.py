@@ -1,4 +1,4 @@
-"""Crash recovery (SPEC sections 3 and 9): kill -9 idemd while it forwards.
+"""Crash recovery (docs/protocol.md sections 6 and 12): kill -9 idemd while it forwards.
 
 The claim was durable before the request was forwarded, so after a restart
 the key is still in_progress: repeats get 409 until the dead owner's lease

@@ -1,4 +1,4 @@
-"""SPEC section 8: errors idemd makes, limits, malformed HTTP, smuggling.
+"""docs/protocol.md sections 10 and 11: errors idemd makes, limits, malformed HTTP, smuggling.
 
 Every error of idemd's own is application/problem+json with type, title,
 status, detail.  Request head over 16 KiB -> 431 headers-too-large; body over

@@ -1,4 +1,4 @@
-"""SPEC section 2 (the fingerprint) and the key-reused row of section 3.
+"""docs/protocol.md section 4 (the fingerprint) and the key-reused row of section 6.
 
 A keyed request is fingerprinted over method, path with query string, the
 headers listed in fingerprint_headers (default none) and the body (raw, or

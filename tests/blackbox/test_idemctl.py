@@ -1,4 +1,4 @@
-"""SPEC section 13: idemctl, the retrying client, and its keys and token commands.
+"""docs/protocol.md section 15: idemctl, the retrying client, and its keys and token commands.
 
   idemctl request [-X METHOD] URL [-d DATA | --data-file F] [-H 'Name: v']...
                   [--key K] [--retries N] [--max-time S] [-i] [-v]
@@ -629,7 +629,7 @@ class ThroughIdemd(CtlTestCase):
         self.assertNotEqual(r2.out, r.out)
 
     def test_token_spent_once_through_request(self):
-        # SPEC 6 with idemctl on both sides: a token from idemctl token, spent by
+        # docs/protocol.md section 8, idemctl on both sides: a token from idemctl token, spent by
         # idemctl request on a mode: token route; the second use is 409
         # token-used, which waiting cannot change, so it is not retried.
         cfg = {"routes": [{"methods": ["POST"], "path": "/t", "mode": "token"},

@@ -1,4 +1,4 @@
-"""SPEC section 1: the Idempotency-Key header.
+"""docs/protocol.md section 2: the Idempotency-Key header.
 
 A key is accepted as a Structured Field string ("...", with \\" and \\\\
 escapes) or as a bare token; it is 1 to 255 characters of visible ASCII

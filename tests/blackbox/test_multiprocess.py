@@ -1,4 +1,4 @@
-"""Several idemd processes sharing one store (SPEC sections 3 and 9).
+"""Several idemd processes sharing one store (docs/protocol.md sections 6 and 12).
 
 Claiming is atomic across processes: of concurrent requests with one key sent
 to different processes, exactly one is forwarded.  Completion is fenced: an

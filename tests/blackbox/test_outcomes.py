@@ -1,4 +1,4 @@
-"""SPEC section 4: what the upstream's outcome does to the record.
+"""docs/protocol.md section 7: what the upstream's outcome does to the record.
 
   2xx-4xx (not in release_statuses) -> completed for key_ttl; client gets it
   5xx                               -> completed for failure_ttl, then runs again
@@ -106,7 +106,7 @@ class CompletedStatuses(h.IdemTestCase):
 
 
 class DefaultRetention(h.IdemTestCase):
-    """SPEC defaults: key_ttl 24h, failure_ttl 5m, lease 30s."""
+    """Defaults (docs/protocol.md section 14): key_ttl 24h, failure_ttl 5m, lease 30s."""
 
     def test_success_is_kept_24h_by_default(self):
         up, d = self.setup_pair()

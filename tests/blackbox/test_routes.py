@@ -1,4 +1,4 @@
-"""SPEC section 5: routes and their modes.
+"""docs/protocol.md section 5: routes and their modes.
 
   required  no key -> 400 missing-key, not forwarded
   optional  with a key: idempotent; without: forwarded as is

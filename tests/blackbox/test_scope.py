@@ -1,4 +1,4 @@
-"""Keys are scoped to the caller (SPEC section 1).
+"""Keys are scoped to the caller (docs/protocol.md section 3).
 
 The stored identity is (scope, key); scope is the lowercase hex SHA-256 of
 the Authorization value (or of the header named by scope_header), or

@@ -1,5 +1,5 @@
 """Network stores shared by many idemd processes, and their outages
-(SPEC sections 3, 4, 7, 9 and 11).
+(docs/protocol.md sections 6, 7, 9, 12 and 13).
 
 Many instances.  Three idemd processes share one Redis (and again one
 PostgreSQL): the shared test servers named by $IDEM_TEST_REDIS_URL and

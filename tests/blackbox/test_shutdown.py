@@ -1,4 +1,4 @@
-"""Graceful shutdown (SPEC section 10): SIGTERM/SIGINT stop accepting,
+"""Graceful shutdown (docs/protocol.md section 14): SIGTERM/SIGINT stop accepting,
 finish the requests in flight (storing their results) and exit 0."""
 
 import signal

@@ -1,4 +1,4 @@
-"""SPEC section 3: the state machine of a key, one test class per table row.
+"""docs/protocol.md section 6: the state machine of a key, one test class per table row.
 
   nothing / past retention  -> claim (in_progress, fence, lease), forward once
   another fingerprint       -> 422 key-reused          (see test_fingerprint.py)

@@ -1,4 +1,4 @@
-"""SPEC section 7: when the store fails.
+"""docs/protocol.md section 9: when the store fails.
 
 The failure made here is an LMDB map that is full (lmdb:PATH?map_size=small):
 claims can no longer be written.

@@ -1,4 +1,4 @@
-"""SPEC section 9: stores chosen by URL with --store.
+"""docs/protocol.md section 12: stores chosen by URL with --store.
 
   lmdb:PATH (?sync=always default, ?sync=interval, map_size)  one host
   memory:                                                     in process
@@ -84,8 +84,8 @@ class Sweeper(h.IdemTestCase):
                 full = True
                 break
         self.assertTrue(full, "the map never filled")
-        # everything expires after 1 s; the sweeper (interval left open by the
-        # SPEC; 15 s allowed here) must give the space back.  Wait out the
+        # everything expires after 1 s; the sweeper (once a second, docs/protocol.md
+        # section 12; 15 s allowed here) must give the space back.  Wait out the
         # retention first: a 200 before that only shows LMDB reusing a page.
         time.sleep(1.5)
         deadline = time.monotonic() + 15

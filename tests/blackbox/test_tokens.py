@@ -1,4 +1,4 @@
-"""SPEC section 6: prevention tokens.
+"""docs/protocol.md section 8: prevention tokens.
 
   POST /_idem/tokens       201 application/json, Cache-Control: no-store,
                            {"token": <32 lowercase hex>, "expires_in": token_ttl

@@ -1,4 +1,4 @@
-"""on_conflict: wait (SPEC section 3): a repeat of a key in flight is held
+"""on_conflict: wait (docs/protocol.md section 6): a repeat of a key in flight is held
 until the first request completes, then answered with the replay; when
 wait_timeout runs out first it gets 409 in-flight."""
 

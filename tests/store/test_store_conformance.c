@@ -738,7 +738,7 @@ STORE_CASE(claim_race_forwards_each_key_exactly_once)
     race(st, st);
 }
 
-/* ---- prevention tokens (SPEC section 6) ------------------------------------ */
+/* ---- prevention tokens (docs/protocol.md section 8) ------------------------ */
 
 #define TOKEN_TTL 300000ll
 #define TOK "0123456789abcdef0123456789abcdef"

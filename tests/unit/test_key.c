@@ -1,6 +1,6 @@
 /* tests/unit/test_key.c - Idempotency-Key values and scopes (src/core/key.c).
  *
- * Every way SPEC section 1 lets a key be wrong is refused here, both
+ * Every way docs/protocol.md section 2 lets a key be wrong is refused here, both
  * spellings of a good key give the same key, and the scope never contains
  * the credential it stands for.  A fresh key is a UUIDv7 whose every
  * character is known when the random source is injected.

@@ -1,4 +1,4 @@
-/* tests/unit/test_metrics.c - the Prometheus text of /metrics (SPEC section 11).
+/* tests/unit/test_metrics.c - the Prometheus text of /metrics (docs/protocol.md section 13).
  *
  * Counters must appear with every outcome label, histograms must be
  * cumulative with a +Inf bucket equal to their count, and the in-flight

@@ -1,4 +1,4 @@
-/* tests/unit/test_problem.c - idemd's problem+json responses (SPEC section 8).
+/* tests/unit/test_problem.c - idemd's problem+json responses (docs/protocol.md section 10).
  *
  * Each answer idemd makes itself must be a whole HTTP response whose body is
  * RFC 9457 JSON with the urn:idem:problem:<type> type, a title, the status
