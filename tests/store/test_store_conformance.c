@@ -2526,14 +2526,17 @@ Test(store_postgres, processes_creating_the_table_at_once_all_succeed, .fini = t
 }
 
 struct pg_claimer {
-    idem_op_t ops[2];
+    idem_op_t ops[3];
+    size_t n; /* ops in the batch */
     idem_err_t rc;
+    char err[256]; /* idem_store_errstr of the claiming thread (it is per thread) */
 };
 
 static void *pg_claimer_main(void *arg)
 {
     struct pg_claimer *c = arg;
-    c->rc = idem_store_exec(st, c->ops, 2);
+    c->rc = idem_store_exec(st, c->ops, c->n);
+    snprintf(c->err, sizeof c->err, "%s", idem_store_errstr(st));
     return NULL;
 }
 
@@ -2596,6 +2599,7 @@ static void race_against_an_open_insert(const char *finish, struct pg_claimer *c
     pg_insert_claim(other, "contested", 1, 7, T0 + LEASE);
     c->ops[0] = claim_op("contested", 1, T0 + 1);
     c->ops[1] = claim_op("free", 1, T0 + 1);
+    c->n = 2;
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, c), 0);
     wait_for_blocked_insert(watch);
@@ -2611,7 +2615,7 @@ Test(store_postgres, lost_insert_race_reads_the_winner_again, .init = setup_post
     struct pg_claimer c;
     memset(&c, 0, sizeof c);
     race_against_an_open_insert("COMMIT", &c);
-    cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_assert_eq(c.rc, IDEM_OK, "%s", c.err);
     cr_expect_eq(c.ops[0].err, IDEM_OK);
     cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
     cr_expect_eq(c.ops[0].decision.fence, 7);
@@ -2629,7 +2633,7 @@ Test(store_postgres, insert_race_against_a_rolled_back_insert_claims, .init = se
     struct pg_claimer c;
     memset(&c, 0, sizeof c);
     race_against_an_open_insert("ROLLBACK", &c);
-    cr_assert_eq(c.rc, IDEM_OK, "%s", idem_store_errstr(st));
+    cr_assert_eq(c.rc, IDEM_OK, "%s", c.err);
     cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_CLAIM);
     cr_expect_eq(c.ops[0].decision.fence, 1);
     cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
@@ -2905,55 +2909,109 @@ Test(store_postgres, hung_server_times_out_and_fails_fast, .fini = cluster_teard
     cluster_destroy(&c);
 }
 
-/* Wait until a session waits for a lock on a query that starts with prefix. */
-static void wait_for_lock_wait(PGconn *c, const char *prefix)
+/* Wait until a session that blocker blocks waits for a lock (pg_blocking_pids:
+ * precise, whatever other tests run on the server meanwhile). */
+static void wait_for_blocked_by(PGconn *watch, PGconn *blocker, const char *what)
 {
     char sql[256];
     snprintf(sql, sizeof sql,
-             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-             "AND query LIKE '%s%%'",
-             prefix);
-    for (int i = 0; i < 500; i++) {
-        if (pg_num(c, sql) > 0)
+             "SELECT count(*) FROM pg_stat_activity WHERE %d = ANY (pg_blocking_pids(pid))",
+             PQbackendPID(blocker));
+    for (int i = 0; i < 3000; i++) { /* 30 s: a busy machine, not a lost wait */
+        if (pg_num(watch, sql) > 0)
             return;
         usleep(10000);
     }
-    cr_assert_fail("no session waited for a lock on %s", prefix);
+    cr_assert_fail("%s never waited for a lock", what);
 }
 
-/* A deadlock with another transaction: PostgreSQL aborts the store's batch,
- * which runs again and succeeds once the other transaction is through. */
-Test(store_postgres, deadlocked_batch_runs_again, .init = setup_postgres, .fini = teardown,
-     .timeout = 60)
+/* Wait until the session of c waits for a lock. */
+static void wait_until_blocked(PGconn *watch, PGconn *c, const char *what)
 {
-    claim("a", 1, T0);
-    claim("b", 1, T0);
-    PGconn *other = pg_direct(), *watch = pg_direct();
     char sql[256];
-    pg_sql(other, "BEGIN");
-    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'b' FOR UPDATE", pg_tables[0]);
-    pg_sql(other, sql);
+    snprintf(sql, sizeof sql, "SELECT cardinality(pg_blocking_pids(%d))", PQbackendPID(c));
+    for (int i = 0; i < 3000; i++) {
+        if (pg_num(watch, sql) > 0)
+            return;
+        usleep(10000);
+    }
+    cr_assert_fail("%s never waited for a lock", what);
+}
 
-    struct pg_claimer cl = {{claim_op("a", 1, T0 + 1), claim_op("b", 1, T0 + 1)}, 0};
+/* A deadlock with another transaction: PostgreSQL aborts the store's batch
+ * (40P01), which runs again and succeeds once the other transaction is
+ * through, applied once.
+ *
+ * Which side PostgreSQL aborts is not left to the timing.  A waiting backend
+ * runs the deadlock check once, deadlock_timeout after it began to wait, and
+ * the one that finds the cycle aborts itself.  So: the other transaction
+ * never checks (deadlock_timeout of an hour on its session), and the
+ * store's batch is the one that closes the cycle, so that its check (the
+ * server's deadlock_timeout, 1 s, after its last wait began) cannot run
+ * before the cycle exists:
+ *   other holds c, third holds b;
+ *   the store's batch (a, b, c, locked in that order) locks a, waits for b;
+ *   other asks for a: it waits for the store (seen before going on);
+ *   third commits: the store locks b and waits for c: the cycle.
+ * The other's lock on a is granted only when the store's transaction ends,
+ * and that transaction cannot commit while other holds c: so other's query
+ * succeeding and the batch answering OK means the batch was aborted and run
+ * again.  Without the retry the batch fails with 40P01; with a retry that
+ * keeps the aborted attempt's decisions or applies twice, the fences are not
+ * 2. */
+Test(store_postgres, deadlocked_batch_runs_again, .init = setup_postgres, .fini = teardown,
+     .timeout = 120)
+{
+    const char *keys[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(claim(keys[i], 1, T0).kind, IDEM_DECIDE_CLAIM);
+    PGconn *other = pg_direct(), *third = pg_direct(), *watch = pg_direct();
+    char sql[256];
+    pg_sql(other, "SET deadlock_timeout = '1h'");
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'c' FOR UPDATE", pg_tables[0]);
+    pg_sql(other, sql);
+    pg_sql(third, "BEGIN");
+    snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'b' FOR UPDATE", pg_tables[0]);
+    pg_sql(third, sql);
+
+    /* Takeovers (the leases ran out): each writes the record, fence 2. */
+    struct pg_claimer cl = {
+        {claim_op("a", 1, T0 + LEASE), claim_op("b", 1, T0 + LEASE),
+         claim_op("c", 1, T0 + LEASE)},
+        3, IDEM_OK, ""};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &cl), 0);
-    wait_for_lock_wait(watch, "SELECT t.scope");
-    /* The store holds a and waits for b; now we wait for a: a cycle. */
+    wait_for_blocked_by(watch, third, "the store's batch (on b)");
     snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" WHERE key = 'a' FOR UPDATE", pg_tables[0]);
     cr_assert_eq(PQsendQuery(other, sql), 1);
+    wait_until_blocked(watch, other, "the other transaction (on a)");
+    pg_sql(third, "COMMIT");
+
+    /* Returns once the store's transaction is gone: aborted by the check. */
     PGresult *r;
-    bool failed = false;
+    char failed[512] = "";
     while ((r = PQgetResult(other)) != NULL) {
-        failed = failed || PQresultStatus(r) == PGRES_FATAL_ERROR;
+        if (PQresultStatus(r) == PGRES_FATAL_ERROR)
+            snprintf(failed, sizeof failed, "%s", PQresultErrorMessage(r));
         PQclear(r);
     }
-    cr_expect_not(failed, "PostgreSQL chose our transaction, not the store's");
+    cr_expect_str_empty(failed, "PostgreSQL aborted the other transaction: %s", failed);
     pg_sql(other, "COMMIT");
     pthread_join(t, NULL);
-    cr_assert_eq(cl.rc, IDEM_OK, "%s", idem_store_errstr(st));
-    cr_expect_eq(cl.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
-    cr_expect_eq(cl.ops[1].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_assert_eq(cl.rc, IDEM_OK, "%s", cl.err);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(cl.ops[i].err, IDEM_OK, "%s", keys[i]);
+        cr_expect_eq(cl.ops[i].decision.kind, IDEM_DECIDE_TAKEOVER, "%s", keys[i]);
+        cr_expect_eq(cl.ops[i].decision.fence, 2, "%s", keys[i]);
+        idem_record_t rec;
+        cr_assert_eq(get(keys[i], T0 + LEASE + 1, &rec), IDEM_OK, "%s", keys[i]);
+        cr_expect_eq(rec.fence, 2, "%s", keys[i]);
+        cr_expect_eq(rec.lease_until_ms, T0 + LEASE + LEASE, "%s", keys[i]);
+        idem_record_cleanup(&rec);
+    }
     PQfinish(other);
+    PQfinish(third);
     PQfinish(watch);
 }
 
