@@ -51,6 +51,11 @@ KEEP = os.environ.get("IDEM_BB_KEEP") == "1"
 HOST = "127.0.0.1"
 _LIVE = set()  # idemd processes not yet reaped: killed at exit even after ^C
 READY_TIMEOUT = 10.0
+# How long idemd may take to count a request it answered (idem_requests_total
+# is bumped when idemd is done with a request, which can be just after the
+# answer was written).  Generous: a busy 2-core machine under ASan; reached
+# only when a count is really missing.
+COUNT_TIMEOUT = 30.0
 PROBLEM_PREFIX = "urn:idem:problem:"
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
                      "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer")
@@ -235,6 +240,16 @@ def _norm_headers(headers):
     return list(headers)
 
 
+_ANSWERED = {}  # port -> answers read from it (see Idemd.counted_metrics)
+_ANSWERED_LOCK = threading.Lock()
+
+
+def answered(port):
+    """How many answers request() has read from port since it was reset."""
+    with _ANSWERED_LOCK:
+        return _ANSWERED.get(port, 0)
+
+
 def request(port, method, path, body=None, headers=None, key=None, timeout=15.0,
             host=HOST, conn=None):
     """Send one request on a new connection (or on conn) and read the answer.
@@ -263,6 +278,8 @@ def request(port, method, path, body=None, headers=None, key=None, timeout=15.0,
         conn.endheaders(body)
         r = conn.getresponse()
         data = r.read()
+        with _ANSWERED_LOCK:
+            _ANSWERED[port] = _ANSWERED.get(port, 0) + 1
         return Response(r.status, r.reason, r.getheaders(), data, time.monotonic() - t0)
     finally:
         if own:
@@ -697,6 +714,8 @@ class Idemd:
         last = None
         for _ in range(attempts):
             self.port, self.admin_port = free_ports(2)
+            with _ANSWERED_LOCK:
+                _ANSWERED[self.port] = 0  # a new process counts from 0
             self.starts += 1
             log = os.path.join(self.workdir, "%s.%d.stderr" % (self.name, self.starts))
             self.logs.append(log)
@@ -806,12 +825,38 @@ class Idemd:
             raise AssertionError("GET /metrics: %r" % r)
         return parse_metrics(r.text)
 
-    def outcome(self, outcome):
-        return metric_sum(self.metrics(), "idem_requests_total", outcome=outcome)
+    def counted_metrics(self, timeout=COUNT_TIMEOUT):
+        """/metrics once idemd has counted every request whose answer this
+        client read from it (request(), on any connection to self.port).
 
-    def outcome_reaches(self, outcome, value, timeout=3.0):
-        """The outcome counter once it reached value (counters may be bumped
-        just after the answer is written), or its value at the timeout."""
+        idemd bumps idem_requests_total (and the request histogram) when it
+        is done with a request, which can be just after the answer was
+        written: a scrape right after an answer may miss it, and a baseline
+        read then is one short (a later read is "one too many").  So wait
+        until the requests counted, all outcomes together, are at least the
+        answers read.  Read counters this way when no request of the test is
+        between its answer and the read (requests still open do not count
+        as answered).  Raises when idemd never counts an answered request."""
+        want = answered(self.port)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            got = metric_sum(m, "idem_requests_total")
+            if got >= want:
+                return m
+            if time.monotonic() >= deadline:
+                raise AssertionError("idemd counted %d requests in idem_requests_total "
+                                     "%.0fs after it had answered %d" % (got, timeout, want))
+            time.sleep(0.02)
+
+    def outcome(self, outcome):
+        """The outcome counter, every answered request counted (counted_metrics)."""
+        return metric_sum(self.counted_metrics(), "idem_requests_total", outcome=outcome)
+
+    def outcome_reaches(self, outcome, value, timeout=COUNT_TIMEOUT):
+        """The outcome counter once every answered request is counted and it
+        reached value (requests the client had no answer to may be counted
+        later), or its value at the timeout."""
         deadline = time.monotonic() + timeout
         while True:
             v = self.outcome(outcome)
