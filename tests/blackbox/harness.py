@@ -849,6 +849,23 @@ class Idemd:
                                      "%.0fs after it had answered %d" % (got, timeout, want))
             time.sleep(0.02)
 
+    def in_flight(self):
+        """idem_in_flight: the requests idemd has read a head of and is not
+        done with (a request answered 503 whose outcome idemd still tries to
+        store counts until it stops trying)."""
+        return metric_sum(self.metrics(), "idem_in_flight")
+
+    def wait_in_flight(self, n, timeout=COUNT_TIMEOUT):
+        """Wait until idemd has at least n requests in flight: requests sent
+        from other threads have reached it."""
+        return wait_until(lambda: self.in_flight() >= n, timeout,
+                          what="%d requests in flight in idemd" % n, interval=0.02)
+
+    def wait_idle(self, timeout=COUNT_TIMEOUT):
+        """Wait until idemd is done with every request (idem_in_flight 0)."""
+        return wait_until(lambda: self.in_flight() == 0, timeout,
+                          what="idemd to be done with every request", interval=0.05)
+
     def outcome(self, outcome):
         """The outcome counter, every answered request counted (counted_metrics)."""
         return metric_sum(self.counted_metrics(), "idem_requests_total", outcome=outcome)
