@@ -36,7 +36,15 @@ except ImportError:
     import harness as h
 
 IDEMCTL = os.environ.get("IDEMCTL") or str(h.REPO / "build" / "idemctl")
-SLACK = 1.5  # seconds idemctl may take beyond --max-time (process start, sanitizers)
+# Seconds idemctl may take beyond what it waits on purpose: process start
+# and exit, each attempt's round trip, under sanitizers on a busy machine.
+# The decisions themselves (each delay, why it stopped) are read from -v,
+# which does not depend on the machine's speed; the bounds that use SLACK
+# only have to tell a wait that ends from one that does not, so every test
+# makes the wrong behaviour take far longer than SLACK.
+SLACK = 5.0
+VERBOSE_LINE = re.compile(r"^idemctl: attempt (\d+): .*; (?:retrying in (\d+)\.(\d{3}) s"
+                          r"( \(Retry-After\))?|done|giving up \((\w+)\))$")
 FORM = "application/x-www-form-urlencoded"
 
 
@@ -60,6 +68,18 @@ class Run:
     @property
     def err_lines(self):
         return [line for line in self.err.splitlines() if line]
+
+    @property
+    def attempts(self):
+        """What -v said of each attempt: (delay in s or None, by Retry-After,
+        the give-up reason or None); the last one has no delay."""
+        out = []
+        for line in self.err_lines:
+            m = VERBOSE_LINE.match(line)
+            if m:
+                delay = int(m.group(2)) + int(m.group(3)) / 1000.0 if m.group(2) else None
+                out.append((delay, bool(m.group(4)), m.group(5)))
+        return out
 
     def __repr__(self):
         return "<idemctl %r rc=%d %.2fs out=%r err=%r>" % (self.argv[1:], self.rc, self.elapsed,
@@ -215,11 +235,22 @@ class RequestRetries(CtlTestCase):
         self.assertEqual(up.count(), 1)
 
     def test_default_is_four_retries(self):
-        # 0.2 s doubling with full jitter: the four waits are at most 0.2+0.4+0.8+1.6 s.
+        # 0.2 s doubling with full jitter: the four waits are at most 0.2, 0.4,
+        # 0.8 and 1.6 s (-v says which it chose), and each was waited.
         up = self.upstream(then=h.Reply(502))
-        r = self.ctl("request", up.url)
+        r = self.ctl("request", up.url, "-v")
         self.assertExit(r, 22)
         self.assertEqual(up.count(), 5)
+        att = r.attempts
+        self.assertEqual(len(att), 5, r)
+        self.assertEqual(att[-1], (None, False, "attempts"), r)
+        seen = up.requests()
+        for i, (delay, by_server, _) in enumerate(att[:-1]):
+            self.assertIsNotNone(delay, r)
+            self.assertFalse(by_server)
+            self.assertLessEqual(delay, 0.2 * 2 ** i, "wait %d: %r" % (i, r))
+            self.assertGreaterEqual(seen[i + 1].t - seen[i].t, delay - 0.01,
+                                    "attempt %d came before its wait: %r" % (i + 2, r))
         self.assertLess(r.elapsed, 3.0 + SLACK)
 
     def test_last_answer_is_kept_when_a_later_attempt_gets_none(self):
@@ -234,8 +265,13 @@ class RequestDeadline(CtlTestCase):
     def test_nothing_listening_exits_7_within_max_time(self):
         port = h.free_port()
         r = self.ctl("request", "http://127.0.0.1:%d/pay" % port, "--max-time", "2",
-                     "--retries", "99")
+                     "--retries", "99", "-v")
         self.assertExit(r, 7)
+        # The deadline ended it, and the waits it chose fit in it (99
+        # retries with the backoff's growth would take minutes).
+        att = r.attempts
+        self.assertEqual(att[-1][2], "deadline", r)
+        self.assertLess(sum(a[0] for a in att[:-1]), 2.0, r)
         self.assertLess(r.elapsed, 2 + SLACK)
         self.assertIn("connection refused", r.err)
         self.assertEqual(r.out, b"")
@@ -250,6 +286,9 @@ class RequestDeadline(CtlTestCase):
         r = self.ctl("request", "http://127.0.0.1:%d/" % s.getsockname()[1],
                      "--max-time", "1.5")
         self.assertExit(r, 7)
+        # It waited its whole --max-time (the elapsed time seen from here
+        # includes it), and the wait ended (without a deadline it would
+        # never end: ctl's timeout).
         self.assertGreaterEqual(r.elapsed, 1.4)
         self.assertLess(r.elapsed, 1.5 + SLACK)
         self.assertIn("timed out", r.err)
@@ -262,8 +301,9 @@ class RequestDeadline(CtlTestCase):
 
     def test_retry_after_seconds_is_observed(self):
         up = self.upstream(h.Reply(503, headers={"Retry-After": "1"}), then=h.Reply(200))
-        r = self.ctl("request", up.url, "--max-time", "10")
+        r = self.ctl("request", up.url, "--max-time", "30", "-v")
         self.assertExit(r, 0)
+        self.assertEqual(r.attempts, [(1.0, True, None), (None, False, None)], r)
         a, b = up.requests()
         self.assertGreaterEqual(b.t - a.t, 1.0, "retried before Retry-After")
         self.assertLess(b.t - a.t, 1.0 + SLACK)
@@ -277,16 +317,23 @@ class RequestDeadline(CtlTestCase):
             return h.Reply(200, body=b"ok")
         up = self.upstream()
         up.behaviour = pick
-        r = self.ctl("request", up.url, "--max-time", "10")
+        r = self.ctl("request", up.url, "--max-time", "30", "-v")
         self.assertExit(r, 0)
+        att = r.attempts
+        self.assertEqual(len(att), 2, r)
+        delay, by_server, _ = att[0]
+        self.assertTrue(by_server, r)
+        self.assertLessEqual(delay, 2.0, r)  # the date is at most 2 s after it was written
         a, b = up.requests()
         self.assertGreaterEqual(b.t - a.t, 0.9, "retried before the Retry-After date")
         self.assertLess(b.t - a.t, 2.0 + SLACK)
 
     def test_retry_after_beyond_the_deadline_gives_up_at_once(self):
         up = self.upstream(then=h.Reply(503, headers={"Retry-After": "3600"}, body=b"later"))
-        r = self.ctl("request", up.url, "--max-time", "3")
+        # A deadline far beyond SLACK: sleeping until it would show.
+        r = self.ctl("request", up.url, "--max-time", "30", "-v", timeout=60)
         self.assertExit(r, 22)
+        self.assertEqual(r.attempts, [(None, False, "deadline")], r)
         self.assertLess(r.elapsed, 1.0 + SLACK, "slept instead of giving up")
         self.assertEqual(up.count(), 1)
         self.assertEqual(r.out, b"later")
@@ -294,8 +341,11 @@ class RequestDeadline(CtlTestCase):
 
     def test_deadline_bounds_the_backoff(self):
         up = self.upstream(then=h.Reply(503))
-        r = self.ctl("request", up.url, "--max-time", "1", "--retries", "99")
+        r = self.ctl("request", up.url, "--max-time", "1", "--retries", "99", "-v")
         self.assertExit(r, 22)
+        att = r.attempts
+        self.assertEqual(att[-1][2], "deadline", r)
+        self.assertLess(sum(a[0] for a in att[:-1]), 1.0, r)
         self.assertLess(r.elapsed, 1.0 + SLACK)
 
 
@@ -606,10 +656,14 @@ class ThroughIdemd(CtlTestCase):
         k = h.new_key()
         first = h.Background(lambda: self.ctl("request", url, "--key", k))
         up.wait_seen(1)
-        timer = threading.Timer(1.0, gate.set)
-        timer.start()
-        self.addCleanup(timer.cancel)
-        second = self.ctl("request", url, "--key", k, "-v", "--max-time", "20")
+        # The gate opens once idemd has answered the second one 409 (not
+        # after a fixed second, which a slow start of idemctl can outlast).
+        before = d.outcome("in_flight")
+        second = h.Background(lambda: self.ctl("request", url, "--key", k, "-v",
+                                               "--max-time", "20"))
+        d.outcome_reaches("in_flight", before + 1)
+        gate.set()
+        second = second.result(60)
         self.assertExit(second, 0)
         self.assertIn("409 in-flight", second.err)
         self.assertExit(first.result(), 0)
