@@ -78,21 +78,26 @@ class Duplicates(h.IdemTestCase):
 
 class LeaseRenewal(h.IdemTestCase):
     def test_slow_upstream_keeps_its_lease(self):
-        # lease 1 s, the upstream takes 3.5 s: without renewal the lease would
-        # be gone at 1 s and a repeat at 2 s would run the request again
+        # lease 1 s, the upstream answers only when the test says so: without
+        # renewal the lease would be gone at 1 s and a repeat at 2 s would run
+        # the request again.  (Held on a gate, not a delay, so that the
+        # repeats come while it runs however slow the machine is.)
         up = self.start_upstream()
-        d = self.start_idemd(up, {"defaults": {"lease": "1s"}, "upstream_timeout": "10s"})
-        up.set_reply(delay=3.5, body=b"slow answer")
+        d = self.start_idemd(up, {"defaults": {"lease": "1s"}, "upstream_timeout": "60s"})
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.set_reply(wait=gate, body=b"slow answer")
         k = h.new_key()
         t0 = time.monotonic()
-        bg = h.Background(lambda: d.post(key=k, timeout=30))
+        bg = h.Background(lambda: d.post(key=k, timeout=90))
         up.wait_seen(1)
-        time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))  # at least 2 s: two leases
         r = d.post(key=k)
         self.assertProblem(r, 409, "in-flight")
         self.assertRetryAfter(r, 0, 2)
         time.sleep(0.7)
         self.assertProblem(d.post(key=k), 409, "in-flight")
+        gate.set()
         first = bg.result()
         self.assertEqual(first.status, 200)
         self.assertEqual(first.body, b"slow answer")
@@ -101,22 +106,25 @@ class LeaseRenewal(h.IdemTestCase):
         self.assertEqual(up.count(key=k), 1)
 
     def test_lease_expiry_moves_forward_while_running(self):
+        # Renewed every third of the lease, the lease ends at least 2 s
+        # after any moment (3 s less a third), so 3 s later it ends at least
+        # 2 s later than before, and it is never in the past: a margin of a
+        # second for a renewal that comes late on a busy machine.
         up = self.start_upstream()
-        d = self.start_idemd(up, {"defaults": {"lease": "1500ms"}, "upstream_timeout": "10s"})
+        d = self.start_idemd(up, {"defaults": {"lease": "3s"}, "upstream_timeout": "60s"})
         gate = threading.Event()
         self.addCleanup(gate.set)
         up.set_reply(wait=gate)
         k = h.new_key()
-        bg = h.Background(lambda: d.post(key=k, timeout=30))
+        bg = h.Background(lambda: d.post(key=k, timeout=90))
         up.wait_seen(1)
         l1 = h.parse_time(d.get_key(k).json()["lease_expires_at"])
-        time.sleep(2.0)
+        time.sleep(3.0)
         l2 = h.parse_time(d.get_key(k).json()["lease_expires_at"])
-        self.assertGreater(l2, l1 + 0.5, "the lease was not renewed")
+        self.assertGreater(l2, l1 + 1.0, "the lease was not renewed")
         self.assertGreater(l2, time.time())
         gate.set()
         bg.result()
-
 
 if __name__ == "__main__":
     unittest.main()
