@@ -167,13 +167,17 @@ class ServerErrors(h.IdemTestCase):
         self.assertEqual(up.count(), 2)
 
     def test_500_and_599_are_failures(self):
-        up, d = self.setup_pair({"defaults": {"failure_ttl": "1s", "key_ttl": "1h"}})
+        # failure_ttl long enough for the replays expected before it ends (a
+        # busy machine), and slept out once for both.
+        up, d = self.setup_pair({"defaults": {"failure_ttl": "3s", "key_ttl": "1h"}})
+        keys = {}
         for status in (500, 599):
             up.set_reply(status=status)
-            k = h.new_key()
+            k = keys[status] = h.new_key()
             self.assertEqual(d.post(key=k).status, status)
             self.assertTrue(d.post(key=k).replayed)
-            time.sleep(1.5)
+        time.sleep(3.5)
+        for status, k in keys.items():
             self.assertFalse(d.post(key=k).replayed, "status %d kept too long" % status)
 
 
@@ -255,7 +259,9 @@ class Unreachable(h.IdemTestCase):
 class UnknownOutcome(h.IdemTestCase):
     """The request was sent but no complete answer came back."""
 
-    config = {"defaults": {"lease": "1500ms"}, "upstream_timeout": "1s"}
+    # The lease is long enough for the repeat expected before it ends to come
+    # in time on a busy machine (the upstream_timeout takes 1 s of it).
+    config = {"defaults": {"lease": "3s"}, "upstream_timeout": "1s"}
 
     def check_unknown(self, reply, status):
         up, d = self.setup_pair(self.config)
@@ -273,7 +279,7 @@ class UnknownOutcome(h.IdemTestCase):
         self.assertEqual(up.count(key=k), 1)
         # when the lease runs out the key runs again, with the next fence
         r2 = h.wait_until(lambda: (lambda x: x if x.status != 409 else None)(d.post(key=k)),
-                          timeout=8, interval=0.1, what="the lease to end")
+                          timeout=30, interval=0.1, what="the lease to end")
         self.assertEqual(r2.status, 200, r2)
         self.assertEqual(r2.body, b"second")
         seen = up.requests(key=k)
@@ -291,12 +297,15 @@ class UnknownOutcome(h.IdemTestCase):
         self.check_unknown(h.Reply(action="partial", body=b"x" * 1000), 502)
 
     def test_timeout_is_not_forwarded_twice_within_the_lease(self):
-        up, d = self.setup_pair({"defaults": {"lease": "3s"}, "upstream_timeout": "500ms"})
-        up.script(h.Reply(delay=5.0), then=h.Reply())
+        # Margins for a busy machine: the upstream would answer after 10 s,
+        # the 504 must come well before; repeats for 2 s, all of them well
+        # inside the 8 s lease.
+        up, d = self.setup_pair({"defaults": {"lease": "8s"}, "upstream_timeout": "500ms"})
+        up.script(h.Reply(delay=10.0), then=h.Reply())
         k = h.new_key()
         t0 = time.monotonic()
         self.assertEqual(d.post(key=k).status, 504)
-        self.assertLess(time.monotonic() - t0, 3.0, "upstream_timeout was not applied")
+        self.assertLess(time.monotonic() - t0, 5.0, "upstream_timeout was not applied")
         while time.monotonic() - t0 < 2.0:
             self.assertEqual(d.post(key=k).status, 409)
             time.sleep(0.2)
