@@ -121,7 +121,8 @@ class Metrics(h.IdemTestCase):
         gate.set()
         for b in bgs:
             b.result()
-        h.wait_until(lambda: h.metric_sum(d.metrics(), g) == idle, 5, what="gauge back to idle")
+        h.wait_until(lambda: h.metric_sum(d.metrics(), g) == idle, h.COUNT_TIMEOUT,
+                     what="gauge back to idle")
 
 
 class Keys(h.IdemTestCase):

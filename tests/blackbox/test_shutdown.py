@@ -57,7 +57,16 @@ class Shutdown(h.IdemTestCase):
         bg = h.Background(lambda: d.post(key=h.new_key()))
         up.wait_seen(1)
         d.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+
+        # idemd handles the signal when it gets to it: wait (not a fixed
+        # 0.5 s, which a busy machine can outlast) until it stopped listening.
+        def refused():
+            try:
+                socket.create_connection((h.HOST, d.port), timeout=1).close()
+                return False
+            except OSError:
+                return True
+        h.wait_until(refused, 15, what="the listener to close after SIGTERM")
         late = h.new_key()
         try:
             r = d.post(key=late, timeout=3)
