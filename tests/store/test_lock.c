@@ -370,7 +370,10 @@ static void sleep_ms(int64_t ms)
         ;
 }
 
-#define WD_LEASE 600ll
+/* Renewed every third of it, a lease lapses only if the watchdog thread
+ * misses two renewals in a row: 2 s leaves it 1.3 s of stall (ASan on a busy
+ * two-core machine) where 600 ms left 400 ms. */
+#define WD_LEASE 2000ll
 
 BACKEND_CASE(lock, watchdog_keeps_the_lock_past_several_leases)
 {
@@ -409,7 +412,7 @@ BACKEND_CASE(lock, watchdog_reports_the_loss_when_the_lock_is_taken_over)
      * the lock over, and A's watchdog finds out at its next renewal. */
     idem_lock_t b = acquire_ok("wdlost", now + 10 * WD_LEASE, WD_LEASE);
     cr_assert_eq(b.fence, 2);
-    for (int i = 0; i < 100 && atomic_load(&seen.calls) == 0; i++)
+    for (int i = 0; i < 3000 && atomic_load(&seen.calls) == 0; i++) /* 30 s at most */
         sleep_ms(10);
     cr_assert_eq(atomic_load(&seen.calls), 1);
     cr_assert_eq(atomic_load(&seen.why), IDEM_E_FENCE);
@@ -442,14 +445,24 @@ BACKEND_CASE(lock, watchdog_renews_by_its_clock_and_stops_at_once)
     cr_assert_lt(idem_clock_mono_ns() - t, 2000000000ull);
     cr_assert_eq(a.lease_until_ms, T0 + DAY, "nothing was renewed");
 
-    /* A short lease renews on the injected clock's time. */
+    /* A short lease renews on the injected clock's time: wait for the
+     * record to show a renewal (not a fixed 200 ms, which a busy machine
+     * can spend without running the watchdog once). */
     atomic_store(&fake_now, T0 + 5000);
     cr_assert_eq(idem_lock_watchdog_start(&a, 30, &clock, NULL, NULL, &wd), IDEM_OK);
-    sleep_ms(200);
-    cr_assert_eq(idem_lock_watchdog_stop(wd), IDEM_OK);
-    cr_assert_eq(a.lease_until_ms, T0 + 5030);
     idem_record_t rec;
     idem_key_id_t id = {.scope = IDEM_LOCK_SCOPE, .key = "wdclock"};
+    int64_t lease_seen = 0;
+    for (int i = 0; i < 3000 && lease_seen != T0 + 5030; i++) { /* 30 s at most */
+        cr_assert_eq(idem_store_get(st, &id, T0 + 5000, &rec), IDEM_OK);
+        lease_seen = rec.lease_until_ms;
+        idem_record_cleanup(&rec);
+        if (lease_seen != T0 + 5030)
+            sleep_ms(10);
+    }
+    cr_assert_eq(lease_seen, T0 + 5030, "never renewed on the injected clock's time");
+    cr_assert_eq(idem_lock_watchdog_stop(wd), IDEM_OK);
+    cr_assert_eq(a.lease_until_ms, T0 + 5030);
     cr_assert_eq(idem_store_get(st, &id, T0 + 5000, &rec), IDEM_OK);
     cr_assert_eq(rec.lease_until_ms, T0 + 5030);
     idem_record_cleanup(&rec);
@@ -511,7 +524,7 @@ Test(lock_postgres, watchdog_reports_a_store_that_fails_until_the_lease_ends,
     PQfinish(c);
     int64_t dropped = fx_real_ms();
 
-    for (int i = 0; i < 500 && atomic_load(&seen.calls) == 0; i++)
+    for (int i = 0; i < 3000 && atomic_load(&seen.calls) == 0; i++) /* 30 s at most */
         sleep_ms(10);
     int64_t lost_at = fx_real_ms();
     cr_assert_eq(atomic_load(&seen.calls), 1);
