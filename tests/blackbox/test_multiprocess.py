@@ -18,6 +18,12 @@ except ImportError:
     import harness as h
 
 
+# A lease outlives a renewal that comes late on a busy machine (renewed
+# every third of it, it lapses only after two missed renewals), and a frozen
+# owner's lease surely ends within LEASE + 1.5 s.
+LEASE = 3.0
+
+
 class SharedStoreBase(h.IdemTestCase):
     """Two idemd processes, a and b, on one store, in front of one upstream."""
 
@@ -27,7 +33,7 @@ class SharedStoreBase(h.IdemTestCase):
             self.skipTest("the store cannot be shared between processes")
         self.up = self.start_upstream()
         store = h.store_url_for(self.tmp)
-        self.cfg = {"defaults": {"lease": "1s"}, "upstream_timeout": "30s"}
+        self.cfg = {"defaults": {"lease": "%gs" % LEASE}, "upstream_timeout": "30s"}
         self.a = self.start_idemd(self.up, self.cfg, store=store, name="idemd-a")
         self.b = self.start_idemd(self.up, self.cfg, store=store, name="idemd-b")
 
@@ -90,7 +96,7 @@ class FencedCompletion(SharedStoreBase):
         first = self.up.wait_seen(1, key=k)[0]
         self.a.send_signal(signal.SIGSTOP)
         self.addCleanup(self.a.send_signal, signal.SIGCONT)
-        time.sleep(2.5)  # A's 1 s lease runs out: A cannot renew while stopped
+        time.sleep(LEASE + 1.5)  # A's lease runs out: A cannot renew while stopped
         return k, first, gate_a, bg_a
 
     def test_old_owner_answers_with_the_new_owners_stored_result(self):
