@@ -97,6 +97,24 @@ def free_port():
     return free_ports(1)[0]
 
 
+_DEAD = {}  # port -> its bound, never-listening socket (see dead_port)
+
+
+def dead_port():
+    """A loopback port where nothing listens, for as long as this process
+    runs: a connection to it is refused.  A port that was merely free a
+    moment ago (free_port) may meanwhile be taken by another test running
+    at the same time (make test runs several), and the "dead" upstream then
+    answers; this one is held by a socket bound to it without listening, so
+    no other socket can take it.  Upstream(port=dead_port()) listens on
+    that very socket."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((HOST, 0))
+    port = s.getsockname()[1]
+    _DEAD[port] = s
+    return port
+
+
 def wait_until(pred, timeout, interval=0.05, what="condition"):
     """Poll pred() until it returns a true value; return it, or raise on timeout."""
     deadline = time.monotonic() + timeout
@@ -554,7 +572,17 @@ class Upstream:
     answer: 200 with a JSON body naming the execution)."""
 
     def __init__(self, port=0):
-        self.server = _UpstreamHTTPServer((HOST, port), _Handler)
+        held = _DEAD.pop(port, None)
+        if held is None:
+            self.server = _UpstreamHTTPServer((HOST, port), _Handler)
+        else:
+            # The port dead_port() held: listen on its own socket, so that
+            # nothing can take the port between "dead" and "up".
+            self.server = _UpstreamHTTPServer((HOST, port), _Handler, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = held
+            self.server.server_address = held.getsockname()
+            self.server.server_activate()
         self.server.upstream = self
         self.port = self.server.server_address[1]
         self.url = "http://%s:%d" % (HOST, self.port)
@@ -986,7 +1014,7 @@ class IdemTestCase(unittest.TestCase):
         """An Idemd not yet started (for tests that start it themselves)."""
         url = upstream.url if isinstance(upstream, Upstream) else upstream
         if url is None:
-            url = "http://%s:%d" % (HOST, free_port())
+            url = "http://%s:%d" % (HOST, dead_port())
         d = Idemd(self.tmp, url, config=config, name=name or "idemd%d" % len(self._daemons),
                   **kw)
         self._daemons.append(d)

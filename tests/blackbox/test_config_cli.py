@@ -255,7 +255,7 @@ class BadConfig(Cli):
 class Overrides(Cli):
     def test_flags_override_the_file(self):
         up = self.start_upstream()
-        dead = "http://127.0.0.1:%d" % h.free_port()
+        dead = "http://127.0.0.1:%d" % h.dead_port()
         # the file names a dead upstream and other ports; the flags win
         d = self.make_idemd(up, {"upstream": dead, "listen": "127.0.0.1:%d" % h.free_port(),
                                  "admin": "127.0.0.1:%d" % h.free_port()})

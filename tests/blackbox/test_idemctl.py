@@ -263,7 +263,7 @@ class RequestRetries(CtlTestCase):
 
 class RequestDeadline(CtlTestCase):
     def test_nothing_listening_exits_7_within_max_time(self):
-        port = h.free_port()
+        port = h.dead_port()
         r = self.ctl("request", "http://127.0.0.1:%d/pay" % port, "--max-time", "2",
                      "--retries", "99", "-v")
         self.assertExit(r, 7)
@@ -464,7 +464,7 @@ class RequestShape(CtlTestCase):
         self.assertRegex(lines[2], r"^idemctl: attempt 3: 200; done$")
 
     def test_verbose_names_connection_failures(self):
-        r = self.ctl("request", "http://127.0.0.1:%d/" % h.free_port(), "-v", "--retries", "1")
+        r = self.ctl("request", "http://127.0.0.1:%d/" % h.dead_port(), "-v", "--retries", "1")
         self.assertExit(r, 7)
         self.assertRegex(r.err_lines[0], r"^idemctl: attempt 1: connection refused \(key "
                          r"[0-9a-f-]{36}\); retrying in \d+\.\d{3} s$")
@@ -639,7 +639,7 @@ class ThroughIdemd(CtlTestCase):
         self.assertEqual(json.loads(r.out)["key"], k)
 
     def test_keys_with_no_admin_listening_exit_7(self):
-        r = self.ctl("keys", "get", "k", "--admin", "http://127.0.0.1:%d" % h.free_port())
+        r = self.ctl("keys", "get", "k", "--admin", "http://127.0.0.1:%d" % h.dead_port())
         self.assertExit(r, 7)
 
     def test_in_flight_is_retried_until_the_first_completes(self):

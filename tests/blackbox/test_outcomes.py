@@ -241,15 +241,12 @@ class Unreachable(h.IdemTestCase):
         self.assertProblem(r, 502, "upstream-unreachable")
 
     def test_retry_runs_once_the_upstream_is_back(self):
-        port = h.free_port()
+        port = h.dead_port()
         d = self.start_idemd("http://%s:%d" % (h.HOST, port))
         k = h.new_key()
         self.assertEqual(d.post(key=k).status, 502)
-        # start an upstream on that very port
-        try:
-            up = h.Upstream(port=port)
-        except OSError:
-            self.skipTest("port %d was taken meanwhile" % port)
+        # start an upstream on that very port (dead_port held it meanwhile)
+        up = h.Upstream(port=port)
         self.addCleanup(up.close)
         r = d.post(key=k)
         self.assertEqual(r.status, 200, r)

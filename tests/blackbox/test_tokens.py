@@ -478,7 +478,7 @@ class GiveBack(TokenTestCase):
         self.assertNotForwarded(up, 4, "a used token")
 
     def test_unreachable_upstream_gives_the_token_back(self):
-        port = h.free_port()
+        port = h.dead_port()
         d = self.start_idemd("http://%s:%d" % (h.HOST, port), token_config())
         tok = self.issue(d)
         self.assertProblem(self.use(d, tok), 502, "upstream-unreachable")
