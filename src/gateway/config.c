@@ -47,6 +47,7 @@
 #define MAX_FILE_BYTES (1024 * 1024)
 #define MAX_WORKERS 64
 #define MAX_LOCAL_CACHE 1000000u
+#define MAX_CONNECTIONS 1000000u
 /* Durations stop at ten years so that now + duration can never overflow. */
 #define MAX_DURATION_MS (3650LL * 24 * 3600 * 1000)
 
@@ -251,6 +252,11 @@ int idem_config_defaults(idem_config_t *cfg)
     cfg->on_store_error = IDEM_STORE_ERR_CLOSED;
     cfg->local_cache = 0;
     cfg->token_ttl_ms = 5 * 60 * 1000;
+    cfg->header_timeout_ms = 10 * 1000;
+    cfg->body_timeout_ms = 30 * 1000;
+    cfg->idle_timeout_ms = 60 * 1000;
+    cfg->max_connections = 10000;
+    cfg->max_buffered_bytes = 256u * 1024 * 1024;
     policy_defaults(&cfg->defaults);
     if (idem_config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
         idem_config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
@@ -281,6 +287,7 @@ void idem_config_cleanup(idem_config_t *cfg)
         idem_free(*strings[i]);
         *strings[i] = NULL;
     }
+    free_strings(cfg->admin_hosts, &cfg->n_admin_hosts);
     policy_cleanup(&cfg->defaults);
     for (size_t i = 0; i < cfg->n_routes; i++)
         route_cleanup(&cfg->routes[i]);
@@ -581,7 +588,32 @@ static bool is_json_pointer(const char *s)
     return true;
 }
 
-typedef enum { L_METHOD, L_HEADER, L_POINTER } list_kind_t;
+/* An admin_hosts entry: a host name (letters, digits, '-', '.', '_') or an
+ * IPv6 address in brackets, without a port. */
+static bool is_host_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 253)
+        return false;
+    if (s[0] == '[') {
+        char tmp[64];
+        unsigned char bin[16];
+        if (n < 3 || s[n - 1] != ']' || n - 2 >= sizeof tmp)
+            return false;
+        memcpy(tmp, s + 1, n - 2);
+        tmp[n - 2] = '\0';
+        return inet_pton(AF_INET6, tmp, bin) == 1;
+    }
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '-' || ch == '.' || ch == '_'))
+            return false;
+    }
+    return true;
+}
+
+typedef enum { L_METHOD, L_HEADER, L_POINTER, L_HOST } list_kind_t;
 
 /* A list of strings of one kind into dst/ndst (replaced only on success). */
 static int string_list(ctx_t *c, const yaml_node_t *n, const char *key, list_kind_t kind,
@@ -615,12 +647,16 @@ static int string_list(ctx_t *c, const yaml_node_t *n, const char *key, list_kin
         } else if (kind == L_POINTER && !is_json_pointer(v)) {
             fail(c, item, item_key, "not a JSON pointer (\"\" or starting with /): '%s'", shown);
             goto fail;
+        } else if (kind == L_HOST && !is_host_name(v)) {
+            fail(c, item, item_key, "not a host name or [IPv6] address without a port: '%s'",
+                 shown);
+            goto fail;
         }
         if ((tmp[got] = idem_strdup(v)) == NULL) {
             nomem(c, item, item_key);
             goto fail;
         }
-        if (kind == L_HEADER)
+        if (kind == L_HEADER || kind == L_HOST)
             for (char *p = tmp[got]; *p; p++)
                 if (*p >= 'A' && *p <= 'Z')
                     *p = (char)(*p - 'A' + 'a');
@@ -809,12 +845,14 @@ static int parse_routes(ctx_t *c, const yaml_node_t *n)
 enum {
     T_LISTEN, T_ADMIN, T_UPSTREAM, T_STORE, T_WORKERS, T_UPSTREAM_TIMEOUT, T_MAX_REQUEST,
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
-    T_LOG_FORMAT, T_DEFAULTS, T_ROUTES, T_COUNT
+    T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
+    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
     "max_request_bytes", "on_store_error", "replay_header", "scope_header", "local_cache",
-    "token_ttl", "log_format", "defaults", "routes",
+    "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
+    "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes",
 };
 
 /* A string-valued top-level key, checked where it can be on its own. */
@@ -903,6 +941,20 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
         case T_UPSTREAM_TIMEOUT: rc = duration(c, n, key, false, &cfg->upstream_timeout_ms); break;
         case T_TOKEN_TTL: rc = duration(c, n, key, false, &cfg->token_ttl_ms); break;
         case T_MAX_REQUEST: rc = size(c, n, key, false, &cfg->max_request_bytes); break;
+        case T_HEADER_TIMEOUT: rc = duration(c, n, key, false, &cfg->header_timeout_ms); break;
+        case T_BODY_TIMEOUT: rc = duration(c, n, key, false, &cfg->body_timeout_ms); break;
+        case T_IDLE_TIMEOUT: rc = duration(c, n, key, false, &cfg->idle_timeout_ms); break;
+        case T_MAX_CONNECTIONS:
+            rc = number(c, n, key, 1, MAX_CONNECTIONS, &v);
+            if (rc == 0) {
+                cfg->max_connections = v;
+                cfg->max_connections_set = true;
+            }
+            break;
+        case T_MAX_BUFFERED: rc = size(c, n, key, false, &cfg->max_buffered_bytes); break;
+        case T_ADMIN_HOSTS:
+            rc = string_list(c, n, key, L_HOST, cfg->admin_hosts, &cfg->n_admin_hosts);
+            break;
         case T_ON_STORE_ERROR:
             rc = choice(c, n, key, store_error_names, 2, &e);
             if (rc == 0)
@@ -1078,6 +1130,14 @@ int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         BAD("store: must not be empty");
     if (cfg->max_request_bytes == 0)
         BAD("max_request_bytes: must be at least 1 byte");
+    /* Else a body max_request_bytes allows would be refused (503) forever. */
+    if (cfg->max_buffered_bytes < cfg->max_request_bytes)
+        BAD("max_buffered_bytes: must be at least max_request_bytes (%llu bytes)",
+            (unsigned long long)cfg->max_request_bytes);
+    if (cfg->max_connections < 1 || cfg->max_connections > MAX_CONNECTIONS)
+        BAD("max_connections: must be a whole number from 1 to %u", MAX_CONNECTIONS);
+    if (cfg->header_timeout_ms <= 0 || cfg->body_timeout_ms <= 0 || cfg->idle_timeout_ms <= 0)
+        BAD("header_timeout, body_timeout, idle_timeout: must be longer than 0");
     if (cfg->workers < 1 || cfg->workers > MAX_WORKERS)
         BAD("workers: must be a whole number from 1 to %d", MAX_WORKERS);
     show(shown, sizeof shown, cfg->replay_header ? cfg->replay_header : "");

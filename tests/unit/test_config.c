@@ -753,6 +753,96 @@ Test(config, validate_refuses_an_unknown_log_format)
     expect_invalid("log_format: must be one of json, text");
 }
 
+/* ---- what a client may hold (SPEC section 8) ------------------------------ */
+
+Test(config, limits_default_to_spec_section_8)
+{
+    cr_assert_eq(cfg.header_timeout_ms, 10000);
+    cr_assert_eq(cfg.body_timeout_ms, 30000);
+    cr_assert_eq(cfg.idle_timeout_ms, 60000);
+    cr_assert_eq(cfg.max_connections, 10000);
+    cr_assert_not(cfg.max_connections_set);
+    cr_assert_eq(cfg.max_buffered_bytes, 256u * 1024 * 1024);
+    cr_assert_eq(cfg.n_admin_hosts, 0);
+}
+
+Test(config, limits_file_sets_every_limit_key)
+{
+    cr_assert_eq(load("header_timeout: 1500ms\n"
+                      "body_timeout: 2s\n"
+                      "idle_timeout: 5m\n"
+                      "max_connections: 2\n"
+                      "max_buffered_bytes: 64MiB\n"
+                      "admin_hosts: [Admin.Example, 10.0.0.7, '[fd00::1]', mgmt_host]\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.header_timeout_ms, 1500);
+    cr_assert_eq(cfg.body_timeout_ms, 2000);
+    cr_assert_eq(cfg.idle_timeout_ms, 300000);
+    cr_assert_eq(cfg.max_connections, 2);
+    cr_assert(cfg.max_connections_set);
+    cr_assert_eq(cfg.max_buffered_bytes, 64u * 1024 * 1024);
+    cr_assert_eq(cfg.n_admin_hosts, 4);
+    cr_assert_str_eq(cfg.admin_hosts[0], "admin.example"); /* compared without case */
+    cr_assert_str_eq(cfg.admin_hosts[1], "10.0.0.7");
+    cr_assert_str_eq(cfg.admin_hosts[2], "[fd00::1]");
+    cr_assert_str_eq(cfg.admin_hosts[3], "mgmt_host");
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, zero_timeouts_are_refused)
+{
+    expect_error("header_timeout: 0s\n", 1, "header_timeout: must be longer than 0");
+    expect_error("body_timeout: 0ms\n", 1, "body_timeout: must be longer than 0");
+    expect_error("idle_timeout: 0s\n", 1, "idle_timeout: must be longer than 0");
+    expect_error("header_timeout: 10\n", 1, "header_timeout: not a duration: '10'");
+}
+
+Test(config, max_connections_out_of_range_is_refused)
+{
+    expect_error("max_connections: 0\n", 1,
+                 "max_connections: must be a whole number from 1 to 1000000");
+    expect_error("max_connections: 1000001\n", 1,
+                 "max_connections: must be a whole number from 1 to 1000000");
+    expect_error("max_connections: many\n", 1,
+                 "max_connections: must be a whole number from 1 to 1000000");
+}
+
+Test(config, zero_buffered_bytes_is_refused)
+{
+    expect_error("max_buffered_bytes: 0\n", 1, "max_buffered_bytes: must be at least 1 byte");
+}
+
+Test(config, admin_hosts_refuses_ports_and_junk)
+{
+    expect_error("admin_hosts: [localhost:8081]\n", 1,
+                 "admin_hosts[0]: not a host name or [IPv6] address without a port: "
+                 "'localhost:8081'");
+    expect_error("admin_hosts: [ok, 'a b']\n", 1,
+                 "admin_hosts[1]: not a host name or [IPv6] address without a port: 'a b'");
+    expect_error("admin_hosts: ['[fd00::1]:80']\n", 1,
+                 "admin_hosts[0]: not a host name or [IPv6] address without a port: "
+                 "'[fd00::1]:80'");
+    expect_error("admin_hosts: ['[zz::1]']\n", 1,
+                 "admin_hosts[0]: not a host name or [IPv6] address without a port: '[zz::1]'");
+    expect_error("admin_hosts: example.com\n", 1,
+                 "admin_hosts: expected a list, found a single value");
+}
+
+Test(config, validate_refuses_a_body_budget_below_one_body)
+{
+    cfg.max_request_bytes = 2048;
+    cfg.max_buffered_bytes = 2047;
+    expect_invalid("max_buffered_bytes: must be at least max_request_bytes (2048 bytes)");
+    cfg.max_buffered_bytes = 2048;
+    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, validate_refuses_max_connections_out_of_range)
+{
+    cfg.max_connections = 0;
+    expect_invalid("max_connections: must be a whole number from 1 to 1000000");
+}
+
 /* ---- matching ------------------------------------------------------------ */
 
 static const idem_route_t *match(const char *method, const char *target)
