@@ -315,15 +315,21 @@ static void on_up_written(uv_write_t *wr, int status)
     }
 }
 
+/* The head from u->out, the body straight from the request: a body is never
+ * copied, so what max_buffered_bytes counts is what is held.  The request
+ * outlives the write (it is freed only once u lets go of it, and up_close
+ * cancels a write before that). */
 static void up_send(idem_upconn_t *u)
 {
-    uv_buf_t b = uv_buf_init(u->out.data, (unsigned)u->out.len);
+    const idem_buf_t *body = &u->req->body;
+    uv_buf_t b[2] = {uv_buf_init(u->out.data, (unsigned)u->out.len),
+                     uv_buf_init(body->data, (unsigned)body->len)};
     u->wr.data = u;
     u->state = UP_HEAD;
     u->paused = false;
     u->write_failed = false;
     memset(&u->hs, 0, sizeof u->hs);
-    if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, &b, 1, on_up_written) != 0) {
+    if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, b, body->len > 0 ? 2 : 1, on_up_written) != 0) {
         up_fail(u, IDEM_UP_BROKEN);
         return;
     }
@@ -376,7 +382,6 @@ static int build_request(idem_req_t *req, idem_buf_t *out)
     if (req->body.len > 0 || m->framing != IDEM_HTTP_BODY_NONE)
         rc |= idem_buf_appendf(out, "Content-Length: %zu\r\n", req->body.len);
     rc |= idem_buf_append_str(out, "\r\n");
-    rc |= idem_buf_append(out, req->body.data, req->body.len);
     return rc ? -1 : 0;
 }
 
