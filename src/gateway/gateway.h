@@ -111,7 +111,8 @@ static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
     X(UPSTREAM_UNREACHABLE, "upstream_unreachable") X(BAD_REQUEST, "bad_request")          \
     X(TOO_LARGE, "too_large") X(TOKEN_ISSUED, "token_issued")                             \
     X(TOKEN_ACCEPTED, "token_accepted") X(TOKEN_USED, "token_used")                        \
-    X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")
+    X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")                    \
+    X(OVERLOADED, "overloaded") X(REQUEST_TIMEOUT, "request_timeout")
 
 typedef enum {
 #define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
@@ -136,6 +137,12 @@ typedef struct idem_metrics {
     _Atomic uint64_t store_errors;
     _Atomic uint64_t store_gets;      /* idem_store_get calls (reads outside the writer) */
     _Atomic uint64_t cache_hits;      /* answers from local_cache */
+    /* Resources clients hold (SPEC section 8): the gauges are also the
+     * counters that max_connections and max_buffered_bytes are checked on. */
+    _Atomic uint64_t connections;     /* public client connections, and requests that outlived theirs */
+    _Atomic uint64_t conns_refused;   /* public connections closed at once: max_connections */
+    _Atomic uint64_t admin_conns_refused; /* admin connections over IDEM_ADMIN_MAX_CONNS */
+    _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;
@@ -174,6 +181,10 @@ typedef struct idem_writer {
 } idem_writer_t;
 
 #define IDEM_JOBS_BATCH_MAX 256
+
+/* Descriptors besides client connections, for fitting RLIMIT_NOFILE (main.c). */
+#define IDEM_ADMIN_MAX_CONNS 64 /* admin connections at once: a budget of its own */
+#define IDEM_UP_IDLE_MAX 512    /* idle pooled upstream connections per worker */
 
 /** Apply n jobs (n <= IDEM_JOBS_BATCH_MAX) in one store transaction: set
  * each job's op outputs and batch_err, count the batch in metrics.
@@ -293,6 +304,10 @@ struct idem_req {
     bool keyed;                   /* goes through the store */
     bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
     bool token_spent;             /* a token route's request spent its token (id names it) */
+    bool head_checked;            /* route and key checks done (before 100 Continue) */
+    int kind;                     /* what those checks decided (server.c's req_kind_t) */
+    uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
+    bool holds_slot;              /* outlived its connection: counts in max_connections */
     idem_key_id_t id;
     uint8_t fp[IDEM_FP_LEN];
     uint64_t fence;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "gateway/gateway.h"
 #include "idem/units.h"
@@ -190,6 +191,75 @@ static int resolve_upstream(idem_gw_t *gw, char *err, size_t errlen)
     return 0;
 }
 
+/* Descriptors idemd may need with mc client connections: each connection
+ * and the upstream connection of its request, the idle upstream pool of the
+ * other workers (a worker takes from its own pool before it connects anew),
+ * the admin listener's connections, and a reserve for listeners, loops,
+ * the store and the log. */
+static uint64_t fds_needed(uint64_t mc, int workers)
+{
+    uint64_t pool = mc < IDEM_UP_IDLE_MAX ? mc : IDEM_UP_IDLE_MAX;
+    return 2 * mc + pool * (uint64_t)(workers - 1) + IDEM_ADMIN_MAX_CONNS + 64 +
+           8 * (uint64_t)workers;
+}
+
+/* Make room for max_connections in RLIMIT_NOFILE (SPEC section 8): raise the
+ * soft limit as far as needed (never past the hard one).  When the hard
+ * limit is too low, a max_connections written in the configuration is an
+ * error (exit 2); the default is lowered to fit, with a warning, so that
+ * idemd starts in a plain shell (hard limit 4096) and still cannot run out of
+ * descriptors.  @return 0, or -1 with err set. */
+static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen)
+{
+    idem_config_t *cfg = gw->cfg;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        snprintf(err, errlen, "cannot read the open-files limit: %s", strerror(errno));
+        return -1;
+    }
+    uint64_t need = fds_needed(cfg->max_connections, cfg->workers);
+    if (rl.rlim_max != RLIM_INFINITY && need > (uint64_t)rl.rlim_max) {
+        uint64_t hard = (uint64_t)rl.rlim_max;
+        if (cfg->max_connections_set) {
+            snprintf(err, errlen,
+                     "max_connections: %llu connections need %llu open files, but the hard "
+                     "limit is %llu (raise it: ulimit -Hn, LimitNOFILE=)",
+                     (unsigned long long)cfg->max_connections, (unsigned long long)need,
+                     (unsigned long long)hard);
+            return -1;
+        }
+        uint64_t lo = 0, hi = cfg->max_connections;
+        while (lo < hi) { /* the largest count that fits */
+            uint64_t mid = lo + (hi - lo + 1) / 2;
+            if (fds_needed(mid, cfg->workers) <= hard)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        if (lo == 0) {
+            snprintf(err, errlen, "the open-files hard limit (%llu) is too low to run idemd",
+                     (unsigned long long)hard);
+            return -1;
+        }
+        idem_log(gw, "warn",
+                 "max_connections lowered from %llu to %llu to fit the open-files hard limit "
+                 "%llu (raise it, or set max_connections)",
+                 (unsigned long long)cfg->max_connections, (unsigned long long)lo,
+                 (unsigned long long)hard);
+        cfg->max_connections = lo;
+        need = fds_needed(lo, cfg->workers);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (uint64_t)rl.rlim_cur < need) {
+        rl.rlim_cur = (rlim_t)need;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            snprintf(err, errlen, "cannot raise the open-files limit to %llu: %s",
+                     (unsigned long long)need, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     char err[1024];
@@ -228,6 +298,10 @@ int main(int argc, char **argv)
         snprintf(msg, sizeof msg, "store: %s", err);
         idem_config_cleanup(&cfg);
         return fail(msg);
+    }
+    if (fit_open_files(&gw, err, sizeof err) != 0) {
+        idem_config_cleanup(&cfg);
+        return fail(err);
     }
     if (a.test) {
         printf("idemd: configuration OK\n");

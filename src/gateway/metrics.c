@@ -90,6 +90,22 @@ int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
                            "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n",
                            (unsigned long long)atomic_load(&m->store_gets),
                            (unsigned long long)atomic_load(&m->cache_hits));
+    rc |= idem_buf_appendf(out,
+                           "# HELP idem_connections Open client connections (with requests that "
+                           "outlived theirs), counted against max_connections.\n"
+                           "# TYPE idem_connections gauge\nidem_connections %llu\n"
+                           "# HELP idem_connections_refused_total Connections closed at once: over "
+                           "max_connections (public) or the admin listener's cap.\n"
+                           "# TYPE idem_connections_refused_total counter\n"
+                           "idem_connections_refused_total{listener=\"public\"} %llu\n"
+                           "idem_connections_refused_total{listener=\"admin\"} %llu\n"
+                           "# HELP idem_buffered_body_bytes Request body bytes held, counted "
+                           "against max_buffered_bytes.\n"
+                           "# TYPE idem_buffered_body_bytes gauge\nidem_buffered_body_bytes %llu\n",
+                           (unsigned long long)atomic_load(&m->connections),
+                           (unsigned long long)atomic_load(&m->conns_refused),
+                           (unsigned long long)atomic_load(&m->admin_conns_refused),
+                           (unsigned long long)atomic_load(&m->buffered_bytes));
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

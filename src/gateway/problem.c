@@ -35,6 +35,9 @@ static const struct {
     {"not-found", "Not found"},
     {"method-not-allowed", "Method not allowed"},
     {"internal", "Internal error"},
+    {"request-timeout", "Request not received in time"},
+    {"overloaded", "Too busy to take this request now"},
+    {"misdirected-request", "Host not served by this listener"},
 };
 
 const char *idem_problem_title(const char *type)

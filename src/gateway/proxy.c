@@ -28,7 +28,7 @@
 #include "idem/clock.h"
 
 #define UP_READ_CHUNK (64 * 1024)
-#define UP_IDLE_MAX 512 /* idle pooled connections per worker */
+#define UP_IDLE_MAX IDEM_UP_IDLE_MAX
 /* A pooled connection idle this long is closed by us first: upstreams close
  * idle keep-alive connections too (Node.js after 5 s), and a request sent
  * on one they are closing is an unknown outcome. */

@@ -14,6 +14,21 @@
  *       -> COMPLETE / RELEASE / HOLD through the writer (fenced)
  *       -> answer the client only once the outcome is durable.
  *
+ * What a client holds is bounded (SPEC section 8, docs/reliability.md): each
+ * connection has one timer, armed for what it waits for (conn_timer): a new
+ * connection's first head, or a head once its first byte came
+ * (header_timeout, never restarted by later bytes); the next byte of a body
+ * (body_timeout); the next request on a keep-alive connection
+ * (idle_timeout).  max_connections counts connections across workers, and a
+ * request whose client hung up keeps its connection's place until it ends
+ * (it still holds an upstream connection).  max_buffered_bytes counts the
+ * request body buffers of every worker: a body is charged before it is read
+ * (its Content-Length, or a chunked body's buffer as it grows), so a body
+ * that does not fit is refused (503) rather than one in progress starved.
+ * A request with `Expect: 100-continue` is checked (route, key, budget)
+ * before it is invited to send its body; one refused then is answered at
+ * once and its connection closed, since its body may follow anyway.
+ *
  * INVARIANTS: a request is answered at most once; its store work is finished
  * (completed, released or left to its lease) even when its client has gone;
  * a request is freed only when it has no writer job, no timer and no
@@ -34,7 +49,6 @@
 #include "idem/token.h"
 
 #define READ_CHUNK (64 * 1024)
-#define CONN_IDLE_MS 60000        /* keep-alive connection with nothing to do */
 #define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
 #define STREAM_HIGH_MARK (1u << 20) /* pause the upstream when the client lags this much */
 #define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
@@ -42,6 +56,15 @@
 #define WRITE_HIGH_MARK (4u << 20)  /* answers queued to a client that does not read: stop parsing */
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
+
+/* What the connection's timer is waiting for. */
+typedef enum {
+    CT_NONE,  /* nothing: a request is being answered */
+    CT_IDLE,  /* a keep-alive connection's next request (idle_timeout) */
+    CT_HEAD,  /* the rest of a request head (header_timeout from its start) */
+    CT_BODY,  /* the next byte of a request body (body_timeout) */
+    CT_DRAIN, /* the end of draining after an error answer */
+} conn_timer_t;
 
 struct idem_conn {
     uv_tcp_t tcp;
@@ -61,6 +84,8 @@ struct idem_conn {
     bool processing;   /* inside conn_process: answers made now loop, not recurse */
     bool peer_eof;     /* the client half-closed after its request: answer, then close */
     bool write_blocked;/* too much queued for a client that does not read: parsing waits */
+    bool slot_moved;   /* its max_connections place went to the request that outlived it */
+    conn_timer_t waiting; /* what timer is armed for */
     uv_timer_t timer;
 };
 
@@ -72,10 +97,15 @@ typedef struct {
 } write_req_t;
 
 static void conn_close(idem_conn_t *c);
+static void conn_drain(idem_conn_t *c);
+static void conn_timer(idem_conn_t *c, conn_timer_t what);
 static void conn_process(idem_conn_t *c);
 static void conn_start_reading(idem_conn_t *c);
 static void conn_response_done(idem_conn_t *c, bool keep_alive);
 static void req_dispatch(idem_req_t *req);
+static bool req_check_head(idem_req_t *req);
+static bool req_admit_body(idem_req_t *req);
+static bool req_charge_body(idem_req_t *req);
 static void req_claim(idem_req_t *req);
 static void req_maybe_free(idem_req_t *req);
 static void on_inline_idle(uv_idle_t *h);
@@ -143,6 +173,8 @@ static void on_conn_closed(uv_handle_t *h)
     if (--c->closes > 0)
         return;
     idem_worker_t *w = c->w;
+    if (!c->slot_moved)
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
     free(c->in.data);
     free(c);
     worker_maybe_exit(w);
@@ -161,6 +193,10 @@ static void conn_close(idem_conn_t *c)
         idem_req_t *req = c->req;
         c->req = NULL;
         req->conn = NULL;
+        /* Its upstream connection is still open: it keeps this one's place
+         * in max_connections until it ends (req_free). */
+        req->holds_slot = true;
+        c->slot_moved = true;
         if (was == CS_BODY || was == CS_HEAD) {
             req->finished = true;
             req->responded = true;
@@ -175,14 +211,49 @@ static void conn_close(idem_conn_t *c)
     uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
 
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail);
+static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
+                           const char *detail, int64_t retry_after);
+
 static void on_conn_timer(uv_timer_t *t)
 {
     idem_conn_t *c = t->data;
-    /* Idle keep-alive, a client too slow to send its request, or the end of
-     * draining after an error: all end the same way. */
-    if (c->state == CS_BUSY)
+    if (c->state == CS_BUSY || c->state == CS_CLOSED)
         return;
+    if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
+        /* A head begun and not finished in time: the client hears why. */
+        idem_metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
+        conn_fail(c, 408, "request-timeout",
+                  "the request head did not arrive within header_timeout");
+        return;
+    }
+    if (c->waiting == CT_BODY && c->state == CS_BODY && c->req) {
+        conn_fail_body(c, 408, IDEM_OUT_REQUEST_TIMEOUT, "request-timeout",
+                       "the request body paused for longer than body_timeout", 0);
+        return;
+    }
+    /* Idle keep-alive, a new connection that sent nothing, or the end of
+     * draining after an error: closed without a word (RFC 9112 9.5). */
     conn_close(c);
+}
+
+/* Arm the connection's one timer for what it now waits for (see CT_*). */
+static void conn_timer(idem_conn_t *c, conn_timer_t what)
+{
+    const idem_config_t *cfg = c->w->gw->cfg;
+    int64_t ms;
+    switch (what) {
+    case CT_IDLE: ms = cfg->idle_timeout_ms; break;
+    case CT_HEAD: ms = cfg->header_timeout_ms; break;
+    case CT_BODY: ms = cfg->body_timeout_ms; break;
+    case CT_DRAIN: ms = CONN_DRAIN_MS; break;
+    default:
+        c->waiting = CT_NONE;
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    c->waiting = what;
+    uv_timer_start(&c->timer, on_conn_timer, (uint64_t)ms, 0);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -234,7 +305,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             conn_stop_reading(c);
         return;
     }
-    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    /* Each byte of a body restarts body_timeout; a head's deadline is set
+     * by its first byte (conn_process_loop) and no later one moves it. */
+    if (c->state == CS_BODY)
+        conn_timer(c, CT_BODY);
     conn_process(c);
 }
 
@@ -252,16 +326,11 @@ static void on_shutdown_done(uv_shutdown_t *sd, int status)
     free(sd);
 }
 
-/* Answer with an error of idemd's own and close the connection, after
- * reading (and dropping) what the client may still be sending for a while,
- * so it sees the answer rather than a reset. */
-static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail)
+/* Take no more requests on c: send FIN once what is queued is out, and read
+ * (and drop) what the client may still be sending for a while, so that it
+ * sees its answer rather than a reset; then close. */
+static void conn_drain(idem_conn_t *c)
 {
-    idem_buf_t out;
-    idem_buf_init(&out, 0);
-    if (idem_problem_write(&out, status, type, detail, 0, true, false) == 0)
-        idem_conn_write(c, out.data, out.len);
-    idem_buf_cleanup(&out);
     if (c->state == CS_CLOSED)
         return;
     c->state = CS_DRAIN;
@@ -270,7 +339,41 @@ static void conn_fail(idem_conn_t *c, int status, const char *type, const char *
     if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
         free(sd);
     conn_start_reading(c);
-    uv_timer_start(&c->timer, on_conn_timer, CONN_DRAIN_MS, 0);
+    conn_timer(c, CT_DRAIN);
+}
+
+/* Answer with an error of idemd's own and close the connection (drained). */
+static void conn_fail_retry(idem_conn_t *c, int status, const char *type, const char *detail,
+                            int64_t retry_after)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    if (idem_problem_write(&out, status, type, detail, retry_after, true, false) == 0)
+        idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    conn_drain(c);
+}
+
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail)
+{
+    conn_fail_retry(c, status, type, detail, 0);
+}
+
+/* The body being read is refused (too large, malformed, too slow, over the
+ * budget): its request is dropped before it reached the store, so no key is
+ * claimed for it, and the connection ends. */
+static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
+                           const char *detail, int64_t retry_after)
+{
+    idem_req_t *req = c->req;
+    c->req = NULL;
+    req->conn = NULL;
+    req->finished = true;
+    req->responded = true;
+    req->status = status;
+    req->outcome = outcome;
+    req_maybe_free(req);
+    conn_fail_retry(c, status, type, detail, retry_after);
 }
 
 static int head_error_status(int rc, const char **type, const char **detail)
@@ -354,9 +457,11 @@ static void conn_process_loop(idem_conn_t *c)
             }
             if (c->queued > WRITE_HIGH_MARK) {
                 /* A client that pipelines without reading its answers must
-                 * not make us queue them without bound. */
+                 * not make us queue them without bound; nor hold us longer
+                 * than an idle connection would. */
                 c->write_blocked = true;
                 conn_stop_reading(c);
+                conn_timer(c, CT_IDLE);
                 return;
             }
             idem_http_msg_t msg;
@@ -364,6 +469,8 @@ static void conn_process_loop(idem_conn_t *c)
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
                     conn_close(c); /* the rest can never come */
+                else if (c->waiting != CT_HEAD)
+                    conn_timer(c, CT_HEAD); /* header_timeout from the head's first byte */
                 return;
             }
             if (rc < 0) {
@@ -396,16 +503,28 @@ static void conn_process_loop(idem_conn_t *c)
             c->req = req;
             if (req->msg.framing == IDEM_HTTP_BODY_NONE) {
                 c->state = CS_BUSY;
+                conn_timer(c, CT_NONE);
             } else {
                 idem_http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
                 c->state = CS_BODY;
-                if (req->msg.expect_continue && req->msg.version_minor == 1 && c->in.len == 0)
+                conn_timer(c, CT_BODY);
+                /* A client waiting for 100 Continue is invited only once the
+                 * head passed every check it can (SPEC section 8); refused,
+                 * it gets its answer and the connection closes. */
+                bool invite = req->msg.expect_continue && req->msg.version_minor == 1 &&
+                              c->in.len == 0;
+                if (invite && !req_check_head(req))
+                    return;
+                if (!req_admit_body(req))
+                    return;
+                if (invite)
                     idem_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
             }
         }
         if (c->state == CS_BODY) {
             idem_req_t *req = c->req;
             size_t off = 0;
+            bool over_budget = false;
             int rc;
             for (;;) {
                 size_t used = 0;
@@ -417,11 +536,22 @@ static void conn_process_loop(idem_conn_t *c)
                         rc = IDEM_HTTP_E_BODY_TOO_LARGE;
                         break;
                     }
+                    if (!req_charge_body(req)) {
+                        over_budget = true;
+                        break;
+                    }
                     continue;
                 }
                 break;
             }
             idem_rbuf_consume(&c->in, off);
+            if (over_budget) {
+                conn_fail_body(c, 503, IDEM_OUT_OVERLOADED, "overloaded",
+                               "too many request bodies are held at once (max_buffered_bytes); "
+                               "send a Content-Length to reserve room, or retry",
+                               1);
+                return;
+            }
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
                     conn_close(c);
@@ -429,19 +559,15 @@ static void conn_process_loop(idem_conn_t *c)
             }
             if (rc < 0) {
                 bool big = rc == IDEM_HTTP_E_BODY_TOO_LARGE;
-                idem_metrics_count(&w->gw->metrics, big ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST);
-                c->req = NULL;
-                req->conn = NULL;
-                req->finished = true;
-                req->responded = true;
-                req->status = big ? 413 : 400;
-                req_maybe_free(req);
-                conn_fail(c, big ? 413 : 400, big ? "request-too-large" : "bad-request",
-                          big ? "the request body is larger than max_request_bytes"
-                              : "malformed request body");
+                conn_fail_body(c, big ? 413 : 400, big ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST,
+                               big ? "request-too-large" : "bad-request",
+                               big ? "the request body is larger than max_request_bytes"
+                                   : "malformed request body",
+                               0);
                 return;
             }
             c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
+            conn_timer(c, CT_NONE);
         }
         if (c->state == CS_BUSY) {
             /* One request at a time: later pipelined ones wait in c->in.
@@ -468,6 +594,12 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         req->conn = NULL;
         req_maybe_free(req);
     }
+    if (c->state == CS_BODY) {
+        /* Answered before its body was read (refused at the head): the body
+         * may follow anyway, so no later request can be told from it. */
+        conn_drain(c);
+        return;
+    }
     if (!keep_alive || c->w->stopping || (c->peer_eof && c->in.len == 0)) {
         c->close_after = true;
         if (c->writes == 0)
@@ -475,7 +607,7 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         return;
     }
     c->state = CS_HEAD;
-    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    conn_timer(c, c->in.len > 0 ? CT_HEAD : CT_IDLE);
     /* After a half-close, requests already received are still answered. */
     if (!c->peer_eof)
         conn_start_reading(c);
@@ -483,18 +615,60 @@ static void conn_response_done(idem_conn_t *c, bool keep_alive)
         conn_process(c);
 }
 
+/* A place among max_connections (all workers). */
+static bool conn_slot_take(idem_gw_t *gw)
+{
+    uint64_t n = atomic_load(&gw->metrics.connections);
+    do {
+        if (n >= gw->cfg->max_connections)
+            return false;
+    } while (!atomic_compare_exchange_weak(&gw->metrics.connections, &n, n + 1));
+    return true;
+}
+
+/* Over max_connections: accept (a connection left in the kernel's queue
+ * would stop the listener) and close at once, saying 503 if the socket
+ * takes it without waiting.  The descriptor is back before this returns. */
+static void conn_refuse(idem_worker_t *w, uv_stream_t *server)
+{
+    atomic_fetch_add(&w->gw->metrics.conns_refused, 1);
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    uv_tcp_init(&w->loop, t);
+    if (uv_accept(server, (uv_stream_t *)t) == 0) {
+        idem_buf_t out;
+        idem_buf_init(&out, 0);
+        if (idem_problem_write(&out, 503, "overloaded",
+                               "too many connections (max_connections); retry", 1, true,
+                               false) == 0) {
+            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+            (void)uv_try_write((uv_stream_t *)t, &b, 1);
+        }
+        idem_buf_cleanup(&out);
+    }
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     idem_worker_t *w = server->data;
     if (status < 0)
         return;
-    idem_conn_t *c = calloc(1, sizeof *c);
-    if (!c)
+    if (!conn_slot_take(w->gw)) {
+        conn_refuse(w, server);
         return;
+    }
+    idem_conn_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        return;
+    }
     c->w = w;
     uv_tcp_init(&w->loop, &c->tcp);
     c->tcp.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
         uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
         return;
     }
@@ -503,7 +677,8 @@ static void on_connection(uv_stream_t *server, int status)
     c->timer.data = c;
     c->state = CS_HEAD;
     idem_list_push(&w->conns, &c->link);
-    uv_timer_start(&c->timer, on_conn_timer, CONN_IDLE_MS, 0);
+    /* A new connection's first head must come within header_timeout. */
+    conn_timer(c, CT_HEAD);
     conn_start_reading(c);
 }
 
@@ -511,7 +686,9 @@ static void on_connection(uv_stream_t *server, int status)
 
 static bool client_keep_alive(const idem_req_t *req)
 {
-    return req->msg.keep_alive && !req->w->stopping;
+    /* An answer before the body was read ends the connection. */
+    return req->msg.keep_alive && !req->w->stopping &&
+           !(req->conn != NULL && req->conn->state == CS_BODY);
 }
 
 /* Queue buf as the whole response of req and finish the connection's turn. */
@@ -1558,38 +1735,61 @@ static void req_spend_token(idem_req_t *req)
     req_submit(req, &req->job, on_token_used);
 }
 
-static void req_dispatch(idem_req_t *req)
+/* What the checks of a request's head decided it is. */
+typedef enum { RK_PASS, RK_TOKEN_ISSUE, RK_TOKEN, RK_KEYED } req_kind_t;
+
+/* Whether a token route's request carries one well-formed Idempotency-Token. */
+static bool token_header_ok(const idem_req_t *req)
 {
-    const idem_gw_t *gw = req_gw(req);
-    const idem_config_t *cfg = gw->cfg;
+    char token[IDEM_TOKEN_LEN + 1];
+    const idem_http_field_t *tf = idem_http_find(&req->msg, "Idempotency-Token");
+    return idem_http_count(&req->msg, "Idempotency-Token") == 1 &&
+           idem_token_parse(tf->value.ptr, tf->value.len, token) == IDEM_OK;
+}
+
+/* The checks a request's head alone decides (SPEC sections 5, 1 and 6): its
+ * route, and a key or a token that is missing or malformed.  They run before
+ * the body is read when the client waits for 100 Continue, else at dispatch.
+ * Nothing here touches the store.  @return true when the request goes on
+ * (req->kind says as what); false when it has been answered. */
+static bool req_check_head(idem_req_t *req)
+{
+    const idem_config_t *cfg = req_gw(req)->cfg;
     const idem_http_msg_t *m = &req->msg;
+    req->head_checked = true;
     size_t path_len = 0;
     while (path_len < m->target.len && m->target.ptr[path_len] != '?')
         path_len++;
     if (path_len == sizeof TOKENS_PATH - 1 && memcmp(m->target.ptr, TOKENS_PATH, path_len) == 0) {
-        req_issue_token(req);
-        return;
+        req->kind = RK_TOKEN_ISSUE;
+        if (m->method.len == 4 && memcmp(m->method.ptr, "POST", 4) == 0)
+            return true;
+        req_issue_token(req); /* answers 405 */
+        return false;
     }
     req->route = idem_config_match(cfg, m->method.ptr, m->method.len, m->target.ptr, path_len);
     req->policy = req->route ? &req->route->policy : &cfg->defaults;
     if (!req->route || req->route->mode == IDEM_MODE_OFF) {
-        req_passthrough(req);
-        return;
+        req->kind = RK_PASS;
+        return true;
     }
     if (req->route->mode == IDEM_MODE_TOKEN) {
-        req_spend_token(req);
-        return;
+        req->kind = RK_TOKEN;
+        if (token_header_ok(req))
+            return true;
+        req_spend_token(req); /* answers 400 missing-token or invalid-token */
+        return false;
     }
     size_t n_keys = idem_http_count(m, "Idempotency-Key");
     if (n_keys == 0) {
         if (req->route->mode == IDEM_MODE_OPTIONAL) {
-            req_passthrough(req);
-            return;
+            req->kind = RK_PASS;
+            return true;
         }
         req->finished = true;
         req->outcome = IDEM_OUT_MISSING_KEY;
         req_problem(req, 400, "missing-key", "this route requires an Idempotency-Key header", 0);
-        return;
+        return false;
     }
     const idem_http_field_t *kf = idem_http_find(m, "Idempotency-Key");
     if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, req->id.key) != IDEM_OK) {
@@ -1600,7 +1800,21 @@ static void req_dispatch(idem_req_t *req)
                                : "an Idempotency-Key is 1 to 255 visible ASCII characters, "
                                  "bare or as a quoted string",
                     0);
+        return false;
+    }
+    req->kind = RK_KEYED;
+    return true;
+}
+
+static void req_dispatch(idem_req_t *req)
+{
+    if (!req->head_checked && !req_check_head(req))
         return;
+    switch ((req_kind_t)req->kind) {
+    case RK_TOKEN_ISSUE: req_issue_token(req); return;
+    case RK_TOKEN: req_spend_token(req); return;
+    case RK_PASS: req_passthrough(req); return;
+    case RK_KEYED: break;
     }
     req_caller_scope(req, req->id.scope);
     if (req_fingerprint(req) != 0) {
@@ -1612,10 +1826,72 @@ static void req_dispatch(idem_req_t *req)
     req_lookup(req);
 }
 
+/* ---- max_buffered_bytes ---------------------------------------------------- */
+
+#define BODY_FIRST_CHARGE (64 * 1024) /* a chunked body's first room */
+
+/* Charge n bytes to the process's body budget, if they fit. */
+static bool budget_take(idem_gw_t *gw, uint64_t n)
+{
+    uint64_t max = gw->cfg->max_buffered_bytes;
+    uint64_t cur = atomic_load(&gw->metrics.buffered_bytes);
+    do {
+        if (n > max || cur > max - n)
+            return false;
+    } while (!atomic_compare_exchange_weak(&gw->metrics.buffered_bytes, &cur, cur + n));
+    return true;
+}
+
+/* Charge a body before any of it is read: a Content-Length body its whole
+ * length (its buffer never grows past it, so it is never refused later); a
+ * chunked body a first piece, the rest as its buffer grows
+ * (req_charge_body).  @return false when it does not fit: then it has been
+ * answered 503. */
+static bool req_admit_body(idem_req_t *req)
+{
+    idem_gw_t *gw = req_gw(req);
+    uint64_t n;
+    if (req->msg.framing == IDEM_HTTP_BODY_LENGTH) {
+        n = req->msg.content_length;
+        if (n > 0)
+            req->body.max = (size_t)n; /* a buffer's max 0 means no cap */
+    } else {
+        n = BODY_FIRST_CHARGE < gw->cfg->max_request_bytes ? BODY_FIRST_CHARGE
+                                                            : gw->cfg->max_request_bytes;
+    }
+    if (budget_take(gw, n)) {
+        req->body_charge = n;
+        return true;
+    }
+    req->finished = true;
+    req->outcome = IDEM_OUT_OVERLOADED;
+    req_problem(req, 503, "overloaded",
+                "too many request bodies are held at once (max_buffered_bytes); retry", 1);
+    return false;
+}
+
+/* After an append: charge what the body's buffer grew by beyond its charge.
+ * @return false when that does not fit (only a chunked body can grow so). */
+static bool req_charge_body(idem_req_t *req)
+{
+    uint64_t room = req->body.cap > 0 ? req->body.cap - 1 : 0; /* one spare byte for a NUL */
+    if (room <= req->body_charge)
+        return true;
+    if (!budget_take(req_gw(req), room - req->body_charge))
+        return false;
+    req->body_charge = room;
+    return true;
+}
+
 /* ---- a request's end ----------------------------------------------------- */
 
 static void req_free(idem_req_t *req)
 {
+    idem_metrics_t *m = &req->w->gw->metrics;
+    if (req->body_charge > 0)
+        atomic_fetch_sub(&m->buffered_bytes, req->body_charge);
+    if (req->holds_slot)
+        atomic_fetch_sub(&m->connections, 1);
     free(req->head);
     idem_buf_cleanup(&req->body);
     idem_buf_cleanup(&req->resp_body);
