@@ -14,12 +14,24 @@
  * Times are RFC 3339 UTC strings with milliseconds.  Requests are small:
  * a body is read and dropped up to 64 KiB, anything larger is refused.
  *
+ * What a client can hold here is bounded as on the public listener
+ * (docs/reliability.md), from a budget of its own so that the admin stays
+ * reachable when the public listener is full: at most IDEM_ADMIN_MAX_CONNS
+ * connections (more are closed at once), header_timeout for a head from its
+ * first byte, body_timeout between bytes of a body, idle_timeout between
+ * requests, and answers queued to a client that does not read them stop the
+ * reading of its requests.  Only Host names that mean this listener are
+ * answered (loopback names, the admin address, admin_hosts): a page that a
+ * browser on this host loads from a name its author points at 127.0.0.1
+ * (DNS rebinding) sends that name, and gets 421.
+ *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -30,6 +42,9 @@
 
 #define ADMIN_BODY_MAX (64 * 1024)
 #define ADMIN_BUF_MAX (IDEM_HTTP_MAX_HEAD + ADMIN_BODY_MAX + 4096)
+#define ADMIN_WRITE_HIGH (1u << 20) /* answers queued to a client: stop reading its requests */
+#define ADMIN_CLOSE_MS 5000         /* a closing answer not taken by then: close anyway */
+#define ADMIN_MAX_HOSTS (IDEM_CONFIG_MAX_LIST + 4)
 
 struct idem_admin {
     idem_gw_t *gw;
@@ -37,28 +52,48 @@ struct idem_admin {
     uv_tcp_t listener;
     uv_async_t stop_async;
     pthread_t thread;
+    int n_conns;                        /* open connections, at most IDEM_ADMIN_MAX_CONNS */
+    char hosts[ADMIN_MAX_HOSTS][260];   /* Host names answered (without port), as written */
+    size_t n_hosts;
 };
+
+/* What a connection's timer waits for. */
+typedef enum { AT_NONE, AT_HEAD, AT_BODY, AT_IDLE, AT_CLOSE } admin_timer_t;
 
 typedef struct {
     uv_tcp_t tcp;
+    uv_timer_t timer;
     idem_admin_t *admin;
     char *buf;
     size_t len, cap;
     idem_http_head_state_t hs;
     bool closing;
+    bool done;         /* an answer that ends the connection is queued: read no more */
+    bool reading;
     bool head_request; /* the request being answered is HEAD: no body */
+    int closes;        /* handles whose close callback is pending */
+    admin_timer_t waiting;
+    size_t queued;     /* answer bytes not yet written */
 } admin_conn_t;
 
 typedef struct {
     uv_write_t wr;
     admin_conn_t *conn;
     bool close;
+    size_t len;
     char data[];
 } admin_write_t;
+
+static void admin_process(admin_conn_t *c);
+static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void on_admin_conn_freed(uv_handle_t *h)
 {
     admin_conn_t *c = h->data;
+    if (--c->closes > 0)
+        return;
+    c->admin->n_conns--;
     free(c->buf);
     free(c);
 }
@@ -68,16 +103,71 @@ static void admin_conn_close(admin_conn_t *c)
     if (c->closing)
         return;
     c->closing = true;
+    c->closes = 2;
     uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+    uv_close((uv_handle_t *)&c->timer, on_admin_conn_freed);
+}
+
+static void admin_reading(admin_conn_t *c, bool on)
+{
+    if (on && !c->reading && !c->closing && !c->done)
+        c->reading = uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) == 0;
+    else if (!on && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+static void admin_problem(admin_conn_t *c, int status, const char *type, const char *detail,
+                          bool close);
+
+static void on_admin_timer(uv_timer_t *t)
+{
+    admin_conn_t *c = t->data;
+    if (c->closing)
+        return;
+    if (!c->done && ((c->waiting == AT_HEAD && c->len > 0) || c->waiting == AT_BODY)) {
+        c->head_request = false;
+        admin_problem(c, 408, "request-timeout",
+                      c->waiting == AT_HEAD
+                          ? "the request head did not arrive within header_timeout"
+                          : "the request body paused for longer than body_timeout",
+                      true);
+        return;
+    }
+    admin_conn_close(c); /* idle, silent since it opened, or a closing answer not taken */
+}
+
+/* Arm the connection's timer for what it now waits for. */
+static void admin_timer(admin_conn_t *c, admin_timer_t what)
+{
+    const idem_config_t *cfg = c->admin->gw->cfg;
+    int64_t ms;
+    switch (what) {
+    case AT_HEAD: ms = cfg->header_timeout_ms; break;
+    case AT_BODY: ms = cfg->body_timeout_ms; break;
+    case AT_IDLE: ms = cfg->idle_timeout_ms; break;
+    case AT_CLOSE: ms = ADMIN_CLOSE_MS; break;
+    default:
+        c->waiting = AT_NONE;
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    c->waiting = what;
+    uv_timer_start(&c->timer, on_admin_timer, (uint64_t)ms, 0);
 }
 
 static void on_admin_written(uv_write_t *wr, int status)
 {
     admin_write_t *w = (admin_write_t *)wr;
     admin_conn_t *c = w->conn;
+    c->queued -= w->len;
     if ((status < 0 || w->close) && !c->closing) {
-        c->closing = true;
-        uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+        admin_conn_close(c);
+    } else if (!c->closing && !c->done && !c->reading && c->queued < ADMIN_WRITE_HIGH / 2) {
+        /* The client took its answers: go on with what it sent. */
+        admin_reading(c, true);
+        admin_process(c);
     }
     free(w);
 }
@@ -106,12 +196,20 @@ static void admin_send(admin_conn_t *c, int status, const char *ctype, const cha
     }
     w->conn = c;
     w->close = close;
+    w->len = out.len;
     memcpy(w->data, out.data, out.len);
     uv_buf_t b = uv_buf_init(w->data, (unsigned)out.len);
     idem_buf_cleanup(&out);
     if (uv_write(&w->wr, (uv_stream_t *)&c->tcp, &b, 1, on_admin_written) != 0) {
         free(w);
         admin_conn_close(c);
+        return;
+    }
+    c->queued += w->len;
+    if (close) {
+        c->done = true;
+        admin_reading(c, false);
+        admin_timer(c, AT_CLOSE);
     }
 }
 
@@ -236,10 +334,56 @@ static bool target_is(const idem_http_msg_t *m, const char *path)
            (m->target.len == n || m->target.ptr[n] == '?');
 }
 
+/* Whether the Host of m names this listener (any port): a name of
+ * a->hosts, compared case-insensitively.  An HTTP/1.0 request may have no
+ * Host (scripts; a browser always sends one). */
+static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
+{
+    if (idem_http_count(m, "Host") == 0)
+        return m->version_minor == 0;
+    const idem_http_field_t *f = idem_http_find(m, "Host");
+    const char *v = f->value.ptr;
+    size_t len = f->value.len, hl = 0;
+    if (len > 0 && v[0] == '[') {
+        const char *e = memchr(v, ']', len);
+        if (e == NULL)
+            return false;
+        hl = (size_t)(e - v) + 1;
+    } else {
+        while (hl < len && v[hl] != ':')
+            hl++;
+    }
+    if (hl == 0)
+        return false;
+    if (hl < len) {
+        if (v[hl] != ':' || len - hl - 1 < 1 || len - hl - 1 > 5)
+            return false;
+        for (size_t i = hl + 1; i < len; i++)
+            if (v[i] < '0' || v[i] > '9')
+                return false;
+    }
+    for (size_t i = 0; i < a->n_hosts; i++)
+        if (strlen(a->hosts[i]) == hl && strncasecmp(a->hosts[i], v, hl) == 0)
+            return true;
+    return false;
+}
+
 static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
 {
     idem_gw_t *gw = c->admin->gw;
     bool close = !m->keep_alive;
+    if (idem_http_count(m, "Host") > 1 ||
+        (m->version_minor == 1 && idem_http_count(m, "Host") == 0)) {
+        admin_problem(c, 400, "bad-request", "a request needs exactly one Host header", true);
+        return;
+    }
+    if (!admin_host_ok(c->admin, m)) {
+        admin_problem(c, 421, "misdirected-request",
+                      "the admin listener answers only its own address, loopback names and "
+                      "admin_hosts in Host",
+                      true);
+        return;
+    }
     bool is_get = idem_slice_eq_ci(m->method, "GET") || idem_slice_eq_ci(m->method, "HEAD");
     if (m->target.len > 6 && memcmp(m->target.ptr, "/keys/", 6) == 0) {
         admin_keys(c, m, close);
@@ -298,49 +442,88 @@ static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     admin_conn_t *c = s->data;
     (void)buf;
     if (nread < 0) {
-        if (!c->closing) {
-            c->closing = true;
-            uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
-        }
+        admin_conn_close(c);
         return;
     }
-    if (c->closing)
+    if (c->closing || c->done || nread == 0)
         return;
     c->len += (size_t)nread;
-    while (c->len > 0 && !c->closing) {
+    if (c->waiting == AT_BODY)
+        admin_timer(c, AT_BODY); /* each byte of a body restarts it */
+    admin_process(c);
+}
+
+/* Answer every whole request in the buffer, then wait for the next. */
+static void admin_process(admin_conn_t *c)
+{
+    while (c->len > 0 && !c->closing && !c->done) {
+        if (c->queued > ADMIN_WRITE_HIGH) {
+            /* Answers pile up for a client that does not read them: read
+             * no more requests until it does, or until idle_timeout. */
+            admin_reading(c, false);
+            admin_timer(c, AT_IDLE);
+            return;
+        }
         idem_http_msg_t m;
         int rc = idem_http_parse_request(&c->hs, c->buf, c->len, IDEM_HTTP_MAX_HEAD, &m);
         if (rc == IDEM_HTTP_INCOMPLETE) {
             if (c->len >= c->cap && c->cap >= ADMIN_BUF_MAX)
                 admin_problem(c, 431, "headers-too-large", "request too large", true);
+            else if (c->waiting != AT_HEAD)
+                admin_timer(c, AT_HEAD); /* header_timeout from the head's first byte */
             return;
         }
         if (rc < 0) {
-            admin_problem(c, rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS ? 431 : 400,
-                          rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS
-                              ? "headers-too-large"
-                              : "bad-request",
+            bool big = rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS;
+            admin_problem(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
                           "malformed admin request", true);
-            uv_read_stop(s);
             return;
         }
         size_t total = (size_t)rc;
         if (m.framing == IDEM_HTTP_BODY_CHUNKED ||
             (m.framing == IDEM_HTTP_BODY_LENGTH && m.content_length > ADMIN_BODY_MAX)) {
             admin_problem(c, 413, "request-too-large", "admin requests carry no body", true);
-            uv_read_stop(s);
             return;
         }
         if (m.framing == IDEM_HTTP_BODY_LENGTH)
             total += (size_t)m.content_length;
-        if (c->len < total)
+        if (c->len < total) {
+            if (c->waiting != AT_BODY)
+                admin_timer(c, AT_BODY);
             return;
+        }
         memset(&c->hs, 0, sizeof c->hs);
+        admin_timer(c, AT_NONE);
         c->head_request = idem_slice_eq_ci(m.method, "HEAD");
         admin_handle(c, &m);
         memmove(c->buf, c->buf + total, c->len - total);
         c->len -= total;
     }
+    if (!c->closing && !c->done && c->len == 0 && c->reading)
+        admin_timer(c, AT_IDLE);
+}
+
+/* Over IDEM_ADMIN_MAX_CONNS: accept and close at once (503 if the socket
+ * takes it without waiting). */
+static void admin_refuse(idem_admin_t *a, uv_stream_t *server)
+{
+    atomic_fetch_add(&a->gw->metrics.admin_conns_refused, 1);
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    uv_tcp_init(&a->loop, t);
+    t->data = NULL;
+    if (uv_accept(server, (uv_stream_t *)t) == 0) {
+        idem_buf_t out;
+        idem_buf_init(&out, 0);
+        if (idem_problem_write(&out, 503, "overloaded", "too many admin connections; retry", 1,
+                               true, false) == 0) {
+            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+            (void)uv_try_write((uv_stream_t *)t, &b, 1);
+        }
+        idem_buf_cleanup(&out);
+    }
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
 }
 
 static void on_admin_connection(uv_stream_t *server, int status)
@@ -348,17 +531,29 @@ static void on_admin_connection(uv_stream_t *server, int status)
     idem_admin_t *a = server->data;
     if (status < 0)
         return;
+    if (a->n_conns >= IDEM_ADMIN_MAX_CONNS) {
+        admin_refuse(a, server);
+        return;
+    }
     admin_conn_t *c = calloc(1, sizeof *c);
     if (!c)
         return;
     c->admin = a;
+    a->n_conns++;
     uv_tcp_init(&a->loop, &c->tcp);
     c->tcp.data = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) != 0) {
-        c->closing = true;
-        uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+    uv_timer_init(&a->loop, &c->timer);
+    c->timer.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        admin_conn_close(c);
+        return;
     }
+    admin_reading(c, true);
+    if (!c->reading) {
+        admin_conn_close(c);
+        return;
+    }
+    admin_timer(c, AT_HEAD); /* the first head within header_timeout of the connection */
 }
 
 static void admin_close_walk(uv_handle_t *h, void *arg)
@@ -366,10 +561,8 @@ static void admin_close_walk(uv_handle_t *h, void *arg)
     (void)arg;
     if (uv_is_closing(h))
         return;
-    if (h->type == UV_TCP && h->data && h->data != arg) {
-        admin_conn_t *c = h->data;
-        c->closing = true;
-        uv_close(h, on_admin_conn_freed);
+    if ((h->type == UV_TCP || h->type == UV_TIMER) && h->data) {
+        admin_conn_close(h->data); /* closes its tcp and its timer */
         return;
     }
     uv_close(h, NULL);
@@ -392,6 +585,19 @@ static void *admin_main(void *arg)
     return NULL;
 }
 
+/* The Host names the admin answers: loopback's, its own address, admin_hosts. */
+static void admin_hosts_init(idem_admin_t *a, const char *listen_host)
+{
+    const idem_config_t *cfg = a->gw->cfg;
+    const char *fixed[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (size_t i = 0; i < 3; i++)
+        snprintf(a->hosts[a->n_hosts++], sizeof a->hosts[0], "%s", fixed[i]);
+    snprintf(a->hosts[a->n_hosts++], sizeof a->hosts[0], strchr(listen_host, ':') ? "[%s]" : "%s",
+             listen_host);
+    for (size_t i = 0; i < cfg->n_admin_hosts && a->n_hosts < ADMIN_MAX_HOSTS; i++)
+        snprintf(a->hosts[a->n_hosts++], sizeof a->hosts[0], "%s", cfg->admin_hosts[i]);
+}
+
 int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **out, char *err,
                      size_t errlen)
 {
@@ -402,6 +608,7 @@ int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **o
         return -1;
     }
     a->gw = gw;
+    admin_hosts_init(a, host);
     uv_loop_init(&a->loop);
     if (idem_tcp_listen(&a->loop, &a->listener, a, host, port, false, 128, on_admin_connection,
                         "--admin", err, errlen) != 0) {
