@@ -68,14 +68,15 @@ typedef struct idem_config {
     uint64_t local_cache;  /* entries */
     int64_t token_ttl_ms;
     char *log_format;      /* "text" or "json" */
-    /* What one client can hold (SPEC section 8, docs/reliability.md). */
+    /* What one client can hold (docs/protocol.md section 11). */
     int64_t header_timeout_ms;   /* a request head completes within this of its first byte */
     int64_t body_timeout_ms;     /* the longest pause between bytes of a request body */
     int64_t idle_timeout_ms;     /* a keep-alive connection waiting for its next request */
     uint64_t max_connections;    /* client connections at once, all workers */
     bool max_connections_set;    /* written in the file: never lowered to fit the fd limit */
     uint64_t max_buffered_bytes; /* request bodies held at once, all workers */
-    char *admin_hosts[IDEM_CONFIG_MAX_LIST]; /* Host names the admin answers besides loopback, lower case */
+    /* Host names the admin listener answers besides loopback's, lower case. */
+    char *admin_hosts[IDEM_CONFIG_MAX_LIST];
     size_t n_admin_hosts;
     idem_policy_t defaults;
     idem_route_t routes[IDEM_CONFIG_MAX_ROUTES];

@@ -137,9 +137,9 @@ typedef struct idem_metrics {
     _Atomic uint64_t store_errors;
     _Atomic uint64_t store_gets;      /* idem_store_get calls (reads outside the writer) */
     _Atomic uint64_t cache_hits;      /* answers from local_cache */
-    /* Resources clients hold (SPEC section 8): the gauges are also the
-     * counters that max_connections and max_buffered_bytes are checked on. */
-    _Atomic uint64_t connections;     /* public client connections, and requests that outlived theirs */
+    /* Resources clients hold (docs/protocol.md section 11): the gauges are
+     * also the counters max_connections and max_buffered_bytes are checked on. */
+    _Atomic uint64_t connections;     /* public connections, and requests that outlived theirs */
     _Atomic uint64_t conns_refused;   /* public connections closed at once: max_connections */
     _Atomic uint64_t admin_conns_refused; /* admin connections over IDEM_ADMIN_MAX_CONNS */
     _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */

@@ -203,12 +203,12 @@ static uint64_t fds_needed(uint64_t mc, int workers)
            8 * (uint64_t)workers;
 }
 
-/* Make room for max_connections in RLIMIT_NOFILE (SPEC section 8): raise the
- * soft limit as far as needed (never past the hard one).  When the hard
- * limit is too low, a max_connections written in the configuration is an
- * error (exit 2); the default is lowered to fit, with a warning, so that
- * idemd starts in a plain shell (hard limit 4096) and still cannot run out of
- * descriptors.  @return 0, or -1 with err set. */
+/* Make room for max_connections in RLIMIT_NOFILE (docs/protocol.md section
+ * 11): raise the soft limit as far as needed (never past the hard one).
+ * When the hard limit is too low, a max_connections written in the
+ * configuration is an error (exit 2); the default is lowered to fit, with a
+ * warning, so that idemd starts in a plain shell (hard limit 4096) and still
+ * cannot run out of descriptors.  @return 0, or -1 with err set. */
 static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen)
 {
     idem_config_t *cfg = gw->cfg;

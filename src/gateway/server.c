@@ -14,7 +14,7 @@
  *       -> COMPLETE / RELEASE / HOLD through the writer (fenced)
  *       -> answer the client only once the outcome is durable.
  *
- * What a client holds is bounded (SPEC section 8, docs/reliability.md): each
+ * What a client holds is bounded (docs/protocol.md section 11): each
  * connection has one timer, armed for what it waits for (conn_timer): a new
  * connection's first head, or a head once its first byte came
  * (header_timeout, never restarted by later bytes); the next byte of a body
@@ -509,8 +509,8 @@ static void conn_process_loop(idem_conn_t *c)
                 c->state = CS_BODY;
                 conn_timer(c, CT_BODY);
                 /* A client waiting for 100 Continue is invited only once the
-                 * head passed every check it can (SPEC section 8); refused,
-                 * it gets its answer and the connection closes. */
+                 * head passed every check it can (docs/protocol.md section
+                 * 11); refused, it gets its answer and the connection closes. */
                 bool invite = req->msg.expect_continue && req->msg.version_minor == 1 &&
                               c->in.len == 0;
                 if (invite && !req_check_head(req))
@@ -1747,7 +1747,7 @@ static bool token_header_ok(const idem_req_t *req)
            idem_token_parse(tf->value.ptr, tf->value.len, token) == IDEM_OK;
 }
 
-/* The checks a request's head alone decides (SPEC sections 5, 1 and 6): its
+/* The checks a request's head alone decides (docs/protocol.md sections 5, 2 and 8): its
  * route, and a key or a token that is missing or malformed.  They run before
  * the body is read when the client waits for 100 Continue, else at dispatch.
  * Nothing here touches the store.  @return true when the request goes on

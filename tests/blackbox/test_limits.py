@@ -1,4 +1,4 @@
-"""SPEC section 8, "Resources a client holds are bounded", and section 11's
+"""docs/protocol.md section 11, what a client may hold, and section 13's
 admin listener under the same rules.
 
 - header_timeout: a request head must arrive within it of its first byte; a

@@ -753,7 +753,7 @@ Test(config, validate_refuses_an_unknown_log_format)
     expect_invalid("log_format: must be one of json, text");
 }
 
-/* ---- what a client may hold (SPEC section 8) ------------------------------ */
+/* ---- what a client may hold (docs/protocol.md section 11) ------------------ */
 
 Test(config, limits_default_to_spec_section_8)
 {
