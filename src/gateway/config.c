@@ -846,14 +846,51 @@ enum {
     T_LISTEN, T_ADMIN, T_UPSTREAM, T_STORE, T_WORKERS, T_UPSTREAM_TIMEOUT, T_MAX_REQUEST,
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
     T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
-    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_COUNT
+    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
     "max_request_bytes", "on_store_error", "replay_header", "scope_header", "local_cache",
     "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
-    "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes",
+    "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
 };
+
+/* `scope:`, the list of sources that name the caller (scope.h). */
+static int scope_list(ctx_t *c, const yaml_node_t *n, const char *key)
+{
+    idem_scope_source_t tmp[IDEM_SCOPE_MAX_SOURCES];
+    size_t count;
+    char item_key[200], shown[80], why[160];
+    if (want_list(c, n, key, IDEM_SCOPE_MAX_SOURCES, &count) != 0)
+        return -1;
+    if (count == 0)
+        return fail(c, n, key, "must list at least one source ([authorization] is the default)");
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *item = node(c, n->data.sequence.items.start[i]);
+        snprintf(item_key, sizeof item_key, "%s[%zu]", key, i);
+        const char *v = scalar(c, item, item_key);
+        if (v == NULL)
+            return -1;
+        show(shown, sizeof shown, v);
+        if (idem_gw_scope_parse_source(v, &tmp[i], why, sizeof why) != 0)
+            return fail(c, item, item_key, "%s: '%s'", why, shown);
+        const char *no = idem_gw_scope_unsupported(tmp[i].kind);
+        if (no != NULL)
+            return fail(c, item, item_key, "%s: %s", shown, no);
+        for (size_t j = 0; j < i; j++) {
+            /* Header names compare without case, cookie names with it. */
+            bool same = tmp[j].kind == tmp[i].kind &&
+                        (tmp[i].kind == IDEM_SCOPE_SRC_COOKIE
+                             ? strcmp(tmp[j].name, tmp[i].name) == 0
+                             : strcasecmp(tmp[j].name, tmp[i].name) == 0);
+            if (same)
+                return fail(c, item, item_key, "source given twice: '%s'", shown);
+        }
+    }
+    memcpy(c->cfg->scope, tmp, count * sizeof *tmp);
+    c->cfg->n_scope = count;
+    return 0;
+}
 
 /* A string-valued top-level key, checked where it can be on its own. */
 static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index)
@@ -912,6 +949,7 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
     uint32_t seen = 0;
     uint64_t v;
     int e;
+    const yaml_node_t *scope_node = root;
     if (is_null(root))
         return 0; /* "---" alone: an empty document */
     if (root->type != YAML_MAPPING_NODE) {
@@ -962,11 +1000,20 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
             break;
         case T_DEFAULTS: rc = parse_defaults(c, n); break;
         case T_ROUTES: rc = parse_routes(c, n); break;
+        case T_SCOPE:
+            rc = scope_list(c, n, key);
+            scope_node = n;
+            break;
         default: rc = top_string(c, n, key, i); break;
         }
         if (rc != 0)
             return -1;
     }
+    /* Two answers to "who is the caller" would leave one silently unused. */
+    if ((seen & (1u << T_SCOPE)) && (seen & (1u << T_SCOPE_HEADER)))
+        return fail(c, scope_node, "scope",
+                    "scope and scope_header both name the caller; write scope_header: X "
+                    "as scope: [header:X]");
     return 0;
 }
 

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gateway/scope.h"
+
 #define IDEM_CONFIG_MAX_ROUTES 256
 #define IDEM_CONFIG_MAX_LIST 32   /* entries in a list (methods, headers, pointers, statuses) */
 
@@ -64,7 +66,9 @@ typedef struct idem_config {
     uint64_t max_request_bytes;
     idem_on_store_error_t on_store_error;
     char *replay_header;   /* "X-Idempotent-Replay" */
-    char *scope_header;    /* "Authorization" */
+    char *scope_header;    /* "Authorization"; used only when n_scope is 0 */
+    idem_scope_source_t scope[IDEM_SCOPE_MAX_SOURCES]; /* `scope:`, see scope.h */
+    size_t n_scope;        /* 0: `scope:` not written, scope_header decides */
     uint64_t local_cache;  /* entries */
     int64_t token_ttl_ms;
     char *log_format;      /* "text" or "json" */

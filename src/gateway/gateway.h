@@ -143,6 +143,8 @@ typedef struct idem_metrics {
     _Atomic uint64_t conns_refused;   /* public connections closed at once: max_connections */
     _Atomic uint64_t admin_conns_refused; /* admin connections over IDEM_ADMIN_MAX_CONNS */
     _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
+    _Atomic uint64_t scope_fallback_authorization; /* a scope source absent: SHA-256 of Authorization */
+    _Atomic uint64_t scope_fallback_anonymous;     /* ... and no Authorization: "anonymous" */
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;

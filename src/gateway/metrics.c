@@ -106,6 +106,14 @@ int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
                            (unsigned long long)atomic_load(&m->conns_refused),
                            (unsigned long long)atomic_load(&m->admin_conns_refused),
                            (unsigned long long)atomic_load(&m->buffered_bytes));
+    rc |= idem_buf_appendf(out,
+                           "# HELP idem_scope_fallback_total Keyed and token requests whose scope "
+                           "source was absent, by the scope they fell back to.\n"
+                           "# TYPE idem_scope_fallback_total counter\n"
+                           "idem_scope_fallback_total{to=\"authorization\"} %llu\n"
+                           "idem_scope_fallback_total{to=\"anonymous\"} %llu\n",
+                           (unsigned long long)atomic_load(&m->scope_fallback_authorization),
+                           (unsigned long long)atomic_load(&m->scope_fallback_anonymous));
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

@@ -25,6 +25,7 @@ static const struct {
     {"upstream-outcome-unknown", "Outcome of the upstream request unknown"},
     {"response-not-retained", "Response too large to be retained"},
     {"store-unavailable", "Idempotency store unavailable"},
+    {"ambiguous-scope", "Caller identity given more than once"},
     {"request-too-large", "Request body too large"},
     {"headers-too-large", "Request header fields too large"},
     {"bad-request", "Malformed HTTP request"},

@@ -365,8 +365,13 @@ static int build_request(idem_req_t *req, idem_buf_t *out)
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
         /* A client listing Idempotency-Key or Host in Connection does not
-         * get them stripped: the upstream must see the key as received. */
-        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") || idem_slice_eq_ci(f->name, "Host");
+         * get them stripped: the upstream must see the key as received.
+         * Nor the headers that named the caller (docs/protocol.md section 2): the
+         * upstream must authenticate the caller idemd scoped the key to. */
+        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") ||
+                    idem_slice_eq_ci(f->name, "Host") ||
+                    idem_gw_scope_uses_header(gw->cfg->scope, gw->cfg->n_scope,
+                                              gw->cfg->scope_header, f->name);
         if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
             idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
             idem_slice_eq_ci(f->name, "Idempotency-Fence"))

@@ -1550,12 +1550,41 @@ static int req_fingerprint(idem_req_t *req)
     return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
 }
 
-/* The caller's scope (docs/protocol.md section 3): the hash of the scope header, or
- * "anonymous"; "" only when out of memory, which the caller must refuse. */
-static void req_caller_scope(const idem_req_t *req, char *out)
+/* The caller's scope (docs/protocol.md section 3, scope.h) into out
+ * (IDEM_SCOPE_MAX + 1 bytes).  When the request may not go on it is
+ * answered here (400 ambiguous-scope, 500 out of memory) and false is
+ * returned. */
+static bool req_scope_admit(idem_req_t *req, char *out)
 {
-    const idem_http_field_t *sf = idem_http_find(&req->msg, req_gw(req)->cfg->scope_header);
-    idem_scope_from_header(sf ? sf->value.ptr : NULL, sf ? sf->value.len : 0, out);
+    idem_gw_t *gw = req_gw(req);
+    const idem_config_t *cfg = gw->cfg;
+    const char *dup = NULL;
+    switch (idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out,
+                                  &dup)) {
+    case IDEM_SCOPE_FROM_SOURCES: break;
+    case IDEM_SCOPE_FALLBACK_AUTHORIZATION:
+        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
+                                  memory_order_relaxed);
+        break;
+    case IDEM_SCOPE_FALLBACK_ANONYMOUS:
+        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_anonymous, 1, memory_order_relaxed);
+        break;
+    case IDEM_SCOPE_AMBIGUOUS: {
+        char detail[IDEM_SCOPE_NAME_MAX + 96];
+        snprintf(detail, sizeof detail,
+                 "the %s header was given more than once, so the caller is ambiguous",
+                 dup ? dup : "Authorization");
+        req->finished = true;
+        req->outcome = IDEM_OUT_BAD_REQUEST;
+        req_problem(req, 400, "ambiguous-scope", detail, 0);
+        return false;
+    }
+    default:
+        req->finished = true;
+        req_problem(req, 500, "internal", "out of memory", 0);
+        return false;
+    }
+    return true;
 }
 
 /* ---- prevention tokens (docs/protocol.md section 8) ----------------------- */
@@ -1625,11 +1654,11 @@ static void req_issue_token(idem_req_t *req)
         free(body);
         return;
     }
-    req_caller_scope(req, scope);
-    if (scope[0] == '\0' || idem_token_generate(NULL, token) != IDEM_OK) {
+    if (!req_scope_admit(req, scope))
+        return;
+    if (idem_token_generate(NULL, token) != IDEM_OK) {
         req->finished = true;
-        req_problem(req, 500, "internal", scope[0] ? "no random bytes from the kernel"
-                                                   : "out of memory", 0);
+        req_problem(req, 500, "internal", "no random bytes from the kernel", 0);
         return;
     }
     idem_token_id(scope, token, &req->id);
@@ -1723,12 +1752,8 @@ static void req_spend_token(idem_req_t *req)
                     0);
         return;
     }
-    req_caller_scope(req, scope);
-    if (scope[0] == '\0') {
-        req->finished = true;
-        req_problem(req, 500, "internal", "out of memory", 0);
+    if (!req_scope_admit(req, scope))
         return;
-    }
     idem_token_id(scope, token, &req->id);
     job_init(req, &req->job, IDEM_OP_TOKEN_USE);
     req->job.op.now_ms = idem_clock_now(NULL);
@@ -1816,7 +1841,8 @@ static void req_dispatch(idem_req_t *req)
     case RK_PASS: req_passthrough(req); return;
     case RK_KEYED: break;
     }
-    req_caller_scope(req, req->id.scope);
+    if (!req_scope_admit(req, req->id.scope))
+        return;
     if (req_fingerprint(req) != 0) {
         req->finished = true;
         req_problem(req, 500, "internal", "out of memory", 0);

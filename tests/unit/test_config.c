@@ -907,3 +907,63 @@ Test(config, method_length_is_respected)
     cr_assert_null(idem_config_match(&cfg, "POSTX", 5, "/", 1));
     cr_assert_not_null(idem_config_match(&cfg, "POSTX", 4, "/", 1));
 }
+
+/* ---- scope sources ------------------------------------------------------- */
+
+Test(config, scope_is_empty_by_default)
+{
+    cr_expect_eq(cfg.n_scope, 0);
+    cr_expect_str_eq(cfg.scope_header, "Authorization");
+}
+
+Test(config, scope_list_is_read_in_order)
+{
+    cr_assert_eq(load("scope: [header:X-Org, cookie:sid, authorization]\n"), 0, "%s", err);
+    cr_assert_eq(cfg.n_scope, 3);
+    cr_expect_eq(cfg.scope[0].kind, IDEM_SCOPE_SRC_HEADER);
+    cr_expect_str_eq(cfg.scope[0].name, "X-Org");
+    cr_expect_eq(cfg.scope[1].kind, IDEM_SCOPE_SRC_COOKIE);
+    cr_expect_str_eq(cfg.scope[1].name, "sid");
+    cr_expect_eq(cfg.scope[2].kind, IDEM_SCOPE_SRC_AUTHORIZATION);
+}
+
+Test(config, scope_errors_name_the_entry)
+{
+    expect_error("scope: []\n", 1,
+                 "scope: must list at least one source ([authorization] is the default)");
+    expect_error("scope: authorization\n", 1, "scope: expected a list, found a single value");
+    expect_error("scope:\n  - authorization\n  - bearer\n", 3,
+                 "scope[1]: not a scope source (authorization, header:NAME, cookie:NAME, "
+                 "jwt:CLAIM, client_cert): 'bearer'");
+    expect_error("scope: [\"header:a b\"]\n", 1, "scope[0]: not a header name: 'header:a b'");
+    expect_error("scope: [cookie:sid, cookie:sid]\n", 1, "scope[1]: source given twice: 'cookie:sid'");
+    expect_error("scope: [header:X-A, header:x-a]\n", 1, "scope[1]: source given twice: 'header:x-a'");
+    expect_error("scope: [authorization, header:Authorization]\n", 1,
+                 "scope[1]: source given twice: 'header:Authorization'");
+    expect_error("scope: [a, b, c, d, e, f, g, h, i]\n", 1, "scope: too many entries (at most 8)");
+}
+
+Test(config, cookie_names_differing_in_case_are_two_sources)
+{
+    cr_expect_eq(load("scope: [cookie:sid, cookie:SID]\n"), 0, "%s", err);
+    cr_expect_eq(cfg.n_scope, 2);
+}
+
+Test(config, jwt_and_client_cert_are_refused_as_not_supported_yet)
+{
+    cr_assert_eq(load("scope: [jwt:sub]\n"), -1);
+    cr_expect_not_null(strstr(err, ":1: scope[0]: jwt:sub: not supported yet"), "%s", err);
+    cr_assert_eq(load("scope:\n  - authorization\n  - client_cert\n"), -1);
+    cr_expect_not_null(strstr(err, ":3: scope[1]: client_cert: not supported yet"), "%s", err);
+    cr_expect_null(strchr(err, '\n'));
+}
+
+Test(config, scope_and_scope_header_together_are_refused)
+{
+    expect_error("scope_header: X-Api-Key\nscope: [cookie:sid]\n", 2,
+                 "scope: scope and scope_header both name the caller; write scope_header: X "
+                 "as scope: [header:X]");
+    expect_error("scope: [cookie:sid]\nscope_header: X-Api-Key\n", 1,
+                 "scope: scope and scope_header both name the caller; write scope_header: X "
+                 "as scope: [header:X]");
+}

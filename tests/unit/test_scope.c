@@ -1,0 +1,338 @@
+/* tests/unit/test_scope.c - the caller's scope from its sources (src/gateway/scope.c). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gateway/scope.h"
+#include "idem/fingerprint.h"
+
+static char head[8192];
+static idem_http_msg_t msg;
+
+/* Parse a request whose header lines are given (each without CRLF). */
+static const idem_http_msg_t *req(const char *const *lines, size_t n)
+{
+    size_t o = (size_t)snprintf(head, sizeof head, "POST /pay HTTP/1.1\r\nHost: x\r\n");
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(head + o, sizeof head - o, "%s\r\n", lines[i]);
+    o += (size_t)snprintf(head + o, sizeof head - o, "\r\n");
+    idem_http_head_state_t st;
+    memset(&st, 0, sizeof st);
+    memset(&msg, 0, sizeof msg);
+    cr_assert_gt(idem_http_parse_request(&st, head, o, IDEM_HTTP_MAX_HEAD, &msg), 0);
+    return &msg;
+}
+#define REQ(...) req((const char *const[]){__VA_ARGS__}, sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
+#define NOREQ() req(NULL, 0)
+
+static idem_scope_source_t src(const char *text)
+{
+    idem_scope_source_t s;
+    char why[160];
+    cr_assert_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), 0, "%s: %s", text, why);
+    return s;
+}
+
+static void sha(const char *v, char *out) { idem_sha256_hex(v, strlen(v), out); }
+
+/* ---- parsing sources ------------------------------------------------------ */
+
+Test(scope, parse_every_source_kind)
+{
+    idem_scope_source_t s = src("authorization");
+    cr_expect_eq(s.kind, IDEM_SCOPE_SRC_AUTHORIZATION);
+    s = src("header:X-User");
+    cr_expect_eq(s.kind, IDEM_SCOPE_SRC_HEADER);
+    cr_expect_str_eq(s.name, "X-User");
+    s = src("cookie:session_id");
+    cr_expect_eq(s.kind, IDEM_SCOPE_SRC_COOKIE);
+    cr_expect_str_eq(s.name, "session_id");
+    s = src("jwt:org.id");
+    cr_expect_eq(s.kind, IDEM_SCOPE_SRC_JWT);
+    cr_expect_str_eq(s.name, "org.id");
+    s = src("client_cert");
+    cr_expect_eq(s.kind, IDEM_SCOPE_SRC_CLIENT_CERT);
+}
+
+Test(scope, header_authorization_is_the_authorization_source)
+{
+    cr_expect_eq(src("header:authorization").kind, IDEM_SCOPE_SRC_AUTHORIZATION);
+    cr_expect_eq(src("header:AUTHORIZATION").kind, IDEM_SCOPE_SRC_AUTHORIZATION);
+}
+
+Test(scope, parse_refuses_what_is_not_a_source)
+{
+    const char *bad[] = {"", "Authorization", "header:", "header:a b", "header:x:y",
+                         "cookie:", "cookie:a=b", "cookie:a;b", "jwt:", "jwt:.a", "jwt:a.",
+                         "jwt:a..b", "jwt:a/b", "client_cert:x", "bearer", "header"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        idem_scope_source_t s;
+        char why[160] = "";
+        cr_expect_eq(idem_gw_scope_parse_source(bad[i], &s, why, sizeof why), -1, "%s", bad[i]);
+        cr_expect_neq(why[0], '\0', "%s", bad[i]);
+    }
+}
+
+Test(scope, parse_refuses_a_name_over_the_limit)
+{
+    char text[IDEM_SCOPE_NAME_MAX + 16];
+    idem_scope_source_t s;
+    char why[160];
+    memcpy(text, "header:", 7);
+    memset(text + 7, 'a', IDEM_SCOPE_NAME_MAX);
+    text[7 + IDEM_SCOPE_NAME_MAX] = '\0';
+    cr_expect_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), 0);
+    text[7 + IDEM_SCOPE_NAME_MAX] = 'a';
+    text[8 + IDEM_SCOPE_NAME_MAX] = '\0';
+    cr_expect_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), -1);
+}
+
+Test(scope, jwt_and_client_cert_are_not_supported_yet)
+{
+    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_AUTHORIZATION));
+    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_HEADER));
+    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_COOKIE));
+    cr_expect_not_null(strstr(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_JWT), "not supported yet"));
+    cr_expect_not_null(
+        strstr(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT), "not supported yet"));
+}
+
+Test(scope, source_text_is_what_was_written)
+{
+    const char *texts[] = {"authorization", "header:X-User", "cookie:sid", "jwt:sub",
+                           "client_cert"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        idem_scope_source_t s = src(texts[i]);
+        char out[200];
+        idem_gw_scope_source_text(&s, out, sizeof out);
+        cr_expect_str_eq(out, texts[i]);
+    }
+}
+
+/* ---- cookies ---------------------------------------------------------------- */
+
+static const char *cookie(const char *hdr, const char *name)
+{
+    static char v[256];
+    idem_slice_t s;
+    if (!idem_gw_cookie_get(hdr, strlen(hdr), name, &s))
+        return NULL;
+    snprintf(v, sizeof v, "%.*s", (int)s.len, s.ptr);
+    return v;
+}
+
+Test(scope, cookie_pairs_are_found_by_exact_name)
+{
+    cr_expect_str_eq(cookie("a=1; sid=abc; b=2", "sid"), "abc");
+    cr_expect_str_eq(cookie("sid=abc", "sid"), "abc");
+    cr_expect_str_eq(cookie("a=1;sid=abc", "sid"), "abc");
+    cr_expect_str_eq(cookie(" sid = abc ;x=1", "sid"), "abc");
+    cr_expect_null(cookie("SID=abc", "sid"));
+    cr_expect_null(cookie("xsid=abc; sidx=1", "sid"));
+    cr_expect_null(cookie("a=sid=1", "sid"));
+    cr_expect_null(cookie("", "sid"));
+}
+
+Test(scope, cookie_first_of_a_name_wins)
+{
+    cr_expect_str_eq(cookie("sid=first; sid=second", "sid"), "first");
+}
+
+Test(scope, cookie_value_is_kept_as_sent)
+{
+    cr_expect_str_eq(cookie("sid=\"quoted value\"", "sid"), "\"quoted value\"");
+    cr_expect_str_eq(cookie("sid=a=b", "sid"), "a=b");
+    cr_expect_str_eq(cookie("sid=", "sid"), "");
+}
+
+Test(scope, cookie_pairs_without_equals_are_skipped)
+{
+    cr_expect_str_eq(cookie("junk; ;;sid=1", "sid"), "1");
+    cr_expect_null(cookie("sid", "sid"));
+}
+
+/* ---- computing the scope ----------------------------------------------------- */
+
+Test(scope, legacy_rule_is_the_old_one)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization", NOREQ(), out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    cr_expect_str_eq(out, "anonymous");
+    sha("Bearer a", want);
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"),
+                                       out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+    /* scope_header: X-Api-Key ignores Authorization, and without it is anonymous. */
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("Authorization: Bearer a"), out,
+                                       NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    cr_expect_str_eq(out, "anonymous");
+    sha("k1", want);
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("x-api-key: k1"), out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+    /* An empty value is hashed, as before. */
+    sha("", want);
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key:"), out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+}
+
+Test(scope, one_source_gives_the_values_of_scope_header)
+{
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s = src("authorization");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"),
+                                       a, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    idem_gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"), b, NULL);
+    cr_expect_str_eq(a, b);
+    s = src("header:X-User");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User: u1"), a, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    idem_gw_scope_compute(NULL, 0, "X-User", REQ("X-User: u1"), b, NULL);
+    cr_expect_str_eq(a, b);
+}
+
+Test(scope, cookie_source_hashes_the_cookie_value)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("cookie:sid");
+    sha("alice-session", want);
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
+                                       REQ("Cookie: theme=dark; sid=alice-session"), out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+}
+
+Test(scope, cookie_headers_are_read_in_order_first_wins)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("cookie:sid");
+    sha("one", want);
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
+                                       REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
+                                       out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+}
+
+Test(scope, absent_source_falls_back_to_authorization_then_anonymous)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("cookie:sid");
+    sha("Bearer a", want);
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
+                                       REQ("Authorization: Bearer a", "Cookie: other=1"), out,
+                                       NULL),
+                 IDEM_SCOPE_FALLBACK_AUTHORIZATION);
+    cr_expect_str_eq(out, want);
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", NOREQ(), out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    cr_expect_str_eq(out, "anonymous");
+}
+
+Test(scope, empty_source_value_counts_as_absent)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s = src("cookie:sid");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid="), out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    s = src("header:X-User");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User:"), out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    cr_expect_str_eq(out, "anonymous");
+}
+
+Test(scope, several_sources_hash_their_length_framed_values)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s[2] = {src("header:X-Org"), src("cookie:sid")};
+    /* "\0\0\0\x02" "o1" "\0\0\0\x03" "abc" */
+    const char framed[] = {0, 0, 0, 2, 'o', '1', 0, 0, 0, 3, 'a', 'b', 'c'};
+    idem_sha256_hex(framed, sizeof framed, want);
+    cr_expect_eq(idem_gw_scope_compute(s, 2, "Authorization",
+                                       REQ("X-Org: o1", "Cookie: sid=abc"), out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_eq(out, want);
+}
+
+Test(scope, framing_keeps_value_boundaries_apart)
+{
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s[2] = {src("header:X-A"), src("header:X-B")};
+    idem_gw_scope_compute(s, 2, "Authorization", REQ("X-A: ab", "X-B: c"), a, NULL);
+    idem_gw_scope_compute(s, 2, "Authorization", REQ("X-A: a", "X-B: bc"), b, NULL);
+    cr_expect_str_neq(a, b);
+}
+
+Test(scope, one_of_several_absent_falls_back)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s[2] = {src("header:X-Org"), src("cookie:sid")};
+    cr_expect_eq(idem_gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+}
+
+Test(scope, authorization_twice_is_ambiguous)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    const char *dup = NULL;
+    idem_scope_source_t s = src("cookie:sid");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
+                                       REQ("Authorization: a", "Cookie: sid=1", "Authorization: b"),
+                                       out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS);
+    cr_expect_str_eq(dup, "Authorization");
+    cr_expect_str_eq(out, "");
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization",
+                                       REQ("Authorization: a", "authorization: a"), out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS);
+}
+
+Test(scope, source_header_twice_is_ambiguous)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    const char *dup = NULL;
+    idem_scope_source_t s = src("header:X-User");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User: a", "x-user: b"),
+                                       out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS);
+    cr_expect_str_eq(dup, "X-User");
+    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key: a", "X-Api-Key: a"),
+                                       out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS);
+    cr_expect_str_eq(dup, "X-Api-Key");
+}
+
+Test(scope, cookie_header_twice_is_not_ambiguous)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s = src("cookie:sid");
+    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: a=1", "Cookie: sid=2"),
+                                       out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+}
+
+/* ---- forwarding ------------------------------------------------------------ */
+
+static bool uses(const idem_scope_source_t *s, size_t n, const char *legacy, const char *name)
+{
+    return idem_gw_scope_uses_header(s, n, legacy, (idem_slice_t){name, strlen(name)});
+}
+
+Test(scope, headers_the_scope_reads_are_known)
+{
+    cr_expect(uses(NULL, 0, "Authorization", "authorization"));
+    cr_expect(uses(NULL, 0, "X-Api-Key", "x-api-key"));
+    cr_expect(uses(NULL, 0, "X-Api-Key", "Authorization"));
+    cr_expect_not(uses(NULL, 0, "Authorization", "Cookie"));
+    idem_scope_source_t s[2] = {src("header:X-Org"), src("cookie:sid")};
+    cr_expect(uses(s, 2, "Authorization", "X-ORG"));
+    cr_expect(uses(s, 2, "Authorization", "cookie"));
+    cr_expect(uses(s, 2, "Authorization", "Authorization"));
+    cr_expect_not(uses(s, 2, "Authorization", "X-Other"));
+    cr_expect_not(uses(s, 2, "X-Api-Key", "X-Api-Key")); /* scope_header is not used with scope: */
+}
