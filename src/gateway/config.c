@@ -846,13 +846,14 @@ enum {
     T_LISTEN, T_ADMIN, T_UPSTREAM, T_STORE, T_WORKERS, T_UPSTREAM_TIMEOUT, T_MAX_REQUEST,
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
     T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
-    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_COUNT
+    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT, T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
     "max_request_bytes", "on_store_error", "replay_header", "scope_header", "local_cache",
     "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
     "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
+    "scope_rate_limit",
 };
 
 /* `scope:`, the list of sources that name the caller (scope.h). */
@@ -889,6 +890,20 @@ static int scope_list(ctx_t *c, const yaml_node_t *n, const char *key)
     }
     memcpy(c->cfg->scope, tmp, count * sizeof *tmp);
     c->cfg->n_scope = count;
+    return 0;
+}
+
+static int rate_limit(ctx_t *c, const yaml_node_t *n, const char *key, idem_rate_t *out)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    if (idem_rate_parse(v, out) != 0) {
+        show(shown, sizeof shown, v);
+        return fail(c, n, key, "not a rate (N/s, N/m or N/h with N from 1 to %u, or off): '%s'",
+                    IDEM_RATE_MAX_COUNT, shown);
+    }
     return 0;
 }
 
@@ -1004,6 +1019,7 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
             rc = scope_list(c, n, key);
             scope_node = n;
             break;
+        case T_SCOPE_RATE_LIMIT: rc = rate_limit(c, n, key, &cfg->scope_rate_limit); break;
         default: rc = top_string(c, n, key, i); break;
         }
         if (rc != 0)

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gateway/ratelimit.h"
 #include "gateway/scope.h"
 
 #define IDEM_CONFIG_MAX_ROUTES 256
@@ -69,6 +70,7 @@ typedef struct idem_config {
     char *scope_header;    /* "Authorization"; used only when n_scope is 0 */
     idem_scope_source_t scope[IDEM_SCOPE_MAX_SOURCES]; /* `scope:`, see scope.h */
     size_t n_scope;        /* 0: `scope:` not written, scope_header decides */
+    idem_rate_t scope_rate_limit; /* per scope and process; count 0: off */
     uint64_t local_cache;  /* entries */
     int64_t token_ttl_ms;
     char *log_format;      /* "text" or "json" */

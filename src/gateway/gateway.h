@@ -32,6 +32,7 @@
 
 #include "gateway/cache.h"
 #include "gateway/config.h"
+#include "gateway/ratelimit.h"
 #include "http/http.h"
 #include "idem/engine.h"
 #include "idem/key.h"
@@ -112,7 +113,8 @@ static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
     X(TOO_LARGE, "too_large") X(TOKEN_ISSUED, "token_issued")                             \
     X(TOKEN_ACCEPTED, "token_accepted") X(TOKEN_USED, "token_used")                        \
     X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")                    \
-    X(OVERLOADED, "overloaded") X(REQUEST_TIMEOUT, "request_timeout")
+    X(OVERLOADED, "overloaded") X(REQUEST_TIMEOUT, "request_timeout")                  \
+    X(RATE_LIMITED, "rate_limited")
 
 typedef enum {
 #define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
@@ -206,6 +208,7 @@ struct idem_gw {
     idem_config_t *cfg;
     idem_store_t *store;
     idem_cache_t *cache;                   /* local_cache; NULL when off */
+    idem_ratelimit_t *ratelimit;           /* scope_rate_limit; NULL when off */
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */

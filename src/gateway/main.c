@@ -332,7 +332,17 @@ int main(int argc, char **argv)
             return fail("local_cache: out of memory");
         }
     }
+    if (cfg.scope_rate_limit.count > 0) {
+        gw.ratelimit = idem_ratelimit_create(cfg.scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
+        if (gw.ratelimit == NULL) {
+            idem_cache_destroy(gw.cache);
+            idem_store_close(gw.store);
+            idem_config_cleanup(&cfg);
+            return fail("scope_rate_limit: out of memory");
+        }
+    }
     if (idem_writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
+        idem_ratelimit_destroy(gw.ratelimit);
         idem_cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem_config_cleanup(&cfg);
@@ -361,6 +371,7 @@ int main(int argc, char **argv)
             idem_worker_cleanup(&gw.workers[i]);
         free(gw.workers);
         idem_writer_stop(&gw.writer);
+        idem_ratelimit_destroy(gw.ratelimit);
         idem_cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem_config_cleanup(&cfg);
@@ -385,6 +396,7 @@ int main(int argc, char **argv)
     idem_writer_stop(&gw.writer);
     for (int i = 0; i < gw.nworkers; i++)
         idem_worker_cleanup(&gw.workers[i]);
+    idem_ratelimit_destroy(gw.ratelimit);
     idem_cache_destroy(gw.cache);
     idem_store_close(gw.store);
     free(gw.workers);

@@ -26,6 +26,7 @@ static const struct {
     {"response-not-retained", "Response too large to be retained"},
     {"store-unavailable", "Idempotency store unavailable"},
     {"ambiguous-scope", "Caller identity given more than once"},
+    {"rate-limited", "Too many requests for this caller"},
     {"request-too-large", "Request body too large"},
     {"headers-too-large", "Request header fields too large"},
     {"bad-request", "Malformed HTTP request"},

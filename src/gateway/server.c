@@ -1551,9 +1551,9 @@ static int req_fingerprint(idem_req_t *req)
 }
 
 /* The caller's scope (docs/protocol.md section 3, scope.h) into out
- * (IDEM_SCOPE_MAX + 1 bytes).  When the request may not go on it is
- * answered here (400 ambiguous-scope, 500 out of memory) and false is
- * returned. */
+ * (IDEM_SCOPE_MAX + 1 bytes), then its share of scope_rate_limit.  When the
+ * request may not go on it is answered here (400 ambiguous-scope, 429
+ * rate-limited, 500 out of memory) and false is returned. */
 static bool req_scope_admit(idem_req_t *req, char *out)
 {
     idem_gw_t *gw = req_gw(req);
@@ -1582,6 +1582,16 @@ static bool req_scope_admit(idem_req_t *req, char *out)
     default:
         req->finished = true;
         req_problem(req, 500, "internal", "out of memory", 0);
+        return false;
+    }
+    int64_t retry_after = 0;
+    if (!idem_ratelimit_take(gw->ratelimit, out, idem_clock_mono_ns(), &retry_after)) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_RATE_LIMITED;
+        req_problem(req, 429, "rate-limited",
+                    "this caller sent more keyed requests and token issues than "
+                    "scope_rate_limit allows; retry after Retry-After seconds",
+                    retry_after);
         return false;
     }
     return true;

@@ -250,7 +250,8 @@ class ScopeConfig(h.IdemTestCase):
             self.assertIn(m, lines[0])
 
     def test_sources_are_accepted(self):
-        rc, err = self.run_t("scope: [authorization, header:X-User, cookie:session]\n")
+        rc, err = self.run_t("scope: [authorization, header:X-User, cookie:session]\n"
+                             "scope_rate_limit: 200/s\n")
         self.assertEqual(rc, 0, err)
 
     def test_jwt_is_refused_as_not_supported_yet(self):
@@ -266,6 +267,10 @@ class ScopeConfig(h.IdemTestCase):
 
     def test_unknown_source_is_refused(self):
         self.assertRefused("scope: [session]\n", "idem.yaml:1", "scope[0]", "session")
+
+    def test_bad_rate_is_refused(self):
+        self.assertRefused("scope_rate_limit: 200 per second\n", "idem.yaml:1",
+                           "scope_rate_limit", "not a rate")
 
 
 if __name__ == "__main__":

@@ -908,12 +908,13 @@ Test(config, method_length_is_respected)
     cr_assert_not_null(idem_config_match(&cfg, "POSTX", 4, "/", 1));
 }
 
-/* ---- scope sources ------------------------------------------------------- */
+/* ---- scope sources and scope_rate_limit ------------------------------------ */
 
-Test(config, scope_is_empty_by_default)
+Test(config, scope_is_empty_and_rate_limit_off_by_default)
 {
     cr_expect_eq(cfg.n_scope, 0);
     cr_expect_str_eq(cfg.scope_header, "Authorization");
+    cr_expect_eq(cfg.scope_rate_limit.count, 0);
 }
 
 Test(config, scope_list_is_read_in_order)
@@ -966,4 +967,19 @@ Test(config, scope_and_scope_header_together_are_refused)
     expect_error("scope: [cookie:sid]\nscope_header: X-Api-Key\n", 1,
                  "scope: scope and scope_header both name the caller; write scope_header: X "
                  "as scope: [header:X]");
+}
+
+Test(config, scope_rate_limit_is_read)
+{
+    cr_assert_eq(load("scope_rate_limit: 200/s\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope_rate_limit.count, 200);
+    cr_expect_eq(cfg.scope_rate_limit.period_ms, 1000);
+    cr_assert_eq(load("scope_rate_limit: off\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope_rate_limit.count, 0);
+    expect_error("scope_rate_limit: 200\n", 1,
+                 "scope_rate_limit: not a rate (N/s, N/m or N/h with N from 1 to 1000000, or "
+                 "off): '200'");
+    expect_error("scope_rate_limit: 0/s\n", 1,
+                 "scope_rate_limit: not a rate (N/s, N/m or N/h with N from 1 to 1000000, or "
+                 "off): '0/s'");
 }
