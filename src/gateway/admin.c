@@ -5,7 +5,7 @@
  * hides /healthz.  Endpoints:
  *
  *   GET /healthz             200 while the process runs
- *   GET /readyz              200 when the store answers, else 503
+ *   GET /readyz              200 when the store answers and has room, else 503
  *   GET /metrics             Prometheus text
  *   GET /keys/{key}?scope=S  the record as JSON, 404 when there is none
  *   DELETE /keys/{key}?scope=S  removes it (204), 404 when there is none
@@ -37,8 +37,10 @@
 #include <jansson.h>
 
 #include "gateway/gateway.h"
+#include "idem/alloc.h"
 #include "idem/clock.h"
 #include "idem/fingerprint.h"
+#include "idem/token.h"
 
 #define ADMIN_BODY_MAX (64 * 1024)
 #define ADMIN_BUF_MAX (IDEM_HTTP_MAX_HEAD + ADMIN_BODY_MAX + 4096)
@@ -368,6 +370,59 @@ static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
     return false;
 }
 
+#define PROBE_MAX_BYTES (4u << 20) /* the largest response a readiness probe writes */
+#define PROBE_TTL_MS 5000          /* a probe record left behind expires this soon */
+
+/* The store refused a write for want of room: is that still so?  Do what a
+ * request does, at the size that was refused: claim a fresh key (under a
+ * scope no caller can have), complete it with a response of
+ * store_full_bytes (at most PROBE_MAX_BYTES), then delete it.  The answer is
+ * the store's own, and nothing is left behind (a record the delete could not
+ * remove expires within PROBE_TTL_MS).  Runs only while store_full is set:
+ * a full store costs /readyz up to three write transactions, a healthy one
+ * none.  @return IDEM_OK when both writes fitted, IDEM_E_STORE_FULL, or
+ * another store error. */
+static idem_err_t probe_room(idem_gw_t *gw)
+{
+    char token[IDEM_TOKEN_LEN + 1];
+    if (idem_token_generate(NULL, token) != IDEM_OK)
+        return IDEM_E_IO;
+    uint64_t size = atomic_load(&gw->metrics.store_full_bytes);
+    if (size > PROBE_MAX_BYTES)
+        size = PROBE_MAX_BYTES;
+    int64_t now = idem_clock_now(NULL);
+    idem_op_t op;
+    memset(&op, 0, sizeof op);
+    op.kind = IDEM_OP_CLAIM;
+    snprintf(op.id.scope, sizeof op.id.scope, "readyz-probe");
+    snprintf(op.id.key, sizeof op.id.key, "%s", token);
+    op.now_ms = now;
+    op.lease_until_ms = now + PROBE_TTL_MS;
+    op.expires_at_ms = now + PROBE_TTL_MS;
+    idem_err_t err = idem_store_exec(gw->store, &op, 1);
+    idem_store_full_note(&gw->metrics, err, &op, 1);
+    idem_record_cleanup(&op.record);
+    if (err != IDEM_OK || !idem_decision_forwards(op.decision.kind))
+        return err != IDEM_OK ? err : IDEM_E_IO;
+    uint64_t fence = op.decision.fence;
+    uint8_t *body = size > 0 ? idem_calloc(1, (size_t)size) : NULL;
+    idem_response_t resp = {.status = 200, .body = body, .body_len = body ? (size_t)size : 0};
+    idem_key_id_t id = op.id;
+    memset(&op, 0, sizeof op);
+    op.kind = IDEM_OP_COMPLETE;
+    op.id = id;
+    op.fence = fence;
+    op.response = &resp;
+    op.expires_at_ms = now + PROBE_TTL_MS;
+    err = body != NULL || size == 0 ? idem_store_exec(gw->store, &op, 1) : IDEM_E_NOMEM;
+    if (err == IDEM_OK && op.err != IDEM_OK)
+        err = IDEM_E_IO; /* the probe's own claim was taken over: no answer */
+    idem_store_full_note(&gw->metrics, err, &op, 1);
+    idem_free(body);
+    (void)idem_store_delete(gw->store, &id);
+    return err;
+}
+
 static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
 {
     idem_gw_t *gw = c->admin->gw;
@@ -403,9 +458,19 @@ static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
         admin_send(c, 200, "application/json", b, strlen(b), close);
     } else if (target_is(m, "/readyz")) {
         idem_err_t err = idem_store_ping(gw->store);
+        if (err == IDEM_OK && atomic_load(&gw->metrics.store_full)) {
+            err = probe_room(gw);
+            if (err == IDEM_OK)
+                atomic_store(&gw->metrics.store_full, false);
+        }
         if (err == IDEM_OK) {
             const char *b = "{\"status\":\"ready\"}";
             admin_send(c, 200, "application/json", b, strlen(b), close);
+        } else if (err == IDEM_E_STORE_FULL) {
+            admin_problem(c, 503, "store-full",
+                          "the store has no room for new records: keyed requests and token "
+                          "issues get 503 until expired records are swept or removed",
+                          close);
         } else {
             admin_problem(c, 503, "store-unavailable", idem_store_errstr(gw->store), close);
         }

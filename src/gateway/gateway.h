@@ -147,6 +147,9 @@ typedef struct idem_metrics {
     _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
     _Atomic uint64_t scope_fallback_authorization; /* a scope source absent: SHA-256 of Authorization */
     _Atomic uint64_t scope_fallback_anonymous;     /* ... and no Authorization: "anonymous" */
+    _Atomic bool store_full;          /* the store refused a write for want of room, and
+                                       * none as large has succeeded since (readyz) */
+    _Atomic uint64_t store_full_bytes; /* the largest response payload it refused */
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;
@@ -195,6 +198,16 @@ typedef struct idem_writer {
  * @return the batch's error (IDEM_OK when it committed). */
 idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wjob_t **jobs,
                            size_t n);
+
+/** Keep metrics->store_full up to date after a batch of ops that exec
+ * answered err: set on IDEM_E_STORE_FULL (store_full_bytes: the largest
+ * response payload it refused), cleared by a committed batch that added a
+ * record at least that large (a claim that forwards, a completion, a token
+ * issue). */
+/** The response bytes (body and header names and values) an op writes. */
+uint64_t idem_op_payload(const idem_op_t *op);
+void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
+                          size_t n);
 
 int idem_writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
 /** Queue a job; its callback runs later on job->worker's loop. */

@@ -111,9 +111,12 @@ int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
                            "source was absent, by the scope they fell back to.\n"
                            "# TYPE idem_scope_fallback_total counter\n"
                            "idem_scope_fallback_total{to=\"authorization\"} %llu\n"
-                           "idem_scope_fallback_total{to=\"anonymous\"} %llu\n",
+                           "idem_scope_fallback_total{to=\"anonymous\"} %llu\n"
+                           "# HELP idem_store_full 1 while the store refuses writes for want of room.\n"
+                           "# TYPE idem_store_full gauge\nidem_store_full %d\n",
                            (unsigned long long)atomic_load(&m->scope_fallback_authorization),
-                           (unsigned long long)atomic_load(&m->scope_fallback_anonymous));
+                           (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
+                           atomic_load(&m->store_full) ? 1 : 0);
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

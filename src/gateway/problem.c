@@ -25,6 +25,7 @@ static const struct {
     {"upstream-outcome-unknown", "Outcome of the upstream request unknown"},
     {"response-not-retained", "Response too large to be retained"},
     {"store-unavailable", "Idempotency store unavailable"},
+    {"store-full", "Idempotency store full"},
     {"ambiguous-scope", "Caller identity given more than once"},
     {"rate-limited", "Too many requests for this caller"},
     {"request-too-large", "Request body too large"},

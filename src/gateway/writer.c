@@ -12,6 +12,10 @@
  * Once a second, loaded or not, the thread also runs the sweeper, a bounded
  * step that removes records past their retention.
  *
+ * Every batch also tells metrics.store_full whether the store refused it for
+ * want of room, which /readyz reports (admin.c probes the store while it is
+ * set, so the flag cannot outlive the condition).
+ *
  * A store whose commits do not wait for the disk (memory:, lmdb with
  * sync=interval) is not worth two thread hand-offs per operation: there
  * each worker applies its own queue once per loop turn (server.c), with
@@ -59,7 +63,52 @@ idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wj
         jobs[i]->op = ops[i];
         jobs[i]->batch_err = err;
     }
+    idem_store_full_note(metrics, err, ops, n);
     return err;
+}
+
+uint64_t idem_op_payload(const idem_op_t *op)
+{
+    if (op->kind != IDEM_OP_COMPLETE || op->response == NULL)
+        return 0;
+    uint64_t n = op->response->body_len;
+    for (size_t i = 0; i < op->response->n_headers; i++)
+        n += op->response->headers[i].name_len + op->response->headers[i].value_len;
+    return n;
+}
+
+void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
+                          size_t n)
+{
+    if (err == IDEM_E_STORE_FULL) {
+        /* Remember the largest response that did not fit: room for less
+         * does not make the store usable again. */
+        uint64_t need = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t b = idem_op_payload(&ops[i]);
+            need = b > need ? b : need;
+        }
+        uint64_t had = atomic_load(&metrics->store_full_bytes);
+        if (!atomic_load(&metrics->store_full) || need > had)
+            atomic_store(&metrics->store_full_bytes, need);
+        atomic_store(&metrics->store_full, true);
+        return;
+    }
+    if (err != IDEM_OK || !atomic_load_explicit(&metrics->store_full, memory_order_relaxed))
+        return;
+    /* Only a write that added at least as much as the one refused shows
+     * there is room again: a replay, a renewal or a release commits without
+     * needing any. */
+    uint64_t need = atomic_load(&metrics->store_full_bytes);
+    for (size_t i = 0; i < n; i++) {
+        bool grew = (ops[i].kind == IDEM_OP_CLAIM && idem_decision_forwards(ops[i].decision.kind)) ||
+                    ((ops[i].kind == IDEM_OP_COMPLETE || ops[i].kind == IDEM_OP_TOKEN_ISSUE) &&
+                     ops[i].err == IDEM_OK);
+        if (grew && idem_op_payload(&ops[i]) >= need) {
+            atomic_store(&metrics->store_full, false);
+            return;
+        }
+    }
 }
 
 /* Returns whether the store said it is full. */

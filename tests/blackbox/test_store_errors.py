@@ -7,7 +7,10 @@ claims can no longer be written.
   on_store_error: open             -> forwarded without idempotency, the
                                       answer carries Idempotency-Bypassed:
                                       store-unavailable
-Both count outcome="store_error".  /readyz is 200 while the store answers.
+Both count outcome="store_error".  /readyz is 200 while the store answers
+and has room; a full store makes it 503, problem type store-full (section
+13), until a write fits again (/readyz tries one while the store is
+full, so it turns 200 as soon as room is made, traffic or not).
 """
 
 import http.client
@@ -21,6 +24,7 @@ except ImportError:
 
 MAP_SIZE = "256KiB"
 MAX_FILL = 20000
+FULL_STREAK = 5
 
 
 def small_store(tmp):
@@ -40,6 +44,7 @@ class StoreFull(h.IdemTestCase):
         up.set_reply(body=b"r" * 1024)
         conn = http.client.HTTPConnection(h.HOST, d.port, timeout=15)
         self.addCleanup(conn.close)
+        self.filled = []  # keys whose answer was stored
         for i in range(MAX_FILL):
             k = h.new_key("fill%d" % i)
             try:
@@ -52,6 +57,8 @@ class StoreFull(h.IdemTestCase):
                 return r, k
             if r.status != 200:
                 self.assertProblem(r, 503, "store-unavailable")
+            else:
+                self.filled.append(k)
         self.fail("the store did not fill up after %d keys" % MAX_FILL)
 
     def test_closed_answers_503_and_forwards_nothing(self):
@@ -101,6 +108,49 @@ class StoreFull(h.IdemTestCase):
         self.assertNotReplay(r)
         before = d.outcome("store_error")
         self.assertGreaterEqual(before, 1)
+
+
+    def fill_up(self, d, up):
+        """Fill until the store refuses FULL_STREAK claims in a row: LMDB
+        may find room for a few more records after its first refusal, so
+        one refusal does not yet mean that nothing fits."""
+        streak = [0]
+
+        def full(r, k):
+            streak[0] = streak[0] + 1 if r.status == 503 and up.count(key=k) == 0 else 0
+            return streak[0] >= FULL_STREAK
+        return self.fill(d, up, full)
+
+    def test_readyz_is_503_while_the_store_is_full(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        self.assertEqual(d.admin("GET", "/readyz").status, 200)
+        self.fill_up(d, up)
+        r = d.admin("GET", "/readyz")
+        self.assertProblem(r, 503, "store-full")
+        # Asked again, with no traffic in between: still full, still 503.
+        self.assertProblem(d.admin("GET", "/readyz"), 503, "store-full")
+        self.assertEqual(h.metric_sum(d.metrics(), "idem_store_full"), 1)
+        self.assertEqual(d.admin("GET", "/healthz").status, 200)
+
+    def test_readyz_is_200_again_once_room_is_made_without_traffic(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store=small_store(self.tmp))
+        self.fill_up(d, up)
+        self.assertProblem(d.admin("GET", "/readyz"), 503, "store-full")
+        # An operator removes records; no client sends anything meanwhile.
+        removed = 0
+        while d.admin("GET", "/readyz").status != 200:
+            self.assertLess(removed, len(self.filled),
+                            "/readyz stayed 503 after every record was removed")
+            self.assertIn(d.delete_key(self.filled[removed]).status, (204, 503))
+            removed += 1
+        self.assertEqual(h.metric_sum(d.metrics(), "idem_store_full"), 0)
+        # With the rest removed too, requests are served again.  (The room
+        # one removal makes may go to completions idemd is still retrying.)
+        for k in self.filled[removed:]:
+            d.delete_key(k)
+        self.assertEqual(d.post(key=h.new_key(), body=b"{}").status, 200)
 
 
 class ReadyWhenHealthy(h.IdemTestCase):
