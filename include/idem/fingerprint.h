@@ -4,8 +4,10 @@
  * request headers and the body, each framed with its length so that no two
  * different inputs hash the same byte stream.  With json body mode the body
  * is first reduced to canonical JSON (sorted object keys, no insignificant
- * white space, the members named by JSON pointers removed); a body that is
- * not valid JSON is hashed raw.
+ * white space, one spelling per string and per number, the members named by
+ * JSON pointers removed); a body that is not valid JSON is hashed raw.
+ * Numbers are exact decimals, never binary floats: 1, 1.0 and 1e0 are one
+ * number, 9007199254740993.0 and 9007199254740992.0 two.
  */
 #ifndef IDEM_FINGERPRINT_H
 #define IDEM_FINGERPRINT_H
@@ -46,15 +48,19 @@ typedef struct idem_fp_input {
  *         pointer with a nonzero length). */
 idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN]);
 
-/** Canonical JSON of text (RFC 8259), object keys sorted by their UTF-8
- * bytes, no white space, members at the JSON pointers in ignore removed
- * (a pointer that names nothing is skipped, and so are "" and a malformed
- * one).  A duplicate object key, \u0000, invalid UTF-8, an integer beyond
- * int64 and nesting deeper than IDEM_JSON_MAX_DEPTH count as not JSON;
- * 1 and 1.0 stay different.  See src/core/fingerprint.c.
+/** Canonical JSON of text (RFC 8259), object keys sorted by their decoded
+ * UTF-8 bytes, no white space, strings with the fewest escapes, numbers as
+ * exact decimals in one form (1, 1.0, 1e0 and 10e-1 are all "1"; 1e21 is
+ * "1e+21"), members at the JSON pointers in ignore removed (a pointer that
+ * names nothing is skipped, and so are "" and a malformed one).  Anything
+ * RFC 8259 refuses, a duplicate object key, nesting deeper than
+ * IDEM_JSON_MAX_DEPTH, a number whose exponent is beyond +-10^18 and a text
+ * of 4 GiB or more count as not JSON.  The form and the limits are
+ * described at the top of src/core/json.c.
  * @param[out] out, out_len  a NUL-terminated string owned by the caller (free
- *                           with idem_free); NULL/0 on failure.
- * @return IDEM_OK, IDEM_E_INVAL (not JSON), IDEM_E_NOMEM. */
+ *                           with idem_free); NULL/0 on failure.  The text
+ *                           holds no NUL ("\u0000" stays escaped).
+ * @return IDEM_OK, IDEM_E_INVAL (not JSON, or a NULL argument), IDEM_E_NOMEM. */
 idem_err_t idem_json_canonicalize(const char *text, size_t len, const char *const *ignore,
                                   size_t n_ignore, char **out, size_t *out_len);
 

@@ -2,9 +2,9 @@
  *
  * These are thin wrappers over the C library's malloc family and add no
  * header of their own, so a pointer from idem_malloc may be given to free()
- * and one from malloc() to idem_free.  That matters because libidem hands
- * idem_malloc/idem_free to jansson (src/core/fingerprint.c) and jansson's
- * allocator is one process-wide setting.
+ * and one from malloc() to idem_free: a caller that hands idem_malloc and
+ * idem_free to a library with a process-wide allocator setting (jansson's
+ * json_set_alloc_funcs) may do so without tracking which one made a block.
  *
  * Fault injection (SQLite's and curl's torture discipline): after
  * idem_alloc_fail_after(n), the nth allocation from then on and every later

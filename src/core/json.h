@@ -1,0 +1,58 @@
+/* src/core/json.h - canonical JSON for fingerprints, inside libidem.
+ *
+ * The parser and the canonical writer behind idem_json_canonicalize and the
+ * 'J' frame of idem_fingerprint (include/idem/fingerprint.h).  The design,
+ * the canonical form and the limits are described at the top of
+ * src/core/json.c.  Not installed: the public face is fingerprint.h.
+ *
+ * THREADING: a document is immutable once parsed; any thread may emit it,
+ * one thread destroys it.
+ */
+#ifndef IDEM_CORE_JSON_H
+#define IDEM_CORE_JSON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/error.h"
+
+/* The longest text taken as JSON: offsets into it are 32-bit. */
+#define IDEM__JSON_MAX_LEN ((size_t)UINT32_MAX - 1)
+
+/* The largest |x| of a nonzero number written d.ddd x 10^x (so 1e5 has
+ * x = 5 and 0.01 has x = -2); beyond it the text is not JSON here. */
+#define IDEM__JSON_MAX_EXP INT64_C(999999999999999999)
+
+typedef struct idem__json idem__json_t;
+
+/** Parse text (RFC 8259, strictly; see json.c for what is refused) and
+ * resolve the JSON pointers in ignore against it.
+ * @param[in]  text  len bytes, not copied: it must outlive *out.
+ * @param[in]  ignore, n_ignore  pointers, not retained; malformed ones, ""
+ *                   and those naming nothing are skipped.
+ * @param[out] out   the document, destroyed with idem__json_destroy; NULL
+ *                   on failure.
+ * @return IDEM_OK, IDEM_E_INVAL (not JSON, or text NULL or empty),
+ *         IDEM_E_NOMEM. */
+idem_err_t idem__json_parse(const char *text, size_t len, const char *const *ignore,
+                            size_t n_ignore, idem__json_t **out);
+
+/** The length of the canonical form in bytes (known after the parse). */
+size_t idem__json_canonical_len(const idem__json_t *doc);
+
+/** The bytes the parse of doc allocated (its tables, and the bitmap it has
+ * freed already), for tests of the memory bound. */
+size_t idem__json_memory(const idem__json_t *doc);
+
+/* Receives the canonical form piece by piece, in order; returns nonzero to
+ * go on, 0 to stop (emitting then fails). */
+typedef int (*idem__json_sink_fn)(void *arg, const void *data, size_t len);
+
+/** Write the canonical form of doc to sink in pieces of at most a few KiB,
+ * idem__json_canonical_len(doc) bytes in all.  Allocates nothing.
+ * @return 1, or 0 when the sink stopped it. */
+int idem__json_emit(const idem__json_t *doc, idem__json_sink_fn sink, void *arg);
+
+void idem__json_destroy(idem__json_t *doc); /* NULL is a no-op */
+
+#endif /* IDEM_CORE_JSON_H */
