@@ -10,7 +10,10 @@
  * at once and again in small pieces; both must agree byte for byte.
  * Invariants checked: slices lie inside the head, head_len <= len and the
  * limit, n_fields within bounds, decoded bytes never exceed the input, data
- * slices lie inside what was consumed, and every call makes progress.
+ * slices lie inside what was consumed, and every call makes progress.  Each
+ * target is also normalised (src/http/target.c) into a buffer of exactly the
+ * size the gateway gives it: the normal form fits, starts with '/', is no
+ * longer than the target, and is its own normal form.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +27,25 @@
 #define MAX_MESSAGES 8
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check_target(idem_slice_t target)
+{
+    size_t cap = target.len + 2;
+    char *norm = malloc(cap), *again = malloc(cap);
+    CHECK(norm != NULL && again != NULL);
+    idem_http_target_t t, t2;
+    int rc = idem_http_target_normalize(target.ptr, target.len, norm, cap, &t);
+    CHECK(rc <= 0 && rc != IDEM_TARGET_E_SPACE);
+    if (rc == IDEM_TARGET_OK) {
+        CHECK(t.len <= target.len && t.path_len <= t.len && norm[0] == '/' && norm[t.len] == 0);
+        CHECK(t.authority.len == 0 || inside(t.authority, target.ptr, target.len));
+        CHECK(idem_http_target_normalize(norm, t.len, again, cap, &t2) == IDEM_TARGET_OK);
+        CHECK(t2.len == t.len && t2.path_len == t.path_len && memcmp(norm, again, t.len) == 0);
+        CHECK(idem_http_path_has_prefix(norm, t.path_len, norm, t.path_len));
+    }
+    free(norm);
+    free(again);
+}
 
 static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t len)
 {
@@ -45,6 +67,7 @@ static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t 
     CHECK(!m->expect_continue || m->version_minor == 1);
     CHECK(m->framing != IDEM_HTTP_BODY_CHUNKED || m->version_minor == 1);
     CHECK(idem_http_count(m, "content-length") <= 1);
+    check_target(m->target);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -166,6 +166,57 @@ long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap);
  * @return its length, -2 when absent, -1 when it does not decode. */
 long idem_http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap);
 
+/* ---- normal targets (target.c; docs/protocol.md section 5) ---------------- */
+
+/* Results of the target normaliser.  Negative values are errors, each a
+ * reason to answer 400 (problem type invalid-target). */
+#define IDEM_TARGET_OK 0
+#define IDEM_TARGET_E_FORM (-1)     /* neither origin-form nor absolute-form http(s)://authority */
+#define IDEM_TARGET_E_ESCAPE (-2)   /* a '%' not followed by two hex digits (in the path) */
+#define IDEM_TARGET_E_DOT (-3)      /* a "." or ".." segment, however spelt (%2e is '.') */
+#define IDEM_TARGET_E_SLASH (-4)    /* %2F or %5C (any case), or a literal '\' */
+#define IDEM_TARGET_E_NUL (-5)      /* %00 */
+#define IDEM_TARGET_E_EMPTY (-6)    /* an empty segment: "//" */
+#define IDEM_TARGET_E_PARAM (-7)    /* a ';' in the path (path parameters) */
+#define IDEM_TARGET_E_FRAGMENT (-8) /* a '#' anywhere */
+#define IDEM_TARGET_E_SPACE (-9)    /* the output does not fit in cap */
+
+/** A normalised request target: out[0..path_len) is the path, out[0..len)
+ * the whole origin-form target (path, then "?query" when there was one). */
+typedef struct idem_http_target {
+    idem_slice_t authority; /* absolute-form: the authority as received (points into the
+                               input); empty for origin-form */
+    size_t path_len;
+    size_t len;
+} idem_http_target_t;
+
+/** Bring the path in[0..n) (it starts with '/' and holds no '?') to its
+ * normal spelling in out (cap bytes, NUL-terminated): escapes of unreserved
+ * characters decoded, other escapes in upper case; the constructs listed
+ * with IDEM_TARGET_E_* refused.
+ * @param prefix  in is a route prefix: its last segment may be partial, so
+ *                it is not checked for being "." or "..".
+ * @return the length written, or an IDEM_TARGET_E_* code.  The output is
+ *         never longer than the input, so cap = n + 1 always fits. */
+long idem_http_path_normalize(const char *in, size_t n, bool prefix, char *out, size_t cap);
+
+/** Normalise the request target in[0..n) into out (cap bytes,
+ * NUL-terminated) as origin-form: the normalised path (from an
+ * absolute-form target, the part after the authority, "/" when empty) and
+ * the query as received.  Scheme and authority are checked, not copied.
+ * @param t  filled on success; its authority points into in.
+ * @return IDEM_TARGET_OK, or an IDEM_TARGET_E_* code.  cap = n + 2 always fits. */
+int idem_http_target_normalize(const char *in, size_t n, char *out, size_t cap,
+                               idem_http_target_t *t);
+
+/** Whether the normalised path path[0..n) begins with the normalised prefix
+ * prefix[0..plen), comparing the bytes they decode to (so "%3A" and ":"
+ * are alike).  plen == 0 is true. */
+bool idem_http_path_has_prefix(const char *path, size_t n, const char *prefix, size_t plen);
+
+/** A sentence saying what an IDEM_TARGET_E_* code refused. */
+const char *idem_http_target_strerror(int rc);
+
 /* ---- writing ----------------------------------------------------------- */
 
 /** A growable byte buffer with a hard cap (curl's dynbuf). */
