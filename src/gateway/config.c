@@ -41,6 +41,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "http/http.h"
 #include "idem/alloc.h"
 #include "idem/units.h"
 
@@ -779,8 +780,26 @@ static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_rout
         if ((unsigned char)*p <= 0x20 || *p == 0x7f || *p == '?' || *p == '#')
             return fail(c, n, key, "must be a plain path prefix (no spaces, '?' or '#'): '%s'",
                         shown);
-    if (idem_config_set_string(&r->path, v) != 0)
+    /* Kept in the spelling requests are matched in (docs/protocol.md section 5), and
+     * refused when no request path could ever be matched by it. */
+    size_t len = strlen(v);
+    char *norm = idem_malloc(len + 1);
+    if (norm == NULL)
         return nomem(c, n, key);
+    long rc = idem_http_path_normalize(v, len, true, norm, len + 1);
+    if (rc < 0) {
+        idem_free(norm);
+        const char *why = rc == IDEM_TARGET_E_ESCAPE  ? "has a '%' not followed by two hex digits"
+                          : rc == IDEM_TARGET_E_DOT   ? "has a '.' or '..' segment"
+                          : rc == IDEM_TARGET_E_SLASH ? "has an encoded '/' or a '\\'"
+                          : rc == IDEM_TARGET_E_NUL   ? "has an encoded NUL (%00)"
+                          : rc == IDEM_TARGET_E_EMPTY ? "has an empty segment ('//')"
+                          : rc == IDEM_TARGET_E_PARAM ? "has a ';' (path parameters)"
+                                                      : "is not a path prefix";
+        return fail(c, n, key, "%s, which no request path can have: '%s'", why, shown);
+    }
+    idem_free(r->path);
+    r->path = norm;
     return 0;
 }
 
@@ -1224,17 +1243,10 @@ const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *meth
     const char *q = memchr(path, '?', path_len);
     if (q != NULL)
         path_len = (size_t)(q - path);
-    /* absolute-form ("http://host/p"): match on the path part only. */
-    if (path_len > 0 && path[0] != '/') {
-        const char *scheme_end = path_len >= 3 ? memmem(path, path_len, "://", 3) : NULL;
-        if (scheme_end != NULL) {
-            const char *auth = scheme_end + 3;
-            const char *end = path + path_len;
-            const char *slash = memchr(auth, '/', (size_t)(end - auth));
-            path = slash != NULL ? slash : "/";
-            path_len = slash != NULL ? (size_t)(end - slash) : 1;
-        }
-    }
+    /* Only a normalised origin-form path can match: anything else is the
+     * caller's to normalise (idem_http_target_normalize) or refuse. */
+    if (path_len == 0 || path[0] != '/')
+        return NULL;
     for (size_t i = 0; i < cfg->n_routes; i++) {
         const idem_route_t *r = &cfg->routes[i];
         bool method_ok = false;
@@ -1243,8 +1255,7 @@ const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *meth
                         memcmp(r->methods[m], method, method_len) == 0;
         if (!method_ok)
             continue;
-        size_t plen = strlen(r->path);
-        if (plen <= path_len && memcmp(r->path, path, plen) == 0)
+        if (idem_http_path_has_prefix(path, path_len, r->path, strlen(r->path)))
             return r;
     }
     return NULL;

@@ -52,7 +52,7 @@ typedef struct idem_policy {
 typedef struct idem_route {
     char *methods[IDEM_CONFIG_MAX_LIST]; /* uppercase method names */
     size_t n_methods;
-    char *path;                          /* a path prefix, starts with '/' */
+    char *path;                          /* a normalised path prefix, starts with '/' */
     idem_route_mode_t mode;
     idem_policy_t policy;                /* defaults overlaid with the route's keys */
 } idem_route_t;
@@ -127,7 +127,12 @@ int idem_config_parse_addr(const char *addr, char *host, size_t hostlen, int *po
  * fragment).  @param[out] host  as idem_config_parse_addr.  @return 0 or -1. */
 int idem_config_parse_upstream(const char *url, char *host, size_t hostlen, int *port);
 
-/** The route a request matches (first match wins), or NULL (mode off). */
+/** The route a request matches (first match wins), or NULL (mode off).
+ * @param path  the request's normalised origin-form target
+ *              (idem_http_target_normalize); a query is ignored.  A route
+ *              matches when its prefix and the path decode to bytes of which
+ *              the one begins the other (idem_http_path_has_prefix).  A path
+ *              that does not begin with '/' matches nothing. */
 const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *method,
                                       size_t method_len, const char *path, size_t path_len);
 

@@ -316,6 +316,13 @@ struct idem_req {
     idem_link_t link;             /* in w->reqs */
     char *head;                   /* a copy of the request head; msg points into it */
     idem_http_msg_t msg;
+    /* The normalised origin-form target (docs/protocol.md section 5), in head's
+     * allocation: what routes match, the fingerprint hashes and the
+     * upstream is sent.  msg.target stays as received (for the log). */
+    const char *target;
+    size_t target_len;
+    size_t path_len;              /* target[0..path_len) is the path */
+    idem_slice_t authority;       /* an absolute-form target's authority (into head), else empty */
     idem_buf_t body;              /* the decoded request body */
     const idem_route_t *route;    /* NULL: no route (off) */
     const idem_policy_t *policy;  /* route's or defaults */

@@ -31,6 +31,8 @@ static const struct {
     {"request-too-large", "Request body too large"},
     {"headers-too-large", "Request header fields too large"},
     {"bad-request", "Malformed HTTP request"},
+    {"invalid-target", "Request target not accepted"},
+    {"not-implemented", "Not implemented"},
     {"version-not-supported", "HTTP version not supported"},
     {"missing-token", "Idempotency-Token required"},
     {"invalid-token", "Invalid Idempotency-Token"},

@@ -359,24 +359,31 @@ static int build_request(idem_req_t *req, idem_buf_t *out)
 {
     const idem_http_msg_t *m = &req->msg;
     const idem_gw_t *gw = req->w->gw;
+    /* The normalised target, in origin-form: the path the route was
+     * matched on and the fingerprint hashed, so an upstream that would read
+     * another spelling differently never gets one. */
     int rc = idem_buf_appendf(out, "%.*s %.*s HTTP/1.1\r\n", (int)m->method.len, m->method.ptr,
-                              (int)m->target.len, m->target.ptr);
-    bool has_host = false;
+                              (int)req->target_len, req->target);
+    /* An absolute-form target's authority replaces Host (RFC 9112 section
+     * 3.2.2). */
+    bool has_host = req->authority.len > 0;
+    if (has_host)
+        rc |= idem_http_write_field(out, "Host", 4, req->authority.ptr, req->authority.len);
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
+        bool host = idem_slice_eq_ci(f->name, "Host");
         /* A client listing Idempotency-Key or Host in Connection does not
          * get them stripped: the upstream must see the key as received.
          * Nor the headers that named the caller (docs/protocol.md section 2): the
          * upstream must authenticate the caller idemd scoped the key to. */
-        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") ||
-                    idem_slice_eq_ci(f->name, "Host") ||
+        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") || host ||
                     idem_gw_scope_uses_header(gw->cfg->scope, gw->cfg->n_scope,
                                               gw->cfg->scope_header, f->name);
         if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
             idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
-            idem_slice_eq_ci(f->name, "Idempotency-Fence"))
+            idem_slice_eq_ci(f->name, "Idempotency-Fence") || (host && req->authority.len > 0))
             continue;
-        if (idem_slice_eq_ci(f->name, "Host"))
+        if (host)
             has_host = true;
         rc |= idem_http_write_field(out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
     }

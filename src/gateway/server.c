@@ -4,8 +4,10 @@
  * Each worker thread runs one uv_loop_t with its own listener (SO_REUSEPORT,
  * so the kernel spreads connections over the workers).  A client connection
  * reads and parses one request at a time (pipelined requests wait in the
- * read buffer), buffers its body up to max_request_bytes, and hands the
- * whole request to req_dispatch, which follows docs/protocol.md sections 2-7:
+ * read buffer), refuses a target that is not origin- or absolute-form or
+ * whose path has no single reading (docs/protocol.md section 5), buffers its
+ * body up to max_request_bytes, and hands the whole request, with its target
+ * normalised, to req_dispatch, which follows docs/protocol.md sections 2-7:
  *
  *   route -> key -> scope -> fingerprint -> fast read of the record
  *     completed/mismatch/in-flight: answer at once (no writer round trip)
@@ -402,13 +404,19 @@ static int head_error_status(int rc, const char **type, const char **detail)
     }
 }
 
-static idem_req_t *req_create(idem_conn_t *c, size_t head_len)
+/* A request of the head parsed from c->in, with its target normalised.
+ * NULL when out of memory, or when the target is refused (*target_rc < 0). */
+static idem_req_t *req_create(idem_conn_t *c, size_t head_len, size_t target_len, int *target_rc)
 {
     idem_worker_t *w = c->w;
+    *target_rc = IDEM_TARGET_OK;
     idem_req_t *req = calloc(1, sizeof *req);
     if (!req)
         return NULL;
-    req->head = malloc(head_len);
+    /* The normal form is never longer than the target (+2: '/' for an
+     * absolute-form target without path, and the NUL). */
+    size_t tcap = target_len + 2;
+    req->head = malloc(head_len + tcap);
     if (!req->head) {
         free(req);
         return NULL;
@@ -416,7 +424,17 @@ static idem_req_t *req_create(idem_conn_t *c, size_t head_len)
     memcpy(req->head, c->in.data, head_len);
     idem_http_head_state_t hs = {0};
     int rc = idem_http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
-    if (rc <= 0) {
+    idem_http_target_t t;
+    if (rc > 0) {
+        char *norm = req->head + head_len;
+        *target_rc =
+            idem_http_target_normalize(req->msg.target.ptr, req->msg.target.len, norm, tcap, &t);
+        req->target = norm;
+        req->target_len = t.len;
+        req->path_len = t.path_len;
+        req->authority = t.authority;
+    }
+    if (rc <= 0 || *target_rc != IDEM_TARGET_OK) {
         free(req->head);
         free(req);
         return NULL;
@@ -489,12 +507,27 @@ static void conn_process_loop(idem_conn_t *c)
                 conn_fail(c, 400, "bad-request", "an HTTP/1.1 request needs a Host header");
                 return;
             }
+            if (msg.method.len == 7 && memcmp(msg.method.ptr, "CONNECT", 7) == 0) {
+                /* A reverse proxy opens no tunnels (docs/protocol.md section 5). */
+                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
+                conn_fail(c, 501, "not-implemented",
+                          "idemd is a reverse proxy: CONNECT is not supported");
+                return;
+            }
             if (msg.framing == IDEM_HTTP_BODY_LENGTH && msg.content_length > cfg->max_request_bytes) {
                 idem_metrics_count(&w->gw->metrics, IDEM_OUT_TOO_LARGE);
                 conn_fail(c, 413, "request-too-large", "the request body is larger than max_request_bytes");
                 return;
             }
-            idem_req_t *req = req_create(c, head_len);
+            int target_rc;
+            idem_req_t *req = req_create(c, head_len, msg.target.len, &target_rc);
+            if (!req && target_rc != IDEM_TARGET_OK) {
+                /* Not origin- or absolute-form, or a path with no single
+                 * reading (docs/protocol.md section 5): never forwarded. */
+                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
+                conn_fail(c, 400, "invalid-target", idem_http_target_strerror(target_rc));
+                return;
+            }
             if (!req) {
                 conn_fail(c, 500, "internal", "out of memory");
                 return;
@@ -1537,8 +1570,9 @@ static int req_fingerprint(idem_req_t *req)
     idem_fp_input_t in = {
         .method = req->msg.method.ptr,
         .method_len = req->msg.method.len,
-        .target = req->msg.target.ptr,
-        .target_len = req->msg.target.len,
+        /* Normalised: two spellings of one target are one request. */
+        .target = req->target,
+        .target_len = req->target_len,
         .headers = hdrs,
         .n_headers = p->n_fingerprint_headers,
         .body = (const uint8_t *)req->body.data,
@@ -1792,17 +1826,17 @@ static bool req_check_head(idem_req_t *req)
     const idem_config_t *cfg = req_gw(req)->cfg;
     const idem_http_msg_t *m = &req->msg;
     req->head_checked = true;
-    size_t path_len = 0;
-    while (path_len < m->target.len && m->target.ptr[path_len] != '?')
-        path_len++;
-    if (path_len == sizeof TOKENS_PATH - 1 && memcmp(m->target.ptr, TOKENS_PATH, path_len) == 0) {
+    /* Every path is the normalised one: /_idem/tokens in absolute-form or
+     * with escapes is still idemd's own. */
+    size_t path_len = req->path_len;
+    if (path_len == sizeof TOKENS_PATH - 1 && memcmp(req->target, TOKENS_PATH, path_len) == 0) {
         req->kind = RK_TOKEN_ISSUE;
         if (m->method.len == 4 && memcmp(m->method.ptr, "POST", 4) == 0)
             return true;
         req_issue_token(req); /* answers 405 */
         return false;
     }
-    req->route = idem_config_match(cfg, m->method.ptr, m->method.len, m->target.ptr, path_len);
+    req->route = idem_config_match(cfg, m->method.ptr, m->method.len, req->target, path_len);
     req->policy = req->route ? &req->route->policy : &cfg->defaults;
     if (!req->route || req->route->mode == IDEM_MODE_OFF) {
         req->kind = RK_PASS;

@@ -893,12 +893,60 @@ Test(config, query_string_is_not_part_of_the_path)
     cr_assert_not_null(match("POST", "/a/b?x=1"));
 }
 
-Test(config, absolute_form_target_matches_on_its_path)
+Test(config, only_a_normalised_origin_form_path_matches)
 {
-    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /a}\n"), 0, "%s", err);
-    cr_assert_not_null(match("POST", "http://example.com/a/1?x"));
-    cr_assert_null(match("POST", "http://example.com/b"));
-    cr_assert_null(match("POST", "http://example.com"));
+    /* The server normalises every target first (idem_http_target_normalize);
+     * what is left here never matches by accident. */
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /}\n"), 0, "%s", err);
+    cr_assert_null(match("POST", "http://example.com/a/1?x"));
+    cr_assert_null(match("POST", "http:/a"));
+    cr_assert_null(match("POST", "*"));
+    cr_assert_null(match("POST", ""));
+    cr_assert_not_null(match("POST", "/"));
+}
+
+Test(config, escapes_match_what_they_decode_to)
+{
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: '/v1/orders:cancel'}\n"), 0, "%s",
+                 err);
+    cr_assert_not_null(match("POST", "/v1/orders:cancel"));
+    cr_assert_not_null(match("POST", "/v1/orders%3Acancel/7"));
+    cr_assert_null(match("POST", "/v1/orders%3Bcancel"));
+}
+
+Test(config, route_path_is_kept_normalised)
+{
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: '/v1/%70ay%3a'}\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg.routes[0].path, "/v1/pay%3A");
+    cr_assert_not_null(match("POST", "/v1/pay:x"));
+    cr_assert_eq(load("routes:\n  - {methods: [POST], path: /a/.}\n"), 0,
+                 "a prefix may end in a partial segment: %s", err);
+    cr_assert_not_null(match("POST", "/a/.well-known"));
+}
+
+Test(config, route_path_that_no_request_can_have_is_refused)
+{
+    expect_error("routes:\n  - path: /a/../b\n", 2,
+                 "routes[0].path: has a '.' or '..' segment, which no request path can have: "
+                 "'/a/../b'");
+    expect_error("routes:\n  - path: /a/%2e/\n", 2,
+                 "routes[0].path: has a '.' or '..' segment, which no request path can have: "
+                 "'/a/%2e/'");
+    expect_error("routes:\n  - path: //a\n", 2,
+                 "routes[0].path: has an empty segment ('//'), which no request path can have: "
+                 "'//a'");
+    expect_error("routes:\n  - path: /a%2Fb\n", 2,
+                 "routes[0].path: has an encoded '/' or a '\\', which no request path can have: "
+                 "'/a%2Fb'");
+    expect_error("routes:\n  - path: /a;b\n", 2,
+                 "routes[0].path: has a ';' (path parameters), which no request path can have: "
+                 "'/a;b'");
+    expect_error("routes:\n  - path: /a%zz\n", 2,
+                 "routes[0].path: has a '%' not followed by two hex digits, which no request "
+                 "path can have: '/a%zz'");
+    expect_error("routes:\n  - path: /a%00\n", 2,
+                 "routes[0].path: has an encoded NUL (%00), which no request path can have: "
+                 "'/a%00'");
 }
 
 Test(config, method_length_is_respected)

@@ -1,0 +1,222 @@
+"""Issue 12 (hardening): no spelling of a request escapes its route, no 101
+is relayed, SIGHUP does not kill, and no two idemd share a port.
+
+docs/protocol.md section 5: request targets are origin-form (/path?query)
+or absolute-form (http://authority/path); any other form is 400.  Routes
+match the normalised path: escapes of unreserved characters are decoded
+first, and a path with "." or ".." segments or an encoded "/" (and the
+other constructs section 5 lists) is 400 invalid-target.  The same
+normalised target is what the fingerprint hashes and what the upstream is
+sent, and /_idem/tokens is idemd's own in every spelling.  Section 7: an
+upstream 101 (idemd never forwards Upgrade, so no one asked for it) is a
+broken response, 502.  Section 14: a second idemd on an address another
+process holds exits 2 (EADDRINUSE); SIGHUP, until reloading exists, is
+logged and ignored.
+"""
+
+import os
+import signal
+import subprocess
+import threading
+import unittest
+
+try:
+    from . import harness as h
+except ImportError:
+    import harness as h
+
+
+def raw_request(method, target, headers=(), body=b"", host="example"):
+    lines = ["%s %s HTTP/1.1" % (method, target)]
+    if host is not None:
+        lines.append("Host: %s" % host)
+    lines.extend(headers)
+    lines.append("Content-Length: %d" % len(body))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+# A required route, a token route, and a catch-all that is off: the shape in
+# which a spelling that misses its route is forwarded without a key.
+ROUTES = {"routes": [
+    {"methods": ["POST"], "path": "/payments", "mode": "required"},
+    {"methods": ["POST"], "path": "/tokenized", "mode": "token"},
+    {"methods": ["POST", "PATCH"], "path": "/", "mode": "off"},
+]}
+
+
+class TargetForms(h.IdemTestCase):
+    def setUp(self):
+        super().setUp()
+        self.up, self.d = self.setup_pair(ROUTES)
+
+    def refused(self, method, target, status=400, ptype="invalid-target", headers=()):
+        raw = raw_request(method, target, headers=headers, body=b"{}")
+        data, closed = h.raw_exchange(self.d.port, raw, timeout=5)
+        resps = h.parse_responses(data)
+        self.assertEqual(len(resps), 1, "%s %s: %r" % (method, target, data[:300]))
+        self.assertProblem(resps[0], status, ptype)
+        self.assertTrue(closed, "%s %s: the connection stays open" % (method, target))
+        self.assertEqual(self.up.count(), 0, "%s %s reached the upstream: %r"
+                         % (method, target, self.up.requests()))
+        return resps[0]
+
+    def test_a_scheme_without_authority_is_400(self):
+        # "http:/payments" and "payments:/payments" matched no route, so they
+        # were off and reached the upstream with no key.
+        for target in ("http:/payments", "payments:/payments", "http:payments",
+                       "HTTP:/payments"):
+            with self.subTest(target=target):
+                self.refused("POST", target)
+
+    def test_other_schemes_user_information_and_empty_authorities_are_400(self):
+        for target in ("ftp://h/payments", "https+x://h/payments", "http:///payments",
+                       "http://user@h/payments", "http://u:p@h/payments"):
+            with self.subTest(target=target):
+                self.refused("POST", target)
+
+    def test_asterisk_form_is_400(self):
+        self.refused("OPTIONS", "*")
+
+    def test_authority_form_is_400_and_connect_is_501(self):
+        self.refused("POST", "payments:443")
+        self.refused("CONNECT", "example.com:443", status=501, ptype="not-implemented")
+        self.refused("CONNECT", "/payments", status=501, ptype="not-implemented")
+
+    def test_dot_segments_are_400_however_spelt(self):
+        for target in ("/x/../payments", "/./payments", "/payments/.", "/x/..",
+                       "/%2e%2e/payments", "/%2E/payments", "/.%2e/payments",
+                       "http://h/x/../payments"):
+            with self.subTest(target=target):
+                self.refused("POST", target)
+
+    def test_encoded_slash_backslash_and_nul_are_400(self):
+        for target in ("/pay%2Fments", "/pay%2fments", "/x%2F..%2Fpayments", "/pay%5Cments",
+                       "/pay%5cments", "/pay\\ments", "/payments%00", "/x%00/payments"):
+            with self.subTest(target=target):
+                self.refused("POST", target)
+
+    def test_empty_segments_path_parameters_and_bad_escapes_are_400(self):
+        for target in ("//payments", "/x//payments", "/;x/payments", "/payments;jsessionid=1",
+                       "/%zzpayments", "/payments%", "/payments%2"):
+            with self.subTest(target=target):
+                self.refused("POST", target)
+
+    def test_a_refused_target_is_refused_before_100_continue(self):
+        raw = raw_request("POST", "/x/../payments", headers=["Expect: 100-continue"])
+        # no body sent: the client waits for 100 Continue, which must not come
+        raw = raw[:raw.index(b"\r\n\r\n") + 4].replace(b"Content-Length: 0", b"Content-Length: 5")
+        data, closed = h.raw_exchange(self.d.port, raw, timeout=5)
+        self.assertNotIn(b"100 Continue", data)
+        resps = h.parse_responses(data)
+        self.assertProblem(resps[-1], 400, "invalid-target")
+
+    def test_an_escaped_spelling_matches_its_route(self):
+        # "/%70ayments" fell to the catch-all (off) while the upstream read
+        # "/payments".
+        r = self.d.request("POST", "/%70ayments", body=b"{}")
+        self.assertProblem(r, 400, "missing-key")
+        r = self.d.request("POST", "/%70%61yments/7", body=b"{}")
+        self.assertProblem(r, 400, "missing-key")
+        self.assertEqual(self.up.count(), 0)
+
+    def test_absolute_form_matches_its_route(self):
+        r = self.d.request("POST", "http://api.example/payments", body=b"{}")
+        self.assertProblem(r, 400, "missing-key")
+        r = self.d.request("POST", "HTTP://api.example/%70ayments?x=1", body=b"{}")
+        self.assertProblem(r, 400, "missing-key")
+        self.assertEqual(self.up.count(), 0)
+
+    def test_a_token_route_cannot_be_walked_around(self):
+        for target in ("/%74okenized", "http://h/tokenized", "/tokeni%7Aed/1"):
+            with self.subTest(target=target):
+                r = self.d.request("POST", target, body=b"{}")
+                self.assertProblem(r, 400, "missing-token")
+        self.refused("POST", "http:/tokenized")
+        self.assertEqual(self.up.count(), 0)
+
+    def test_tokens_are_issued_in_absolute_form_and_escaped_spellings(self):
+        for target in ("http://x/_idem/tokens", "/_idem/%74okens", "http://x/_idem/tokens?a=1"):
+            with self.subTest(target=target):
+                r = self.d.request("POST", target)
+                self.assertEqual(r.status, 201, r)
+                self.assertEqual(len(r.json()["token"]), 32)
+        self.assertEqual(self.up.count(), 0)
+
+    def test_the_upstream_is_sent_the_normalised_origin_form(self):
+        k = h.new_key()
+        raw = raw_request("POST", "http://api.example/%70ayments/%3a%c3%a9?q=%70&x=a/../b",
+                          headers=["Idempotency-Key: " + k, "Connection: close"], body=b"{}",
+                          host="client.example")
+        data, _ = h.raw_exchange(self.d.port, raw, timeout=15)
+        resps = h.parse_responses(data)
+        self.assertEqual([r.status for r in resps], [200], data[:600])
+        s = self.up.requests()[-1]
+        self.assertEqual(s.path, "/payments/%3A%C3%A9?q=%70&x=a/../b")
+        # absolute-form: the target's authority is the Host (RFC 9112 3.2.2)
+        self.assertEqual(s.header_all("Host"), ["api.example"])
+        # and origin-form keeps the client's Host
+        self.d.request("POST", "/payments", body=b"{}", key=h.new_key())
+        self.assertEqual(self.up.requests()[-1].header_all("Host"),
+                         ["%s:%d" % (h.HOST, self.d.port)])
+
+    def test_two_spellings_of_one_target_are_one_request(self):
+        k = h.new_key()
+        r1 = self.d.request("POST", "/payments/%7e1", body=b"{}", key=k)
+        self.assertEqual(r1.status, 200, r1)
+        for target in ("/payments/~1", "/%70ayments/%7E1", "http://h/payments/~1"):
+            with self.subTest(target=target):
+                r = self.d.request("POST", target, body=b"{}", key=k)
+                self.assertReplayOf(r, r1)
+        self.assertEqual(self.up.count(), 1)
+        # but another path is another request
+        r = self.d.request("POST", "/payments/~2", body=b"{}", key=k)
+        self.assertProblem(r, 422, "key-reused")
+
+    def test_off_routes_and_get_are_forwarded_normalised_too(self):
+        r = self.d.request("GET", "/%61bc/%64?z")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.up.requests()[-1].path, "/abc/d?z")
+        r = self.d.request("GET", "/a/../etc/passwd")
+        self.assertProblem(r, 400, "invalid-target")
+        self.assertEqual(self.up.count(), 1)
+
+    def test_the_connection_goes_on_after_a_good_request(self):
+        # only refused targets close the connection
+        raw = raw_request("GET", "/%61") + raw_request("GET", "/b")
+        data, _ = h.raw_exchange(self.d.port, raw + raw_request("GET", "//c"), timeout=5)
+        resps = h.parse_responses(data)
+        self.assertEqual([r.status for r in resps], [200, 200, 400], data[:600])
+        self.assertEqual([s.path for s in self.up.requests()], ["/a", "/b"])
+
+
+class RoutePrefixes(h.IdemTestCase):
+    def test_a_route_prefix_is_matched_in_its_normal_spelling(self):
+        up, d = self.setup_pair({"routes": [
+            {"methods": ["POST"], "path": "/v1/%70ay", "mode": "required"},
+            {"methods": ["POST"], "path": "/v1/orders:cancel", "mode": "required"},
+            {"methods": ["POST"], "path": "/", "mode": "off"},
+        ]})
+        for target in ("/v1/pay", "/v1/payments", "/v1/%70ay/x", "/v1/orders%3Acancel",
+                       "/v1/orders%3acancel/7"):
+            with self.subTest(target=target):
+                self.assertProblem(d.request("POST", target, body=b"{}"), 400, "missing-key")
+        self.assertEqual(up.count(), 0)
+
+    def test_a_route_prefix_no_request_can_have_is_a_config_error(self):
+        for path, why in (("/a/../b", "'.' or '..' segment"), ("//a", "empty segment"),
+                          ("/a%2Fb", "encoded '/'"), ("/a;b", "';'")):
+            with self.subTest(path=path):
+                cfg = os.path.join(self.tmp, "bad.yaml")
+                with open(cfg, "w") as f:
+                    f.write(h.to_yaml({"routes": [{"path": path}]}) + "\n")
+                p = subprocess.run([h.IDEMD, "--config", cfg, "-t"], capture_output=True,
+                                   timeout=30)
+                self.assertEqual(p.returncode, 2, p)
+                err = p.stderr.decode()
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertIn("routes[0].path", err)
+                self.assertIn(why, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
