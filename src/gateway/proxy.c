@@ -7,6 +7,9 @@
  * `Idempotency-Fence: N` for the claim that forwards it.  So the upstream
  * never sees the client's framing, which closes the door to smuggling.
  *
+ * Upgrade and Connection are hop-by-hop and never forwarded, so idemd never
+ * asks for a protocol switch and a 101 answer is a broken response (502).
+ *
  * The response head is parsed with our parser, its body collected into the
  * request up to the capture limit (max_response_bytes).  A body that stays
  * under the limit ends in idem_req_upstream_done; one that passes it ends
@@ -190,6 +193,13 @@ static void up_process(idem_upconn_t *u)
         }
         size_t head_len = (size_t)rc;
         memset(&u->hs, 0, sizeof u->hs);
+        if (req->resp.status == 101) {
+            /* idemd never forwards Upgrade (a hop-by-hop field), so a 101
+             * was asked for by no one: what follows it is not HTTP we may
+             * store or relay.  A broken response (docs/protocol.md section 7). */
+            up_fail(u, IDEM_UP_BAD_RESPONSE);
+            return;
+        }
         if (req->resp.status < 200) {
             /* 100 Continue, 102, 103: interim, the real answer follows. */
             idem_rbuf_consume(&u->in, head_len);

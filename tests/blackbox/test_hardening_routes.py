@@ -218,5 +218,52 @@ class RoutePrefixes(h.IdemTestCase):
                 self.assertIn(why, err)
 
 
+class Upgrade101(h.IdemTestCase):
+    # What a confused or hostile upstream sends: a 101 nobody asked for,
+    # then bytes that look like a second answer.
+    SMUGGLED = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"
+
+    def setUp(self):
+        super().setUp()
+        self.up, self.d = self.setup_pair()
+        self.up.set_reply(status=101, headers=[("Upgrade", "h2c"), ("Connection", "Upgrade")],
+                          body=self.SMUGGLED)
+
+    def test_an_unasked_101_is_502_and_nothing_is_stored(self):
+        k = h.new_key()
+        r = self.d.post(key=k)
+        self.assertProblem(r, 502, "upstream-outcome-unknown")
+        self.assertNotIn(b"smuggled", r.body)
+        # the outcome is unknown: a repeat is not a replay of the bytes after it
+        r2 = self.d.post(key=k)
+        self.assertProblem(r2, 409, "in-flight")
+        self.assertNotIn(b"smuggled", r2.body)
+        self.assertEqual(self.up.count(), 1)
+        rec = self.d.get_key(k)
+        self.assertEqual(rec.status, 200, rec)
+        self.assertEqual(rec.json()["state"], "in_progress")
+
+    def test_an_unasked_101_on_an_off_route_is_502(self):
+        r = self.d.request("GET", "/x")
+        self.assertProblem(r, 502, "upstream-outcome-unknown")
+        self.assertNotIn(b"smuggled", r.body)
+
+    def test_a_client_asking_for_an_upgrade_gets_502_too(self):
+        # idemd relays no upgrades: Upgrade and Connection stay here
+        r = self.d.request("GET", "/ws", headers={"Upgrade": "websocket",
+                                                  "Connection": "Upgrade"})
+        self.assertProblem(r, 502, "upstream-outcome-unknown")
+        s = self.up.requests()[-1]
+        self.assertIsNone(s.header("Upgrade"))
+        self.assertIsNone(s.header("Connection"))
+
+    def test_other_interim_answers_are_still_skipped(self):
+        self.up.set_reply(status=103, headers=[("Link", "</a>; rel=preload")],
+                          body=b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+        k = h.new_key()
+        r = self.d.post(key=k)
+        self.assertEqual((r.status, r.body), (201, b"ok"), r)
+
+
 if __name__ == "__main__":
     unittest.main()
