@@ -9,7 +9,8 @@
  * the admin thread, then the workers.  SIGTERM/SIGINT reverse it: workers
  * stop accepting and finish what is in flight (their completions go through
  * the writer), then the admin thread stops, then the writer applies its last
- * batch, then the store is closed and idemd exits 0.
+ * batch, then the store is closed and idemd exits 0.  SIGHUP is logged and
+ * ignored until reloading exists (docs/protocol.md section 14).
  *
  * THREADING: the main thread only waits for signals; see gateway.h.
  */
@@ -309,12 +310,14 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    /* Signals are taken by sigwait in this thread only. */
+    /* Signals are taken by sigwait in this thread only.  SIGHUP too: until
+     * reloading exists it is logged and ignored, never the default death. */
     signal(SIGPIPE, SIG_IGN);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
@@ -383,7 +386,14 @@ int main(int argc, char **argv)
              cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
 
     int sig = 0;
-    sigwait(&sigs, &sig);
+    for (;;) {
+        sigwait(&sigs, &sig);
+        if (sig != SIGHUP)
+            break;
+        idem_log(&gw, "warn",
+                 "SIGHUP: reloading the configuration is not supported yet; "
+                 "ignored (restart idemd to apply a change)");
+    }
     idem_log(&gw, "info", "%s: finishing requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     atomic_store(&gw.stopping, true);
     for (int i = 0; i < gw.nworkers; i++)

@@ -265,5 +265,33 @@ class Upgrade101(h.IdemTestCase):
         self.assertEqual((r.status, r.body), (201, b"ok"), r)
 
 
+class Sighup(h.IdemTestCase):
+    def test_sighup_is_ignored_and_the_request_in_flight_is_answered(self):
+        up, d = self.setup_pair()
+        release = threading.Event()
+        self.addCleanup(release.set)
+        up.set_reply(wait=release, body=b"first")
+        k = h.new_key()
+        bg = h.Background(lambda: d.post(key=k, timeout=60))
+        up.wait_seen(1, timeout=30)
+        d.send_signal(signal.SIGHUP)
+        # Decided by what idemd does with the signal, not by a delay: it logs
+        # it (still running), or it dies of it.
+        h.wait_until(lambda: "SIGHUP" in d.log_text() or not d.running(), 30,
+                     what="idemd to take the SIGHUP")
+        self.assertTrue(d.running(), "idemd died of SIGHUP (status %r)" % d.proc.poll())
+        self.assertIn("not supported", d.log_text())
+        release.set()
+        r = bg.result(60)
+        self.assertEqual((r.status, r.body), (200, b"first"), r)
+        # still serving: a repeat replays, a new key runs
+        self.assertReplayOf(d.post(key=k), r)
+        self.assertEqual(d.post(key=h.new_key()).status, 200)
+        d.send_signal(signal.SIGHUP)
+        h.wait_until(lambda: d.log_text().count("SIGHUP") >= 2 or not d.running(), 30,
+                     what="the second SIGHUP")
+        self.assertEqual(d.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
