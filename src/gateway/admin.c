@@ -663,8 +663,7 @@ static void admin_hosts_init(idem_admin_t *a, const char *listen_host)
         snprintf(a->hosts[a->n_hosts++], sizeof a->hosts[0], "%s", cfg->admin_hosts[i]);
 }
 
-int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **out, char *err,
-                     size_t errlen)
+int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     idem_admin_t *a = calloc(1, sizeof *a);
@@ -673,10 +672,16 @@ int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **o
         return -1;
     }
     a->gw = gw;
+    /* The admin address was checked by the config's validation and bound by
+     * main; its host is one of the names the Host check accepts. */
+    char host[256] = "";
+    int port;
+    if (idem_config_parse_addr(gw->cfg->admin, host, sizeof host, &port) != 0)
+        host[0] = '\0';
     admin_hosts_init(a, host);
     uv_loop_init(&a->loop);
-    if (idem_tcp_listen(&a->loop, &a->listener, a, host, port, false, 128, on_admin_connection,
-                        "--admin", err, errlen) != 0) {
+    if (idem_tcp_open_listener(&a->loop, &a->listener, a, listen_fd, IDEM_ADMIN_BACKLOG,
+                               on_admin_connection, "--admin", err, errlen) != 0) {
         a->listener.data = NULL;
         uv_walk(&a->loop, admin_close_walk, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);

@@ -1,7 +1,7 @@
 /* src/gateway/gateway.h - the shared types of idemd.
  *
  * idemd is one process with N worker threads, each running its own uv_loop_t
- * with its own listener (SO_REUSEPORT), client connections and pool of
+ * with its own dup() of the one listening socket, client connections and pool of
  * keep-alive upstream connections; one store writer thread that applies
  * every queued claim, completion, renewal and release in one transaction
  * (group commit) and posts results back to the worker that asked; and one
@@ -262,14 +262,26 @@ struct idem_worker {
  * none). */
 idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
                              idem_record_t *rec);
-/** Bind and listen on host:port (an IPv4 or IPv6 literal) with tcp on loop.
+#define IDEM_LISTEN_BACKLOG 1024  /* public listener */
+#define IDEM_ADMIN_BACKLOG 128    /* admin listener */
+
+/** Bind and listen on host:port (an IPv4 or IPv6 literal), without
+ * SO_REUSEPORT: an address another process listens on fails (EADDRINUSE).
  * @param what  the flag named in a failure ("--listen").
+ * @return the listening socket (close-on-exec, owned by the caller), or -1
+ *         with err set ("--listen: cannot listen on H:P: address already in use"). */
+int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                       size_t errlen);
+/** Watch a dup() of the listening socket listen_fd with tcp on loop; the
+ * caller keeps listen_fd (and may close it: the dup keeps the socket open).
+ * Several loops may each open the same listening socket: each connection is
+ * accepted by one of them.
  * @return 0, or -1 with err set; tcp may then be initialised and must be closed. */
-int idem_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, void *data, const char *host, int port,
-                    bool reuseport, int backlog, uv_connection_cb cb, const char *what, char *err,
-                    size_t errlen);
-int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *host, int port,
-                     char *err, size_t errlen);
+int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
+                           uv_connection_cb cb, const char *what, char *err, size_t errlen);
+/** Set up worker index to accept on listen_fd (see idem_tcp_open_listener). */
+int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
+                     size_t errlen);
 void *idem_worker_main(void *arg);
 /** Ask a worker to stop: close its listener, finish what is in flight. */
 void idem_worker_request_stop(idem_worker_t *w);
@@ -279,8 +291,9 @@ void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job);
 
 /* admin.c */
 typedef struct idem_admin idem_admin_t;
-int idem_admin_start(idem_gw_t *gw, const char *host, int port, idem_admin_t **out, char *err,
-                     size_t errlen);
+/** Start the admin thread, accepting on a dup() of the listening socket
+ * listen_fd (idem_listen_socket; the caller keeps listen_fd). */
+int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen);
 void idem_admin_stop(idem_admin_t *a);
 
 /* log.c */

@@ -4,11 +4,15 @@
  * (--config), then the flags.  Any problem with them is one line on stderr
  * naming it, and exit status 2.  `idemd -t` stops after that check.
  *
- * Start-up order: open the store, start the writer thread, bind every
- * worker's listener (so a port in use fails before anything runs), start
- * the admin thread, then the workers.  SIGTERM/SIGINT reverse it: workers
- * stop accepting and finish what is in flight (their completions go through
- * the writer), then the admin thread stops, then the writer applies its last
+ * Start-up order: bind the public and the admin listening sockets (so an
+ * address in use fails before anything is opened: no SO_REUSEPORT, so a
+ * second idemd cannot share a port), open the store, start the writer
+ * thread, give each worker and the admin thread a dup() of its socket,
+ * start the admin thread, then the workers.  Handing each a listening
+ * socket, not an address, leaves room for one inherited from systemd or an
+ * old process later.  SIGTERM/SIGINT reverse the start: workers stop
+ * accepting and finish what is in flight (their completions go through the
+ * writer), then the admin thread stops, then the writer applies its last
  * batch, then the store is closed and idemd exits 0.  SIGHUP is logged and
  * ignored until reloading exists (docs/protocol.md section 14).
  *
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "gateway/gateway.h"
 #include "idem/units.h"
@@ -320,10 +325,33 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
+    /* Both addresses are bound before anything is opened: a second idemd
+     * on an address in use stops here (EADDRINUSE, exit 2).  The workers
+     * and the admin thread each watch a dup() of these sockets, so these
+     * descriptors are closed once they have started. */
+    char host[256], ahost[256];
+    int port, aport;
+    idem_config_parse_addr(cfg.listen, host, sizeof host, &port);
+    idem_config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
+    int listen_fd =
+        idem_listen_socket(host, port, IDEM_LISTEN_BACKLOG, "--listen", err, sizeof err);
+    int admin_fd = -1;
+    if (listen_fd >= 0)
+        admin_fd = idem_listen_socket(ahost, aport, IDEM_ADMIN_BACKLOG, "--admin", err,
+                                      sizeof err);
+    if (admin_fd < 0) {
+        if (listen_fd >= 0)
+            close(listen_fd);
+        idem_config_cleanup(&cfg);
+        return fail(err);
+    }
+
     idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
     if (serr != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
+        close(listen_fd);
+        close(admin_fd);
         idem_config_cleanup(&cfg);
         return fail(msg);
     }
@@ -331,6 +359,8 @@ int main(int argc, char **argv)
         gw.cache = idem_cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
         if (gw.cache == NULL) {
             idem_store_close(gw.store);
+            close(listen_fd);
+            close(admin_fd);
             idem_config_cleanup(&cfg);
             return fail("local_cache: out of memory");
         }
@@ -348,27 +378,28 @@ int main(int argc, char **argv)
         idem_ratelimit_destroy(gw.ratelimit);
         idem_cache_destroy(gw.cache);
         idem_store_close(gw.store);
+        close(listen_fd);
+        close(admin_fd);
         idem_config_cleanup(&cfg);
         return fail("cannot start the store writer thread");
     }
-    char host[256];
-    int port;
-    idem_config_parse_addr(cfg.listen, host, sizeof host, &port);
     gw.nworkers = cfg.workers;
     gw.workers = calloc((size_t)gw.nworkers, sizeof *gw.workers);
-    int rc = gw.workers ? 0 : -1;
+    int rc = 0;
+    if (gw.workers == NULL) {
+        snprintf(err, sizeof err, "out of memory");
+        rc = -1;
+    }
     int inited = 0;
     for (int i = 0; i < gw.nworkers && rc == 0; i++) {
-        rc = idem_worker_init(&gw.workers[i], &gw, i, host, port, err, sizeof err);
+        rc = idem_worker_init(&gw.workers[i], &gw, i, listen_fd, err, sizeof err);
         inited = i + 1;
     }
     idem_admin_t *admin = NULL;
-    if (rc == 0) {
-        char ahost[256];
-        int aport;
-        idem_config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
-        rc = idem_admin_start(&gw, ahost, aport, &admin, err, sizeof err);
-    }
+    if (rc == 0)
+        rc = idem_admin_start(&gw, admin_fd, &admin, err, sizeof err);
+    close(listen_fd);
+    close(admin_fd);
     if (rc != 0) {
         for (int i = 0; i < inited; i++)
             idem_worker_cleanup(&gw.workers[i]);

@@ -1,13 +1,15 @@
 /* src/gateway/server.c - a worker's loop: client connections and the life of
  * a request.
  *
- * Each worker thread runs one uv_loop_t with its own listener (SO_REUSEPORT,
- * so the kernel spreads connections over the workers).  A client connection
- * reads and parses one request at a time (pipelined requests wait in the
- * read buffer), refuses a target that is not origin- or absolute-form or
- * whose path has no single reading (docs/protocol.md section 5), buffers its
- * body up to max_request_bytes, and hands the whole request, with its target
- * normalised, to req_dispatch, which follows docs/protocol.md sections 2-7:
+ * Each worker thread runs one uv_loop_t watching its own dup() of the one
+ * listening socket main.c bound (whichever loop accepts first takes the
+ * connection; no SO_REUSEPORT, so a second process cannot share the port).
+ * A client connection reads and parses one request at a time (pipelined
+ * requests wait in the read buffer), refuses a target that is not origin-
+ * or absolute-form or whose path has no single reading (docs/protocol.md
+ * section 5), buffers its body up to max_request_bytes, and hands the whole
+ * request, with its target normalised, to req_dispatch, which follows
+ * docs/protocol.md sections 2-7:
  *
  *   route -> key -> scope -> fingerprint -> fast read of the record
  *     completed/mismatch/in-flight: answer at once (no writer round trip)
@@ -42,7 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "gateway/gateway.h"
 #include "idem/alloc.h"
@@ -2096,8 +2101,8 @@ static void on_stop_async(uv_async_t *a)
 
 void idem_worker_request_stop(idem_worker_t *w) { uv_async_send(&w->stop_async); }
 
-int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *host, int port,
-                     char *err, size_t errlen)
+int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
+                     size_t errlen)
 {
     memset(w, 0, sizeof *w);
     w->gw = gw;
@@ -2125,36 +2130,67 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, const char *hos
     uv_idle_init(&w->loop, &w->inline_idle);
     w->inline_idle.data = w;
 
-    return idem_tcp_listen(&w->loop, &w->listener, w, host, port, true, 1024, on_connection,
-                           "--listen", err, errlen);
+    return idem_tcp_open_listener(&w->loop, &w->listener, w, listen_fd, IDEM_LISTEN_BACKLOG,
+                                  on_connection, "--listen", err, errlen);
 }
 
-int idem_tcp_listen(uv_loop_t *loop, uv_tcp_t *tcp, void *data, const char *host, int port,
-                    bool reuseport, int backlog, uv_connection_cb cb, const char *what, char *err,
-                    size_t errlen)
+int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                       size_t errlen)
 {
     struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(struct sockaddr_in);
     int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
-    if (rc != 0)
+    if (rc != 0) {
         rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+        sslen = sizeof(struct sockaddr_in6);
+    }
     if (rc != 0) {
         snprintf(err, errlen, "%s: not an IP address: %s", what, host);
         return -1;
     }
-    uv_tcp_init_ex(loop, tcp, ss.ss_family);
-    tcp->data = data;
-    if (reuseport) {
-        /* Every worker binds the same port; the kernel spreads connections. */
-        uv_os_fd_t fd;
-        int one = 1;
-        if (uv_fileno((uv_handle_t *)tcp, &fd) == 0)
-            setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port,
+                 uv_strerror(uv_translate_sys_error(errno)));
+        return -1;
     }
-    rc = uv_tcp_bind(tcp, (const struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)tcp, backlog, cb);
+    /* SO_REUSEADDR lets a restart bind past connections in TIME_WAIT; on
+     * Linux it never lets two sockets listen on one address.  No
+     * SO_REUSEPORT: that would let a second idemd (another store, perhaps)
+     * bind the same port without error and take half the connections. */
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ss.ss_family == AF_INET6) /* [::] takes IPv4 too, as libuv's bind does */
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (bind(fd, (const struct sockaddr *)&ss, sslen) != 0 || listen(fd, backlog) != 0) {
+        int e = errno;
+        close(fd);
+        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port,
+                 uv_strerror(uv_translate_sys_error(e)));
+        return -1;
+    }
+    return fd;
+}
+
+int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
+                           uv_connection_cb cb, const char *what, char *err, size_t errlen)
+{
+    int fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot use the listening socket: %s", what, strerror(errno));
+        return -1;
+    }
+    uv_tcp_init(loop, tcp);
+    tcp->data = data;
+    int rc = uv_tcp_open(tcp, fd);
     if (rc != 0) {
-        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port, uv_strerror(rc));
+        close(fd);
+    } else {
+        /* Already listening; this only starts watching it on this loop. */
+        rc = uv_listen((uv_stream_t *)tcp, backlog, cb);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: cannot use the listening socket: %s", what, uv_strerror(rc));
         return -1;
     }
     return 0;

@@ -293,5 +293,76 @@ class Sighup(h.IdemTestCase):
         self.assertEqual(d.stop(), 0)
 
 
+class Listeners(h.IdemTestCase):
+    def start_second(self, first, same):
+        """Start an idemd with its own store whose --listen or --admin
+        (same) is the first one's; return (exit status, stderr), failing
+        if it becomes ready instead of exiting."""
+        d2 = self.make_idemd(first.upstream, {}, name="second",
+                             store=h.store_url_for(self.tmp, "data2"))
+        d2.port, d2.admin_port = h.free_ports(2)
+        if same == "listen":
+            d2.port = first.port
+        else:
+            d2.admin_port = first.admin_port
+        log = os.path.join(self.tmp, "second.stderr")
+        d2.logs.append(log)
+        with open(log, "wb") as err:
+            d2.proc = subprocess.Popen(d2.argv(), stdin=subprocess.DEVNULL, stdout=err,
+                                       stderr=err, cwd=self.tmp)
+        h._LIVE.add(d2.proc)
+
+        def settled():
+            if d2.proc.poll() is not None:
+                return True
+            if same == "listen":
+                try:
+                    return h.request(d2.admin_port, "GET", "/healthz", timeout=1).status == 200
+                except OSError:
+                    return False
+            return False
+        h.wait_until(settled, 30, what="the second idemd to exit or start")
+        rc = d2.proc.poll()
+        self.assertIsNotNone(rc, "a second idemd started on %s:%d, an address in use"
+                             % (h.HOST, first.port if same == "listen" else first.admin_port))
+        d2.proc.wait()
+        h._LIVE.discard(d2.proc)
+        return rc, d2.log_text()
+
+    def test_a_second_idemd_on_the_same_listen_address_exits_2(self):
+        up, d1 = self.setup_pair()
+        rc, err = self.start_second(d1, "listen")
+        self.assertEqual(rc, 2, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("--listen", lines[0])
+        self.assertIn("%s:%d" % (h.HOST, d1.port), lines[0])
+        self.assertIn("address already in use", lines[0].lower())
+        # the first one goes on serving every connection
+        for _ in range(20):
+            self.assertEqual(d1.post(key=h.new_key()).status, 200)
+        self.assertEqual(up.count(), 20)
+
+    def test_a_second_idemd_on_the_same_admin_address_exits_2(self):
+        up, d1 = self.setup_pair()
+        rc, err = self.start_second(d1, "admin")
+        self.assertEqual(rc, 2, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("--admin", lines[0])
+        self.assertIn("%s:%d" % (h.HOST, d1.admin_port), lines[0])
+        self.assertIn("address already in use", lines[0].lower())
+
+    def test_several_workers_share_one_listening_socket(self):
+        up, d = self.setup_pair(extra_args=["--workers", "3"])
+        fns = [lambda: d.post(key=h.new_key()) for _ in range(60)]
+        results = h.in_threads(fns, timeout=120)
+        for r in results:
+            self.assertNotIsInstance(r, BaseException, r)
+            self.assertEqual(r.status, 200, r)
+        self.assertEqual(up.count(), 60)
+        self.assertEqual(d.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
