@@ -214,9 +214,12 @@ static uint64_t fds_needed(uint64_t mc, int workers)
  * When the hard limit is too low, a max_connections written in the
  * configuration is an error (exit 2); the default is lowered to fit, with a
  * warning, so that idemd starts in a plain shell (hard limit 4096) and still
- * cannot run out of descriptors.  @return 0, or -1 with err set. */
-static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen)
+ * cannot run out of descriptors.  The warning goes to warn (else ""), for
+ * the caller to log once the listeners are bound: a start that fails says
+ * one line only.  @return 0, or -1 with err set. */
+static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen, char *warn, size_t warnlen)
 {
+    warn[0] = '\0';
     idem_config_t *cfg = gw->cfg;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
@@ -247,7 +250,7 @@ static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen)
                      (unsigned long long)hard);
             return -1;
         }
-        idem_log(gw, "warn",
+        snprintf(warn, warnlen,
                  "max_connections lowered from %llu to %llu to fit the open-files hard limit "
                  "%llu (raise it, or set max_connections)",
                  (unsigned long long)cfg->max_connections, (unsigned long long)lo,
@@ -305,7 +308,8 @@ int main(int argc, char **argv)
         idem_config_cleanup(&cfg);
         return fail(msg);
     }
-    if (fit_open_files(&gw, err, sizeof err) != 0) {
+    char nofile_warning[256];
+    if (fit_open_files(&gw, err, sizeof err, nofile_warning, sizeof nofile_warning) != 0) {
         idem_config_cleanup(&cfg);
         return fail(err);
     }
@@ -413,6 +417,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < gw.nworkers; i++)
         pthread_create(&gw.workers[i].thread, NULL, idem_worker_main, &gw.workers[i]);
+    if (nofile_warning[0] != '\0')
+        idem_log(&gw, "warn", "%s", nofile_warning);
     idem_log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
              cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
 
