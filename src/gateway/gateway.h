@@ -359,7 +359,9 @@ struct idem_req {
     uv_timer_t timer;             /* renewal, or waiting for a repeat's owner */
     bool timer_open;              /* timer initialised (made on first use) */
     bool dead;                    /* ended: logged, counted, waiting to be freed */
-    int pending_jobs;             /* writer jobs not yet returned */
+    int pending_jobs;             /* writer jobs (and a fingerprint off the loop) not yet returned */
+    uv_work_t fp_work;            /* a large body's fingerprint, in libuv's thread pool */
+    int fp_rc;                    /* what req_fingerprint returned there */
     idem_wjob_t job;              /* claim/complete/release/hold */
     idem_wjob_t renew_job;
     bool renew_busy;

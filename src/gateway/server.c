@@ -1880,6 +1880,42 @@ static bool req_check_head(idem_req_t *req)
     return true;
 }
 
+/* A body at least this large is fingerprinted in libuv's thread pool, not
+ * on the worker's loop: canonical JSON costs 4-22 ms a MiB (src/core/json.c),
+ * and the loop serves every other connection of the worker meanwhile
+ * (docs/protocol.md section 4).  Below it the hand-off costs more than the
+ * work. */
+#define FP_OFF_LOOP_BYTES (64 * 1024)
+
+/* The request's fingerprint is in req->fp (fp_rc 0): on to the store. */
+static void req_fingerprinted(idem_req_t *req)
+{
+    if (req->fp_rc != 0) {
+        req->keyed = false;
+        req->finished = true;
+        req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    req_lookup(req);
+}
+
+/* In the thread pool: only the request's own head, body and (immutable)
+ * policy are read, and only req->fp and req->fp_rc written. */
+static void fp_work(uv_work_t *work)
+{
+    idem_req_t *req = work->data;
+    req->fp_rc = req_fingerprint(req);
+}
+
+static void fp_after_work(uv_work_t *work, int status)
+{
+    idem_req_t *req = work->data;
+    req->pending_jobs--;
+    if (status != 0)
+        req->fp_rc = -1; /* cancelled: never done, as nothing cancels it */
+    req_fingerprinted(req);
+}
+
 static void req_dispatch(idem_req_t *req)
 {
     if (!req->head_checked && !req_check_head(req))
@@ -1892,13 +1928,21 @@ static void req_dispatch(idem_req_t *req)
     }
     if (!req_scope_admit(req, req->id.scope))
         return;
-    if (req_fingerprint(req) != 0) {
-        req->finished = true;
-        req_problem(req, 500, "internal", "out of memory", 0);
-        return;
-    }
     req->keyed = true;
-    req_lookup(req);
+    if (req->body.len >= FP_OFF_LOOP_BYTES) {
+        /* The request waits on its fingerprint like on a store job: it is
+         * not freed meanwhile (pending_jobs), and nothing else reads or
+         * writes its head, body or policy until fp_after_work. */
+        req->pending_jobs++;
+        req->fp_work.data = req;
+        if (uv_queue_work(&req->w->loop, &req->fp_work, fp_work, fp_after_work) == 0)
+            return;
+        req->pending_jobs--;
+        req->fp_rc = req_fingerprint(req); /* the pool refused: on the loop after all */
+    } else {
+        req->fp_rc = req_fingerprint(req);
+    }
+    req_fingerprinted(req);
 }
 
 /* ---- max_buffered_bytes ---------------------------------------------------- */
