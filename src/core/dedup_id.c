@@ -8,59 +8,20 @@
  * Ids.  dedup.h allows 1 to IDEM_KEY_MAX bytes without NUL.  LMDB, memory:
  * and Redis keys take any such bytes, but PostgreSQL keeps keys in a text
  * column that takes only valid UTF-8, so every form refuses an id that is
- * not UTF-8: the ids a consumer may use do not depend on where they are
- * kept.  Binary ids (a Kafka key, a hash) go in hex or base64.
+ * not UTF-8 (src/core/utf8.c, the check PostgreSQL's own): the ids a
+ * consumer may use do not depend on where they are kept.  Binary ids (a
+ * Kafka key, a hash) go in hex or base64.
  */
 #include <stdbool.h>
 #include <string.h>
 
+#include "core/utf8.h"
 #include "idem/dedup.h"
 
 #define SCOPE_PREFIX "dedup:"
 
 _Static_assert(sizeof SCOPE_PREFIX - 1 + IDEM_DEDUP_NS_MAX <= IDEM_SCOPE_MAX,
                "dedup: + ns fits a scope");
-
-/* Whether the len bytes at s are well-formed UTF-8 as PostgreSQL takes it:
- * no overlong forms, no surrogates, nothing above U+10FFFF. */
-static bool utf8_ok(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        size_t n;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            n = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            n = 2;
-            if (c == 0xe0)
-                lo = 0xa0;
-            else if (c == 0xed)
-                hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            n = 3;
-            if (c == 0xf0)
-                lo = 0x90;
-            else if (c == 0xf4)
-                hi = 0x8f;
-        } else {
-            return false;
-        }
-        if (len - i - 1 < n)
-            return false;
-        if (s[i + 1] < lo || s[i + 1] > hi)
-            return false;
-        for (size_t j = 2; j <= n; j++)
-            if (s[i + j] < 0x80 || s[i + j] > 0xbf)
-                return false;
-        i += n + 1;
-    }
-    return true;
-}
 
 static bool ns_char(char c)
 {
@@ -81,7 +42,7 @@ idem_err_t idem_dedup_id(const char *ns, const char *msg_id, size_t id_len, idem
     for (size_t i = 0; i < nl; i++)
         if (!ns_char(ns[i]))
             return IDEM_E_INVAL;
-    if (memchr(msg_id, '\0', id_len) != NULL || !utf8_ok((const unsigned char *)msg_id, id_len))
+    if (memchr(msg_id, '\0', id_len) != NULL || !idem__utf8_valid(msg_id, id_len))
         return IDEM_E_INVAL;
     memcpy(out->scope, SCOPE_PREFIX, sizeof SCOPE_PREFIX - 1);
     memcpy(out->scope + sizeof SCOPE_PREFIX - 1, ns, nl);

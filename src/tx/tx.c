@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/utf8.h"
 #include "idem/alloc.h"
 #include "idem/tx.h"
 #include "tx/tx_impl.h"
@@ -134,45 +135,14 @@ idem_err_t idem_tx_migrate(idem_tx_t *tx)
 
 /* ---- helpers -------------------------------------------------------------- */
 
-/* Whether s is well-formed UTF-8 (no overlong forms, no surrogates). */
-static int utf8_ok(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s != '\0') {
-        unsigned c = *s;
-        size_t n;
-        unsigned min;
-        if (c < 0x80) {
-            s++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            n = 1, min = 0x80, c &= 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            n = 2, min = 0x800, c &= 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            n = 3, min = 0x10000, c &= 0x07;
-        } else {
-            return 0;
-        }
-        for (size_t i = 1; i <= n; i++) {
-            if ((s[i] & 0xc0) != 0x80)
-                return 0;
-            c = (c << 6) | (s[i] & 0x3f);
-        }
-        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-            return 0;
-        s += n + 1;
-    }
-    return 1;
-}
-
 static int id_ok_for(const idem_tx_t *tx, const idem_key_id_t *id)
 {
     if (id == NULL || id->scope[0] == '\0' || id->key[0] == '\0' ||
         memchr(id->scope, '\0', sizeof id->scope) == NULL ||
         memchr(id->key, '\0', sizeof id->key) == NULL)
         return 0;
-    if (tx->ops->utf8_text && (!utf8_ok(id->scope) || !utf8_ok(id->key))) {
+    if (tx->ops->utf8_text && (!idem__utf8_valid(id->scope, strlen(id->scope)) ||
+                                 !idem__utf8_valid(id->key, strlen(id->key)))) {
         idem__tx_seterr((idem_tx_t *)tx, "on %s a scope and a key must be valid UTF-8",
                         tx->ops->name);
         return 0;

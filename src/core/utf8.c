@@ -1,0 +1,56 @@
+/* src/core/utf8.c - well-formed UTF-8, as RFC 3629 and PostgreSQL define it.
+ *
+ * The table of RFC 3629 section 4 decides from the lead byte how many
+ * continuation bytes follow and narrows the range of the first of them,
+ * which is what excludes overlong forms (E0 80..9F, F0 80..8F), surrogates
+ * (ED A0..BF) and code points above U+10FFFF (F4 90..BF, F5..FF); C0 and
+ * C1 can only start overlong two-byte forms and are never valid.  No code
+ * point is assembled, so there is nothing to overflow.  See utf8.h for who
+ * uses it and why.
+ *
+ * THREADING: no state; reentrant.
+ */
+#include <stdint.h>
+
+#include "core/utf8.h"
+
+bool idem__utf8_valid(const void *s, size_t len)
+{
+    const uint8_t *p = s;
+    size_t i = 0;
+
+    while (i < len) {
+        uint8_t c = p[i];
+        size_t more;
+        uint8_t lo = 0x80, hi = 0xbf; /* the range of the first continuation byte */
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xc2 && c <= 0xdf) {
+            more = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            more = 2;
+            if (c == 0xe0)
+                lo = 0xa0; /* below: overlong */
+            else if (c == 0xed)
+                hi = 0x9f; /* above: surrogates */
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3;
+            if (c == 0xf0)
+                lo = 0x90; /* below: overlong */
+            else if (c == 0xf4)
+                hi = 0x8f; /* above: past U+10FFFF */
+        } else {
+            return false; /* a continuation byte, C0, C1 or F5..FF */
+        }
+        if (len - i - 1 < more)
+            return false; /* cut short */
+        if (p[i + 1] < lo || p[i + 1] > hi)
+            return false;
+        for (size_t j = 2; j <= more; j++)
+            if (p[i + j] < 0x80 || p[i + j] > 0xbf)
+                return false;
+        i += more + 1;
+    }
+    return true;
+}
