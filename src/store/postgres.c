@@ -73,22 +73,25 @@
  * deadlock in the common case; a deadlock_detected or serialization_failure
  * that happens anyway retries the whole batch (BATCH_TRIES times).
  *
- * Pool and outages.  Up to pool=N blocking connections (mutex + condvar);
- * exec, get, sweep and ping each borrow one.  libpq runs in non-blocking
- * pipeline mode and every wait is a poll() with a deadline (timeout + 1 s),
- * so a server that hangs cannot hang a caller.  A connection that breaks or
+ * Pool and outages.  Up to pool=N blocking connections in the pool of
+ * src/store/pool.c (shared with redis.c); exec, get, sweep and ping each
+ * borrow one.  libpq runs in non-blocking pipeline mode and every wait is a
+ * poll() with a deadline (timeout + 1 s), so a server that hangs cannot
+ * hang a caller.  A connection that breaks or
  * times out is closed; a broken one also closes the idle ones (after a
  * server restart they are all stale) and, if nothing was committed yet, the
  * call is retried once on a fresh connection, so a restart costs no error.
- * When a connect fails, or the server stops answering within the deadline,
- * the store is down: for a backoff of 100 ms doubling to 5 s every call
- * fails at once with IDEM_E_STORE_DOWN (an outage costs microseconds per
- * request, not a connect timeout), then one caller tries to connect while
- * the others go on failing fast; the first success ends the outage.  Any connection or server error is IDEM_E_STORE_DOWN (disk
- * full, SQLSTATE 53100, is IDEM_E_STORE_FULL), with libpq's text in
- * idem_store_errstr.  A COMMIT whose answer was lost (the connection broke
- * after it was sent) has an unknown outcome: exec returns STORE_DOWN
- * although the batch may have committed.
+ * When a connect fails, or the server stops answering within the deadline
+ * (idem__pool_mark_down), the store is down: for the pool's backoff of
+ * 100 ms doubling to 5 s (jittered) every call fails at once with
+ * IDEM_E_STORE_DOWN (an outage costs microseconds per request, not a
+ * connect timeout), then one caller tries to connect while the others go
+ * on failing fast; the first success ends the outage.  Any connection or
+ * server error is IDEM_E_STORE_DOWN (disk full, SQLSTATE 53100, is
+ * IDEM_E_STORE_FULL), with libpq's text in idem_store_errstr.  A COMMIT
+ * whose answer was lost (the connection broke after it was sent) has an
+ * unknown outcome: exec returns STORE_DOWN although the batch may have
+ * committed.
  *
  * Durability is the server's: a batch is durable when COMMIT returns with
  * the server's synchronous_commit (default on).  get reads a row with
@@ -98,27 +101,31 @@
  * failure in exec fails the whole batch (IDEM_E_NOMEM, nothing written).
  *
  * Limits of this backend: a scope or key must be valid UTF-8 (it is a text
- * column; the client encoding is UTF8), else that op is IDEM_E_INVAL; a
+ * column; the client encoding is UTF8; the check is src/core/utf8.c, the
+ * one dedup ids and in-transaction keys use), else that op is IDEM_E_INVAL; a
  * record must fit a bytea (under 1 GiB), else that op is IDEM_E_TOOBIG.
  *
  * THREADING: any number of threads may call exec, get, sweep and ping at
- * once; each holds its own connection while it runs.  The pool's mutex
- * guards the idle list, the counts and the outage state.  After fork() a
- * child must open its own store and neither use nor close its parent's
- * (closing would end the parent's sessions).
+ * once; each holds its own connection while it runs, and nothing
+ * serialises them: concurrent batches are concurrent transactions, ordered
+ * by PostgreSQL's row locks (see "Why READ COMMITTED is enough").  The
+ * pool's mutex guards the idle list, the counts and the outage state.
+ * After fork() a child must open its own store and neither use nor close
+ * its parent's (closing would end the parent's sessions).
  */
 #include <errno.h>
 #include <libpq-fe.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/url.h"
+#include "core/utf8.h"
 #include "idem/alloc.h"
 #include "idem/units.h"
+#include "store/pool.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_TABLE "idem_records"
@@ -130,8 +137,6 @@
 #define TIMEOUT_MAX_MS 60000
 #define DEADLINE_SLACK_MS 1000 /* the client waits this much longer than the server */
 #define URL_MAX 2048
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 5000
 #define BATCH_TRIES 5     /* whole-batch attempts (deadlock, lost races, stale connection) */
 #define CONFLICT_ROUNDS 4 /* re-reads of keys that lost an insert race, per attempt */
 #define SWEEP_CHUNK 1000  /* rows deleted per sweep transaction */
@@ -159,8 +164,8 @@ struct cfg {
 
 /* One pooled connection. */
 struct pgc {
+    struct idem__pool_conn pc; /* first: the pool lends out a pgc as this */
     PGconn *pq;
-    struct pgc *next; /* idle list */
 };
 
 struct pg_store {
@@ -169,16 +174,7 @@ struct pg_store {
     char connect_timeout[24];     /* whole seconds, for libpq */
     char sql[ST_COUNT][SQL_MAX];  /* the prepared statements' text */
     char settings[256];           /* the session settings (statement_timeout, ...) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;            /* a connection came back, or the outage state changed */
-    struct pgc *idle;             /* guarded by mu */
-    int open;                     /* connections open or being opened; guarded by mu */
-    /* The outage state, guarded by mu. */
-    bool down;                    /* the last connect failed */
-    bool probing;                 /* a caller is connecting while down */
-    int64_t down_until_ms;        /* monotonic: no connect before this */
-    int backoff_ms;               /* the next backoff */
-    char down_err[200];           /* why it is down */
+    idem__pool_t pool;            /* the connections and the outage state (pool.c) */
 };
 
 /* How a piece of work on a connection ended. */
@@ -189,13 +185,6 @@ enum outcome {
     R_BROKEN, /* the connection broke or timed out: close it */
     R_FAIL,   /* a server error; the connection is fine */
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Length of a libpq message without its trailing newline, capped. */
 static int msg_len(const char *m)
@@ -311,17 +300,6 @@ static void arr_end(struct arr *a)
 
 /* ---- libpq I/O with deadlines -------------------------------------------- */
 
-/* Enter (or stay in) the outage state after a failed connect or a
- * server that stopped answering (mu held). */
-static void mark_down(struct pg_store *s, const char *why)
-{
-    s->down = true;
-    s->down_until_ms = mono_ms() + s->backoff_ms;
-    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : s->backoff_ms * 2;
-    snprintf(s->down_err, sizeof s->down_err, "%s", why);
-    pthread_cond_broadcast(&s->cv);
-}
-
 /* Wait until the socket is ready for events; -1 on timeout or error. */
 static int wait_sock(PGconn *pq, short events, int64_t deadline, short *revents)
 {
@@ -329,7 +307,7 @@ static int wait_sock(PGconn *pq, short events, int64_t deadline, short *revents)
     if (fd < 0)
         return -1;
     for (;;) {
-        int64_t left = deadline - mono_ms();
+        int64_t left = deadline - idem__pool_mono_ms();
         if (left <= 0)
             return -1;
         struct pollfd p = {.fd = fd, .events = events};
@@ -378,7 +356,7 @@ static int next_result(PGconn *pq, int64_t deadline, PGresult **out)
  * (the connection is lost, confused or too slow; res all NULL). */
 static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **res)
 {
-    int64_t deadline = mono_ms() + s->cfg.timeout_ms + DEADLINE_SLACK_MS;
+    int64_t deadline = idem__pool_mono_ms() + s->cfg.timeout_ms + DEADLINE_SLACK_MS;
     int got = 0, nulls = 0;
     bool late;
 
@@ -415,15 +393,13 @@ static enum outcome seg_run(struct pg_store *s, PGconn *pq, int nq, PGresult **r
         return R_OK;
 
 broken:
-    late = PQstatus(pq) != CONNECTION_BAD && mono_ms() >= deadline;
+    late = PQstatus(pq) != CONNECTION_BAD && idem__pool_mono_ms() >= deadline;
     if (late) {
         /* A server that stopped answering is down: let the others fail fast. */
         char why[64];
         snprintf(why, sizeof why, "no answer within %lld ms",
                  (long long)(s->cfg.timeout_ms + DEADLINE_SLACK_MS));
-        pthread_mutex_lock(&s->mu);
-        mark_down(s, why);
-        pthread_mutex_unlock(&s->mu);
+        idem__pool_mark_down(&s->pool, why);
         idem__store_seterr(&s->base, "postgres: %s", why);
     } else
         idem__store_seterr(&s->base, "postgres: connection lost: %.*s",
@@ -669,118 +645,61 @@ static enum outcome conn_open(struct pg_store *s, bool schema, struct pgc **out,
     return R_OK;
 }
 
-static void conn_close(struct pgc *c)
+/* The pool's callbacks (pool.h). */
+static idem_err_t pool_connect(void *ctx, struct idem__pool_conn **out, char *why, size_t whylen)
 {
-    if (c != NULL) {
-        PQfinish(c->pq);
-        idem_free(c);
-    }
+    struct pgc *c;
+    enum outcome o = conn_open(ctx, false, &c, why, whylen);
+    *out = o == R_OK ? &c->pc : NULL;
+    return o == R_OK ? IDEM_OK : IDEM_E_STORE_DOWN;
 }
 
-/* Close every idle connection (after one broke they are probably stale). */
-static void drop_idle(struct pg_store *s)
+static void pool_close(void *ctx, struct idem__pool_conn *pc)
 {
-    pthread_mutex_lock(&s->mu);
-    struct pgc *list = s->idle;
-    s->idle = NULL;
-    for (struct pgc *c = list; c != NULL; c = c->next)
-        s->open--;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    while (list != NULL) {
-        struct pgc *next = list->next;
-        conn_close(list);
-        list = next;
-    }
+    struct pgc *c = (struct pgc *)pc;
+    (void)ctx;
+    PQfinish(c->pq);
+    idem_free(c);
 }
 
-/* Borrow a connection: an idle one, else a new one if the pool has room
- * and the store is not in backoff, else wait for one to come back.
+static const struct idem__pool_ops pool_ops = {
+    .connect = pool_connect,
+    .close = pool_close,
+};
+
+/* Borrow a connection (pool.c: an idle one, else a new one if the pool has
+ * room and the store is not in backoff, else wait for one to come back).
  * *fresh says whether it was just opened.  IDEM_OK or IDEM_E_STORE_DOWN. */
 static idem_err_t borrow(struct pg_store *s, struct pgc **out, bool *fresh)
 {
-    char why[sizeof s->down_err];
-    struct timespec until;
-    int64_t wait_ms = s->cfg.timeout_ms;
+    struct idem__pool_conn *c;
+    idem__pool_fail_t f;
+    idem_err_t err = idem__pool_borrow(&s->pool, &c, fresh, &f);
 
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
+    *out = (struct pgc *)c;
+    if (err == IDEM_OK)
+        return IDEM_OK;
+    switch (f.kind) {
+    case IDEM__POOL_DOWN:
+        idem__store_seterr(&s->base, "postgres: server unreachable, next attempt in %lld ms (%s)",
+                           (long long)f.retry_in_ms, f.why);
+        break;
+    case IDEM__POOL_CONNECT:
+        idem__store_seterr(&s->base, "%s", f.why);
+        break;
+    case IDEM__POOL_BUSY:
+        idem__store_seterr(&s->base, "postgres: all %d connections stayed busy for %lld ms",
+                           s->cfg.pool, (long long)s->cfg.timeout_ms);
+        break;
     }
-    *out = NULL;
-    *fresh = false;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        if (s->idle != NULL) {
-            *out = s->idle;
-            s->idle = (*out)->next;
-            (*out)->next = NULL;
-            pthread_mutex_unlock(&s->mu);
-            return IDEM_OK;
-        }
-        if (s->down) {
-            int64_t left = s->down_until_ms - mono_ms();
-            if (left > 0 || s->probing) {
-                idem__store_seterr(&s->base,
-                                   "postgres: server unreachable, next attempt in %lld ms (%s)",
-                                   (long long)(left > 0 ? left : 0), s->down_err);
-                pthread_mutex_unlock(&s->mu);
-                return IDEM_E_STORE_DOWN;
-            }
-        }
-        if (s->open < s->cfg.pool) {
-            bool probe = s->down; /* the one caller that tries while down */
-            s->open++;
-            s->probing = s->probing || probe;
-            pthread_mutex_unlock(&s->mu);
-            enum outcome o = conn_open(s, false, out, why, sizeof why);
-            pthread_mutex_lock(&s->mu);
-            if (probe)
-                s->probing = false;
-            if (o == R_OK) {
-                s->down = false;
-                s->backoff_ms = BACKOFF_MIN_MS;
-                pthread_cond_broadcast(&s->cv);
-                pthread_mutex_unlock(&s->mu);
-                *fresh = true;
-                return IDEM_OK;
-            }
-            s->open--;
-            mark_down(s, why);
-            pthread_mutex_unlock(&s->mu);
-            idem__store_seterr(&s->base, "%s", why);
-            return IDEM_E_STORE_DOWN;
-        }
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) {
-            pthread_mutex_unlock(&s->mu);
-            idem__store_seterr(&s->base, "postgres: all %d connections stayed busy for %lld ms",
-                               s->cfg.pool, (long long)wait_ms);
-            return IDEM_E_STORE_DOWN;
-        }
-    }
+    return IDEM_E_STORE_DOWN;
 }
 
 /* Give a connection back; a broken one is closed, and the idle ones with
  * it (when one broke, the others are probably stale too). */
 static void give_back(struct pg_store *s, struct pgc *c, enum outcome o)
 {
-    if (o == R_BROKEN || o == R_STALE) {
-        conn_close(c);
-        pthread_mutex_lock(&s->mu);
-        s->open--;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        drop_idle(s);
-        return;
-    }
-    pthread_mutex_lock(&s->mu);
-    c->next = s->idle;
-    s->idle = c;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    idem__pool_give_back(&s->pool, &c->pc, o == R_BROKEN || o == R_STALE);
 }
 
 /* ---- the batch ------------------------------------------------------------ */
@@ -859,27 +778,11 @@ static struct kent *find_key(struct batch *b, const char *scope, size_t slen, co
     return NULL;
 }
 
-static bool utf8_ok(const char *s)
+/* Whether a text column can hold id (core/utf8.h). */
+static bool id_is_text(const idem_key_id_t *id)
 {
-    const uint8_t *p = (const uint8_t *)s;
-    while (*p != '\0') {
-        uint32_t c = *p;
-        int more = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2
-                 : (c & 0xf8) == 0xf0 ? 3 : -1;
-        if (more < 0)
-            return false;
-        c &= 0x3fu >> more;
-        p++;
-        for (int i = 0; i < more; i++, p++) {
-            if ((*p & 0xc0) != 0x80)
-                return false;
-            c = (c << 6) | (*p & 0x3fu);
-        }
-        if ((more == 1 && c < 0x80) || (more == 2 && c < 0x800) || (more == 3 && c < 0x10000) ||
-            c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-            return false;
-    }
-    return true;
+    return idem__utf8_valid(id->scope, strlen(id->scope)) &&
+           idem__utf8_valid(id->key, strlen(id->key));
 }
 
 /* Group the ops that this backend applies by key.  Ops it cannot store get
@@ -901,7 +804,7 @@ static idem_err_t batch_init(struct batch *b, idem_op_t *ops, size_t n)
         b->op_key[i] = NO_KEY;
         if (op->err != IDEM_OK)
             continue;
-        if (!utf8_ok(op->id.scope) || !utf8_ok(op->id.key)) {
+        if (!id_is_text(&op->id)) {
             op->err = IDEM_E_INVAL; /* a text column holds UTF-8 only */
             continue;
         }
@@ -1440,7 +1343,7 @@ static idem_err_t pg_get(idem_store_t *base, const idem_key_id_t *id, int64_t no
                          idem_record_t *rec)
 {
     struct pg_store *s = (struct pg_store *)base;
-    if (!utf8_ok(id->scope) || !utf8_ok(id->key))
+    if (!id_is_text(id))
         return IDEM_E_NOTFOUND; /* no such key can be stored here */
     struct get_arg g = {id, now_ms, rec, IDEM_E_NOTFOUND};
     idem_err_t err = with_conn(s, get_work, &g);
@@ -1627,26 +1530,21 @@ static idem_err_t parse_url(const char *rest, struct cfg *c, char *errbuf, size_
     memcpy(uri + ul, rest, path_len);
     ul += path_len;
     char sep = '?';
-    while (*q != '\0') {
-        size_t len = strcspn(q, "&");
-        const char *eq = memchr(q, '=', len);
+    idem__url_param_t o;
+    while (idem__url_next_param(&q, NULL, &o)) { /* core/url.c */
         int r = 0;
-        if (len > 0 && eq != NULL)
-            r = our_option(c, q, (size_t)(eq - q), eq + 1, len - (size_t)(eq - q) - 1, &seen,
-                           errbuf, errlen);
+        if (o.item_len > 0 && o.has_value)
+            r = our_option(c, o.name, o.name_len, o.value, o.value_len, &seen, errbuf, errlen);
         if (r < 0) {
             idem_free(uri);
             return IDEM_E_INVAL;
         }
-        if (r == 0 && len > 0) { /* libpq's: passed on as written */
+        if (r == 0 && o.item_len > 0) { /* libpq's: passed on as written */
             uri[ul++] = sep;
-            memcpy(uri + ul, q, len);
-            ul += len;
+            memcpy(uri + ul, o.item, o.item_len);
+            ul += o.item_len;
             sep = '&';
         }
-        q += len;
-        if (*q == '&')
-            q++;
     }
     uri[ul] = '\0';
 
@@ -1670,9 +1568,7 @@ static idem_err_t parse_url(const char *rest, struct cfg *c, char *errbuf, size_
 static void pg_close(idem_store_t *base)
 {
     struct pg_store *s = (struct pg_store *)base;
-    drop_idle(s); /* every connection is idle when the store is closed */
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
+    idem__pool_cleanup(&s->pool); /* every connection is idle when the store is closed */
     idem_free(s->cfg.uri);
     idem_free(s);
 }
@@ -1739,14 +1635,13 @@ static idem_err_t pg_open(const char *rest, idem_store_t **out, char *errbuf, si
     }
     s->base.ops = &idem__store_postgres_ops;
     s->cfg = c;
-    s->backoff_ms = BACKOFF_MIN_MS;
     build_sql(s);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&s->mu, NULL);
+    idem__pool_cfg_t pc = {.ops = &pool_ops, .ctx = s, .max = c.pool, .wait_ms = c.timeout_ms};
+    if (idem__pool_init(&s->pool, &pc) != IDEM_OK) {
+        idem_free(c.uri);
+        idem_free(s);
+        return IDEM_E_NOMEM;
+    }
 
     /* The first connection makes the table: a wrong URL, password or
      * privilege fails here, at start-up, not at the first request. */
@@ -1758,8 +1653,7 @@ static idem_err_t pg_open(const char *rest, idem_store_t **out, char *errbuf, si
         pg_close(&s->base);
         return IDEM_E_STORE_DOWN;
     }
-    s->open = 1;
-    s->idle = first;
+    idem__pool_adopt(&s->pool, &first->pc);
     *out = &s->base;
     return IDEM_OK;
 }

@@ -43,17 +43,20 @@
  *
  * Connections.  The store API is blocking and called from several threads
  * (idemd's writer doing exec, workers and the admin thread doing get and
- * ping), so the handle keeps a pool of at most pool= blocking hiredis
- * connections (mutex + condvar), each with connect and command timeouts
- * (timeout=).  A new connection authenticates (AUTH pass, or AUTH user pass),
- * selects the db, and loads every script (SCRIPT LOAD, pipelined); an idle
- * connection the server has closed (poll says readable) is dropped before
- * use.  A connection that fails mid-call is dropped, and so are the idle
- * ones opened before it (a generation counter): the server probably
- * restarted.  If opening a connection fails, the store is "down": the next
- * attempt is allowed only after a backoff (100 ms doubling to 5 s, reset on
+ * ping), so the handle keeps a pool (src/store/pool.c, shared with
+ * postgres.c) of at most pool= blocking hiredis connections, each with
+ * connect and command timeouts (timeout=).  A new connection authenticates
+ * (AUTH pass, or AUTH user pass), selects the db, and loads every script
+ * (SCRIPT LOAD, pipelined); an idle connection the server has closed (poll
+ * says readable: the pool's healthy callback) is dropped before use.  A
+ * connection that fails mid-call is dropped, and so are the idle ones
+ * opened before it: the server probably restarted.  If opening a
+ * connection fails, the store is "down": the next attempt is allowed only
+ * after the pool's backoff (100 ms doubling to 5 s, jittered, reset on
  * success), and meanwhile every call fails at once with IDEM_E_STORE_DOWN,
- * so an outage costs microseconds per request, not a connect timeout.
+ * so an outage costs microseconds per request, not a connect timeout.  The
+ * URL is cut into its parts, hosts and percent-escapes by src/core/url.c;
+ * the words of its errors are this file's.
  *
  * Failures.  A connection error or timeout after a batch was sent leaves its
  * outcome unknown: exec returns IDEM_E_STORE_DOWN for the whole batch and the
@@ -78,10 +81,10 @@
  * one that it raised.
  *
  * THREADING: every op except open and close may be called from any number
- * of threads at once.  `lock` guards the pool and the backoff state; a
- * connection is used by one thread at a time (taken out of the pool); the
- * sweep position has its own lock, held by one sweep call across its round
- * trips; no other lock is held across a round trip.
+ * of threads at once.  The pool's lock guards the connections and the
+ * backoff state; a connection is used by one thread at a time (taken out of
+ * the pool); the sweep position has its own lock, held by one sweep call
+ * across its round trips; no other lock is held across a round trip.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -95,8 +98,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/url.h"
 #include "idem/alloc.h"
 #include "idem/units.h"
+#include "store/pool.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_PORT 6379
@@ -106,14 +111,12 @@
 #define POOL_MAX 64
 #define DEFAULT_TIMEOUT_MS 2000
 #define TIMEOUT_MAX_MS 60000
-#define HOST_MAX 255
+#define HOST_MAX IDEM__URL_HOST_MAX
 #define USER_MAX 128
 #define PASS_MAX 512
 #define MASTER_MAX 64
 #define SENTINELS_MAX 16
 #define DB_MAX 2147483647ll
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 5000
 #define EXACT_MAX ((int64_t)1 << 53) /* Lua numbers are doubles */
 #define KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
 #define SWEEP_SCAN_COUNT "1000"  /* hash slots one SCAN step looks at */
@@ -345,26 +348,16 @@ struct rcfg {
 
 /* One pooled connection. */
 struct conn {
+    struct idem__pool_conn pc; /* first: the pool lends out a conn as this */
     redisContext *c;
-    struct conn *next;              /* the idle list */
-    unsigned long gen;              /* the pool's generation when it was made */
-    char sha[NSCRIPTS][41];         /* the scripts as this server knows them */
+    char sha[NSCRIPTS][41];    /* the scripts as this server knows them */
 };
 
 struct redis_store {
     struct idem_store base; /* first: a redis_store is an idem_store */
     struct rcfg cfg;
     char where[HOST_MAX + MASTER_MAX + 32]; /* "host:port" or "master NAME", for messages */
-    pthread_mutex_t lock;
-    pthread_cond_t cond; /* a connection came back to the pool */
-    struct conn *idle;
-    int nconns;          /* open connections, idle or lent out */
-    unsigned long gen;   /* bumped when a connection breaks: older idle ones are dropped */
-    int down;            /* the last attempt to open a connection failed */
-    int connecting;      /* while down: a caller is trying again */
-    int64_t backoff_ms;  /* the current backoff; 0 when up */
-    int64_t retry_at;    /* monotonic ms: while down, no attempt before this */
-    char last_err[256];  /* why the last attempt failed */
+    idem__pool_t pool;   /* the connections and the outage state (pool.c) */
     /* sweep position */
     pthread_mutex_t sweep_lock;
     unsigned long long sweep_cursor;
@@ -383,13 +376,6 @@ static void say(char *buf, size_t len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, len, fmt, ap);
     va_end(ap);
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- SIGPIPE ---------------------------------------------------------------- */
@@ -426,140 +412,64 @@ static void nopipe_end(struct nopipe *g)
 
 /* ---- the URL ---------------------------------------------------------------- */
 
-static int hexval(char c)
+/* Percent-decode the URL's user or password (core/url.c) into out (cap
+ * bytes with the NUL). */
+static int decode_cred(const char *s, size_t len, char *out, size_t cap, const char *what,
+                       char *errbuf, size_t errlen)
 {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
+    idem__url_status_t st = idem__url_decode(s, len, out, cap, NULL);
+    if (st == IDEM__URL_E_ESCAPE || st == IDEM__URL_E_NUL)
+        idem__store_errbuf(errbuf, errlen, "redis store URL: the %s has a bad percent-escape%s",
+                           what, st == IDEM__URL_E_NUL ? " (%00)" : "");
+    else if (st != IDEM__URL_OK)
+        idem__store_errbuf(errbuf, errlen, "redis store URL: the %s is longer than %zu bytes",
+                           what, cap - 1);
+    return st == IDEM__URL_OK ? 0 : -1;
 }
 
-/* Percent-decode s[0..len) into out (cap bytes with the NUL). */
-static int pct_decode(const char *s, size_t len, char *out, size_t cap, const char *what,
-                      char *errbuf, size_t errlen)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (c == '%') {
-            int a = i + 1 < len ? hexval(s[i + 1]) : -1;
-            int b = i + 2 < len ? hexval(s[i + 2]) : -1;
-            int h = a < 0 || b < 0 ? -1 : a * 16 + b;
-            if (h <= 0) {
-                idem__store_errbuf(errbuf, errlen,
-                                   "redis store URL: the %s has a bad percent-escape%s", what,
-                                   h == 0 ? " (%00)" : "");
-                return -1;
-            }
-            c = (char)h;
-            i += 2;
-        }
-        if (o + 1 >= cap) {
-            idem__store_errbuf(errbuf, errlen, "redis store URL: the %s is longer than %zu bytes",
-                               what, cap - 1);
-            return -1;
-        }
-        out[o++] = c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-/* A decimal number of at most maxdigits digits, nothing else. */
-static int parse_uint(const char *s, size_t len, size_t maxdigits, long long *out)
-{
-    long long v = 0;
-    if (len == 0 || len > maxdigits)
-        return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = v;
-    return 0;
-}
-
-/* "host[:port]" or "[v6][:port]" in s[0..len). */
+/* "host[:port]" or "[v6][:port]" in s[0..len) (core/url.c reads it). */
 static int parse_endpoint(const char *s, size_t len, int defport, struct endpoint *ep,
                           char *errbuf, size_t errlen)
 {
-    const char *host = s, *port = NULL;
-    size_t hl, pl = 0;
+    idem__url_host_t h;
+    idem__url_status_t st = idem__url_host_port(s, len, &h);
+    int n = (int)(len > 80 ? 80 : len), hn = (int)(h.host_len > 80 ? 80 : h.host_len);
 
-    if (len > 0 && s[0] == '[') {
-        const char *close = memchr(s, ']', len);
-        if (close == NULL) {
-            idem__store_errbuf(errbuf, errlen, "redis store URL: \"%.*s\" has no closing ']'",
-                               (int)(len > 80 ? 80 : len), s);
-            return -1;
-        }
-        host = s + 1;
-        hl = (size_t)(close - host);
-        size_t rest = len - (size_t)(close + 1 - s);
-        if (rest > 0) {
-            if (close[1] != ':') {
-                idem__store_errbuf(errbuf, errlen,
-                                   "redis store URL: expected ':' after \"%.*s\"",
-                                   (int)(len > 80 ? 80 : len), s);
-                return -1;
-            }
-            port = close + 2;
-            pl = rest - 1;
-        }
-        for (size_t i = 0; i < hl; i++) {
-            char c = host[i];
-            if (!(hexval(c) >= 0 || c == ':' || c == '.')) {
-                idem__store_errbuf(errbuf, errlen,
-                                   "redis store URL: \"%.*s\" is not an IPv6 address",
-                                   (int)(hl > 80 ? 80 : hl), host);
-                return -1;
-            }
-        }
-    } else {
-        const char *colon = memchr(s, ':', len);
-        hl = colon ? (size_t)(colon - s) : len;
-        if (colon != NULL) {
-            port = colon + 1;
-            pl = len - hl - 1;
-        }
-        for (size_t i = 0; i < hl; i++) {
-            char c = host[i];
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '-' || c == '_')) {
-                idem__store_errbuf(errbuf, errlen,
-                                   "redis store URL: bad character '%c' in host \"%.*s\"",
-                                   c, (int)(hl > 80 ? 80 : hl), host);
-                return -1;
-            }
-        }
-    }
-    if (hl == 0) {
+    switch (st) {
+    case IDEM__URL_OK:
+        break;
+    case IDEM__URL_E_BRACKET:
+        idem__store_errbuf(errbuf, errlen, "redis store URL: \"%.*s\" has no closing ']'", n, s);
+        return -1;
+    case IDEM__URL_E_AFTER_BRACKET:
+        idem__store_errbuf(errbuf, errlen, "redis store URL: expected ':' after \"%.*s\"", n, s);
+        return -1;
+    case IDEM__URL_E_IPV6:
+        idem__store_errbuf(errbuf, errlen, "redis store URL: \"%.*s\" is not an IPv6 address",
+                           hn, h.host);
+        return -1;
+    case IDEM__URL_E_HOST_CHAR:
+        idem__store_errbuf(errbuf, errlen, "redis store URL: bad character '%c' in host \"%.*s\"",
+                           h.bad, hn, h.host);
+        return -1;
+    case IDEM__URL_E_NO_HOST:
         idem__store_errbuf(errbuf, errlen, "redis store URL: a host is missing");
         return -1;
-    }
-    if (hl > HOST_MAX) {
+    case IDEM__URL_E_HOST_LONG:
         idem__store_errbuf(errbuf, errlen, "redis store URL: a host is longer than %d bytes",
                            HOST_MAX);
         return -1;
+    default:
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store URL: port \"%.*s\" of host %.*s is not a number from "
+                           "1 to 65535",
+                           (int)(h.port_len > 20 ? 20 : h.port_len), h.port_text, (int)h.host_len,
+                           h.host);
+        return -1;
     }
-    memcpy(ep->host, host, hl);
-    ep->host[hl] = '\0';
-    ep->port = defport;
-    if (port != NULL) {
-        long long p;
-        if (parse_uint(port, pl, 5, &p) != 0 || p < 1 || p > 65535) {
-            idem__store_errbuf(errbuf, errlen,
-                               "redis store URL: port \"%.*s\" of host %s is not a number from "
-                               "1 to 65535",
-                               (int)(pl > 20 ? 20 : pl), port, ep->host);
-            return -1;
-        }
-        ep->port = (int)p;
-    }
+    memcpy(ep->host, h.host, h.host_len);
+    ep->host[h.host_len] = '\0';
+    ep->port = h.has_port ? h.port : defport;
     return 0;
 }
 
@@ -567,12 +477,14 @@ static int parse_db(const char *s, size_t len, struct rcfg *cfg, char *errbuf, s
 {
     if (len == 0)
         return 0;
-    if (parse_uint(s, len, 10, &cfg->db) != 0 || cfg->db > DB_MAX) {
+    uint64_t db;
+    if (!idem__url_number(s, len, 10, &db) || db > (uint64_t)DB_MAX) {
         idem__store_errbuf(errbuf, errlen,
                            "redis store URL: database \"%.*s\" is not a number from 0 to %lld",
                            (int)(len > 20 ? 20 : len), s, DB_MAX);
         return -1;
     }
+    cfg->db = (long long)db;
     return 0;
 }
 
@@ -600,8 +512,8 @@ static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t 
             memcpy(cfg->prefix, value, len + 1);
             cfg->prefix_len = len;
         } else if (strcmp(name, "pool") == 0) {
-            long long n;
-            if (parse_uint(value, strlen(value), 3, &n) != 0 || n < 1 || n > POOL_MAX) {
+            uint64_t n;
+            if (!idem__url_number(value, strlen(value), 3, &n) || n < 1 || n > POOL_MAX) {
                 idem__store_errbuf(errbuf, errlen,
                                    "redis store option pool=%s: expected a number of "
                                    "connections from 1 to %d",
@@ -635,8 +547,7 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
                      size_t errlen)
 {
     const char *scheme = sentinel ? "redis+sentinel" : "redis";
-    size_t plen;
-    const char *query;
+    idem__url_t u;
 
     memset(cfg, 0, sizeof *cfg);
     cfg->sentinel = sentinel;
@@ -645,7 +556,8 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
     cfg->pool = DEFAULT_POOL;
     cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
 
-    if (strncmp(rest, "//", 2) != 0) {
+    /* The parts (core/url.c); rest has no scheme of its own. */
+    if (idem__url_parse(rest, strlen(rest), &u) != IDEM__URL_OK || u.scheme_len != 0) {
         idem__store_errbuf(errbuf, errlen,
                            sentinel ? "store URL %s: must be %s://host:port[,host:port...]"
                                       "/master-name[/db]"
@@ -653,39 +565,26 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
                            scheme, scheme);
         return -1;
     }
-    rest += 2;
-    idem__store_split(rest, &plen, &query);
-    const char *slash = memchr(rest, '/', plen);
-    size_t alen = slash ? (size_t)(slash - rest) : plen;
-    const char *path = rest + alen; /* "" or "/..." */
-    size_t pathlen = plen - alen;
+    const char *path = u.path; /* "" or "/..." */
+    size_t pathlen = u.path_len;
 
     /* user:password@ */
-    const char *hosts = rest;
-    size_t hlen = alen;
-    const char *at = NULL;
-    for (size_t i = 0; i < alen; i++)
-        if (rest[i] == '@')
-            at = rest + i;
-    if (at != NULL) {
-        const char *ui = rest;
-        size_t ulen = (size_t)(at - rest);
-        const char *colon = memchr(ui, ':', ulen);
-        if (colon == NULL) {
+    if (u.has_userinfo) {
+        if (!u.has_password) {
             idem__store_errbuf(errbuf, errlen,
                                "store URL %s: credentials must be user:password@ or :password@",
                                scheme);
             return -1;
         }
-        if (pct_decode(ui, (size_t)(colon - ui), cfg->user, sizeof cfg->user, "user", errbuf,
-                       errlen) != 0 ||
-            pct_decode(colon + 1, ulen - (size_t)(colon - ui) - 1, cfg->pass, sizeof cfg->pass,
-                       "password", errbuf, errlen) != 0)
+        if (decode_cred(u.user, u.user_len, cfg->user, sizeof cfg->user, "user", errbuf,
+                        errlen) != 0 ||
+            decode_cred(u.password, u.password_len, cfg->pass, sizeof cfg->pass, "password",
+                        errbuf, errlen) != 0)
             return -1;
         cfg->has_pass = 1;
-        hosts = at + 1;
-        hlen = alen - ulen - 1;
     }
+    const char *hosts = u.hosts;
+    size_t hlen = u.hosts_len;
 
     /* host:port[,host:port...] */
     if (hlen == 0) {
@@ -755,7 +654,7 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
     }
     if (parse_db(path, pathlen, cfg, errbuf, errlen) != 0)
         return -1;
-    return parse_opts(query, cfg, errbuf, errlen);
+    return parse_opts(u.query, cfg, errbuf, errlen);
 }
 
 /* ---- connections ------------------------------------------------------------ */
@@ -853,12 +752,11 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
                    reply_is(r->element[0], REDIS_REPLY_STRING) &&
                    reply_is(r->element[1], REDIS_REPLY_STRING) &&
                    r->element[0]->len > 0 && r->element[0]->len <= HOST_MAX) {
-            long long port;
-            if (parse_uint(r->element[1]->str, r->element[1]->len, 5, &port) == 0 && port >= 1 &&
-                port <= 65535) {
+            int port;
+            if (idem__url_port(r->element[1]->str, r->element[1]->len, &port)) {
                 memcpy(master->host, r->element[0]->str, r->element[0]->len);
                 master->host[r->element[0]->len] = '\0';
-                master->port = (int)port;
+                master->port = port;
                 freeReplyObject(r);
                 redisFree(c);
                 return 0;
@@ -1018,113 +916,68 @@ static int conn_dead(const struct conn *k)
     return poll(&p, 1, 0) != 0;
 }
 
-/* Take a connection from the pool, or open one (see the opening comment
- * for the backoff).  On failure the detail is set for idem_store_errstr. */
-static idem_err_t acquire(struct redis_store *s, struct conn **out)
+/* The pool's callbacks (pool.h). */
+static idem_err_t pool_connect(void *ctx, struct idem__pool_conn **out, char *why, size_t whylen)
 {
-    struct timespec deadline;
-    int have_deadline = 0;
+    struct conn *k;
+    idem_err_t err = conn_open(ctx, &k, why, whylen);
+    *out = err == IDEM_OK ? &k->pc : NULL;
+    return err;
+}
 
-    *out = NULL;
-    pthread_mutex_lock(&s->lock);
-    for (;;) {
-        while (s->idle != NULL) {
-            struct conn *k = s->idle;
-            s->idle = k->next;
-            if (k->gen == s->gen && !conn_dead(k)) {
-                pthread_mutex_unlock(&s->lock);
-                *out = k;
-                return IDEM_OK;
-            }
-            s->nconns--;
-            conn_free(k);
-        }
-        if (s->nconns < s->cfg.pool) {
-            int64_t now = mono_ms();
-            if (s->down && (s->connecting || now < s->retry_at)) {
-                int64_t wait = s->retry_at - now;
-                idem__store_seterr(&s->base,
-                                   "redis %s is unreachable (%s); next attempt in %lld ms",
-                                   s->where, s->last_err, (long long)(wait > 0 ? wait : 0));
-                pthread_mutex_unlock(&s->lock);
-                return IDEM_E_STORE_DOWN;
-            }
-            int attempt = s->down;
-            if (attempt)
-                s->connecting = 1;
-            s->nconns++;
-            unsigned long gen = s->gen;
-            pthread_mutex_unlock(&s->lock);
+static void pool_close(void *ctx, struct idem__pool_conn *c)
+{
+    (void)ctx;
+    conn_free((struct conn *)c);
+}
 
-            char err[256] = "";
-            struct conn *k = NULL;
-            idem_err_t rc = conn_open(s, &k, err, sizeof err);
+static bool pool_healthy(void *ctx, struct idem__pool_conn *c)
+{
+    (void)ctx;
+    return !conn_dead((struct conn *)c);
+}
 
-            pthread_mutex_lock(&s->lock);
-            if (attempt)
-                s->connecting = 0;
-            if (rc != IDEM_OK) {
-                s->nconns--;
-                if (rc == IDEM_E_STORE_DOWN) {
-                    s->down = 1;
-                    s->backoff_ms = s->backoff_ms == 0 ? BACKOFF_MIN_MS
-                                    : s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                                         : s->backoff_ms * 2;
-                    s->retry_at = mono_ms() + s->backoff_ms;
-                    say(s->last_err, sizeof s->last_err, "%s", err);
-                }
-                pthread_cond_broadcast(&s->cond);
-                pthread_mutex_unlock(&s->lock);
-                idem__store_seterr(&s->base, "redis %s: %s", s->where, err);
-                return rc;
-            }
-            s->down = 0;
-            s->backoff_ms = 0;
-            s->last_err[0] = '\0';
-            k->gen = gen;
-            pthread_mutex_unlock(&s->lock);
-            *out = k;
-            return IDEM_OK;
-        }
-        /* Every connection is lent out: wait for one, at most one timeout. */
-        if (!have_deadline) {
-            clock_gettime(CLOCK_MONOTONIC, &deadline);
-            deadline.tv_sec += s->cfg.timeout_ms / 1000;
-            deadline.tv_nsec += (long)(s->cfg.timeout_ms % 1000) * 1000000L;
-            if (deadline.tv_nsec >= 1000000000L) {
-                deadline.tv_sec++;
-                deadline.tv_nsec -= 1000000000L;
-            }
-            have_deadline = 1;
-        }
-        if (pthread_cond_timedwait(&s->cond, &s->lock, &deadline) == ETIMEDOUT &&
-            s->idle == NULL && s->nconns >= s->cfg.pool) {
-            pthread_mutex_unlock(&s->lock);
-            idem__store_seterr(&s->base, "redis %s: all %d connections busy for %d ms",
-                               s->where, s->cfg.pool, s->cfg.timeout_ms);
-            return IDEM_E_STORE_DOWN;
-        }
+static const struct idem__pool_ops pool_ops = {
+    .connect = pool_connect,
+    .close = pool_close,
+    .healthy = pool_healthy,
+};
+
+/* Take a connection from the pool, or open one (see the opening comment
+ * for the backoff).  On failure the detail is set for idem_store_errstr,
+ * and *fail (may be NULL) says why. */
+static idem_err_t acquire(struct redis_store *s, struct conn **out, idem__pool_fail_t *fail)
+{
+    struct idem__pool_conn *c;
+    idem__pool_fail_t f;
+    idem_err_t err = idem__pool_borrow(&s->pool, &c, NULL, &f);
+
+    *out = (struct conn *)c;
+    if (fail != NULL)
+        *fail = f;
+    if (err == IDEM_OK)
+        return IDEM_OK;
+    switch (f.kind) {
+    case IDEM__POOL_DOWN:
+        idem__store_seterr(&s->base, "redis %s is unreachable (%s); next attempt in %lld ms",
+                           s->where, f.why, (long long)f.retry_in_ms);
+        break;
+    case IDEM__POOL_CONNECT:
+        idem__store_seterr(&s->base, "redis %s: %s", s->where, f.why);
+        break;
+    case IDEM__POOL_BUSY:
+        idem__store_seterr(&s->base, "redis %s: all %d connections busy for %d ms", s->where,
+                           s->cfg.pool, s->cfg.timeout_ms);
+        break;
     }
+    return err;
 }
 
 /* Give a connection back.  broken: drop it and every idle one older than
  * now (the server probably restarted or failed over). */
 static void release(struct redis_store *s, struct conn *k, int broken)
 {
-    pthread_mutex_lock(&s->lock);
-    if (broken || k->gen != s->gen) {
-        if (broken && k->gen == s->gen)
-            s->gen++;
-        s->nconns--;
-        pthread_cond_broadcast(&s->cond);
-        pthread_mutex_unlock(&s->lock);
-        conn_free(k);
-        return;
-    }
-    k->next = s->idle;
-    s->idle = k;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    idem__pool_give_back(&s->pool, &k->pc, broken != 0);
 }
 
 /* ---- exec ------------------------------------------------------------------- */
@@ -1507,7 +1360,7 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         return IDEM_OK;
 
     nopipe_begin(&g);
-    idem_err_t err = acquire(s, &k);
+    idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
         nopipe_end(&g);
         return err;
@@ -1566,7 +1419,7 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
     struct conn *k;
 
     nopipe_begin(&g);
-    idem_err_t err = acquire(s, &k);
+    idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
         nopipe_end(&g);
         return err == IDEM_E_NOMEM ? err : IDEM_E_STORE_DOWN;
@@ -1723,7 +1576,7 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
         return IDEM_E_INVAL;
     }
     nopipe_begin(&g);
-    idem_err_t err = acquire(s, &k);
+    idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
         nopipe_end(&g);
         return err;
@@ -1772,7 +1625,7 @@ static idem_err_t redis_ping(idem_store_t *base)
     struct conn *k;
 
     nopipe_begin(&g);
-    idem_err_t err = acquire(s, &k);
+    idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
         nopipe_end(&g);
         return IDEM_E_STORE_DOWN;
@@ -1803,14 +1656,8 @@ static idem_err_t redis_ping(idem_store_t *base)
 static void redis_close(idem_store_t *base)
 {
     struct redis_store *s = (struct redis_store *)base;
-    while (s->idle != NULL) {
-        struct conn *k = s->idle;
-        s->idle = k->next;
-        conn_free(k);
-    }
+    idem__pool_cleanup(&s->pool); /* every connection is idle when the store is closed */
     freeReplyObject(s->sweep_keys);
-    pthread_cond_destroy(&s->cond);
-    pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->sweep_lock);
     idem_free(s);
 }
@@ -1847,25 +1694,26 @@ static idem_err_t open_common(const char *rest, int sentinel, idem_store_t **out
     s->match[m++] = '*';
     s->match[m] = '\0';
 
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cond, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&s->lock, NULL);
+    idem__pool_cfg_t pc = {.ops = &pool_ops, .ctx = s, .max = cfg.pool,
+                           .wait_ms = cfg.timeout_ms};
+    if (idem__pool_init(&s->pool, &pc) != IDEM_OK) {
+        idem_free(s);
+        return IDEM_E_NOMEM;
+    }
     pthread_mutex_init(&s->sweep_lock, NULL);
 
     /* One connection now, so a wrong address or password fails the open. */
     struct nopipe g;
     struct conn *k;
+    idem__pool_fail_t f;
     nopipe_begin(&g);
-    idem_err_t err = acquire(s, &k);
+    idem_err_t err = acquire(s, &k, &f);
     if (err == IDEM_OK)
         release(s, k, 0);
     nopipe_end(&g);
     if (err != IDEM_OK) {
         idem__store_errbuf(errbuf, errlen, "redis %s: %s", s->where,
-                           s->last_err[0] ? s->last_err : idem_strerror(err));
+                           err == IDEM_E_STORE_DOWN && f.why[0] ? f.why : idem_strerror(err));
         redis_close(&s->base);
         return err;
     }

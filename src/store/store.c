@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/url.h"
 #include "idem/alloc.h"
 
 static const struct idem_store_ops *const backends[] = {
@@ -132,30 +133,23 @@ void idem__store_split(const char *rest, size_t *path_len, const char **query)
 int idem__store_next_opt(const char **query, char *name, char *value, char *errbuf,
                          size_t errlen)
 {
-    const char *q = *query;
-    if (*q == '\0')
+    idem__url_param_t p;
+    if (!idem__url_next_param(query, NULL, &p)) /* core/url.c */
         return 0;
-    size_t len = strcspn(q, "&");
-    const char *eq = memchr(q, '=', len);
-    if (eq == NULL || eq == q) {
+    if (!p.has_value || p.name_len == 0) {
         idem__store_errbuf(errbuf, errlen, "store URL option \"%.*s\" is not name=value",
-                           (int)(len > 64 ? 64 : len), q);
+                           (int)(p.item_len > 64 ? 64 : p.item_len), p.item);
         return -1;
     }
-    size_t nl = (size_t)(eq - q), vl = len - nl - 1;
-    if (nl > IDEM_STORE_OPT_MAX || vl > IDEM_STORE_OPT_MAX) {
+    if (p.name_len > IDEM_STORE_OPT_MAX || p.value_len > IDEM_STORE_OPT_MAX) {
         idem__store_errbuf(errbuf, errlen, "store URL option \"%.*s\" is too long",
-                           (int)(nl > 64 ? 64 : nl), q);
+                           (int)(p.name_len > 64 ? 64 : p.name_len), p.name);
         return -1;
     }
-    memcpy(name, q, nl);
-    name[nl] = '\0';
-    memcpy(value, eq + 1, vl);
-    value[vl] = '\0';
-    q += len;
-    if (*q == '&')
-        q++;
-    *query = q;
+    memcpy(name, p.name, p.name_len);
+    name[p.name_len] = '\0';
+    memcpy(value, p.value, p.value_len);
+    value[p.value_len] = '\0';
     return 1;
 }
 

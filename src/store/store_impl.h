@@ -4,8 +4,10 @@
  * one vtable per backend.  A backend defines a `const struct idem_store_ops`
  * with designated initialisers and a struct whose FIRST member is a
  * `struct idem_store` (so a backend's handle is also an idem_store_t *), and
- * is listed in the scheme table of store.c.  Adding Redis or PostgreSQL is
- * one new file plus one line in that table.
+ * is listed in the scheme table of store.c.  Adding a backend is one new
+ * file plus one line in that table; a networked one borrows its
+ * connections from src/store/pool.h (as redis.c and postgres.c do) and
+ * reads its URL with src/core/url.h.
  *
  * What store.c does before a backend sees a call, so backends need not:
  *   - open: the URL is split at the first ':' and the scheme picks the
