@@ -1,7 +1,9 @@
 /* include/idem/store.h - durable homes for key records, behind one API.
  *
- * A store is opened from a URL ("memory:", "lmdb:PATH?sync=always&map_size=1GiB",
- * later "redis://..." and "postgres://...").  Every change goes through
+ * A store is opened from a URL: "memory:", "lmdb:PATH?sync=always&map_size=1GiB",
+ * "redis://[user:password@]host[:port][/db]", "redis+sentinel://..." or
+ * "postgres://..." (docs/stores.md has every backend and option; a backend
+ * left out of the build refuses its URL).  Every change goes through
  * idem_store_exec, which applies a batch of operations in one transaction:
  * each claim decides (idem_decide) and writes atomically, so of any number of
  * concurrent claims of one (scope, key), in any number of threads or
@@ -11,9 +13,19 @@
  * written.  Prevention tokens (idem/token.h) are records too, issued, spent
  * and given back by the TOKEN_* ops, each deciding and writing atomically.  A batch is durable when exec returns (per the store's sync mode).
  *
- * THREADING: a store handle may be used from any number of threads at once.
- * exec calls are serialised inside the store; get never waits for a writer
- * (LMDB readers are wait-free).
+ * THREADING: a store handle may be used from any number of threads at once
+ * (open and close excepted).  Whether exec calls wait for each other is the
+ * backend's business, and every batch is atomic either way: memory: applies
+ * one batch at a time under its mutex, and lmdb: one write transaction at a
+ * time (LMDB's writer lock); redis: and postgres: run concurrent exec calls
+ * at once, each on its own connection from the handle's pool (nothing in
+ * the library serialises them): Redis runs each batch as one MULTI/EXEC,
+ * one after another in the server, and PostgreSQL each as one transaction
+ * that locks its rows, so there only batches that touch the same keys wait
+ * for each other.  get never waits for a writer on
+ * lmdb: (LMDB readers are wait-free); on memory: it takes the mutex
+ * briefly; on redis: and postgres: it is one round trip on a pooled
+ * connection.
  */
 #ifndef IDEM_STORE_H
 #define IDEM_STORE_H
