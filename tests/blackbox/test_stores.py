@@ -72,13 +72,15 @@ class Sweeper(h.IdemTestCase):
         if not h.store_is_lmdb():
             self.skipTest("needs a small lmdb map")
         up = self.start_upstream()
-        # 1 MiB: small enough to fill in a few hundred requests, and large
-        # enough that the sweeper's copy-on-write deletes find free pages
-        # (a 256 KiB map, 64 pages, could leave none: docs/stores.md).
+        # 1 MiB, filled by answers of 8 KiB (LMDB keeps each on overflow
+        # pages of its own): about 110 records fill it, fast enough on a
+        # busy machine to beat their 10 s retention, and large enough that
+        # the sweeper's copy-on-write deletes find free pages (a 256 KiB
+        # map, 64 pages, could leave none: docs/stores.md).
         store = "lmdb:%s?map_size=1MiB" % os.path.join(self.tmp, "data")
-        d = self.start_idemd(up, {"defaults": {"key_ttl": "1s", "failure_ttl": "1s"}},
+        d = self.start_idemd(up, {"defaults": {"key_ttl": "10s", "failure_ttl": "10s"}},
                              store=store)
-        up.set_reply(body=b"r" * 1024)
+        up.set_reply(body=b"r" * 8192)
         full = False
         for i in range(5000):
             k = h.new_key()
@@ -86,18 +88,19 @@ class Sweeper(h.IdemTestCase):
             if r.status == 503 and up.count(key=k) == 0:
                 full = True
                 break
+        filled_at = time.monotonic()
         self.assertTrue(full, "the map never filled")
         # Requests answered 503 because their outcome found no room go on
         # storing it while their lease lasts, taking the room the sweeper
         # makes as it comes (more of them on a slow machine): wait until they
         # are done, so that what is measured below is the sweeper's room.
         d.wait_idle(timeout=45)  # the 30 s lease, and slack
-        # Everything expires after 1 s; the sweeper (once a second, docs/protocol.md
-        # section 12; 60 s allowed here) must give the space back, and not just one
-        # record's worth: 21 new keys in a row must find room.  A 503 before
-        # that is no verdict: until a sweep has removed the last records, a
-        # 200 only shows LMDB reusing a page.
-        time.sleep(1.5)
+        # Everything expires 10 s after it was stored; the sweeper (once a
+        # second, docs/protocol.md section 12; 60 s allowed here) must give the
+        # space back, and not just one record's worth: 21 new keys in a row
+        # must find room.  A 503 before that is no verdict: until a sweep has
+        # removed the last records, a 200 only shows LMDB reusing a page.
+        time.sleep(max(0.0, filled_at + 10.5 - time.monotonic()))
         deadline = time.monotonic() + 60
         in_a_row = 0
         while in_a_row < 21:
