@@ -32,7 +32,9 @@
 
 #include "gateway/cache.h"
 #include "gateway/config.h"
+#include "gateway/outcome.h"
 #include "gateway/ratelimit.h"
+#include "gateway/request_plan.h"
 #include "http/http.h"
 #include "idem/engine.h"
 #include "idem/key.h"
@@ -103,25 +105,6 @@ static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
 }
 
 /* ---- metrics ------------------------------------------------------------ */
-
-#define IDEM_OUTCOMES(X)                                                                     \
-    X(NEW, "new") X(TAKEOVER, "takeover") X(REPLAY, "replay") X(IN_FLIGHT, "in_flight")    \
-    X(MISMATCH, "mismatch") X(MISSING_KEY, "missing_key") X(INVALID_KEY, "invalid_key")    \
-    X(PASSTHROUGH, "passthrough") X(STORE_ERROR, "store_error") X(BYPASSED, "bypassed")    \
-    X(NOT_RETAINED, "not_retained") X(OUTCOME_UNKNOWN, "outcome_unknown")                  \
-    X(UPSTREAM_UNREACHABLE, "upstream_unreachable") X(BAD_REQUEST, "bad_request")          \
-    X(TOO_LARGE, "too_large") X(TOKEN_ISSUED, "token_issued")                             \
-    X(TOKEN_ACCEPTED, "token_accepted") X(TOKEN_USED, "token_used")                        \
-    X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")                    \
-    X(OVERLOADED, "overloaded") X(REQUEST_TIMEOUT, "request_timeout")                  \
-    X(RATE_LIMITED, "rate_limited")
-
-typedef enum {
-#define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
-    IDEM_OUTCOMES(IDEM__OUTCOME_ENUM)
-#undef IDEM__OUTCOME_ENUM
-    IDEM_OUT__COUNT
-} idem_outcome_t;
 
 #define IDEM_HIST_BUCKETS 14
 
@@ -343,7 +326,8 @@ struct idem_req {
     bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
     bool token_spent;             /* a token route's request spent its token (id names it) */
     bool head_checked;            /* route and key checks done (before 100 Continue) */
-    int kind;                     /* what those checks decided (server.c's req_kind_t) */
+    idem_gw_kind_t kind;          /* what those checks decided (idem_gw_classify) */
+    char token[IDEM_TOKEN_LEN + 1]; /* a token route's token, as those checks parsed it */
     uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
     bool holds_slot;              /* outlived its connection: counts in max_connections */
     idem_key_id_t id;
@@ -384,6 +368,21 @@ struct idem_req {
     size_t n_store_headers;
     idem_response_t store_resp;   /* what COMPLETE stores; points into resp_head/resp_body */
 };
+
+/** The request as the loop-free steps read it (request_plan.h): valid while
+ * req lives and its head and body do not change. */
+static inline idem_gw_request_t idem_req_view(const idem_req_t *req)
+{
+    return (idem_gw_request_t){
+        .msg = &req->msg,
+        .target = req->target,
+        .target_len = req->target_len,
+        .path_len = req->path_len,
+        .authority = req->authority,
+        .body = (const uint8_t *)req->body.data,
+        .body_len = req->body.len,
+    };
+}
 
 /* proxy.c: the upstream side of a request. */
 /** Send req (head and body) to the upstream over a pooled or new connection.

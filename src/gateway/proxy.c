@@ -1,11 +1,13 @@
 /* src/gateway/proxy.c - the upstream side of a request: a pool of keep-alive
  * connections per worker, sending a request, reading its response.
  *
- * A request is re-framed on its way up: its decoded body goes with a
- * Content-Length of our own, hop-by-hop fields and Expect are dropped, any
- * Idempotency-Fence the client sent is dropped, and a keyed request gets
- * `Idempotency-Fence: N` for the claim that forwards it.  So the upstream
- * never sees the client's framing, which closes the door to smuggling.
+ * A request is re-framed on its way up (idem_gw_upstream_head, in the
+ * loop-free request_plan.c, which the fuzzer runs too): its decoded body
+ * goes with a Content-Length of our own, hop-by-hop fields and Expect are
+ * dropped, any Idempotency-Fence the client sent is dropped, and a keyed
+ * request gets `Idempotency-Fence: N` for the claim that forwards it.  So
+ * the upstream never sees the client's framing, which closes the door to
+ * smuggling.
  *
  * Upgrade and Connection are hop-by-hop and never forwarded, so idemd never
  * asks for a protocol switch and a 101 answer is a broken response (502).
@@ -365,46 +367,13 @@ static void on_up_connect(uv_connect_t *cr, int status)
     up_send(u);
 }
 
+/* The head of req as the upstream gets it (request_plan.c says what changes
+ * on the way), followed on the wire by the decoded body. */
 static int build_request(idem_req_t *req, idem_buf_t *out)
 {
-    const idem_http_msg_t *m = &req->msg;
     const idem_gw_t *gw = req->w->gw;
-    /* The normalised target, in origin-form: the path the route was
-     * matched on and the fingerprint hashed, so an upstream that would read
-     * another spelling differently never gets one. */
-    int rc = idem_buf_appendf(out, "%.*s %.*s HTTP/1.1\r\n", (int)m->method.len, m->method.ptr,
-                              (int)req->target_len, req->target);
-    /* An absolute-form target's authority replaces Host (RFC 9112 section
-     * 3.2.2). */
-    bool has_host = req->authority.len > 0;
-    if (has_host)
-        rc |= idem_http_write_field(out, "Host", 4, req->authority.ptr, req->authority.len);
-    for (size_t i = 0; i < m->n_fields; i++) {
-        const idem_http_field_t *f = &m->fields[i];
-        bool host = idem_slice_eq_ci(f->name, "Host");
-        /* A client listing Idempotency-Key or Host in Connection does not
-         * get them stripped: the upstream must see the key as received.
-         * Nor the headers that named the caller (docs/protocol.md section 2): the
-         * upstream must authenticate the caller idemd scoped the key to. */
-        bool kept = idem_slice_eq_ci(f->name, "Idempotency-Key") || host ||
-                    idem_gw_scope_uses_header(gw->cfg->scope, gw->cfg->n_scope,
-                                              gw->cfg->scope_header, f->name);
-        if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
-            idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
-            idem_slice_eq_ci(f->name, "Idempotency-Fence") || (host && req->authority.len > 0))
-            continue;
-        if (host)
-            has_host = true;
-        rc |= idem_http_write_field(out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
-    }
-    if (!has_host)
-        rc |= idem_buf_appendf(out, "Host: %s\r\n", gw->upstream_hostport);
-    if (req->keyed)
-        rc |= idem_buf_appendf(out, "Idempotency-Fence: %llu\r\n", (unsigned long long)req->fence);
-    if (req->body.len > 0 || m->framing != IDEM_HTTP_BODY_NONE)
-        rc |= idem_buf_appendf(out, "Content-Length: %zu\r\n", req->body.len);
-    rc |= idem_buf_append_str(out, "\r\n");
-    return rc ? -1 : 0;
+    idem_gw_request_t rq = idem_req_view(req);
+    return idem_gw_upstream_head(out, gw->cfg, gw->upstream_hostport, &rq, req->keyed, req->fence);
 }
 
 void idem_proxy_forward(idem_req_t *req)

@@ -9,7 +9,9 @@
  * or absolute-form or whose path has no single reading (docs/protocol.md
  * section 5), buffers its body up to max_request_bytes, and hands the whole
  * request, with its target normalised, to req_dispatch, which follows
- * docs/protocol.md sections 2-7:
+ * docs/protocol.md sections 2-7.  Every decision before the store (the
+ * refusals, the route, key, scope and fingerprint) is a loop-free step of
+ * request_plan.c, called here where the loop gets to it:
  *
  *   route -> key -> scope -> fingerprint -> fast read of the record
  *     completed/mismatch/in-flight: answer at once (no writer round trip)
@@ -114,6 +116,7 @@ static bool req_check_head(idem_req_t *req);
 static bool req_admit_body(idem_req_t *req);
 static bool req_charge_body(idem_req_t *req);
 static void req_claim(idem_req_t *req);
+static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r);
 static void req_maybe_free(idem_req_t *req);
 static void on_inline_idle(uv_idle_t *h);
 static void worker_maybe_exit(idem_worker_t *w);
@@ -383,30 +386,12 @@ static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, c
     conn_fail_retry(c, status, type, detail, retry_after);
 }
 
-static int head_error_status(int rc, const char **type, const char **detail)
+/* A refusal of the request being read, before it reached the store: counted,
+ * answered, and the connection closed (drained). */
+static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
 {
-    switch (rc) {
-    case IDEM_HTTP_E_HEAD_TOO_LARGE:
-        *type = "headers-too-large";
-        *detail = "the request head is larger than 16 KiB";
-        return 431;
-    case IDEM_HTTP_E_TOO_MANY_HEADERS:
-        *type = "headers-too-large";
-        *detail = "the request has more than 100 header fields";
-        return 431;
-    case IDEM_HTTP_E_VERSION:
-        *type = "version-not-supported";
-        *detail = "only HTTP/1.0 and HTTP/1.1 are supported";
-        return 505;
-    case IDEM_HTTP_E_SMUGGLE:
-        *type = "bad-request";
-        *detail = "ambiguous message framing (Content-Length / Transfer-Encoding)";
-        return 400;
-    default:
-        *type = "bad-request";
-        *detail = "malformed HTTP request";
-        return 400;
-    }
+    idem_metrics_count(&c->w->gw->metrics, r->outcome);
+    conn_fail(c, r->status, r->type, r->detail);
 }
 
 /* A request of the head parsed from c->in, with its target normalised.
@@ -496,41 +481,24 @@ static void conn_process_loop(idem_conn_t *c)
                     conn_timer(c, CT_HEAD); /* header_timeout from the head's first byte */
                 return;
             }
+            /* The steps before the store are request_plan.c's, in its order. */
+            idem_gw_refusal_t refusal;
             if (rc < 0) {
-                const char *type, *detail;
-                int status = head_error_status(rc, &type, &detail);
-                idem_metrics_count(&w->gw->metrics,
-                                   status == 431 ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST);
-                conn_fail(c, status, type, detail);
+                idem_gw_refuse_parse(rc, &refusal);
+                conn_refuse_request(c, &refusal);
                 return;
             }
             size_t head_len = (size_t)rc;
             memset(&c->hs, 0, sizeof c->hs);
-            if (msg.version_minor == 1 && idem_http_count(&msg, "Host") == 0) {
-                /* RFC 9112 section 3.2: a 1.1 request without Host is refused. */
-                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
-                conn_fail(c, 400, "bad-request", "an HTTP/1.1 request needs a Host header");
-                return;
-            }
-            if (msg.method.len == 7 && memcmp(msg.method.ptr, "CONNECT", 7) == 0) {
-                /* A reverse proxy opens no tunnels (docs/protocol.md section 5). */
-                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
-                conn_fail(c, 501, "not-implemented",
-                          "idemd is a reverse proxy: CONNECT is not supported");
-                return;
-            }
-            if (msg.framing == IDEM_HTTP_BODY_LENGTH && msg.content_length > cfg->max_request_bytes) {
-                idem_metrics_count(&w->gw->metrics, IDEM_OUT_TOO_LARGE);
-                conn_fail(c, 413, "request-too-large", "the request body is larger than max_request_bytes");
+            if (!idem_gw_check_head(cfg, &msg, &refusal)) {
+                conn_refuse_request(c, &refusal);
                 return;
             }
             int target_rc;
             idem_req_t *req = req_create(c, head_len, msg.target.len, &target_rc);
             if (!req && target_rc != IDEM_TARGET_OK) {
-                /* Not origin- or absolute-form, or a path with no single
-                 * reading (docs/protocol.md section 5): never forwarded. */
-                idem_metrics_count(&w->gw->metrics, IDEM_OUT_BAD_REQUEST);
-                conn_fail(c, 400, "invalid-target", idem_http_target_strerror(target_rc));
+                idem_gw_refuse_target(target_rc, &refusal);
+                conn_refuse_request(c, &refusal);
                 return;
             }
             if (!req) {
@@ -596,12 +564,9 @@ static void conn_process_loop(idem_conn_t *c)
                 return;
             }
             if (rc < 0) {
-                bool big = rc == IDEM_HTTP_E_BODY_TOO_LARGE;
-                conn_fail_body(c, big ? 413 : 400, big ? IDEM_OUT_TOO_LARGE : IDEM_OUT_BAD_REQUEST,
-                               big ? "request-too-large" : "bad-request",
-                               big ? "the request body is larger than max_request_bytes"
-                                   : "malformed request body",
-                               0);
+                idem_gw_refusal_t refusal;
+                idem_gw_refuse_body(rc, &refusal);
+                conn_fail_body(c, refusal.status, refusal.outcome, refusal.type, refusal.detail, 0);
                 return;
             }
             c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
@@ -1563,30 +1528,8 @@ static void on_wait_timer(uv_timer_t *t)
 
 static int req_fingerprint(idem_req_t *req)
 {
-    const idem_policy_t *p = req->policy;
-    idem_fp_header_t hdrs[IDEM_CONFIG_MAX_LIST];
-    for (size_t i = 0; i < p->n_fingerprint_headers; i++) {
-        const idem_http_field_t *f = idem_http_find(&req->msg, p->fingerprint_headers[i]);
-        hdrs[i].name = p->fingerprint_headers[i];
-        hdrs[i].name_len = strlen(p->fingerprint_headers[i]);
-        hdrs[i].value = f ? f->value.ptr : NULL;
-        hdrs[i].value_len = f ? f->value.len : 0;
-    }
-    idem_fp_input_t in = {
-        .method = req->msg.method.ptr,
-        .method_len = req->msg.method.len,
-        /* Normalised: two spellings of one target are one request. */
-        .target = req->target,
-        .target_len = req->target_len,
-        .headers = hdrs,
-        .n_headers = p->n_fingerprint_headers,
-        .body = (const uint8_t *)req->body.data,
-        .body_len = req->body.len,
-        .body_json = p->fingerprint_body == IDEM_FPBODY_JSON,
-        .ignore = (const char *const *)p->fingerprint_ignore,
-        .n_ignore = p->n_fingerprint_ignore,
-    };
-    return idem_fingerprint(&in, req->fp) == IDEM_OK ? 0 : -1;
+    idem_gw_request_t rq = idem_req_view(req);
+    return idem_gw_fingerprint(req->policy, &rq, req->fp) == IDEM_OK ? 0 : -1;
 }
 
 /* The caller's scope (docs/protocol.md section 3, scope.h) into out
@@ -1598,29 +1541,16 @@ static bool req_scope_admit(idem_req_t *req, char *out)
     idem_gw_t *gw = req_gw(req);
     const idem_config_t *cfg = gw->cfg;
     const char *dup = NULL;
-    switch (idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out,
-                                  &dup)) {
-    case IDEM_SCOPE_FROM_SOURCES: break;
-    case IDEM_SCOPE_FALLBACK_AUTHORIZATION:
+    idem_scope_result_t rc =
+        idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out, &dup);
+    if (rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION)
         atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
                                   memory_order_relaxed);
-        break;
-    case IDEM_SCOPE_FALLBACK_ANONYMOUS:
+    else if (rc == IDEM_SCOPE_FALLBACK_ANONYMOUS)
         atomic_fetch_add_explicit(&gw->metrics.scope_fallback_anonymous, 1, memory_order_relaxed);
-        break;
-    case IDEM_SCOPE_AMBIGUOUS: {
-        char detail[IDEM_SCOPE_NAME_MAX + 96];
-        snprintf(detail, sizeof detail,
-                 "the %s header was given more than once, so the caller is ambiguous",
-                 dup ? dup : "Authorization");
-        req->finished = true;
-        req->outcome = IDEM_OUT_BAD_REQUEST;
-        req_problem(req, 400, "ambiguous-scope", detail, 0);
-        return false;
-    }
-    default:
-        req->finished = true;
-        req_problem(req, 500, "internal", "out of memory", 0);
+    idem_gw_refusal_t refusal;
+    if (idem_gw_refuse_scope(rc, dup, &refusal)) {
+        req_refuse(req, &refusal);
         return false;
     }
     int64_t retry_after = 0;
@@ -1638,8 +1568,6 @@ static bool req_scope_admit(idem_req_t *req, char *out)
 
 /* ---- prevention tokens (docs/protocol.md section 8) ----------------------- */
 
-#define TOKENS_PATH "/_idem/tokens"
-
 /* A response idemd makes itself with a JSON body (body_type says which). */
 static void req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
                           const char *extra_headers)
@@ -1656,6 +1584,27 @@ static void req_send_json(idem_req_t *req, int status, const char *body_type, co
         idem_buf_append(&out, body, blen);
     req_send(req, &out, status);
     idem_buf_cleanup(&out);
+}
+
+/* A refusal of the loop-free steps (request_plan.h) after the request was
+ * made: its store work is done (there was none), its outcome set, and it is
+ * answered. */
+static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
+{
+    req->finished = true;
+    if (r->outcome != IDEM_OUT__COUNT)
+        req->outcome = r->outcome;
+    if (!r->allow_post) {
+        req_problem(req, r->status, r->type, r->detail, 0);
+        return;
+    }
+    char *body = idem_problem_body(r->status, r->type, r->detail);
+    if (body == NULL) {
+        req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    req_send_json(req, r->status, "application/problem+json", body, "Allow: POST\r\n");
+    free(body);
 }
 
 static void on_token_issued(idem_wjob_t *job)
@@ -1686,23 +1635,9 @@ static void on_token_issued(idem_wjob_t *job)
 static void req_issue_token(idem_req_t *req)
 {
     const idem_config_t *cfg = req_gw(req)->cfg;
-    const idem_http_msg_t *m = &req->msg;
     char token[IDEM_TOKEN_LEN + 1], scope[IDEM_SCOPE_MAX + 1];
 
     req->policy = &cfg->defaults;
-    if (!(m->method.len == 4 && memcmp(m->method.ptr, "POST", 4) == 0)) {
-        req->finished = true;
-        req->outcome = IDEM_OUT_BAD_REQUEST;
-        char *body = idem_problem_body(405, "method-not-allowed",
-                                       "tokens are issued by POST " TOKENS_PATH);
-        if (body == NULL) {
-            req_problem(req, 500, "internal", "out of memory", 0);
-            return;
-        }
-        req_send_json(req, 405, "application/problem+json", body, "Allow: POST\r\n");
-        free(body);
-        return;
-    }
     if (!req_scope_admit(req, scope))
         return;
     if (idem_token_generate(NULL, token) != IDEM_OK) {
@@ -1764,7 +1699,8 @@ static void on_token_used(idem_wjob_t *job)
         req->finished = true;
         req->outcome = IDEM_OUT_TOKEN_USED;
         req_problem(req, 409, "token-used",
-                    "this Idempotency-Token was already used; get a new one from POST " TOKENS_PATH,
+                    "this Idempotency-Token was already used; get a new one from POST "
+                    IDEM_GW_TOKENS_PATH,
                     0);
         return;
     default:
@@ -1777,107 +1713,39 @@ static void on_token_used(idem_wjob_t *job)
     }
 }
 
-/* A request on a `mode: token` route: spend its token atomically, then forward. */
+/* A request on a `mode: token` route whose head carried one well-formed
+ * token (req->token, idem_gw_classify): spend it atomically, then forward. */
 static void req_spend_token(idem_req_t *req)
 {
-    const idem_http_msg_t *m = &req->msg;
-    char token[IDEM_TOKEN_LEN + 1], scope[IDEM_SCOPE_MAX + 1];
-    size_t n = idem_http_count(m, "Idempotency-Token");
-
-    if (n == 0) {
-        req->finished = true;
-        req->outcome = IDEM_OUT_MISSING_TOKEN;
-        req_problem(req, 400, "missing-token",
-                    "this route requires an Idempotency-Token header from POST " TOKENS_PATH, 0);
-        return;
-    }
-    const idem_http_field_t *tf = idem_http_find(m, "Idempotency-Token");
-    if (n > 1 || idem_token_parse(tf->value.ptr, tf->value.len, token) != IDEM_OK) {
-        req->finished = true;
-        req->outcome = IDEM_OUT_INVALID_TOKEN;
-        req_problem(req, 400, "invalid-token",
-                    n > 1 ? "the Idempotency-Token header was given more than once"
-                          : "an Idempotency-Token is the 32 hex digits POST " TOKENS_PATH " returned",
-                    0);
-        return;
-    }
+    char scope[IDEM_SCOPE_MAX + 1];
     if (!req_scope_admit(req, scope))
         return;
-    idem_token_id(scope, token, &req->id);
+    idem_token_id(scope, req->token, &req->id);
     job_init(req, &req->job, IDEM_OP_TOKEN_USE);
     req->job.op.now_ms = idem_clock_now(NULL);
     req_submit(req, &req->job, on_token_used);
 }
 
-/* What the checks of a request's head decided it is. */
-typedef enum { RK_PASS, RK_TOKEN_ISSUE, RK_TOKEN, RK_KEYED } req_kind_t;
-
-/* Whether a token route's request carries one well-formed Idempotency-Token. */
-static bool token_header_ok(const idem_req_t *req)
-{
-    char token[IDEM_TOKEN_LEN + 1];
-    const idem_http_field_t *tf = idem_http_find(&req->msg, "Idempotency-Token");
-    return idem_http_count(&req->msg, "Idempotency-Token") == 1 &&
-           idem_token_parse(tf->value.ptr, tf->value.len, token) == IDEM_OK;
-}
-
-/* The checks a request's head alone decides (docs/protocol.md sections 5, 2 and 8): its
- * route, and a key or a token that is missing or malformed.  They run before
- * the body is read when the client waits for 100 Continue, else at dispatch.
+/* The checks a request's head alone decides (idem_gw_classify): its route,
+ * and a key or a token that is missing or malformed.  They run before the
+ * body is read when the client waits for 100 Continue, else at dispatch.
  * Nothing here touches the store.  @return true when the request goes on
  * (req->kind says as what); false when it has been answered. */
 static bool req_check_head(idem_req_t *req)
 {
-    const idem_config_t *cfg = req_gw(req)->cfg;
-    const idem_http_msg_t *m = &req->msg;
+    idem_gw_request_t rq = idem_req_view(req);
+    idem_gw_class_t cls;
+    idem_gw_refusal_t refusal;
     req->head_checked = true;
-    /* Every path is the normalised one: /_idem/tokens in absolute-form or
-     * with escapes is still idemd's own. */
-    size_t path_len = req->path_len;
-    if (path_len == sizeof TOKENS_PATH - 1 && memcmp(req->target, TOKENS_PATH, path_len) == 0) {
-        req->kind = RK_TOKEN_ISSUE;
-        if (m->method.len == 4 && memcmp(m->method.ptr, "POST", 4) == 0)
-            return true;
-        req_issue_token(req); /* answers 405 */
-        return false;
-    }
-    req->route = idem_config_match(cfg, m->method.ptr, m->method.len, req->target, path_len);
-    req->policy = req->route ? &req->route->policy : &cfg->defaults;
-    if (!req->route || req->route->mode == IDEM_MODE_OFF) {
-        req->kind = RK_PASS;
-        return true;
-    }
-    if (req->route->mode == IDEM_MODE_TOKEN) {
-        req->kind = RK_TOKEN;
-        if (token_header_ok(req))
-            return true;
-        req_spend_token(req); /* answers 400 missing-token or invalid-token */
-        return false;
-    }
-    size_t n_keys = idem_http_count(m, "Idempotency-Key");
-    if (n_keys == 0) {
-        if (req->route->mode == IDEM_MODE_OPTIONAL) {
-            req->kind = RK_PASS;
-            return true;
-        }
-        req->finished = true;
-        req->outcome = IDEM_OUT_MISSING_KEY;
-        req_problem(req, 400, "missing-key", "this route requires an Idempotency-Key header", 0);
-        return false;
-    }
-    const idem_http_field_t *kf = idem_http_find(m, "Idempotency-Key");
-    if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, req->id.key) != IDEM_OK) {
-        req->finished = true;
-        req->outcome = IDEM_OUT_INVALID_KEY;
-        req_problem(req, 400, "invalid-key",
-                    n_keys > 1 ? "the Idempotency-Key header was given more than once"
-                               : "an Idempotency-Key is 1 to 255 visible ASCII characters, "
-                                 "bare or as a quoted string",
-                    0);
-        return false;
-    }
-    req->kind = RK_KEYED;
-    return true;
+    bool ok = idem_gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
+    req->kind = cls.kind;
+    req->route = cls.route;
+    req->policy = cls.policy;
+    memcpy(req->id.key, cls.key, sizeof req->id.key);
+    memcpy(req->token, cls.token, sizeof req->token);
+    if (!ok)
+        req_refuse(req, &refusal);
+    return ok;
 }
 
 /* A body at least this large is fingerprinted in libuv's thread pool, not
@@ -1920,11 +1788,11 @@ static void req_dispatch(idem_req_t *req)
 {
     if (!req->head_checked && !req_check_head(req))
         return;
-    switch ((req_kind_t)req->kind) {
-    case RK_TOKEN_ISSUE: req_issue_token(req); return;
-    case RK_TOKEN: req_spend_token(req); return;
-    case RK_PASS: req_passthrough(req); return;
-    case RK_KEYED: break;
+    switch (req->kind) {
+    case IDEM_GW_TOKEN_ISSUE: req_issue_token(req); return;
+    case IDEM_GW_TOKEN: req_spend_token(req); return;
+    case IDEM_GW_PASS: req_passthrough(req); return;
+    case IDEM_GW_KEYED: break;
     }
     if (!req_scope_admit(req, req->id.scope))
         return;

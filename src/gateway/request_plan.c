@@ -1,0 +1,411 @@
+/* src/gateway/request_plan.c - the loop-free steps of idemd's request path,
+ * and idem_gw_plan_request, which runs them all over input that is all there.
+ *
+ * See request_plan.h for the steps and who calls them.  Every answer idemd
+ * makes before the store, and every byte of the head it sends upstream, is
+ * decided here, so that server.c and proxy.c (on the loop) and the fuzzer
+ * and the unit tests (without one) run one code.  The order of the steps in
+ * idem_gw_plan_request is server.c's order; a change to one is a change to
+ * the other.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/request_plan.h"
+
+static void refuse(idem_gw_refusal_t *r, int status, const char *type, idem_outcome_t outcome,
+                   const char *detail)
+{
+    r->status = status;
+    r->type = type;
+    r->outcome = outcome;
+    r->allow_post = false;
+    snprintf(r->detail, sizeof r->detail, "%s", detail);
+}
+
+static bool is_method(const idem_http_msg_t *m, const char *name)
+{
+    size_t n = strlen(name);
+    return m->method.len == n && memcmp(m->method.ptr, name, n) == 0;
+}
+
+/* ---- the head ------------------------------------------------------------ */
+
+void idem_gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r)
+{
+    switch (parse_rc) {
+    case IDEM_HTTP_E_HEAD_TOO_LARGE:
+        refuse(r, 431, "headers-too-large", IDEM_OUT_TOO_LARGE,
+               "the request head is larger than 16 KiB");
+        return;
+    case IDEM_HTTP_E_TOO_MANY_HEADERS:
+        refuse(r, 431, "headers-too-large", IDEM_OUT_TOO_LARGE,
+               "the request has more than 100 header fields");
+        return;
+    case IDEM_HTTP_E_VERSION:
+        refuse(r, 505, "version-not-supported", IDEM_OUT_BAD_REQUEST,
+               "only HTTP/1.0 and HTTP/1.1 are supported");
+        return;
+    case IDEM_HTTP_E_SMUGGLE:
+        refuse(r, 400, "bad-request", IDEM_OUT_BAD_REQUEST,
+               "ambiguous message framing (Content-Length / Transfer-Encoding)");
+        return;
+    default:
+        refuse(r, 400, "bad-request", IDEM_OUT_BAD_REQUEST, "malformed HTTP request");
+        return;
+    }
+}
+
+bool idem_gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem_gw_refusal_t *r)
+{
+    if (m->version_minor == 1 && idem_http_count(m, "Host") == 0) {
+        /* RFC 9112 section 3.2: a 1.1 request without Host is refused. */
+        refuse(r, 400, "bad-request", IDEM_OUT_BAD_REQUEST,
+               "an HTTP/1.1 request needs a Host header");
+        return false;
+    }
+    if (is_method(m, "CONNECT")) {
+        /* A reverse proxy opens no tunnels (docs/protocol.md section 5). */
+        refuse(r, 501, "not-implemented", IDEM_OUT_BAD_REQUEST,
+               "idemd is a reverse proxy: CONNECT is not supported");
+        return false;
+    }
+    if (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > cfg->max_request_bytes) {
+        refuse(r, 413, "request-too-large", IDEM_OUT_TOO_LARGE,
+               "the request body is larger than max_request_bytes");
+        return false;
+    }
+    return true;
+}
+
+void idem_gw_refuse_target(int target_rc, idem_gw_refusal_t *r)
+{
+    /* Not origin- or absolute-form, or a path with no single reading
+     * (docs/protocol.md section 5): never forwarded. */
+    refuse(r, 400, "invalid-target", IDEM_OUT_BAD_REQUEST, idem_http_target_strerror(target_rc));
+}
+
+void idem_gw_refuse_body(int body_rc, idem_gw_refusal_t *r)
+{
+    if (body_rc == IDEM_HTTP_E_BODY_TOO_LARGE)
+        refuse(r, 413, "request-too-large", IDEM_OUT_TOO_LARGE,
+               "the request body is larger than max_request_bytes");
+    else
+        refuse(r, 400, "bad-request", IDEM_OUT_BAD_REQUEST, "malformed request body");
+}
+
+/* ---- what the request is --------------------------------------------------- */
+
+bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, idem_gw_class_t *cls,
+                      idem_gw_refusal_t *r)
+{
+    const idem_http_msg_t *m = rq->msg;
+    memset(cls, 0, sizeof *cls);
+    /* Every path is the normalised one: /_idem/tokens in absolute-form or
+     * with escapes is still idemd's own. */
+    if (rq->path_len == sizeof IDEM_GW_TOKENS_PATH - 1 &&
+        memcmp(rq->target, IDEM_GW_TOKENS_PATH, rq->path_len) == 0) {
+        cls->kind = IDEM_GW_TOKEN_ISSUE;
+        cls->policy = &cfg->defaults;
+        if (is_method(m, "POST"))
+            return true;
+        refuse(r, 405, "method-not-allowed", IDEM_OUT_BAD_REQUEST,
+               "tokens are issued by POST " IDEM_GW_TOKENS_PATH);
+        r->allow_post = true;
+        return false;
+    }
+    cls->route = idem_config_match(cfg, m->method.ptr, m->method.len, rq->target, rq->path_len);
+    cls->policy = cls->route ? &cls->route->policy : &cfg->defaults;
+    if (!cls->route || cls->route->mode == IDEM_MODE_OFF) {
+        cls->kind = IDEM_GW_PASS;
+        return true;
+    }
+    if (cls->route->mode == IDEM_MODE_TOKEN) {
+        cls->kind = IDEM_GW_TOKEN;
+        size_t n = idem_http_count(m, "Idempotency-Token");
+        if (n == 0) {
+            refuse(r, 400, "missing-token", IDEM_OUT_MISSING_TOKEN,
+                   "this route requires an Idempotency-Token header from "
+                   "POST " IDEM_GW_TOKENS_PATH);
+            return false;
+        }
+        const idem_http_field_t *tf = idem_http_find(m, "Idempotency-Token");
+        if (n > 1 || idem_token_parse(tf->value.ptr, tf->value.len, cls->token) != IDEM_OK) {
+            cls->token[0] = '\0';
+            refuse(r, 400, "invalid-token", IDEM_OUT_INVALID_TOKEN,
+                   n > 1 ? "the Idempotency-Token header was given more than once"
+                         : "an Idempotency-Token is the 32 hex digits POST " IDEM_GW_TOKENS_PATH
+                           " returned");
+            return false;
+        }
+        return true;
+    }
+    size_t n_keys = idem_http_count(m, "Idempotency-Key");
+    if (n_keys == 0) {
+        if (cls->route->mode == IDEM_MODE_OPTIONAL) {
+            cls->kind = IDEM_GW_PASS;
+            return true;
+        }
+        cls->kind = IDEM_GW_KEYED;
+        refuse(r, 400, "missing-key", IDEM_OUT_MISSING_KEY,
+               "this route requires an Idempotency-Key header");
+        return false;
+    }
+    cls->kind = IDEM_GW_KEYED;
+    const idem_http_field_t *kf = idem_http_find(m, "Idempotency-Key");
+    if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, cls->key) != IDEM_OK) {
+        cls->key[0] = '\0';
+        refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY,
+               n_keys > 1 ? "the Idempotency-Key header was given more than once"
+                          : "an Idempotency-Key is 1 to 255 visible ASCII characters, "
+                            "bare or as a quoted string");
+        return false;
+    }
+    return true;
+}
+
+bool idem_gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r)
+{
+    switch (rc) {
+    case IDEM_SCOPE_FROM_SOURCES:
+    case IDEM_SCOPE_FALLBACK_AUTHORIZATION:
+    case IDEM_SCOPE_FALLBACK_ANONYMOUS:
+        return false;
+    case IDEM_SCOPE_AMBIGUOUS:
+        refuse(r, 400, "ambiguous-scope", IDEM_OUT_BAD_REQUEST, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "the %s header was given more than once, so the caller is ambiguous",
+                 dup ? dup : "Authorization");
+        return true;
+    default:
+        refuse(r, 500, "internal", IDEM_OUT__COUNT, "out of memory");
+        return true;
+    }
+}
+
+idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *rq,
+                               uint8_t fp[IDEM_FP_LEN])
+{
+    idem_fp_header_t hdrs[IDEM_CONFIG_MAX_LIST];
+    for (size_t i = 0; i < p->n_fingerprint_headers; i++) {
+        const idem_http_field_t *f = idem_http_find(rq->msg, p->fingerprint_headers[i]);
+        hdrs[i].name = p->fingerprint_headers[i];
+        hdrs[i].name_len = strlen(p->fingerprint_headers[i]);
+        hdrs[i].value = f ? f->value.ptr : NULL;
+        hdrs[i].value_len = f ? f->value.len : 0;
+    }
+    idem_fp_input_t in = {
+        .method = rq->msg->method.ptr,
+        .method_len = rq->msg->method.len,
+        /* Normalised: two spellings of one target are one request. */
+        .target = rq->target,
+        .target_len = rq->target_len,
+        .headers = hdrs,
+        .n_headers = p->n_fingerprint_headers,
+        .body = rq->body,
+        .body_len = rq->body_len,
+        .body_json = p->fingerprint_body == IDEM_FPBODY_JSON,
+        .ignore = (const char *const *)p->fingerprint_ignore,
+        .n_ignore = p->n_fingerprint_ignore,
+    };
+    return idem_fingerprint(&in, fp) == IDEM_OK ? IDEM_OK : IDEM_E_NOMEM;
+}
+
+/* ---- what goes upstream ---------------------------------------------------- */
+
+int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
+                          const idem_gw_request_t *rq, bool keyed, uint64_t fence)
+{
+    const idem_http_msg_t *m = rq->msg;
+    /* The normalised target, in origin-form: the path the route was
+     * matched on and the fingerprint hashed, so an upstream that would read
+     * another spelling differently never gets one. */
+    int rc = idem_buf_appendf(out, "%.*s %.*s HTTP/1.1\r\n", (int)m->method.len, m->method.ptr,
+                              (int)rq->target_len, rq->target);
+    /* An absolute-form target's authority replaces Host (RFC 9112 section
+     * 3.2.2). */
+    bool has_host = rq->authority.len > 0;
+    if (has_host)
+        rc |= idem_http_write_field(out, "Host", 4, rq->authority.ptr, rq->authority.len);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        bool host = idem_slice_eq_ci(f->name, "Host");
+        /* A client listing Idempotency-Key or Host in Connection does not
+         * get them stripped: the upstream must see the key as received.
+         * Nor the headers that named the caller (docs/protocol.md section 2): the
+         * upstream must authenticate the caller idemd scoped the key to. */
+        bool kept =
+            idem_slice_eq_ci(f->name, "Idempotency-Key") || host ||
+            idem_gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
+        if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
+            idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
+            idem_slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
+            continue;
+        if (host)
+            has_host = true;
+        rc |= idem_http_write_field(out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    }
+    if (!has_host)
+        rc |= idem_buf_appendf(out, "Host: %s\r\n", upstream_host);
+    if (keyed)
+        rc |= idem_buf_appendf(out, "Idempotency-Fence: %llu\r\n", (unsigned long long)fence);
+    if (rq->body_len > 0 || m->framing != IDEM_HTTP_BODY_NONE)
+        rc |= idem_buf_appendf(out, "Content-Length: %zu\r\n", rq->body_len);
+    rc |= idem_buf_append_str(out, "\r\n");
+    return rc ? -1 : 0;
+}
+
+/* ---- the whole path -------------------------------------------------------- */
+
+static idem_gw_request_t plan_view(const idem_gw_plan_t *p)
+{
+    return (idem_gw_request_t){
+        .msg = &p->msg,
+        .target = p->target,
+        .target_len = p->t.len,
+        .path_len = p->t.path_len,
+        .authority = p->t.authority,
+        .body = (const uint8_t *)p->body.data,
+        .body_len = p->body.len,
+    };
+}
+
+static idem_err_t plan_refused(idem_gw_plan_t *p, const idem_gw_refusal_t *r)
+{
+    p->verdict = IDEM_GW_REFUSED;
+    if (r != &p->refusal)
+        p->refusal = *r;
+    return IDEM_OK;
+}
+
+static void plan_classify(const idem_config_t *cfg, idem_gw_plan_t *p, bool *ok)
+{
+    idem_gw_request_t rq = plan_view(p);
+    p->classified = true;
+    *ok = idem_gw_classify(cfg, &rq, &p->cls, &p->refusal);
+}
+
+/* Decode the body that follows the head, as server.c's conn_process_loop
+ * does (the same limit on the decoder and on the buffer). */
+static void plan_body(const idem_config_t *cfg, idem_gw_plan_t *p, const char *in, size_t len)
+{
+    idem_http_body_t b;
+    idem_http_body_init(&b, &p->msg, cfg->max_request_bytes);
+    size_t off = p->used;
+    int rc;
+    for (;;) {
+        size_t used = 0;
+        idem_slice_t data = {0};
+        rc = idem_http_body_feed(&b, in + off, len - off, &used, &data);
+        off += used;
+        if (rc != IDEM_HTTP_BODY_DATA)
+            break;
+        if (idem_buf_append(&p->body, data.ptr, data.len) != 0) {
+            rc = IDEM_HTTP_E_BODY_TOO_LARGE;
+            break;
+        }
+    }
+    p->body_rc = rc;
+    p->used = off;
+}
+
+idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_host,
+                                uint64_t fence, const char *in, size_t len, idem_gw_plan_t *out)
+{
+    idem_gw_plan_t *p = out;
+    memset(p, 0, sizeof *p);
+    idem_buf_init(&p->body, cfg->max_request_bytes);
+    idem_buf_init(&p->upstream, 0);
+    p->target_rc = IDEM_TARGET_OK;
+
+    idem_http_head_state_t hs = {0};
+    p->parse_rc = idem_http_parse_request(&hs, in, len, IDEM_HTTP_MAX_HEAD, &p->msg);
+    if (p->parse_rc == IDEM_HTTP_INCOMPLETE)
+        return IDEM_OK;
+    if (p->parse_rc < 0) {
+        idem_gw_refuse_parse(p->parse_rc, &p->refusal);
+        return plan_refused(p, &p->refusal);
+    }
+    size_t head_len = (size_t)p->parse_rc;
+    p->used = head_len;
+    if (!idem_gw_check_head(cfg, &p->msg, &p->refusal))
+        return plan_refused(p, &p->refusal);
+    /* The normal form is never longer than the target (+2: '/' for an
+     * absolute-form target without path, and the NUL). */
+    size_t tcap = p->msg.target.len + 2;
+    p->target = malloc(tcap);
+    if (!p->target)
+        return IDEM_E_NOMEM;
+    p->target_rc =
+        idem_http_target_normalize(p->msg.target.ptr, p->msg.target.len, p->target, tcap, &p->t);
+    if (p->target_rc != IDEM_TARGET_OK) {
+        idem_gw_refuse_target(p->target_rc, &p->refusal);
+        return plan_refused(p, &p->refusal);
+    }
+
+    bool ok = true;
+    if (p->msg.framing == IDEM_HTTP_BODY_NONE) {
+        p->body_rc = IDEM_HTTP_BODY_DONE;
+    } else {
+        /* A client waiting for 100 Continue is invited only once the head
+         * passed every check it can; refused, it is answered at once. */
+        bool invite = p->msg.expect_continue && p->msg.version_minor == 1 && len == head_len;
+        if (invite) {
+            plan_classify(cfg, p, &ok);
+            if (!ok)
+                return plan_refused(p, &p->refusal);
+            p->invite = true;
+        }
+        plan_body(cfg, p, in, len);
+        if (p->body_rc == IDEM_HTTP_INCOMPLETE)
+            return IDEM_OK;
+        if (p->body_rc < 0) {
+            idem_gw_refuse_body(p->body_rc, &p->refusal);
+            return plan_refused(p, &p->refusal);
+        }
+    }
+
+    /* Dispatch (server.c's req_dispatch). */
+    if (!p->classified) {
+        plan_classify(cfg, p, &ok);
+        if (!ok)
+            return plan_refused(p, &p->refusal);
+    }
+    idem_gw_request_t rq = plan_view(p);
+    if (p->cls.kind != IDEM_GW_PASS) {
+        const char *dup = NULL;
+        p->scoped = true;
+        p->scope_rc = idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &p->msg,
+                                            p->scope, &dup);
+        if (idem_gw_refuse_scope(p->scope_rc, dup, &p->refusal))
+            return plan_refused(p, &p->refusal);
+    }
+    if (p->cls.kind == IDEM_GW_TOKEN_ISSUE) {
+        p->verdict = IDEM_GW_ISSUE;
+        return IDEM_OK;
+    }
+    bool keyed = p->cls.kind == IDEM_GW_KEYED;
+    if (keyed) {
+        if (idem_gw_fingerprint(p->cls.policy, &rq, p->fp) != IDEM_OK) {
+            idem_gw_refusal_t r;
+            refuse(&r, 500, "internal", IDEM_OUT__COUNT, "out of memory");
+            return plan_refused(p, &r);
+        }
+        p->fingerprinted = true;
+    }
+    if (idem_gw_upstream_head(&p->upstream, cfg, upstream_host, &rq, keyed, fence) != 0)
+        return IDEM_E_NOMEM;
+    p->verdict = IDEM_GW_FORWARD;
+    return IDEM_OK;
+}
+
+void idem_gw_plan_cleanup(idem_gw_plan_t *plan)
+{
+    if (!plan)
+        return;
+    free(plan->target);
+    idem_buf_cleanup(&plan->body);
+    idem_buf_cleanup(&plan->upstream);
+    memset(plan, 0, sizeof *plan);
+}

@@ -1,0 +1,377 @@
+/* tests/unit/test_request_plan.c - the loop-free request path
+ * (src/gateway/request_plan.c): what idemd decides before the store, and the
+ * bytes it sends upstream.
+ *
+ * The golden tests hold the bytes idemd sent upstream, byte for byte, for
+ * sample requests before the upstream head was built in request_plan.c
+ * (captured from the real idemd of commit 8ce786a with a raw-socket upstream,
+ * a fresh LMDB store, so fence 1); the builder must send the same.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gateway/request_plan.h"
+#include "idem/fingerprint.h"
+
+#define UP "127.0.0.1:9000"
+
+static idem_config_t cfg;
+static idem_gw_plan_t plan;
+static char dir[64];
+static char path[128];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/idem-plan-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/idem.yaml", dir);
+    cr_assert_eq(idem_config_defaults(&cfg), 0);
+    memset(&plan, 0, sizeof plan);
+}
+
+static void teardown(void)
+{
+    idem_gw_plan_cleanup(&plan);
+    idem_config_cleanup(&cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
+TestSuite(request_plan, .init = setup, .fini = teardown);
+
+/* Overlay yaml on the defaults. */
+static void config(const char *yaml)
+{
+    char err[512];
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(yaml, 1, strlen(yaml), f), strlen(yaml));
+    fclose(f);
+    cr_assert_eq(idem_config_load_file(&cfg, path, err, sizeof err), 0, "%s", err);
+}
+
+/* Plan the request text (NUL-terminated; n bytes when given). */
+static idem_gw_plan_t *run_n(const char *text, size_t n, uint64_t fence)
+{
+    idem_gw_plan_cleanup(&plan);
+    cr_assert_eq(idem_gw_plan_request(&cfg, UP, fence, text, n, &plan), IDEM_OK);
+    return &plan;
+}
+static idem_gw_plan_t *run(const char *text) { return run_n(text, strlen(text), 1); }
+
+/* The upstream head and body as one string. */
+static char *wire(const idem_gw_plan_t *p)
+{
+    char *s = malloc(p->upstream.len + p->body.len + 1);
+    cr_assert_not_null(s);
+    memcpy(s, p->upstream.data, p->upstream.len);
+    if (p->body.len)
+        memcpy(s + p->upstream.len, p->body.data, p->body.len);
+    s[p->upstream.len + p->body.len] = '\0';
+    return s;
+}
+
+static void expect_wire(const char *request, const char *sent)
+{
+    idem_gw_plan_t *p = run(request);
+    cr_assert_eq(p->verdict, IDEM_GW_FORWARD, "not forwarded: %s", request);
+    char *w = wire(p);
+    cr_expect_str_eq(w, sent);
+    free(w);
+}
+
+static void expect_refused(const char *request, int status, const char *type,
+                           idem_outcome_t outcome)
+{
+    idem_gw_plan_t *p = run(request);
+    cr_assert_eq(p->verdict, IDEM_GW_REFUSED, "not refused: %s", request);
+    cr_expect_eq(p->refusal.status, status, "%s: %d", request, p->refusal.status);
+    cr_expect_str_eq(p->refusal.type, type);
+    cr_expect_eq(p->refusal.outcome, outcome);
+    cr_expect_neq(p->refusal.detail[0], '\0');
+    cr_expect_eq(p->upstream.len, 0);
+}
+
+/* ---- golden: the bytes proxy.c sent before the extraction ------------------- */
+
+Test(request_plan, golden_keyed_post)
+{
+    expect_wire("POST /pay?x=1 HTTP/1.1\r\nHost: api\r\nIdempotency-Key: \"k1\"\r\n"
+                "Content-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"amount\": 100}",
+                "POST /pay?x=1 HTTP/1.1\r\nHost: api\r\nIdempotency-Key: \"k1\"\r\n"
+                "Content-Type: application/json\r\nIdempotency-Fence: 1\r\nContent-Length: 15\r\n"
+                "\r\n{\"amount\": 100}");
+}
+
+Test(request_plan, golden_absolute_form_chunked_connection_named)
+{
+    expect_wire("POST http://example.com:81/a/%7Euser/b%2a?q=%41 HTTP/1.1\r\nHost: other\r\n"
+                "Connection: keep-alive, X-Drop, Idempotency-Key\r\nX-Drop: 1\r\nKeep-Alive: 5\r\n"
+                "TE: trailers\r\nIdempotency-Key: k2\r\nIdempotency-Fence: 99\r\n"
+                "Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                "POST /a/~user/b%2A?q=%41 HTTP/1.1\r\nHost: example.com:81\r\n"
+                "Idempotency-Key: k2\r\nIdempotency-Fence: 1\r\nContent-Length: 5\r\n\r\nhello");
+}
+
+Test(request_plan, golden_http10_without_host)
+{
+    expect_wire("GET /x HTTP/1.0\r\nUser-Agent: t\r\nProxy-Authorization: p\r\n"
+                "Upgrade: websocket\r\n\r\n",
+                "GET /x HTTP/1.1\r\nUser-Agent: t\r\nHost: " UP "\r\n\r\n");
+}
+
+Test(request_plan, golden_keyed_without_body)
+{
+    expect_wire("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k4\r\n"
+                "Authorization: Bearer a\r\n\r\n",
+                "POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k4\r\n"
+                "Authorization: Bearer a\r\nIdempotency-Fence: 1\r\n\r\n");
+}
+
+Test(request_plan, golden_scope_headers_named_by_connection)
+{
+    config("scope: [header:X-User, cookie:sid]\n");
+    expect_wire("POST /pay HTTP/1.1\r\nHost: h\r\n"
+                "Connection: X-User, Cookie, Authorization, Trailer\r\nX-User: alice\r\n"
+                "Cookie: sid=1; a=2\r\nAuthorization: Bearer x\r\nIdempotency-Key: k3\r\n"
+                "Content-Length: 0\r\n\r\n",
+                "POST /pay HTTP/1.1\r\nHost: h\r\nX-User: alice\r\nCookie: sid=1; a=2\r\n"
+                "Authorization: Bearer x\r\nIdempotency-Key: k3\r\nIdempotency-Fence: 1\r\n"
+                "Content-Length: 0\r\n\r\n");
+}
+
+/* ---- the upstream head ------------------------------------------------------ */
+
+Test(request_plan, fence_is_the_claims)
+{
+    static const char req[] = "POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n";
+    idem_gw_plan_t *p = run_n(req, sizeof req - 1, 18446744073709551615u);
+    cr_assert_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_not_null(memmem(p->upstream.data, p->upstream.len,
+                              "\r\nIdempotency-Fence: 18446744073709551615\r\n", 42));
+}
+
+Test(request_plan, pass_and_token_requests_get_no_fence)
+{
+    config("routes:\n  - methods: [POST]\n    path: /tok\n    mode: token\n");
+    expect_wire("GET /a HTTP/1.1\r\nHost: h\r\nIdempotency-Fence: 3\r\nIdempotency-Key: k\r\n\r\n",
+                "GET /a HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n");
+    expect_wire("POST /tok HTTP/1.1\r\nHost: h\r\n"
+                "Idempotency-Token: 0123456789abcdef0123456789ABCDEF\r\nIdempotency-Fence: 3\r\n"
+                "Content-Length: 0\r\n\r\n",
+                "POST /tok HTTP/1.1\r\nHost: h\r\n"
+                "Idempotency-Token: 0123456789abcdef0123456789ABCDEF\r\nContent-Length: 0\r\n\r\n");
+}
+
+Test(request_plan, upstream_head_built_on_its_own)
+{
+    /* The builder proxy.c calls, from a request view alone. */
+    static const char head[] = "PATCH /o HTTP/1.1\r\nhost: h\r\nExpect: 100-continue\r\n"
+                               "Content-Length: 2\r\n\r\n";
+    idem_http_msg_t m;
+    idem_http_head_state_t hs = {0};
+    cr_assert_eq(idem_http_parse_request(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD, &m),
+                 (int)sizeof head - 1);
+    idem_gw_request_t rq = {.msg = &m, .target = "/o", .target_len = 2, .path_len = 2,
+                            .body = (const uint8_t *)"{}", .body_len = 2};
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    cr_assert_eq(idem_gw_upstream_head(&out, &cfg, UP, &rq, true, 7), 0);
+    cr_expect_eq(out.len, strlen("PATCH /o HTTP/1.1\r\nhost: h\r\nIdempotency-Fence: 7\r\n"
+                                 "Content-Length: 2\r\n\r\n"));
+    cr_expect_eq(memcmp(out.data, "PATCH /o HTTP/1.1\r\nhost: h\r\nIdempotency-Fence: 7\r\n"
+                                  "Content-Length: 2\r\n\r\n", out.len), 0);
+    idem_buf_cleanup(&out);
+    /* A cap it cannot fit in is a failure, never a head cut short silently. */
+    idem_buf_init(&out, 20);
+    cr_expect_eq(idem_gw_upstream_head(&out, &cfg, UP, &rq, true, 7), -1);
+    idem_buf_cleanup(&out);
+}
+
+/* ---- refusals ------------------------------------------------------------- */
+
+Test(request_plan, parser_refusals)
+{
+    expect_refused("POST /pay HTTP/2.0\r\nHost: h\r\n\r\n", 505, "version-not-supported",
+                   IDEM_OUT_BAD_REQUEST);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n",
+                   400, "bad-request", IDEM_OUT_BAD_REQUEST);
+    expect_refused("POST /pay HTTP/1.1\r\nHost : h\r\n\r\n", 400, "bad-request",
+                   IDEM_OUT_BAD_REQUEST);
+    static char big[IDEM_HTTP_MAX_HEAD + 64];
+    memset(big, 'a', sizeof big - 1);
+    memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
+    expect_refused(big, 431, "headers-too-large", IDEM_OUT_TOO_LARGE);
+    cr_expect_eq(plan.parse_rc, IDEM_HTTP_E_HEAD_TOO_LARGE);
+}
+
+Test(request_plan, head_check_refusals)
+{
+    config("max_request_bytes: 10\n");
+    expect_refused("POST /pay HTTP/1.1\r\nIdempotency-Key: k\r\n\r\n", 400, "bad-request",
+                   IDEM_OUT_BAD_REQUEST);
+    expect_refused("CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n", 501, "not-implemented",
+                   IDEM_OUT_BAD_REQUEST);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\n", 413,
+                   "request-too-large", IDEM_OUT_TOO_LARGE);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n",
+                   413, "request-too-large", IDEM_OUT_TOO_LARGE);
+}
+
+Test(request_plan, target_and_body_refusals)
+{
+    expect_refused("POST /a/%2e%2E/b HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n", 400,
+                   "invalid-target", IDEM_OUT_BAD_REQUEST);
+    cr_expect_eq(plan.target_rc, IDEM_TARGET_E_DOT);
+    expect_refused("GET http://h/x%2fy HTTP/1.1\r\nHost: h\r\n\r\n", 400, "invalid-target",
+                   IDEM_OUT_BAD_REQUEST);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+                   400, "bad-request", IDEM_OUT_BAD_REQUEST);
+    cr_expect_str_eq(plan.refusal.detail, "malformed request body");
+}
+
+Test(request_plan, classification_refusals)
+{
+    config("routes:\n"
+           "  - {methods: [POST], path: /pay, mode: required}\n"
+           "  - {methods: [POST], path: /tok, mode: token}\n");
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\n\r\n", 400, "missing-key",
+                   IDEM_OUT_MISSING_KEY);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: a b\r\n\r\n", 400,
+                   "invalid-key", IDEM_OUT_INVALID_KEY);
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: a\r\nIdempotency-Key: a\r\n\r\n",
+                   400, "invalid-key", IDEM_OUT_INVALID_KEY);
+    cr_expect_str_eq(plan.refusal.detail, "the Idempotency-Key header was given more than once");
+    expect_refused("POST /tok HTTP/1.1\r\nHost: h\r\n\r\n", 400, "missing-token",
+                   IDEM_OUT_MISSING_TOKEN);
+    expect_refused("POST /tok HTTP/1.1\r\nHost: h\r\nIdempotency-Token: abc\r\n\r\n", 400,
+                   "invalid-token", IDEM_OUT_INVALID_TOKEN);
+    expect_refused("GET /_idem/tokens HTTP/1.1\r\nHost: h\r\n\r\n", 405, "method-not-allowed",
+                   IDEM_OUT_BAD_REQUEST);
+    cr_expect(plan.refusal.allow_post);
+    cr_expect_eq(plan.cls.kind, IDEM_GW_TOKEN_ISSUE);
+}
+
+Test(request_plan, ambiguous_scope)
+{
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nAuthorization: a\r\nAuthorization: b\r\n"
+                   "Idempotency-Key: k\r\n\r\n",
+                   400, "ambiguous-scope", IDEM_OUT_BAD_REQUEST);
+    cr_expect_str_eq(plan.refusal.detail, "the Authorization header was given more than once, "
+                                          "so the caller is ambiguous");
+    /* A request that goes through without the store never reads the scope. */
+    cr_expect_eq(run("GET /pay HTTP/1.1\r\nHost: h\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n")
+                     ->verdict,
+                 IDEM_GW_FORWARD);
+    cr_expect(!plan.scoped);
+}
+
+/* ---- decisions ----------------------------------------------------------- */
+
+Test(request_plan, kinds)
+{
+    config("routes:\n"
+           "  - {methods: [POST], path: /pay, mode: required}\n"
+           "  - {methods: [PUT], path: /opt, mode: optional}\n"
+           "  - {methods: [POST], path: /tok, mode: token}\n"
+           "  - {methods: [POST], path: /off, mode: off}\n");
+    idem_gw_plan_t *p = run("POST /pay/1 HTTP/1.1\r\nHost: h\r\nIdempotency-Key: \"a\\\"b\"\r\n\r\n");
+    cr_assert_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->cls.kind, IDEM_GW_KEYED);
+    cr_expect_str_eq(p->cls.key, "a\"b");
+    cr_expect_str_eq(p->cls.route->path, "/pay");
+    cr_expect(p->fingerprinted && p->scoped);
+    cr_expect_str_eq(p->scope, "anonymous");
+    cr_expect_eq(p->scope_rc, IDEM_SCOPE_FALLBACK_ANONYMOUS);
+
+    p = run("PUT /opt HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->cls.kind, IDEM_GW_PASS);
+    cr_expect(!p->fingerprinted && !p->scoped);
+
+    p = run("POST /off HTTP/1.1\r\nHost: h\r\nIdempotency-Key: a b c\r\n\r\n");
+    cr_expect_eq(p->cls.kind, IDEM_GW_PASS);
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+
+    p = run("POST /tok HTTP/1.1\r\nHost: h\r\nIdempotency-Token: \"0123456789ABCDEF0123456789abcdef\"\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->cls.kind, IDEM_GW_TOKEN);
+    cr_expect_str_eq(p->cls.token, "0123456789abcdef0123456789abcdef");
+
+    p = run("POST http://h/_id%65m/tokens HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_ISSUE);
+    cr_expect_eq(p->cls.kind, IDEM_GW_TOKEN_ISSUE);
+    cr_expect_eq(p->upstream.len, 0);
+
+    p = run("DELETE /nowhere HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->cls.kind, IDEM_GW_PASS);
+    cr_expect_null(p->cls.route);
+    cr_expect_eq(p->cls.policy, &cfg.defaults);
+}
+
+Test(request_plan, one_fingerprint_for_spellings_of_a_request)
+{
+    config("defaults:\n  fingerprint_body: json\n  fingerprint_ignore: [/t]\n");
+    uint8_t fp[IDEM_FP_LEN];
+    idem_gw_plan_t *p = run("POST /a/~b?q=1 HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                            "Content-Length: 22\r\n\r\n{\"x\":1.0,\"y\":[],\"t\":1}");
+    cr_assert(p->fingerprinted);
+    memcpy(fp, p->fp, sizeof fp);
+    p = run("POST http://other/a/%7Eb?q=1 HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+            "10\r\n{ \"t\": 2, \"y\": [\r\na\r\n ], \"x\":1}\r\n0\r\n\r\n");
+    cr_assert(p->fingerprinted);
+    cr_expect_eq(memcmp(fp, p->fp, sizeof fp), 0);
+    /* Another number is another request. */
+    p = run("POST /a/~b?q=1 HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+            "Content-Length: 22\r\n\r\n{\"x\":1.1,\"y\":[],\"t\":1}");
+    cr_expect_neq(memcmp(fp, p->fp, sizeof fp), 0);
+}
+
+Test(request_plan, expect_continue_checks_the_head_first)
+{
+    /* Nothing after the head: the head is checked and the client invited. */
+    idem_gw_plan_t *p = run("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                            "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_INCOMPLETE);
+    cr_expect(p->invite && p->classified);
+    /* Refused at the head: answered at once, before any body. */
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n",
+                   400, "missing-key", IDEM_OUT_MISSING_KEY);
+    cr_expect(!plan.invite);
+    /* The body came with the head: no invitation, the body is read first. */
+    expect_refused("POST /pay HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+                   400, "bad-request", IDEM_OUT_BAD_REQUEST);
+    cr_expect(!plan.invite);
+}
+
+Test(request_plan, incomplete_and_pipelined)
+{
+    cr_expect_eq(run("POST /pay HTTP/1.1\r\nHost: h\r\n")->verdict, IDEM_GW_INCOMPLETE);
+    cr_expect_eq(plan.parse_rc, IDEM_HTTP_INCOMPLETE);
+    cr_expect_eq(run("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\nContent-Length: 5\r\n\r\nab")
+                     ->verdict,
+                 IDEM_GW_INCOMPLETE);
+    cr_expect_eq(plan.body_rc, IDEM_HTTP_INCOMPLETE);
+    static const char two[] = "POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                              "Content-Length: 2\r\n\r\nabGET / HTTP/1.1\r\nHost: h\r\n\r\n";
+    idem_gw_plan_t *p = run(two);
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->used, strlen(two) - strlen("GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
+    cr_expect_eq(p->body.len, 2);
+}
+
+Test(request_plan, cleanup_of_null_and_twice)
+{
+    idem_gw_plan_cleanup(NULL);
+    run("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+    idem_gw_plan_cleanup(&plan);
+    idem_gw_plan_cleanup(&plan);
+}
