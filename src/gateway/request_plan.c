@@ -214,6 +214,21 @@ idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *
 
 /* ---- what goes upstream ---------------------------------------------------- */
 
+/* Whether name frames this connection's message or names its protocol: the
+ * fixed hop-by-hop list but Proxy-*.  Never forwarded, even when the scope
+ * reads it: the upstream gets idemd's framing only, and a client's
+ * Transfer-Encoding next to our Content-Length would be a smuggling. */
+static bool frames_connection(idem_slice_t name)
+{
+    static const char *const names[] = {
+        "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (idem_slice_eq_ci(name, names[i]))
+            return true;
+    return false;
+}
+
 int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
                           const idem_gw_request_t *rq, bool keyed, uint64_t fence)
 {
@@ -238,7 +253,7 @@ int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char 
         bool kept =
             idem_slice_eq_ci(f->name, "Idempotency-Key") || host ||
             idem_gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
-        if ((!kept && idem_http_is_hop_by_hop(m, f->name)) ||
+        if (frames_connection(f->name) || (!kept && idem_http_is_hop_by_hop(m, f->name)) ||
             idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
             idem_slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
             continue;

@@ -166,6 +166,22 @@ Test(request_plan, pass_and_token_requests_get_no_fence)
                 "Idempotency-Token: 0123456789abcdef0123456789ABCDEF\r\nContent-Length: 0\r\n\r\n");
 }
 
+Test(request_plan, framing_fields_the_scope_reads_are_never_forwarded)
+{
+    /* Found by fuzz_request_path: the client's Transfer-Encoding went up
+     * next to idemd's Content-Length. */
+    config("scope: [header:Transfer-Encoding, header:Upgrade, header:Proxy-User]\n");
+    idem_gw_plan_t *p = run("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                            "Transfer-Encoding: chunked\r\nUpgrade: h2c\r\nProxy-User: u\r\n"
+                            "Connection: Upgrade, Proxy-User\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+    cr_assert_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->scope_rc, IDEM_SCOPE_FROM_SOURCES);
+    char *w = wire(p);
+    cr_expect_str_eq(w, "POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                        "Proxy-User: u\r\nIdempotency-Fence: 1\r\nContent-Length: 3\r\n\r\nabc");
+    free(w);
+}
+
 Test(request_plan, upstream_head_built_on_its_own)
 {
     /* The builder proxy.c calls, from a request view alone. */

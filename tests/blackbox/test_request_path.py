@@ -1,0 +1,62 @@
+"""What the upstream gets (docs/protocol.md section 2): found by the fuzz
+target of the request path (fuzz/fuzz_request_path.c).
+
+  a scope source that is a field framing the client's connection
+  (Transfer-Encoding, Upgrade, Connection, Keep-Alive, TE, Trailer)
+                            still names the caller, but is never forwarded:
+                            the upstream gets idemd's own framing only
+                            (Content-Length), never the client's next to it
+  a Proxy-* scope source    still forwarded, as any header the scope reads
+"""
+
+import unittest
+
+try:
+    from . import harness as h
+except ImportError:
+    import harness as h
+
+
+class FramingFieldsNameTheCaller(h.IdemTestCase):
+    """An odd configuration the loader accepts: the caller named by fields
+    that frame the client's message.  idemd reads them for the scope, and
+    sends the upstream a message framed by its own Content-Length alone."""
+
+    def test_transfer_encoding_the_scope_reads_is_not_forwarded(self):
+        up, d = self.setup_pair({"scope": ["header:Transfer-Encoding"],
+                                 "upstream_timeout": "5s"})
+        k = h.new_key()
+        raw = ("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n" % k).encode()
+        data, _ = h.raw_exchange(d.port, raw, timeout=15)
+        resps = h.parse_responses(data)
+        self.assertEqual(len(resps), 1, data[:300])
+        self.assertEqual(resps[0].status, 200, resps[0])
+        seen = up.requests(key=k)
+        self.assertEqual(len(seen), 1)
+        self.assertIsNone(seen[0].header("Transfer-Encoding"))
+        self.assertEqual(seen[0].header("Content-Length"), "3")
+        self.assertEqual(seen[0].body, b"abc")
+        # The field still named the caller.
+        self.assertEqual(d.get_key(k, scope=h.scope_of("chunked")).status, 200)
+
+    def test_upgrade_the_scope_reads_is_not_forwarded(self):
+        up, d = self.setup_pair({"scope": ["header:Upgrade", "header:X-User"]})
+        k = h.new_key()
+        r = d.post(key=k, headers=[("Upgrade", "websocket"), ("X-User", "alice")])
+        self.assertEqual(r.status, 200, r)
+        seen = up.requests(key=k)[0]
+        self.assertIsNone(seen.header("Upgrade"))
+        self.assertEqual(seen.header("X-User"), "alice")
+
+    def test_proxy_field_the_scope_reads_is_still_forwarded(self):
+        up, d = self.setup_pair({"scope_header": "Proxy-User"})
+        k = h.new_key()
+        r = d.post(key=k, headers=[("Connection", "Proxy-User"), ("Proxy-User", "alice")])
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(up.requests(key=k)[0].header("Proxy-User"), "alice")
+        self.assertEqual(d.get_key(k, scope=h.scope_of("alice")).status, 200)
+
+
+if __name__ == "__main__":
+    unittest.main()
