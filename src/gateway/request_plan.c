@@ -246,12 +246,14 @@ int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char 
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
         bool host = idem_slice_eq_ci(f->name, "Host");
-        /* A client listing Idempotency-Key or Host in Connection does not
-         * get them stripped: the upstream must see the key as received.
-         * Nor the headers that named the caller (docs/protocol.md section 2): the
-         * upstream must authenticate the caller idemd scoped the key to. */
+        /* A client listing Idempotency-Key, Idempotency-Token or Host in
+         * Connection does not get them stripped: the upstream must see the
+         * key and the token as received.  Nor the headers that named the
+         * caller (docs/protocol.md section 2): the upstream must
+         * authenticate the caller idemd scoped the key to. */
         bool kept =
-            idem_slice_eq_ci(f->name, "Idempotency-Key") || host ||
+            idem_slice_eq_ci(f->name, "Idempotency-Key") ||
+            idem_slice_eq_ci(f->name, "Idempotency-Token") || host ||
             idem_gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
         if (frames_connection(f->name) || (!kept && idem_http_is_hop_by_hop(m, f->name)) ||
             idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||

@@ -137,8 +137,9 @@ idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *
  * the method as received, the normalised target; the client's fields in
  * order minus the hop-by-hop ones (Connection, Keep-Alive, TE, Trailer,
  * Transfer-Encoding and Upgrade always; Proxy-* and those the client's
- * Connection names unless they are Idempotency-Key, Host or a header the
- * scope is read from), Content-Length, Expect and any Idempotency-Fence;
+ * Connection names unless they are Idempotency-Key, Idempotency-Token,
+ * Host or a header the scope is read from), Content-Length, Expect and any
+ * Idempotency-Fence;
  * Host from an absolute-form target's authority, else
  * the client's, else upstream_host; then Idempotency-Fence: fence when
  * keyed, and Content-Length when there is a body or the client framed one.

@@ -7,6 +7,8 @@ target of the request path (fuzz/fuzz_request_path.c).
                             the upstream gets idemd's own framing only
                             (Content-Length), never the client's next to it
   a Proxy-* scope source    still forwarded, as any header the scope reads
+  Idempotency-Token named in Connection
+                            still forwarded, as Idempotency-Key is
 """
 
 import unittest
@@ -56,6 +58,22 @@ class FramingFieldsNameTheCaller(h.IdemTestCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(up.requests(key=k)[0].header("Proxy-User"), "alice")
         self.assertEqual(d.get_key(k, scope=h.scope_of("alice")).status, 200)
+
+
+class TokenNamedInConnection(h.IdemTestCase):
+    def test_token_named_in_connection_is_forwarded(self):
+        up, d = self.setup_pair({"routes": [
+            {"methods": ["POST"], "path": "/orders", "mode": "token"}]})
+        r = d.request("POST", "/_idem/tokens")
+        self.assertEqual(r.status, 201, r)
+        token = r.json()["token"]
+        r = d.request("POST", "/orders", body=b"{}",
+                      headers=[("Connection", "Idempotency-Token"),
+                               ("Idempotency-Token", token)])
+        self.assertEqual(r.status, 200, r)
+        seen = up.requests(path="/orders")
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0].header("Idempotency-Token"), token)
 
 
 if __name__ == "__main__":

@@ -182,6 +182,17 @@ Test(request_plan, framing_fields_the_scope_reads_are_never_forwarded)
     free(w);
 }
 
+Test(request_plan, token_named_in_connection_is_forwarded)
+{
+    /* Found by fuzz_request_path: the token went missing upstream, so the
+     * upstream head, sent to idemd again, was a missing-token. */
+    config("routes:\n  - methods: [POST]\n    path: /tok\n    mode: token\n");
+    expect_wire("POST /tok HTTP/1.1\r\nHost: h\r\nConnection: Idempotency-Token\r\n"
+                "Idempotency-Token: 0123456789abcdef0123456789abcdef\r\n\r\n",
+                "POST /tok HTTP/1.1\r\nHost: h\r\n"
+                "Idempotency-Token: 0123456789abcdef0123456789abcdef\r\n\r\n");
+}
+
 Test(request_plan, upstream_head_built_on_its_own)
 {
     /* The builder proxy.c calls, from a request view alone. */
