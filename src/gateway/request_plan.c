@@ -229,20 +229,47 @@ static bool frames_connection(idem_slice_t name)
     return false;
 }
 
-int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
-                          const idem_gw_request_t *rq, bool keyed, uint64_t fence)
+/* Where the upstream head goes: appended to out, or (out NULL) only measured. */
+typedef struct head_sink {
+    idem_buf_t *out;
+    size_t len;    /* bytes of the head so far */
+    size_t fields; /* header fields so far */
+    int rc;        /* nonzero once an append failed */
+} head_sink_t;
+
+static void sink_raw(head_sink_t *s, const char *p, size_t n)
+{
+    s->len += n;
+    if (s->out)
+        s->rc |= idem_buf_append(s->out, p, n);
+}
+
+static void sink_field(head_sink_t *s, const char *name, size_t name_len, const char *value,
+                       size_t value_len)
+{
+    s->fields++;
+    s->len += name_len + 2 + value_len + 2; /* "Name: value\r\n" */
+    if (s->out)
+        s->rc |= idem_http_write_field(s->out, name, name_len, value, value_len);
+}
+
+static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *upstream_host,
+                       const idem_gw_request_t *rq, bool keyed, uint64_t fence)
 {
     const idem_http_msg_t *m = rq->msg;
+    char num[24];
     /* The normalised target, in origin-form: the path the route was
      * matched on and the fingerprint hashed, so an upstream that would read
      * another spelling differently never gets one. */
-    int rc = idem_buf_appendf(out, "%.*s %.*s HTTP/1.1\r\n", (int)m->method.len, m->method.ptr,
-                              (int)rq->target_len, rq->target);
+    sink_raw(s, m->method.ptr, m->method.len);
+    sink_raw(s, " ", 1);
+    sink_raw(s, rq->target, rq->target_len);
+    sink_raw(s, " HTTP/1.1\r\n", 11);
     /* An absolute-form target's authority replaces Host (RFC 9112 section
      * 3.2.2). */
     bool has_host = rq->authority.len > 0;
     if (has_host)
-        rc |= idem_http_write_field(out, "Host", 4, rq->authority.ptr, rq->authority.len);
+        sink_field(s, "Host", 4, rq->authority.ptr, rq->authority.len);
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
         bool host = idem_slice_eq_ci(f->name, "Host");
@@ -261,16 +288,44 @@ int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char 
             continue;
         if (host)
             has_host = true;
-        rc |= idem_http_write_field(out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+        sink_field(s, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
     }
     if (!has_host)
-        rc |= idem_buf_appendf(out, "Host: %s\r\n", upstream_host);
-    if (keyed)
-        rc |= idem_buf_appendf(out, "Idempotency-Fence: %llu\r\n", (unsigned long long)fence);
-    if (rq->body_len > 0 || m->framing != IDEM_HTTP_BODY_NONE)
-        rc |= idem_buf_appendf(out, "Content-Length: %zu\r\n", rq->body_len);
-    rc |= idem_buf_append_str(out, "\r\n");
-    return rc ? -1 : 0;
+        sink_field(s, "Host", 4, upstream_host, strlen(upstream_host));
+    if (keyed) {
+        int n = snprintf(num, sizeof num, "%llu", (unsigned long long)fence);
+        sink_field(s, "Idempotency-Fence", 17, num, (size_t)n);
+    }
+    if (rq->body_len > 0 || m->framing != IDEM_HTTP_BODY_NONE) {
+        int n = snprintf(num, sizeof num, "%zu", rq->body_len);
+        sink_field(s, "Content-Length", 14, num, (size_t)n);
+    }
+    sink_raw(s, "\r\n", 2);
+}
+
+int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
+                          const idem_gw_request_t *rq, bool keyed, uint64_t fence)
+{
+    head_sink_t s = {.out = out};
+    build_head(&s, cfg, upstream_host, rq, keyed, fence);
+    return s.rc ? -1 : 0;
+}
+
+bool idem_gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
+                           const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r)
+{
+    head_sink_t s = {0};
+    /* The longest fence there can be: the bound holds for every claim. */
+    build_head(&s, cfg, upstream_host, rq, keyed, UINT64_MAX);
+    if (s.fields <= IDEM_HTTP_MAX_HEADERS && s.len <= IDEM_HTTP_MAX_HEAD)
+        return true;
+    refuse(r, 431, "headers-too-large", IDEM_OUT_TOO_LARGE,
+           s.fields > IDEM_HTTP_MAX_HEADERS
+               ? "with the fields idemd adds (Idempotency-Fence, Host, Content-Length) the "
+                 "request would have more than 100 header fields"
+               : "with the fields idemd adds (Idempotency-Fence, Host, Content-Length) the "
+                 "request head would be larger than 16 KiB");
+    return false;
 }
 
 /* ---- the whole path -------------------------------------------------------- */
@@ -390,6 +445,10 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
             return plan_refused(p, &p->refusal);
     }
     idem_gw_request_t rq = plan_view(p);
+    bool keyed = p->cls.kind == IDEM_GW_KEYED;
+    if (p->cls.kind != IDEM_GW_TOKEN_ISSUE &&
+        !idem_gw_upstream_fits(cfg, upstream_host, &rq, keyed, &p->refusal))
+        return plan_refused(p, &p->refusal);
     if (p->cls.kind != IDEM_GW_PASS) {
         const char *dup = NULL;
         p->scoped = true;
@@ -402,7 +461,6 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
         p->verdict = IDEM_GW_ISSUE;
         return IDEM_OK;
     }
-    bool keyed = p->cls.kind == IDEM_GW_KEYED;
     if (keyed) {
         if (idem_gw_fingerprint(p->cls.policy, &rq, p->fp) != IDEM_OK) {
             idem_gw_refusal_t r;

@@ -12,6 +12,8 @@
  *   decode the body (src/http)           refused: 400, 413       idem_gw_refuse_body
  *   classify: token issue, route, mode,  refused: 400, 405       idem_gw_classify
  *     key or token
+ *   the upstream head within limits,     refused: 431            idem_gw_upstream_fits
+ *     all but token issue
  *   scope (scope.c), token kinds and     refused: 400, 500       idem_gw_refuse_scope
  *     keyed
  *   (scope_rate_limit: server.c, since it holds state)
@@ -147,6 +149,16 @@ idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *
  *         then hold part of the head). */
 int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
                           const idem_gw_request_t *rq, bool keyed, uint64_t fence);
+
+/** Whether the head idem_gw_upstream_head makes for rq, with the longest
+ * fence there is, keeps within idemd's own limits on a request head
+ * (IDEM_HTTP_MAX_HEADERS fields, IDEM_HTTP_MAX_HEAD bytes), which the
+ * fields idemd adds could otherwise pass: so an idemd, or any upstream with
+ * idemd's limits, never refuses what idemd forwards after claiming its key.
+ * Checked before the store.  @return true, or false with r filled (431
+ * headers-too-large). */
+bool idem_gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
+                           const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r);
 
 /* ---- the whole path at once ------------------------------------------------ */
 

@@ -1788,6 +1788,15 @@ static void req_dispatch(idem_req_t *req)
 {
     if (!req->head_checked && !req_check_head(req))
         return;
+    if (req->kind != IDEM_GW_TOKEN_ISSUE) {
+        idem_gw_request_t rq = idem_req_view(req);
+        idem_gw_refusal_t refusal;
+        if (!idem_gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
+                                   req->kind == IDEM_GW_KEYED, &refusal)) {
+            req_refuse(req, &refusal);
+            return;
+        }
+    }
     switch (req->kind) {
     case IDEM_GW_TOKEN_ISSUE: req_issue_token(req); return;
     case IDEM_GW_TOKEN: req_spend_token(req); return;

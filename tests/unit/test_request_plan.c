@@ -193,6 +193,63 @@ Test(request_plan, token_named_in_connection_is_forwarded)
                 "Idempotency-Token: 0123456789abcdef0123456789abcdef\r\n\r\n");
 }
 
+/* A keyed request of n header fields: Host, the key and fillers, each
+ * filler with a value of fill bytes. */
+static char *fields(size_t n, size_t fill, const char *version)
+{
+    size_t cap = 64 + n * (fill + 16);
+    char *s = malloc(cap);
+    cr_assert_not_null(s);
+    size_t o = (size_t)snprintf(s, cap, "POST /pay %s\r\nHost: h\r\nIdempotency-Key: k\r\n",
+                                version);
+    for (size_t i = 2; i < n; i++) {
+        o += (size_t)snprintf(s + o, cap - o, "X-%03zu: ", i);
+        memset(s + o, 'v', fill);
+        o += fill;
+        o += (size_t)snprintf(s + o, cap - o, "\r\n");
+    }
+    snprintf(s + o, cap - o, "\r\n");
+    return s;
+}
+
+Test(request_plan, forwarded_head_keeps_within_idemds_own_limits)
+{
+    /* Found by fuzz_request_path: 100 fields and the Idempotency-Fence
+     * idemd adds went upstream as 101, more than idemd itself takes. */
+    char *r = fields(100, 1, "HTTP/1.1");
+    expect_refused(r, 431, "headers-too-large", IDEM_OUT_TOO_LARGE);
+    free(r);
+    r = fields(99, 1, "HTTP/1.1");
+    cr_expect_eq(run(r)->verdict, IDEM_GW_FORWARD);
+    free(r);
+    /* HTTP/1.0 without Host gets one as well: two added. */
+    r = fields(99, 1, "HTTP/1.0");
+    memcpy(strstr(r, "Host: h"), "X-Hos: h", 8);
+    expect_refused(r, 431, "headers-too-large", IDEM_OUT_TOO_LARGE);
+    free(r);
+    /* Size: a head that fits 16 KiB, but not with the fence (the longest
+     * one, whatever the claim's) and Content-Length. */
+    size_t fill = (IDEM_HTTP_MAX_HEAD - 200) / 10;
+    r = fields(12, fill, "HTTP/1.1");
+    size_t len = strlen(r);
+    cr_assert_lt(len, IDEM_HTTP_MAX_HEAD);
+    /* Pad the last filler to leave less room than the fence takes. */
+    char *big = malloc(IDEM_HTTP_MAX_HEAD + 1);
+    cr_assert_not_null(big);
+    size_t pad = IDEM_HTTP_MAX_HEAD - len - 20;
+    memcpy(big, r, len - 4);
+    memset(big + len - 4, 'w', pad);
+    memcpy(big + len - 4 + pad, "\r\n\r\n", 5);
+    cr_assert_eq(strlen(big), IDEM_HTTP_MAX_HEAD - 20);
+    expect_refused(big, 431, "headers-too-large", IDEM_OUT_TOO_LARGE);
+    cr_expect_not_null(strstr(plan.refusal.detail, "16 KiB"));
+    /* Not keyed (a method no route takes), no fence added: forwarded. */
+    memcpy(big, "PUTS", 4);
+    cr_expect_eq(run(big)->verdict, IDEM_GW_FORWARD);
+    free(big);
+    free(r);
+}
+
 Test(request_plan, upstream_head_built_on_its_own)
 {
     /* The builder proxy.c calls, from a request view alone. */
