@@ -3,7 +3,7 @@
 #
 # SECONDS is the budget for the whole run (default $IDEM_FUZZ_SECONDS, else
 # 60), split evenly between the targets (at least 1 s each): `fuzz/run.sh 60`
-# with seven targets gives each 8 s, which is what `make test` runs (the
+# with eight targets gives each 7 s, which is what `make test` runs (the
 # meson test `fuzz`); `make fuzz FUZZ_SECONDS=N` passes N the same way.  To fuzz one target for longer, run
 # its binary by hand (fuzz/README.md).
 #
