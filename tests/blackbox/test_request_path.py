@@ -33,7 +33,7 @@ class FramingFieldsNameTheCaller(h.IdemTestCase):
         k = h.new_key()
         raw = ("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"
                "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n" % k).encode()
-        data, _ = h.raw_exchange(d.port, raw, timeout=15)
+        data, _ = h.raw_exchange(d.port, raw, timeout=15, shut_write=True)
         resps = h.parse_responses(data)
         self.assertEqual(len(resps), 1, data[:300])
         self.assertEqual(resps[0].status, 200, resps[0])
@@ -96,7 +96,7 @@ class ForwardedWithinLimits(h.IdemTestCase):
     def test_a_request_that_would_pass_100_fields_upstream_is_431_before_the_store(self):
         up, d = self.setup_pair()
         k = h.new_key()
-        data, _ = h.raw_exchange(d.port, many_fields(k, 100), timeout=10)
+        data, _ = h.raw_exchange(d.port, many_fields(k, 100), timeout=10, shut_write=True)
         resps = h.parse_responses(data)
         self.assertEqual(len(resps), 1, data[:300])
         doc = self.assertProblem(resps[0], 431, "headers-too-large")
@@ -109,7 +109,7 @@ class ForwardedWithinLimits(h.IdemTestCase):
         # 99; the exact bound of 100 is in tests/unit/test_request_plan.c).
         up, d = self.setup_pair()
         k = h.new_key()
-        data, _ = h.raw_exchange(d.port, many_fields(k, 98), timeout=10)
+        data, _ = h.raw_exchange(d.port, many_fields(k, 98), timeout=10, shut_write=True)
         resps = h.parse_responses(data)
         self.assertEqual(len(resps), 1, data[:300])
         self.assertEqual(resps[0].status, 200, resps[0])
