@@ -124,6 +124,7 @@
 
 #include "idem/alloc.h"
 #include "idem/fingerprint.h"
+#include "core/utf8.h"
 
 /* The largest exponent literal kept exactly; a larger one saturates here,
  * still far enough beyond IDEM__JSON_MAX_EXP plus any offset a 4 GiB text
@@ -193,39 +194,6 @@ static long hex4(const unsigned char *s, size_t len, size_t i)
         v = v * 16 + d;
     }
     return v;
-}
-
-/* The length of the valid UTF-8 sequence of two to four bytes at s (n bytes
- * available), or 0 (RFC 3629: no overlong forms, no surrogates, nothing
- * beyond U+10FFFF). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
-    size_t need, i;
-
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < need || s[1] < lo || s[1] > hi)
-        return 0;
-    for (i = 2; i < need; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF)
-            return 0;
-    return need;
 }
 
 /* A number as decimal digits: the significant digits are the digit
@@ -559,7 +527,7 @@ static int parse_string(struct parse *p)
         if (c < 0x20)
             return -1;
         if (c >= 0x80) {
-            size_t n = utf8_len(s + i, len - i);
+            size_t n = idem__utf8_seq(s + i, len - i);
             if (n == 0)
                 return -1;
             i += n;

@@ -14,43 +14,53 @@
 
 #include "core/utf8.h"
 
+size_t idem__utf8_seq(const void *s, size_t n)
+{
+    const uint8_t *p = s;
+    uint8_t lo = 0x80, hi = 0xbf; /* the range of the first continuation byte */
+    size_t more;
+
+    if (n == 0)
+        return 0;
+    uint8_t c = p[0];
+    if (c < 0x80) {
+        return 1;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+        more = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        more = 2;
+        if (c == 0xe0)
+            lo = 0xa0; /* below: overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* above: surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        more = 3;
+        if (c == 0xf0)
+            lo = 0x90; /* below: overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above: past U+10FFFF */
+    } else {
+        return 0; /* a continuation byte, C0, C1 or F5..FF */
+    }
+    if (n - 1 < more)
+        return 0; /* cut short */
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t j = 2; j <= more; j++)
+        if (p[j] < 0x80 || p[j] > 0xbf)
+            return 0;
+    return more + 1;
+}
+
 bool idem__utf8_valid(const void *s, size_t len)
 {
     const uint8_t *p = s;
-    size_t i = 0;
 
-    while (i < len) {
-        uint8_t c = p[i];
-        size_t more;
-        uint8_t lo = 0x80, hi = 0xbf; /* the range of the first continuation byte */
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            more = 1;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            more = 2;
-            if (c == 0xe0)
-                lo = 0xa0; /* below: overlong */
-            else if (c == 0xed)
-                hi = 0x9f; /* above: surrogates */
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            more = 3;
-            if (c == 0xf0)
-                lo = 0x90; /* below: overlong */
-            else if (c == 0xf4)
-                hi = 0x8f; /* above: past U+10FFFF */
-        } else {
-            return false; /* a continuation byte, C0, C1 or F5..FF */
-        }
-        if (len - i - 1 < more)
-            return false; /* cut short */
-        if (p[i + 1] < lo || p[i + 1] > hi)
+    for (size_t i = 0; i < len;) {
+        size_t k = idem__utf8_seq(p + i, len - i);
+        if (k == 0)
             return false;
-        for (size_t j = 2; j <= more; j++)
-            if (p[i + j] < 0x80 || p[i + j] > 0xbf)
-                return false;
-        i += more + 1;
+        i += k;
     }
     return true;
 }

@@ -22,4 +22,9 @@
  * pass strlen.  The empty string is valid. */
 bool idem__utf8_valid(const void *s, size_t len);
 
+/* The length (1-4) of the one well-formed UTF-8 sequence that starts s (n
+ * bytes available), or 0 when none does: what idem__utf8_valid checks, one
+ * sequence at a time (src/core/json.c reads strings with it). */
+size_t idem__utf8_seq(const void *s, size_t n);
+
 #endif /* IDEM_CORE_UTF8_H */
