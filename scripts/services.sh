@@ -51,9 +51,13 @@ EOF
 
 stop() {
   [ -d "$dir" ] || return 0
+  # Redis by its own pid file, never by port: a `stop` run without the
+  # IDEM_TEST_REDIS_PORT its `start` had must not shut down whatever server
+  # listens on the default port (another run's).
   if [ -f "$dir/redis/redis.pid" ]; then
-    redis-cli -h 127.0.0.1 -p "$redis_port" shutdown nosave >/dev/null 2>&1 ||
-      kill "$(cat "$dir/redis/redis.pid")" 2>/dev/null || true
+    pid=$(cat "$dir/redis/redis.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if [ -f "$dir/pg/data/postmaster.pid" ]; then
     as_pg "$pg_bin/pg_ctl" -D "$dir/pg/data" -m immediate -w stop >/dev/null 2>&1 || true
