@@ -1,6 +1,6 @@
 /* fuzz/fuzz_request_path.c - libFuzzer target for idemd's request path as a
  * whole: request bytes in, a decision and the bytes sent upstream out
- * (idem_gw_plan_request, src/gateway/request_plan.c, whose steps server.c
+ * (idem_gw_plan_request, src/gateway/request_plan.c, whose steps conn.c, request.c
  * and proxy.c call on the loop).
  *
  * The input's first byte picks one of four configurations (below); the

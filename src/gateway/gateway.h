@@ -239,7 +239,7 @@ struct idem_worker {
     pthread_t thread;
 };
 
-/* server.c */
+/* request.c */
 /** idem_store_get, counted in the metrics (every read of the store outside
  * the writer goes through here, so a test can see that a cached replay made
  * none). */
@@ -396,7 +396,7 @@ void idem_proxy_abort(idem_req_t *req);
 /** Close every idle pooled connection of w. */
 void idem_proxy_close_idle(idem_worker_t *w);
 
-/* server.c: callbacks from proxy.c */
+/* request.c: callbacks from proxy.c */
 void idem_req_upstream_done(idem_req_t *req);
 void idem_req_upstream_overflow(idem_req_t *req);
 void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why);
@@ -407,7 +407,7 @@ void idem_req_stream_end(idem_req_t *req, bool complete);
 /** The client's queue drained below its mark: proxy.c may read again. */
 void idem_proxy_on_client_drain(idem_req_t *req);
 
-/* server.c: writing to a client. */
+/* conn.c: writing to a client. */
 /** Queue bytes (copied) on the request's client; no-op if the client left. */
 void idem_conn_write(idem_conn_t *c, const void *p, size_t n);
 size_t idem_conn_queue_size(idem_conn_t *c);

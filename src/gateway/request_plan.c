@@ -3,10 +3,10 @@
  *
  * See request_plan.h for the steps and who calls them.  Every answer idemd
  * makes before the store, and every byte of the head it sends upstream, is
- * decided here, so that server.c and proxy.c (on the loop) and the fuzzer
- * and the unit tests (without one) run one code.  The order of the steps in
- * idem_gw_plan_request is server.c's order; a change to one is a change to
- * the other.
+ * decided here, so that conn.c, request.c and proxy.c (on the loop) and
+ * the fuzzer and the unit tests (without one) run one code.  The order of
+ * the steps in idem_gw_plan_request is conn.c's and request.c's order; a
+ * change to one is a change to the other.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,7 +358,7 @@ static void plan_classify(const idem_config_t *cfg, idem_gw_plan_t *p, bool *ok)
     *ok = idem_gw_classify(cfg, &rq, &p->cls, &p->refusal);
 }
 
-/* Decode the body that follows the head, as server.c's conn_process_loop
+/* Decode the body that follows the head, as conn.c's conn_process_loop
  * does (the same limit on the decoder and on the buffer). */
 static void plan_body(const idem_config_t *cfg, idem_gw_plan_t *p, const char *in, size_t len)
 {
@@ -438,7 +438,7 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
         }
     }
 
-    /* Dispatch (server.c's req_dispatch). */
+    /* Dispatch (request.c's idem__req_dispatch). */
     if (!p->classified) {
         plan_classify(cfg, p, &ok);
         if (!ok)

@@ -16,14 +16,14 @@
  *     all but token issue
  *   scope (scope.c), token kinds and     refused: 400, 500       idem_gw_refuse_scope
  *     keyed
- *   (scope_rate_limit: server.c, since it holds state)
+ *   (scope_rate_limit: request.c, since it holds state)
  *   fingerprint, keyed                   refused: 500            idem_gw_fingerprint
  *   -> the store: claim, token use or issue
  *   -> the upstream gets idem_gw_upstream_head and the decoded body.
  *
- * server.c calls each step where its loop gets to it (the head's checks as
- * soon as the head is in, a large body's fingerprint in the thread pool),
- * and proxy.c builds what it sends with idem_gw_upstream_head.
+ * conn.c and request.c call each step where the loop gets to it (the
+ * head's checks as soon as the head is in, a large body's fingerprint in
+ * the thread pool), and proxy.c builds what it sends with idem_gw_upstream_head.
  * idem_gw_plan_request runs the same steps in the same order over input
  * that has all arrived, for the fuzzer (fuzz/fuzz_request_path.c) and the
  * unit tests: what it says is what idemd does, up to what only the running

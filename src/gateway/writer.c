@@ -18,7 +18,7 @@
  *
  * A store whose commits do not wait for the disk (memory:, lmdb with
  * sync=interval) is not worth two thread hand-offs per operation: there
- * each worker applies its own queue once per loop turn (server.c), with
+ * each worker applies its own queue once per loop turn (worker.c), with
  * idem_jobs_apply below, and this thread only sweeps.
  *
  * INVARIANTS: a job is handed back exactly once; jobs are handed back in

@@ -1,0 +1,769 @@
+/* src/gateway/conn.c - a worker's client connections: accepting, reading,
+ * parsing, timers, 100-continue, writing to a client, and the body budget.
+ *
+ * Each worker thread runs one uv_loop_t watching its own dup() of the one
+ * listening socket main.c bound (whichever loop accepts first takes the
+ * connection; no SO_REUSEPORT, so a second process cannot share the port).
+ * A client connection reads and parses one request at a time (pipelined
+ * requests wait in the read buffer), refuses a target that is not origin-
+ * or absolute-form or whose path has no single reading (docs/protocol.md
+ * section 5), buffers its body up to max_request_bytes, and hands the whole
+ * request, with its target normalised, to idem__req_dispatch (request.c).
+ * The refusals before a request exists are loop-free steps of
+ * request_plan.c, called here where the loop gets to them.
+ *
+ * What a client holds is bounded (docs/protocol.md section 11): each
+ * connection has one timer, armed for what it waits for (conn_timer): a new
+ * connection's first head, or a head once its first byte came
+ * (header_timeout, never restarted by later bytes); the next byte of a body
+ * (body_timeout); the next request on a keep-alive connection
+ * (idle_timeout).  max_connections counts connections across workers, and a
+ * request whose client hung up keeps its connection's place until it ends
+ * (it still holds an upstream connection).  max_buffered_bytes counts the
+ * request body buffers of every worker: a body is charged before it is read
+ * (its Content-Length, or a chunked body's buffer as it grows), so a body
+ * that does not fit is refused (503) rather than one in progress starved.
+ * A request with `Expect: 100-continue` is checked (route, key, budget)
+ * before it is invited to send its body; one refused then is answered at
+ * once and its connection closed, since its body may follow anyway.
+ *
+ * INVARIANTS: a connection carries at most one request (c->req), the one
+ * being read or answered; a request that outlives its connection takes its
+ * max_connections place with it.
+ * THREADING: the worker's loop thread only.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gateway/conn.h"
+#include "gateway/gateway.h"
+#include "gateway/request.h"
+
+#define READ_CHUNK (64 * 1024)
+#define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
+#define RBUF_PAUSE (256 * 1024)   /* stop reading a busy connection past this much pipelined input */
+#define WRITE_HIGH_MARK (4u << 20)  /* answers queued to a client that does not read: stop parsing */
+
+typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
+
+/* What the connection's timer is waiting for. */
+typedef enum {
+    CT_NONE,  /* nothing: a request is being answered */
+    CT_IDLE,  /* a keep-alive connection's next request (idle_timeout) */
+    CT_HEAD,  /* the rest of a request head (header_timeout from its start) */
+    CT_BODY,  /* the next byte of a request body (body_timeout) */
+    CT_DRAIN, /* the end of draining after an error answer */
+} conn_timer_t;
+
+struct idem_conn {
+    uv_tcp_t tcp;
+    idem_worker_t *w;
+    idem_link_t link;
+    idem_rbuf_t in;    /* unparsed input */
+    idem_http_head_state_t hs;
+    conn_state_t state;
+    idem_http_body_t body;
+    idem_req_t *req;   /* the request being read or answered */
+    bool reading;
+    bool keep_alive;   /* for the response being written */
+    bool close_after;  /* close once the queued writes are done */
+    size_t queued;     /* bytes in uv_write requests not yet done */
+    int writes;        /* uv_write requests not yet done */
+    int closes;        /* handles (tcp, timer) whose close callback is pending */
+    bool processing;   /* inside conn_process: answers made now loop, not recurse */
+    bool peer_eof;     /* the client half-closed after its request: answer, then close */
+    bool write_blocked;/* too much queued for a client that does not read: parsing waits */
+    bool slot_moved;   /* its max_connections place went to the request that outlived it */
+    conn_timer_t waiting; /* what timer is armed for */
+    uv_timer_t timer;
+};
+
+typedef struct {
+    uv_write_t wr;
+    idem_conn_t *conn;
+    size_t len;
+    char data[];
+} write_req_t;
+
+static void conn_drain(idem_conn_t *c);
+static void conn_timer(idem_conn_t *c, conn_timer_t what);
+static void conn_process(idem_conn_t *c);
+static void conn_start_reading(idem_conn_t *c);
+static bool req_admit_body(idem_req_t *req);
+static bool req_charge_body(idem_req_t *req);
+
+/* ---- writing to a client ---------------------------------------------- */
+
+static void on_write(uv_write_t *wr, int status)
+{
+    write_req_t *r = (write_req_t *)wr;
+    idem_conn_t *c = r->conn;
+    c->queued -= r->len;
+    c->writes--;
+    free(r);
+    if (status < 0 && c->state != CS_CLOSED) {
+        idem__conn_close(c);
+        return;
+    }
+    if (c->req && c->req->stream_started && c->queued < IDEM_STREAM_HIGH_MARK / 2)
+        idem_proxy_on_client_drain(c->req);
+    if (c->close_after && c->writes == 0 && c->state != CS_CLOSED) {
+        idem__conn_close(c);
+        return;
+    }
+    if (c->write_blocked && c->queued < WRITE_HIGH_MARK / 2 && c->state == CS_HEAD) {
+        c->write_blocked = false;
+        if (!c->peer_eof)
+            conn_start_reading(c);
+        conn_process(c);
+    }
+}
+
+void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
+{
+    if (!c || c->state == CS_CLOSED || n == 0)
+        return;
+    write_req_t *r = malloc(sizeof *r + n);
+    if (!r) {
+        idem__conn_close(c);
+        return;
+    }
+    r->conn = c;
+    r->len = n;
+    memcpy(r->data, p, n);
+    uv_buf_t b = uv_buf_init(r->data, (unsigned)n);
+    if (uv_write(&r->wr, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
+        free(r);
+        idem__conn_close(c);
+        return;
+    }
+    c->queued += n;
+    c->writes++;
+}
+
+size_t idem_conn_queue_size(idem_conn_t *c) { return c ? c->queued : 0; }
+
+/* ---- connections --------------------------------------------------------- */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    idem_conn_t *c = h->data;
+    /* Two handles (tcp and timer) close; free on the second. */
+    if (--c->closes > 0)
+        return;
+    idem_worker_t *w = c->w;
+    if (!c->slot_moved)
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+    free(c->in.data);
+    free(c);
+    idem__worker_maybe_exit(w);
+}
+
+void idem__conn_close(idem_conn_t *c)
+{
+    if (c->state == CS_CLOSED)
+        return;
+    conn_state_t was = c->state;
+    c->state = CS_CLOSED;
+    idem_list_remove(&c->link);
+    if (c->req) {
+        /* A dispatched request goes on without its client: its outcome is
+         * still stored.  One whose body never arrived is simply dropped. */
+        idem_req_t *req = c->req;
+        c->req = NULL;
+        req->conn = NULL;
+        /* Its upstream connection is still open: it keeps this one's place
+         * in max_connections until it ends (req_free). */
+        req->holds_slot = true;
+        c->slot_moved = true;
+        if (was == CS_BODY || was == CS_HEAD) {
+            req->finished = true;
+            req->responded = true;
+        }
+        if (req->streaming)
+            idem_proxy_abort(req);
+        idem__req_maybe_free(req);
+    }
+    uv_timer_stop(&c->timer);
+    c->closes = 2;
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+}
+
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail);
+static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
+                           const char *detail, int64_t retry_after);
+
+static void on_conn_timer(uv_timer_t *t)
+{
+    idem_conn_t *c = t->data;
+    if (c->state == CS_BUSY || c->state == CS_CLOSED)
+        return;
+    if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
+        /* A head begun and not finished in time: the client hears why. */
+        idem_metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
+        conn_fail(c, 408, "request-timeout",
+                  "the request head did not arrive within header_timeout");
+        return;
+    }
+    if (c->waiting == CT_BODY && c->state == CS_BODY && c->req) {
+        conn_fail_body(c, 408, IDEM_OUT_REQUEST_TIMEOUT, "request-timeout",
+                       "the request body paused for longer than body_timeout", 0);
+        return;
+    }
+    /* Idle keep-alive, a new connection that sent nothing, or the end of
+     * draining after an error: closed without a word (RFC 9112 9.5). */
+    idem__conn_close(c);
+}
+
+/* Arm the connection's one timer for what it now waits for (see CT_*). */
+static void conn_timer(idem_conn_t *c, conn_timer_t what)
+{
+    const idem_config_t *cfg = c->w->gw->cfg;
+    int64_t ms;
+    switch (what) {
+    case CT_IDLE: ms = cfg->idle_timeout_ms; break;
+    case CT_HEAD: ms = cfg->header_timeout_ms; break;
+    case CT_BODY: ms = cfg->body_timeout_ms; break;
+    case CT_DRAIN: ms = CONN_DRAIN_MS; break;
+    default:
+        c->waiting = CT_NONE;
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    c->waiting = what;
+    uv_timer_start(&c->timer, on_conn_timer, (uint64_t)ms, 0);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    idem_conn_t *c = h->data;
+    (void)suggested;
+    if (c->state == CS_DRAIN) {
+        static __thread char sink[16384];
+        *buf = uv_buf_init(sink, sizeof sink);
+        return;
+    }
+    idem_rbuf_alloc(&c->in, READ_CHUNK, buf);
+}
+
+static void conn_stop_reading(idem_conn_t *c)
+{
+    if (c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    idem_conn_t *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        if (nread == UV_EOF && c->state == CS_BUSY) {
+            /* A client may half-close once its request is sent: it still
+             * gets its answer. */
+            c->peer_eof = true;
+            conn_stop_reading(c);
+            return;
+        }
+        /* EOF or error: a request still being answered keeps running. */
+        idem__conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (c->state == CS_DRAIN)
+        return;
+    c->in.len += (size_t)nread;
+    if (c->state == CS_BUSY) {
+        /* Pipelined input waits for the current answer.  Reading goes on
+         * (stopping and restarting costs two epoll_ctl calls per request)
+         * until a bound. */
+        if (c->in.len >= RBUF_PAUSE)
+            conn_stop_reading(c);
+        return;
+    }
+    /* Each byte of a body restarts body_timeout; a head's deadline is set
+     * by its first byte (conn_process_loop) and no later one moves it. */
+    if (c->state == CS_BODY)
+        conn_timer(c, CT_BODY);
+    conn_process(c);
+}
+
+static void conn_start_reading(idem_conn_t *c)
+{
+    if (!c->reading && c->state != CS_CLOSED) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = true;
+    }
+}
+
+static void on_shutdown_done(uv_shutdown_t *sd, int status)
+{
+    (void)status;
+    free(sd);
+}
+
+/* Take no more requests on c: send FIN once what is queued is out, and read
+ * (and drop) what the client may still be sending for a while, so that it
+ * sees its answer rather than a reset; then close. */
+static void conn_drain(idem_conn_t *c)
+{
+    if (c->state == CS_CLOSED)
+        return;
+    c->state = CS_DRAIN;
+    c->in.len = 0;
+    uv_shutdown_t *sd = malloc(sizeof *sd);
+    if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
+        free(sd);
+    conn_start_reading(c);
+    conn_timer(c, CT_DRAIN);
+}
+
+/* Answer with an error of idemd's own and close the connection (drained). */
+static void conn_fail_retry(idem_conn_t *c, int status, const char *type, const char *detail,
+                            int64_t retry_after)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    if (idem_problem_write(&out, status, type, detail, retry_after, true, false) == 0)
+        idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    conn_drain(c);
+}
+
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail)
+{
+    conn_fail_retry(c, status, type, detail, 0);
+}
+
+/* The body being read is refused (too large, malformed, too slow, over the
+ * budget): its request is dropped before it reached the store, so no key is
+ * claimed for it, and the connection ends. */
+static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
+                           const char *detail, int64_t retry_after)
+{
+    idem_req_t *req = c->req;
+    c->req = NULL;
+    req->conn = NULL;
+    req->finished = true;
+    req->responded = true;
+    req->status = status;
+    req->outcome = outcome;
+    idem__req_maybe_free(req);
+    conn_fail_retry(c, status, type, detail, retry_after);
+}
+
+/* A refusal of the request being read, before it reached the store: counted,
+ * answered, and the connection closed (drained). */
+static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
+{
+    idem_metrics_count(&c->w->gw->metrics, r->outcome);
+    conn_fail(c, r->status, r->type, r->detail);
+}
+
+/* Parse and collect as much of the current request as the buffer holds. */
+static void conn_process_loop(idem_conn_t *c);
+
+static void conn_process(idem_conn_t *c)
+{
+    if (c->processing)
+        return;
+    c->processing = true;
+    conn_process_loop(c);
+    c->processing = false;
+}
+
+static void conn_process_loop(idem_conn_t *c)
+{
+    idem_worker_t *w = c->w;
+    const idem_config_t *cfg = w->gw->cfg;
+    for (;;) {
+        if (c->state == CS_HEAD) {
+            if (c->in.len == 0) {
+                if (c->peer_eof)
+                    idem__conn_close(c);
+                return;
+            }
+            if (c->queued > WRITE_HIGH_MARK) {
+                /* A client that pipelines without reading its answers must
+                 * not make us queue them without bound; nor hold us longer
+                 * than an idle connection would. */
+                c->write_blocked = true;
+                conn_stop_reading(c);
+                conn_timer(c, CT_IDLE);
+                return;
+            }
+            idem_http_msg_t msg;
+            int rc = idem_http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD, &msg);
+            if (rc == IDEM_HTTP_INCOMPLETE) {
+                if (c->peer_eof)
+                    idem__conn_close(c); /* the rest can never come */
+                else if (c->waiting != CT_HEAD)
+                    conn_timer(c, CT_HEAD); /* header_timeout from the head's first byte */
+                return;
+            }
+            /* The steps before the store are request_plan.c's, in its order. */
+            idem_gw_refusal_t refusal;
+            if (rc < 0) {
+                idem_gw_refuse_parse(rc, &refusal);
+                conn_refuse_request(c, &refusal);
+                return;
+            }
+            size_t head_len = (size_t)rc;
+            memset(&c->hs, 0, sizeof c->hs);
+            if (!idem_gw_check_head(cfg, &msg, &refusal)) {
+                conn_refuse_request(c, &refusal);
+                return;
+            }
+            int target_rc;
+            idem_req_t *req =
+                idem__req_create(w, c, c->in.data, head_len, msg.target.len, &target_rc);
+            if (!req && target_rc != IDEM_TARGET_OK) {
+                idem_gw_refuse_target(target_rc, &refusal);
+                conn_refuse_request(c, &refusal);
+                return;
+            }
+            if (!req) {
+                conn_fail(c, 500, "internal", "out of memory");
+                return;
+            }
+            idem_rbuf_consume(&c->in, head_len);
+            c->req = req;
+            if (req->msg.framing == IDEM_HTTP_BODY_NONE) {
+                c->state = CS_BUSY;
+                conn_timer(c, CT_NONE);
+            } else {
+                idem_http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
+                c->state = CS_BODY;
+                conn_timer(c, CT_BODY);
+                /* A client waiting for 100 Continue is invited only once the
+                 * head passed every check it can (docs/protocol.md section
+                 * 11); refused, it gets its answer and the connection closes. */
+                bool invite = req->msg.expect_continue && req->msg.version_minor == 1 &&
+                              c->in.len == 0;
+                if (invite && !idem__req_check_head(req))
+                    return;
+                if (!req_admit_body(req))
+                    return;
+                if (invite)
+                    idem_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            }
+        }
+        if (c->state == CS_BODY) {
+            idem_req_t *req = c->req;
+            size_t off = 0;
+            bool over_budget = false;
+            int rc;
+            for (;;) {
+                size_t used = 0;
+                idem_slice_t data = {0};
+                rc = idem_http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used, &data);
+                off += used;
+                if (rc == IDEM_HTTP_BODY_DATA) {
+                    if (idem_buf_append(&req->body, data.ptr, data.len) != 0) {
+                        rc = IDEM_HTTP_E_BODY_TOO_LARGE;
+                        break;
+                    }
+                    if (!req_charge_body(req)) {
+                        over_budget = true;
+                        break;
+                    }
+                    continue;
+                }
+                break;
+            }
+            idem_rbuf_consume(&c->in, off);
+            if (over_budget) {
+                conn_fail_body(c, 503, IDEM_OUT_OVERLOADED, "overloaded",
+                               "too many request bodies are held at once (max_buffered_bytes); "
+                               "send a Content-Length to reserve room, or retry",
+                               1);
+                return;
+            }
+            if (rc == IDEM_HTTP_INCOMPLETE) {
+                if (c->peer_eof)
+                    idem__conn_close(c);
+                return;
+            }
+            if (rc < 0) {
+                idem_gw_refusal_t refusal;
+                idem_gw_refuse_body(rc, &refusal);
+                conn_fail_body(c, refusal.status, refusal.outcome, refusal.type, refusal.detail, 0);
+                return;
+            }
+            c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
+            conn_timer(c, CT_NONE);
+        }
+        if (c->state == CS_BUSY) {
+            /* One request at a time: later pipelined ones wait in c->in.
+             * The idle timer ignores a busy connection. */
+            idem__req_dispatch(c->req);
+            /* Answered at once (a replay, an error): go on with what is
+             * pipelined behind it, in this loop rather than recursively. */
+            if (c->state == CS_HEAD && c->in.len > 0)
+                continue;
+            return;
+        }
+        return;
+    }
+}
+
+/* The response of c->req is wholly queued. */
+void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
+{
+    if (!c || c->state == CS_CLOSED)
+        return;
+    idem_req_t *req = c->req;
+    c->req = NULL;
+    if (req) {
+        req->conn = NULL;
+        idem__req_maybe_free(req);
+    }
+    if (c->state == CS_BODY) {
+        /* Answered before its body was read (refused at the head): the body
+         * may follow anyway, so no later request can be told from it. */
+        conn_drain(c);
+        return;
+    }
+    if (!keep_alive || c->w->stopping || (c->peer_eof && c->in.len == 0)) {
+        c->close_after = true;
+        if (c->writes == 0)
+            idem__conn_close(c);
+        return;
+    }
+    c->state = CS_HEAD;
+    conn_timer(c, c->in.len > 0 ? CT_HEAD : CT_IDLE);
+    /* After a half-close, requests already received are still answered. */
+    if (!c->peer_eof)
+        conn_start_reading(c);
+    if (c->in.len > 0 && !c->processing)
+        conn_process(c);
+}
+
+/* A place among max_connections (all workers). */
+static bool conn_slot_take(idem_gw_t *gw)
+{
+    uint64_t n = atomic_load(&gw->metrics.connections);
+    do {
+        if (n >= gw->cfg->max_connections)
+            return false;
+    } while (!atomic_compare_exchange_weak(&gw->metrics.connections, &n, n + 1));
+    return true;
+}
+
+/* Over max_connections: accept (a connection left in the kernel's queue
+ * would stop the listener) and close at once, saying 503 if the socket
+ * takes it without waiting.  The descriptor is back before this returns. */
+static void conn_refuse(idem_worker_t *w, uv_stream_t *server)
+{
+    atomic_fetch_add(&w->gw->metrics.conns_refused, 1);
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    uv_tcp_init(&w->loop, t);
+    if (uv_accept(server, (uv_stream_t *)t) == 0) {
+        idem_buf_t out;
+        idem_buf_init(&out, 0);
+        if (idem_problem_write(&out, 503, "overloaded",
+                               "too many connections (max_connections); retry", 1, true,
+                               false) == 0) {
+            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+            (void)uv_try_write((uv_stream_t *)t, &b, 1);
+        }
+        idem_buf_cleanup(&out);
+    }
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+}
+
+void idem__conn_on_connection(uv_stream_t *server, int status)
+{
+    idem_worker_t *w = server->data;
+    if (status < 0)
+        return;
+    if (!conn_slot_take(w->gw)) {
+        conn_refuse(w, server);
+        return;
+    }
+    idem_conn_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        return;
+    }
+    c->w = w;
+    uv_tcp_init(&w->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_timer_init(&w->loop, &c->timer);
+    c->timer.data = c;
+    c->state = CS_HEAD;
+    idem_list_push(&w->conns, &c->link);
+    /* A new connection's first head must come within header_timeout. */
+    conn_timer(c, CT_HEAD);
+    conn_start_reading(c);
+}
+
+bool idem__conn_reading_body(const idem_conn_t *c) { return c != NULL && c->state == CS_BODY; }
+
+void idem__conn_close_when_written(idem_conn_t *c)
+{
+    c->req = NULL;
+    c->close_after = true;
+    if (c->writes == 0)
+        idem__conn_close(c);
+}
+
+void idem__conns_close_idle(idem_worker_t *w)
+{
+    idem_link_t *l = w->conns.next;
+    while (l != &w->conns) {
+        idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
+        l = l->next;
+        if (c->req)
+            continue;
+        if (c->writes > 0)
+            c->close_after = true; /* an answer is still on its way out */
+        else
+            idem__conn_close(c);
+    }
+}
+
+void idem__conns_close_all(idem_worker_t *w)
+{
+    while (!idem_list_empty(&w->conns))
+        idem__conn_close(IDEM_CONTAINER(w->conns.next, idem_conn_t, link));
+}
+
+/* ---- max_buffered_bytes ---------------------------------------------------- */
+
+#define BODY_FIRST_CHARGE (64 * 1024) /* a chunked body's first room */
+
+/* Charge n bytes to the process's body budget, if they fit. */
+static bool budget_take(idem_gw_t *gw, uint64_t n)
+{
+    uint64_t max = gw->cfg->max_buffered_bytes;
+    uint64_t cur = atomic_load(&gw->metrics.buffered_bytes);
+    do {
+        if (n > max || cur > max - n)
+            return false;
+    } while (!atomic_compare_exchange_weak(&gw->metrics.buffered_bytes, &cur, cur + n));
+    return true;
+}
+
+/* Charge a body before any of it is read: a Content-Length body its whole
+ * length (its buffer never grows past it, so it is never refused later); a
+ * chunked body a first piece, the rest as its buffer grows
+ * (req_charge_body).  @return false when it does not fit: then it has been
+ * answered 503. */
+static bool req_admit_body(idem_req_t *req)
+{
+    idem_gw_t *gw = req_gw(req);
+    uint64_t n;
+    if (req->msg.framing == IDEM_HTTP_BODY_LENGTH) {
+        n = req->msg.content_length;
+        if (n > 0)
+            req->body.max = (size_t)n; /* a buffer's max 0 means no cap */
+    } else {
+        n = BODY_FIRST_CHARGE < gw->cfg->max_request_bytes ? BODY_FIRST_CHARGE
+                                                            : gw->cfg->max_request_bytes;
+    }
+    if (budget_take(gw, n)) {
+        req->body_charge = n;
+        return true;
+    }
+    req->finished = true;
+    req->outcome = IDEM_OUT_OVERLOADED;
+    idem__req_problem(req, 503, "overloaded",
+                "too many request bodies are held at once (max_buffered_bytes); retry", 1);
+    return false;
+}
+
+/* After an append: charge what the body's buffer grew by beyond its charge.
+ * @return false when that does not fit (only a chunked body can grow so). */
+static bool req_charge_body(idem_req_t *req)
+{
+    uint64_t room = req->body.cap > 0 ? req->body.cap - 1 : 0; /* one spare byte for a NUL */
+    if (room <= req->body_charge)
+        return true;
+    if (!budget_take(req_gw(req), room - req->body_charge))
+        return false;
+    req->body_charge = room;
+    return true;
+}
+
+/* ---- listening ------------------------------------------------------------ */
+
+int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                       size_t errlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(struct sockaddr_in);
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
+    if (rc != 0) {
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
+        sslen = sizeof(struct sockaddr_in6);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: not an IP address: %s", what, host);
+        return -1;
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port,
+                 uv_strerror(uv_translate_sys_error(errno)));
+        return -1;
+    }
+    /* SO_REUSEADDR lets a restart bind past connections in TIME_WAIT; on
+     * Linux it never lets two sockets listen on one address.  No
+     * SO_REUSEPORT: that would let a second idemd (another store, perhaps)
+     * bind the same port without error and take half the connections. */
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ss.ss_family == AF_INET6) /* [::] takes IPv4 too, as libuv's bind does */
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (bind(fd, (const struct sockaddr *)&ss, sslen) != 0 || listen(fd, backlog) != 0) {
+        int e = errno;
+        close(fd);
+        snprintf(err, errlen, "%s: cannot listen on %s:%d: %s", what, host, port,
+                 uv_strerror(uv_translate_sys_error(e)));
+        return -1;
+    }
+    return fd;
+}
+
+int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
+                           uv_connection_cb cb, const char *what, char *err, size_t errlen)
+{
+    int fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot use the listening socket: %s", what, strerror(errno));
+        return -1;
+    }
+    uv_tcp_init(loop, tcp);
+    tcp->data = data;
+    int rc = uv_tcp_open(tcp, fd);
+    if (rc != 0) {
+        close(fd);
+    } else {
+        /* Already listening; this only starts watching it on this loop. */
+        rc = uv_listen((uv_stream_t *)tcp, backlog, cb);
+    }
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: cannot use the listening socket: %s", what, uv_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+

@@ -1,0 +1,1106 @@
+/* src/gateway/request.c - the life of a request: dispatch, answering, the
+ * store round trips, lease renewal, the upstream's outcome, streaming, and
+ * the request's end.
+ *
+ * conn.c hands over a whole request, its target normalised, and
+ * idem__req_dispatch follows docs/protocol.md sections 2-7.  Every decision
+ * before the store (the refusals, the route, key, scope and fingerprint) is
+ * a loop-free step of request_plan.c, called here where the loop gets to
+ * it:
+ *
+ *   route -> key -> scope -> fingerprint -> fast read of the record
+ *     completed/mismatch/in-flight: answer at once (no writer round trip)
+ *     none/expired lease: CLAIM through the writer (decide + write atomically)
+ *       forward (renewing the lease every lease/3) -> upstream outcome
+ *       -> COMPLETE / RELEASE / HOLD through the writer (fenced)
+ *       -> answer the client only once the outcome is durable.
+ *
+ * The store work goes through the worker (idem_worker_submit, worker.c),
+ * the upstream call through proxy.c, the answer to the client through
+ * conn.c; a `mode: token` route's steps are tokens.c's.
+ *
+ * INVARIANTS: a request is answered at most once; its store work is finished
+ * (completed, released or left to its lease) even when its client has gone;
+ * a request is freed only when it has no writer job, no timer and no
+ * upstream connection left.
+ * THREADING: the worker's loop thread only (a large body's fingerprint is
+ * computed in libuv's thread pool, reading only the request's own data).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/conn.h"
+#include "gateway/gateway.h"
+#include "gateway/request.h"
+#include "idem/clock.h"
+
+#define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
+
+static void req_claim(idem_req_t *req);
+static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r);
+
+/* ---- a request is made ------------------------------------------------------ */
+
+idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head, size_t head_len,
+                             size_t target_len, int *target_rc)
+{
+    *target_rc = IDEM_TARGET_OK;
+    idem_req_t *req = calloc(1, sizeof *req);
+    if (!req)
+        return NULL;
+    /* The normal form is never longer than the target (+2: '/' for an
+     * absolute-form target without path, and the NUL). */
+    size_t tcap = target_len + 2;
+    req->head = malloc(head_len + tcap);
+    if (!req->head) {
+        free(req);
+        return NULL;
+    }
+    memcpy(req->head, head, head_len);
+    idem_http_head_state_t hs = {0};
+    int rc = idem_http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
+    idem_http_target_t t;
+    if (rc > 0) {
+        char *norm = req->head + head_len;
+        *target_rc =
+            idem_http_target_normalize(req->msg.target.ptr, req->msg.target.len, norm, tcap, &t);
+        req->target = norm;
+        req->target_len = t.len;
+        req->path_len = t.path_len;
+        req->authority = t.authority;
+    }
+    if (rc <= 0 || *target_rc != IDEM_TARGET_OK) {
+        free(req->head);
+        free(req);
+        return NULL;
+    }
+    req->w = w;
+    req->conn = c;
+    req->t_start_ns = idem_clock_mono_ns();
+    req->outcome = IDEM_OUT_PASSTHROUGH;
+    idem_buf_init(&req->body, w->gw->cfg->max_request_bytes);
+    idem_buf_init(&req->resp_body, 0);
+    idem_list_push(&w->reqs, &req->link);
+    atomic_fetch_add(&w->gw->metrics.in_flight, 1);
+    return req;
+}
+
+/* ---- answering a request ------------------------------------------------ */
+
+static bool client_keep_alive(const idem_req_t *req)
+{
+    /* An answer before the body was read ends the connection. */
+    return req->msg.keep_alive && !req->w->stopping && !idem__conn_reading_body(req->conn);
+}
+
+/* Queue buf as the whole response of req and finish the connection's turn. */
+static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
+{
+    req->status = status;
+    req->responded = true;
+    idem_conn_t *c = req->conn;
+    if (c) {
+        idem_conn_write(c, buf->data, buf->len);
+        idem__conn_response_done(c, client_keep_alive(req));
+    } else {
+        idem__req_maybe_free(req);
+    }
+}
+
+void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
+                        int64_t retry_after)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    bool ka = client_keep_alive(req);
+    if (idem_problem_write(&out, status, type, detail, retry_after, !ka,
+                           ka && req->msg.version_minor == 0) == 0) {
+        if (idem_slice_eq_ci(req->msg.method, "HEAD")) {
+            /* The answer to HEAD is the head alone (its Content-Length is still the body's). */
+            const char *end = memmem(out.data, out.len, "\r\n\r\n", 4);
+            if (end != NULL)
+                out.len = (size_t)(end - out.data) + 4;
+        }
+        req_send(req, &out, status);
+    } else {
+        /* Out of memory: the client must not wait for an answer forever. */
+        req->status = status;
+        req->responded = true;
+        if (req->conn)
+            idem__conn_close(req->conn);
+        else
+            idem__req_maybe_free(req);
+    }
+    idem_buf_cleanup(&out);
+}
+
+static void write_connection_header(const idem_req_t *req, idem_buf_t *out)
+{
+    if (!client_keep_alive(req))
+        idem_buf_append_str(out, "Connection: close\r\n");
+    else if (req->msg.version_minor == 0)
+        idem_buf_append_str(out, "Connection: keep-alive\r\n");
+}
+
+/* Replay a stored response (docs/protocol.md section 6, completed). */
+static void req_replay(idem_req_t *req, const idem_record_t *rec)
+{
+    const idem_response_t *r = &rec->response;
+    const idem_config_t *cfg = req_gw(req)->cfg;
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_http_write_status(&out, r->status);
+    for (size_t i = 0; i < r->n_headers; i++)
+        idem_http_write_field(&out, r->headers[i].name, r->headers[i].name_len, r->headers[i].value,
+                              r->headers[i].value_len);
+    idem_buf_appendf(&out, "%s: true\r\n", cfg->replay_header);
+    bool bodiless = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
+    if (!bodiless)
+        idem_buf_appendf(&out, "Content-Length: %zu\r\n", r->body_len);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    if (!bodiless && !idem_slice_eq_ci(req->msg.method, "HEAD"))
+        idem_buf_append(&out, r->body, r->body_len);
+    req_send(req, &out, r->status);
+    idem_buf_cleanup(&out);
+}
+
+/* The upstream's captured response, relayed as the client's answer. */
+void idem__req_respond_upstream(idem_req_t *req)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    const idem_http_msg_t *m = &req->resp;
+    bool head_req = idem_slice_eq_ci(req->msg.method, "HEAD");
+    bool bodiless = m->framing == IDEM_HTTP_BODY_NONE;
+    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name))
+            continue;
+        /* A bodiless answer keeps the upstream's Content-Length (HEAD tells the
+         * size of what GET would send); otherwise ours replaces it. */
+        if (idem_slice_eq_ci(f->name, "Content-Length") && !(bodiless && head_req))
+            continue;
+        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    }
+    if (req->bypassed)
+        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
+    if (!bodiless)
+        idem_buf_appendf(&out, "Content-Length: %zu\r\n", req->resp_body.len);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    if (!bodiless && !head_req)
+        idem_buf_append(&out, req->resp_body.data, req->resp_body.len);
+    req_send(req, &out, m->status);
+    idem_buf_cleanup(&out);
+}
+
+/* Answer as a repeat of req would be answered, from the decision on rec. */
+static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_record_t *rec)
+{
+    switch (d.kind) {
+    case IDEM_DECIDE_REPLAY:
+        req->outcome = IDEM_OUT_REPLAY;
+        req->fence = rec->fence;
+        req_replay(req, rec);
+        break;
+    case IDEM_DECIDE_MISMATCH:
+        req->outcome = IDEM_OUT_MISMATCH;
+        idem__req_problem(req, 422, "key-reused",
+                    "this Idempotency-Key was used with a different request", 0);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT:
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        idem__req_problem(req, 409, "in-flight",
+                    "a request with this Idempotency-Key is still being processed", d.retry_after_s);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+        req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
+        idem__req_problem(req, 409, "upstream-outcome-unknown",
+                    "the outcome of the first request with this key is unknown; an operator "
+                    "must remove the key before it can run again",
+                    d.retry_after_s);
+        break;
+    case IDEM_DECIDE_NOT_RETAINED:
+        req->outcome = IDEM_OUT_NOT_RETAINED;
+        idem__req_problem(req, 409, "response-not-retained",
+                    "the first response with this key was too large to keep; it is not run again",
+                    0);
+        break;
+    case IDEM_DECIDE_CLAIM:
+    case IDEM_DECIDE_TAKEOVER:
+        /* Only reachable when a stale owner re-reads: the key is free again
+         * but this request already ran, so it must not run again here. */
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        idem__req_problem(req, 409, "in-flight", "the lease on this key was lost; retry", 1);
+        break;
+    }
+}
+
+void idem__req_store_unavailable(idem_req_t *req, const char *detail)
+{
+    req->outcome = IDEM_OUT_STORE_ERROR;
+    idem__req_problem(req, 503, "store-unavailable", detail, 1);
+}
+
+/* ---- reading the store ------------------------------------------------------ */
+
+idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
+                             idem_record_t *rec)
+{
+    atomic_fetch_add_explicit(&gw->metrics.store_gets, 1, memory_order_relaxed);
+    return idem_store_get(gw->store, id, now_ms, rec);
+}
+
+/* A completed record came from the store or was just written: keep it for
+ * the next repeat (local_cache). */
+static void req_cache_record(idem_req_t *req, const idem_record_t *rec)
+{
+    if (rec->state == IDEM_STATE_COMPLETED)
+        idem_cache_put(req_gw(req)->cache, &req->id, rec);
+}
+
+/* ---- the writer round trip ------------------------------------------------ */
+
+void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb)
+{
+    job->cb = cb;
+    job->data = req;
+    req->pending_jobs++;
+    idem_worker_submit(req->w, job);
+}
+
+void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind)
+{
+    memset(&job->op, 0, sizeof job->op);
+    job->op.kind = kind;
+    job->op.id = req->id;
+    job->op.fence = req->fence;
+}
+
+/* A job is back from the store: run its callback on this loop. */
+void idem__req_job_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->pending_jobs--;
+    job->cb(job);
+    idem__req_maybe_free(req);
+}
+
+/* ---- lease renewal ---------------------------------------------------------- */
+
+static void on_renew_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->renew_busy = false;
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
+        req->lease_until_ms = job->op.lease_until_ms;
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE && req->renewing)
+        idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
+                 req->id.key);
+}
+
+static void on_renew_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    if (req->renew_busy || !req->renewing)
+        return;
+    idem__req_job_init(req, &req->renew_job, IDEM_OP_RENEW);
+    req->renew_job.op.lease_until_ms = idem_clock_now(NULL) + req->policy->lease_ms;
+    req->renew_busy = true;
+    idem__req_submit(req, &req->renew_job, on_renew_done);
+}
+
+/* The request's timer (renewal, or polling while waiting), made on first use:
+ * most requests never need one. */
+static void req_timer_start(idem_req_t *req, uv_timer_cb cb, uint64_t timeout, uint64_t repeat)
+{
+    if (!req->timer_open) {
+        uv_timer_init(&req->w->loop, &req->timer);
+        req->timer.data = req;
+        req->timer_open = true;
+    }
+    uv_timer_start(&req->timer, cb, timeout, repeat);
+}
+
+static void req_start_renewing(idem_req_t *req)
+{
+    uint64_t every = (uint64_t)(req->policy->lease_ms / 3);
+    if (every < 10)
+        every = 10;
+    req->renewing = true;
+    req_timer_start(req, on_renew_timer, every, every);
+}
+
+static void req_stop_renewing(idem_req_t *req)
+{
+    if (req->renewing) {
+        req->renewing = false;
+        if (req->timer_open)
+            uv_timer_stop(&req->timer);
+    }
+}
+
+/* ---- the upstream's outcome ------------------------------------------------- */
+
+static bool is_release_status(const idem_policy_t *p, int status)
+{
+    for (size_t i = 0; i < p->n_release_statuses; i++)
+        if (p->release_statuses[i] == status)
+            return true;
+    return false;
+}
+
+/* The record was taken over while this request ran: answer as a repeat. */
+static void req_answer_as_repeat(idem_req_t *req)
+{
+    idem_record_t rec;
+    int64_t now = idem_clock_now(NULL);
+    idem_err_t err = idem_gw_store_get(req_gw(req), &req->id, now, &rec);
+    if (err == IDEM_OK) {
+        idem_decision_t d = idem_decide(&rec, req->fp, now);
+        req_answer_decision(req, d, &rec);
+        idem_record_cleanup(&rec);
+    } else if (err == IDEM_E_NOTFOUND) {
+        req->outcome = IDEM_OUT_IN_FLIGHT;
+        idem__req_problem(req, 409, "in-flight", "the lease on this key was lost; retry", 1);
+    } else {
+        idem__req_store_unavailable(req, "the store did not answer");
+    }
+}
+
+
+/* Our completion was written: keep the record for repeats (local_cache). */
+static void req_cache_completion(idem_req_t *req, const idem_wjob_t *job)
+{
+    if (job->op.kind != IDEM_OP_COMPLETE || req_gw(req)->cache == NULL)
+        return;
+    idem_record_t done = {
+        .state = IDEM_STATE_COMPLETED,
+        .flags = job->op.flags,
+        .fence = req->fence,
+        .expires_at_ms = job->op.expires_at_ms,
+        .response = req->store_resp,
+    };
+    memcpy(done.fingerprint, req->fp, IDEM_FP_LEN);
+    req_cache_record(req, &done);
+}
+
+static void on_outcome_stored(idem_wjob_t *job);
+
+#define COMPLETE_RETRY_FIRST_MS 100
+#define COMPLETE_RETRY_MAX_MS 2000
+
+static void on_complete_retry_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    idem__req_submit(req, &req->job, on_outcome_stored);
+}
+
+/* The upstream answered but the store refused the completion: answer the
+ * client now (503), and keep offering the completion to the store while our
+ * lease lasts.  No one else can claim the key before the lease ends, so if
+ * the store comes back in time the record is completed as if nothing had
+ * happened and a retry (409 until then) gets the replay; only an outage
+ * longer than the lease leaves the key to run again (docs/guarantees.md). */
+static void req_complete_later(idem_req_t *req, idem_err_t err)
+{
+    if (!req->responded) {
+        idem_log(req->w->gw, "error",
+                 "could not store the outcome of key %s: %s; retrying while the lease lasts",
+                 req->id.key, idem_strerror(err));
+        if (req->streaming)
+            idem_proxy_abort(req);
+        idem__req_store_unavailable(req, "the upstream answered but its response could not be "
+                                         "recorded yet; a retry gets the recorded answer once "
+                                         "the store is back");
+        /* Counted now, not when the retries end a lease later. */
+        idem_metrics_count(&req_gw(req)->metrics, req->outcome);
+        req->counted = true;
+    }
+    int64_t delay = COMPLETE_RETRY_FIRST_MS << (req->complete_tries < 5 ? req->complete_tries : 5);
+    if (delay > COMPLETE_RETRY_MAX_MS)
+        delay = COMPLETE_RETRY_MAX_MS;
+    req->complete_tries++;
+    if (req->w->stopping || idem_clock_now(NULL) + delay >= req->lease_until_ms) {
+        idem_log(req->w->gw, "error",
+                 "gave up storing the outcome of key %s after %d tries: it stays in progress "
+                 "until its lease ends", req->id.key, req->complete_tries);
+        req->finished = true;
+        idem__req_maybe_free(req);
+        return;
+    }
+    req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
+}
+
+static void on_outcome_stored(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    if (job->batch_err != IDEM_OK && job->op.kind == IDEM_OP_COMPLETE) {
+        req_complete_later(req, job->batch_err);
+        return;
+    }
+    req->finished = true;
+    if (req->responded) {
+        /* A late completion after a store failure: the client has its 503. */
+        if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
+            idem_log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
+                     req->id.key, req->complete_tries + 1);
+            req_cache_completion(req, job);
+        }
+        idem__req_maybe_free(req);
+        return;
+    }
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
+                 idem_strerror(job->batch_err));
+        if (req->streaming)
+            idem_proxy_abort(req);
+        idem__req_store_unavailable(req, "the upstream answered but its response could not be "
+                                         "recorded");
+        return;
+    }
+    if (job->op.err == IDEM_E_FENCE) {
+        if (req->streaming)
+            idem_proxy_abort(req);
+        req_answer_as_repeat(req);
+        return;
+    }
+    req_cache_completion(req, job);
+    if (req->streaming)
+        idem__req_start_stream(req);
+    else
+        idem__req_respond_upstream(req);
+}
+
+/* Build the list of response headers that a replay repeats. */
+static int req_collect_store_headers(idem_req_t *req)
+{
+    const idem_http_msg_t *m = &req->resp;
+    req->store_headers = calloc(m->n_fields ? m->n_fields : 1, sizeof *req->store_headers);
+    if (!req->store_headers)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
+            continue;
+        req->store_headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr, f->value.len};
+    }
+    req->n_store_headers = n;
+    return 0;
+}
+
+/* Record the upstream's answer (fenced), then answer the client. */
+static void req_store_outcome(idem_req_t *req, bool retained)
+{
+    const idem_policy_t *p = req->policy;
+    int status = req->resp.status;
+    req_stop_renewing(req);
+    int64_t now = idem_clock_now(NULL);
+    if (is_release_status(p, status)) {
+        idem__req_job_init(req, &req->job, IDEM_OP_RELEASE);
+        idem__req_submit(req, &req->job, on_outcome_stored);
+        return;
+    }
+    if (req_collect_store_headers(req) != 0) {
+        req->finished = true;
+        if (req->streaming)
+            idem_proxy_abort(req);
+        idem__req_store_unavailable(req, "out of memory");
+        return;
+    }
+    idem_response_t *resp = &req->store_resp;
+    resp->status = status;
+    resp->headers = req->store_headers;
+    resp->n_headers = req->n_store_headers;
+    if (retained) {
+        resp->body = (const uint8_t *)req->resp_body.data;
+        resp->body_len = req->resp_body.len;
+    }
+    idem__req_job_init(req, &req->job, IDEM_OP_COMPLETE);
+    req->job.op.response = resp;
+    req->job.op.flags = retained ? 0 : IDEM_REC_NOT_RETAINED;
+    req->job.op.expires_at_ms = now + (status >= 500 ? p->failure_ttl_ms : p->key_ttl_ms);
+    idem__req_submit(req, &req->job, on_outcome_stored);
+}
+
+
+void idem_req_upstream_done(idem_req_t *req)
+{
+    idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
+    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+        idem__req_give_token_back(req);
+        return;
+    }
+    if (!req->keyed) {
+        req->finished = true;
+        idem__req_respond_upstream(req);
+        return;
+    }
+    req_store_outcome(req, true);
+}
+
+void idem_req_upstream_overflow(idem_req_t *req)
+{
+    req->streaming = true;
+    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+        idem__req_give_token_back(req);
+        return;
+    }
+    if (!req->keyed) {
+        req->finished = true;
+        idem__req_start_stream(req);
+        return;
+    }
+    req_store_outcome(req, false);
+}
+
+/* The answer to a request whose upstream call failed (docs/protocol.md section 7). */
+void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why)
+{
+    if (why == IDEM_UP_CONNECT_FAILED)
+        idem__req_problem(req, 502, "upstream-unreachable", "could not connect to the upstream", 0);
+    else if (why == IDEM_UP_TIMEOUT)
+        idem__req_problem(req, 504, "upstream-outcome-unknown",
+                    "the upstream did not answer within upstream_timeout; the request may "
+                    "or may not have taken effect",
+                    0);
+    else
+        idem__req_problem(req, 502, "upstream-outcome-unknown",
+                    why == IDEM_UP_BAD_RESPONSE
+                        ? "the upstream's answer was not valid HTTP; the request may or may not "
+                          "have taken effect"
+                        : "the connection to the upstream broke before a whole response; the "
+                          "request may or may not have taken effect",
+                    0);
+}
+
+/* A release (nothing sent) or hold (outcome unknown) was applied: only now
+ * is the client answered, so that a retry after the answer finds the key
+ * free (release) or held (hold), never still in flight. */
+static void on_failure_recorded(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    req->finished = true;
+    if (job->batch_err != IDEM_OK) {
+        /* The key is left in progress (a retry gets 409 until its lease
+         * ends) and a hold was not written: say so rather than 502/504. */
+        idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
+                 idem_strerror(job->batch_err));
+        idem__req_store_unavailable(req,
+                                    "the upstream call failed and the store could not record it");
+        return;
+    }
+    idem__req_answer_failure(req, req->up_result);
+}
+
+void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
+{
+    req_stop_renewing(req);
+    req->up_result = why;
+    req->outcome = why == IDEM_UP_CONNECT_FAILED ? IDEM_OUT_UPSTREAM_UNREACHABLE
+                                                 : IDEM_OUT_OUTCOME_UNKNOWN;
+    if (req->token_spent && why == IDEM_UP_CONNECT_FAILED) {
+        idem__req_give_token_back(req);
+        return;
+    }
+    if (req->keyed && why == IDEM_UP_CONNECT_FAILED) {
+        /* Nothing was sent: the key is free to run again. */
+        idem__req_job_init(req, &req->job, IDEM_OP_RELEASE);
+        idem__req_submit(req, &req->job, on_failure_recorded);
+        return;
+    }
+    if (req->keyed && req->policy->on_unknown_outcome == IDEM_UNKNOWN_HOLD) {
+        int64_t now = idem_clock_now(NULL);
+        idem__req_job_init(req, &req->job, IDEM_OP_HOLD);
+        req->job.op.lease_until_ms = now + req->policy->key_ttl_ms;
+        req->job.op.expires_at_ms = now + req->policy->key_ttl_ms;
+        idem__req_submit(req, &req->job, on_failure_recorded);
+        return;
+    }
+    /* Not keyed, or expire: the record stays in_progress until its lease
+     * runs out, and nothing needs writing. */
+    req->finished = true;
+    idem__req_answer_failure(req, why);
+}
+
+/* ---- streaming a response over the capture limit --------------------------- */
+
+void idem__req_start_stream(idem_req_t *req)
+{
+    idem_conn_t *c = req->conn;
+    if (!c) {
+        idem_proxy_abort(req);
+        idem__req_maybe_free(req);
+        return;
+    }
+    const idem_http_msg_t *m = &req->resp;
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *f = &m->fields[i];
+        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
+            continue;
+        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    }
+    if (req->bypassed)
+        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
+    if (m->framing == IDEM_HTTP_BODY_LENGTH) {
+        idem_buf_appendf(&out, "Content-Length: %llu\r\n", (unsigned long long)m->content_length);
+        write_connection_header(req, &out);
+    } else if (req->msg.version_minor == 1) {
+        req->stream_chunked = true;
+        idem_buf_append_str(&out, "Transfer-Encoding: chunked\r\n");
+        write_connection_header(req, &out);
+    } else {
+        req->stream_close = true;
+        idem_buf_append_str(&out, "Connection: close\r\n");
+    }
+    idem_buf_append_str(&out, "\r\n");
+    req->status = m->status;
+    req->responded = true;
+    req->stream_started = true;
+    idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    if (req->resp_body.len)
+        idem_req_stream_data(req, req->resp_body.data, req->resp_body.len);
+    idem_buf_cleanup(&req->resp_body);
+    idem_proxy_resume(req);
+}
+
+bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
+{
+    idem_conn_t *c = req->conn;
+    if (!c)
+        return false;
+    if (req->stream_chunked) {
+        idem_buf_t out;
+        idem_buf_init(&out, 0);
+        idem_http_write_chunk(&out, p, n);
+        idem_conn_write(c, out.data, out.len);
+        idem_buf_cleanup(&out);
+    } else {
+        idem_conn_write(c, p, n);
+    }
+    return idem_conn_queue_size(c) > IDEM_STREAM_HIGH_MARK;
+}
+
+void idem_req_stream_end(idem_req_t *req, bool complete)
+{
+    req->streaming = false;
+    req->stream_started = false;
+    idem_conn_t *c = req->conn;
+    if (!c) {
+        idem__req_maybe_free(req);
+        return;
+    }
+    if (!complete) {
+        /* The body was cut short: the client must see that, not a short body. */
+        req->conn = NULL;
+        idem__conn_close_when_written(c);
+        idem__req_maybe_free(req);
+        return;
+    }
+    if (req->stream_chunked)
+        idem_conn_write(c, "0\r\n\r\n", 5);
+    idem__conn_response_done(c, client_keep_alive(req) && !req->stream_close);
+}
+
+/* ---- dispatch: docs/protocol.md sections 2-7 ------------------------------ */
+
+void idem__req_forward(idem_req_t *req)
+{
+    req->t_up_ns = idem_clock_mono_ns();
+    const idem_policy_t *p = req->policy;
+    req->capture_limit = p->max_response_bytes;
+    idem_proxy_forward(req);
+}
+
+static void req_passthrough(idem_req_t *req)
+{
+    req->keyed = false;
+    req->finished = false;
+    if (req->outcome != IDEM_OUT_BYPASSED)
+        req->outcome = IDEM_OUT_PASSTHROUGH;
+    idem__req_forward(req);
+}
+
+void idem__req_store_error(idem_req_t *req, idem_err_t err)
+{
+    if (req_gw(req)->cfg->on_store_error == IDEM_STORE_ERR_OPEN) {
+        req->bypassed = true;
+        req->outcome = IDEM_OUT_BYPASSED;
+        req_passthrough(req);
+        return;
+    }
+    req->finished = true;
+    idem__req_store_unavailable(req, err == IDEM_E_STORE_FULL ? "the idempotency store is full"
+                                                        : "the idempotency store did not answer");
+}
+
+static void on_wait_timer(uv_timer_t *t);
+
+/* A repeat found its key in flight. */
+static void req_in_flight(idem_req_t *req, idem_decision_t d)
+{
+    int64_t now = idem_clock_now(NULL);
+    if (req->policy->on_conflict == IDEM_CONFLICT_WAIT && d.kind == IDEM_DECIDE_IN_FLIGHT) {
+        if (req->wait_deadline_ms == 0)
+            req->wait_deadline_ms = now + req->policy->wait_timeout_ms;
+        if (now < req->wait_deadline_ms && !req->w->stopping) {
+            req_timer_start(req, on_wait_timer, WAIT_POLL_MS, 0);
+            return;
+        }
+        /* Waited long enough: answer in-flight with the time left. */
+    }
+    req->finished = true;
+    req_answer_decision(req, d, NULL);
+}
+
+static void on_claim_done(idem_wjob_t *job)
+{
+    idem_req_t *req = job->data;
+    if (job->batch_err != IDEM_OK) {
+        idem_log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
+        idem__req_store_error(req, job->batch_err);
+        return;
+    }
+    idem_decision_t d = job->op.decision;
+    /* Take the record out of the job first: acting on the decision may
+     * queue the same job again (a release after a failed connect). */
+    idem_record_t rec = job->op.record;
+    memset(&job->op.record, 0, sizeof job->op.record);
+    switch (d.kind) {
+    case IDEM_DECIDE_CLAIM:
+    case IDEM_DECIDE_TAKEOVER:
+        req->fence = d.fence;
+        req->outcome = d.kind == IDEM_DECIDE_CLAIM ? IDEM_OUT_NEW : IDEM_OUT_TAKEOVER;
+        if (req->wait_deadline_ms)
+            req->outcome = IDEM_OUT_NEW;
+        req_start_renewing(req);
+        idem__req_forward(req);
+        break;
+    case IDEM_DECIDE_IN_FLIGHT:
+    case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+        req_in_flight(req, d);
+        break;
+    default:
+        if (d.kind == IDEM_DECIDE_REPLAY)
+            req_cache_record(req, &rec);
+        req->finished = true;
+        req_answer_decision(req, d, &rec);
+        break;
+    }
+    idem_record_cleanup(&rec);
+}
+
+static void req_claim(idem_req_t *req)
+{
+    const idem_policy_t *p = req->policy;
+    int64_t now = idem_clock_now(NULL);
+    idem__req_job_init(req, &req->job, IDEM_OP_CLAIM);
+    memcpy(req->job.op.fp, req->fp, IDEM_FP_LEN);
+    req->job.op.now_ms = now;
+    req->job.op.lease_until_ms = now + p->lease_ms;
+    req->job.op.expires_at_ms = now + p->key_ttl_ms;
+    req->lease_until_ms = req->job.op.lease_until_ms;
+    idem__req_submit(req, &req->job, on_claim_done);
+}
+
+/* Read the record without the writer: most repeats end here.  A completed
+ * record in local_cache answers without the store; a network store is not
+ * read here at all (that would block this loop on a round trip): the claim,
+ * which the writer sends anyway, decides and brings back what a read would. */
+static void req_lookup(idem_req_t *req)
+{
+    idem_record_t rec;
+    idem_gw_t *gw = req_gw(req);
+    int64_t now = idem_clock_now(NULL);
+    if (idem_cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
+        idem_decision_t d = idem_decide(&rec, req->fp, now);
+        atomic_fetch_add_explicit(&gw->metrics.cache_hits, 1, memory_order_relaxed);
+        req->finished = true;
+        req_answer_decision(req, d, &rec);
+        idem_record_cleanup(&rec);
+        return;
+    }
+    if (!idem_store_reads_are_local(gw->store)) {
+        req_claim(req);
+        return;
+    }
+    idem_err_t err = idem_gw_store_get(gw, &req->id, now, &rec);
+    if (err == IDEM_E_NOTFOUND) {
+        req_claim(req);
+        return;
+    }
+    if (err != IDEM_OK) {
+        idem__req_store_error(req, err);
+        return;
+    }
+    idem_decision_t d = idem_decide(&rec, req->fp, now);
+    if (idem_decision_forwards(d.kind)) {
+        idem_record_cleanup(&rec);
+        req_claim(req); /* the writer decides again, atomically */
+        return;
+    }
+    if (d.kind == IDEM_DECIDE_IN_FLIGHT || d.kind == IDEM_DECIDE_IN_FLIGHT_UNKNOWN) {
+        idem_record_cleanup(&rec);
+        req_in_flight(req, d);
+        return;
+    }
+    req_cache_record(req, &rec);
+    req->finished = true;
+    req_answer_decision(req, d, &rec);
+    idem_record_cleanup(&rec);
+}
+
+static void on_wait_timer(uv_timer_t *t)
+{
+    idem_req_t *req = t->data;
+    req_lookup(req);
+}
+
+static int req_fingerprint(idem_req_t *req)
+{
+    idem_gw_request_t rq = idem_req_view(req);
+    return idem_gw_fingerprint(req->policy, &rq, req->fp) == IDEM_OK ? 0 : -1;
+}
+
+/* The caller's scope (docs/protocol.md section 3, scope.h) into out
+ * (IDEM_SCOPE_MAX + 1 bytes), then its share of scope_rate_limit.  When the
+ * request may not go on it is answered here (400 ambiguous-scope, 429
+ * rate-limited, 500 out of memory) and false is returned. */
+bool idem__req_scope_admit(idem_req_t *req, char *out)
+{
+    idem_gw_t *gw = req_gw(req);
+    const idem_config_t *cfg = gw->cfg;
+    const char *dup = NULL;
+    idem_scope_result_t rc =
+        idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out, &dup);
+    if (rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION)
+        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
+                                  memory_order_relaxed);
+    else if (rc == IDEM_SCOPE_FALLBACK_ANONYMOUS)
+        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_anonymous, 1, memory_order_relaxed);
+    idem_gw_refusal_t refusal;
+    if (idem_gw_refuse_scope(rc, dup, &refusal)) {
+        req_refuse(req, &refusal);
+        return false;
+    }
+    int64_t retry_after = 0;
+    if (!idem_ratelimit_take(gw->ratelimit, out, idem_clock_mono_ns(), &retry_after)) {
+        req->finished = true;
+        req->outcome = IDEM_OUT_RATE_LIMITED;
+        idem__req_problem(req, 429, "rate-limited",
+                    "this caller sent more keyed requests and token issues than "
+                    "scope_rate_limit allows; retry after Retry-After seconds",
+                    retry_after);
+        return false;
+    }
+    return true;
+}
+
+/* A response idemd makes itself with a JSON body (body_type says which). */
+void idem__req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
+                         const char *extra_headers)
+{
+    idem_buf_t out;
+    size_t blen = strlen(body);
+    idem_buf_init(&out, 0);
+    idem_http_write_status(&out, status);
+    idem_buf_appendf(&out, "Content-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s",
+                     body_type, blen, extra_headers);
+    write_connection_header(req, &out);
+    idem_buf_append_str(&out, "\r\n");
+    if (!idem_slice_eq_ci(req->msg.method, "HEAD"))
+        idem_buf_append(&out, body, blen);
+    req_send(req, &out, status);
+    idem_buf_cleanup(&out);
+}
+
+/* A refusal of the loop-free steps (request_plan.h) after the request was
+ * made: its store work is done (there was none), its outcome set, and it is
+ * answered. */
+static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
+{
+    req->finished = true;
+    if (r->outcome != IDEM_OUT__COUNT)
+        req->outcome = r->outcome;
+    if (!r->allow_post) {
+        idem__req_problem(req, r->status, r->type, r->detail, 0);
+        return;
+    }
+    char *body = idem_problem_body(r->status, r->type, r->detail);
+    if (body == NULL) {
+        idem__req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    idem__req_send_json(req, r->status, "application/problem+json", body, "Allow: POST\r\n");
+    free(body);
+}
+
+/* The checks a request's head alone decides (idem_gw_classify): its route,
+ * and a key or a token that is missing or malformed.  They run before the
+ * body is read when the client waits for 100 Continue, else at dispatch.
+ * Nothing here touches the store.  @return true when the request goes on
+ * (req->kind says as what); false when it has been answered. */
+bool idem__req_check_head(idem_req_t *req)
+{
+    idem_gw_request_t rq = idem_req_view(req);
+    idem_gw_class_t cls;
+    idem_gw_refusal_t refusal;
+    req->head_checked = true;
+    bool ok = idem_gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
+    req->kind = cls.kind;
+    req->route = cls.route;
+    req->policy = cls.policy;
+    memcpy(req->id.key, cls.key, sizeof req->id.key);
+    memcpy(req->token, cls.token, sizeof req->token);
+    if (!ok)
+        req_refuse(req, &refusal);
+    return ok;
+}
+
+/* A body at least this large is fingerprinted in libuv's thread pool, not
+ * on the worker's loop: canonical JSON costs 4-22 ms a MiB (src/core/json.c),
+ * and the loop serves every other connection of the worker meanwhile
+ * (docs/protocol.md section 4).  Below it the hand-off costs more than the
+ * work. */
+#define FP_OFF_LOOP_BYTES (64 * 1024)
+
+/* The request's fingerprint is in req->fp (fp_rc 0): on to the store. */
+static void req_fingerprinted(idem_req_t *req)
+{
+    if (req->fp_rc != 0) {
+        req->keyed = false;
+        req->finished = true;
+        idem__req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    req_lookup(req);
+}
+
+/* In the thread pool: only the request's own head, body and (immutable)
+ * policy are read, and only req->fp and req->fp_rc written. */
+static void fp_work(uv_work_t *work)
+{
+    idem_req_t *req = work->data;
+    req->fp_rc = req_fingerprint(req);
+}
+
+static void fp_after_work(uv_work_t *work, int status)
+{
+    idem_req_t *req = work->data;
+    req->pending_jobs--;
+    if (status != 0)
+        req->fp_rc = -1; /* cancelled: never done, as nothing cancels it */
+    req_fingerprinted(req);
+}
+
+void idem__req_dispatch(idem_req_t *req)
+{
+    if (!req->head_checked && !idem__req_check_head(req))
+        return;
+    if (req->kind != IDEM_GW_TOKEN_ISSUE) {
+        idem_gw_request_t rq = idem_req_view(req);
+        idem_gw_refusal_t refusal;
+        if (!idem_gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
+                                   req->kind == IDEM_GW_KEYED, &refusal)) {
+            req_refuse(req, &refusal);
+            return;
+        }
+    }
+    switch (req->kind) {
+    case IDEM_GW_TOKEN_ISSUE: idem__req_issue_token(req); return;
+    case IDEM_GW_TOKEN: idem__req_spend_token(req); return;
+    case IDEM_GW_PASS: req_passthrough(req); return;
+    case IDEM_GW_KEYED: break;
+    }
+    if (!idem__req_scope_admit(req, req->id.scope))
+        return;
+    req->keyed = true;
+    if (req->body.len >= FP_OFF_LOOP_BYTES) {
+        /* The request waits on its fingerprint like on a store job: it is
+         * not freed meanwhile (pending_jobs), and nothing else reads or
+         * writes its head, body or policy until fp_after_work. */
+        req->pending_jobs++;
+        req->fp_work.data = req;
+        if (uv_queue_work(&req->w->loop, &req->fp_work, fp_work, fp_after_work) == 0)
+            return;
+        req->pending_jobs--;
+        req->fp_rc = req_fingerprint(req); /* the pool refused: on the loop after all */
+    } else {
+        req->fp_rc = req_fingerprint(req);
+    }
+    req_fingerprinted(req);
+}
+
+/* ---- a request's end ----------------------------------------------------- */
+
+static void req_free(idem_req_t *req)
+{
+    idem_metrics_t *m = &req->w->gw->metrics;
+    if (req->body_charge > 0)
+        atomic_fetch_sub(&m->buffered_bytes, req->body_charge);
+    if (req->holds_slot)
+        atomic_fetch_sub(&m->connections, 1);
+    free(req->head);
+    idem_buf_cleanup(&req->body);
+    idem_buf_cleanup(&req->resp_body);
+    free(req->resp_head);
+    free(req->store_headers);
+    free(req);
+}
+
+static void on_req_timer_closed(uv_handle_t *h)
+{
+    idem_req_t *req = h->data;
+    idem_worker_t *w = req->w;
+    req_free(req);
+    idem__worker_maybe_exit(w);
+}
+
+/* Free the requests that ended during this loop turn.  They are not freed
+ * where they end, because the code that ended them may still look at them
+ * on its way out. */
+void idem__req_free_graveyard(idem_worker_t *w)
+{
+    while (!idem_list_empty(&w->graveyard)) {
+        idem_link_t *l = w->graveyard.next;
+        idem_list_remove(l);
+        req_free(IDEM_CONTAINER(l, idem_req_t, link));
+    }
+}
+
+void idem__req_maybe_free(idem_req_t *req)
+{
+    if (req->conn || req->pending_jobs > 0 || req->up || req->streaming)
+        return;
+    if (!req->responded && !req->finished)
+        return;
+    if (req->keyed && !req->finished)
+        return;
+    if (req->dead)
+        return;
+    req->dead = true;
+    /* This request is done: log it, count it, free it. */
+    idem_gw_t *gw = req->w->gw;
+    if (!req->counted)
+        idem_metrics_count(&gw->metrics, req->outcome);
+    idem_hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
+    atomic_fetch_sub(&gw->metrics.in_flight, 1);
+    idem_log_request(req->w, req);
+    idem_list_remove(&req->link);
+    req->renewing = false;
+    if (req->timer_open) {
+        uv_timer_stop(&req->timer);
+        uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);
+    } else {
+        idem_list_push(&req->w->graveyard, &req->link);
+    }
+}
+

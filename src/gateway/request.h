@@ -1,0 +1,64 @@
+/* src/gateway/request.h - the request's life, as the other parts of a
+ * worker call it (request.c, tokens.c).
+ *
+ * conn.c creates a request once its head is parsed (idem__req_create),
+ * dispatches it once its body is read (idem__req_dispatch) and lets go of
+ * it when its client has gone; request.c follows docs/protocol.md sections
+ * 2-7 from there; tokens.c is the `mode: token` part of it (section 8) and
+ * uses request.c's answers and store round trips.
+ *
+ * THREADING: the worker's loop thread only.
+ */
+#ifndef IDEM_GATEWAY_REQUEST_H
+#define IDEM_GATEWAY_REQUEST_H
+
+#include "gateway/gateway.h"
+
+static inline idem_gw_t *req_gw(const idem_req_t *req) { return req->w->gw; }
+
+/* request.c: made, dispatched, ended. */
+/** A request of w, read on c, of the head_len bytes at head (copied), with
+ * its target normalised.  NULL when out of memory, or when the target is
+ * refused (*target_rc < 0). */
+idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head, size_t head_len,
+                             size_t target_len, int *target_rc);
+/** The checks the head alone decides (route, key or token).  @return true
+ * when the request goes on; false when it has been answered. */
+bool idem__req_check_head(idem_req_t *req);
+/** The whole request is read: follow docs/protocol.md sections 2-7. */
+void idem__req_dispatch(idem_req_t *req);
+/** Free req if nothing holds it any more (logged and counted first). */
+void idem__req_maybe_free(idem_req_t *req);
+/** A writer job of a request is back on its loop: run its callback. */
+void idem__req_job_done(idem_wjob_t *job);
+/** Free the requests of w that ended during this loop turn. */
+void idem__req_free_graveyard(idem_worker_t *w);
+
+/* request.c: answers and store round trips, for tokens.c. */
+void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
+                       int64_t retry_after);
+void idem__req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
+                         const char *extra_headers);
+void idem__req_store_unavailable(idem_req_t *req, const char *detail);
+void idem__req_store_error(idem_req_t *req, idem_err_t err);
+void idem__req_respond_upstream(idem_req_t *req);
+void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why);
+void idem__req_start_stream(idem_req_t *req);
+void idem__req_forward(idem_req_t *req);
+bool idem__req_scope_admit(idem_req_t *req, char *out);
+void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind);
+void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb);
+
+/* tokens.c: prevention tokens (docs/protocol.md section 8). */
+/** POST /_idem/tokens: issue a token bound to the caller's scope. */
+void idem__req_issue_token(idem_req_t *req);
+/** A `mode: token` request with a well-formed token: spend it, then forward. */
+void idem__req_spend_token(idem_req_t *req);
+/** The upstream did nothing with a token's request: restore the token, then answer. */
+void idem__req_give_token_back(idem_req_t *req);
+
+/* worker.c */
+/** A stopping worker's loop ends once its last request and connection have. */
+void idem__worker_maybe_exit(idem_worker_t *w);
+
+#endif /* IDEM_GATEWAY_REQUEST_H */

@@ -1,0 +1,223 @@
+/* src/gateway/worker.c - a worker thread: its loop, its store jobs, its
+ * start and stop.
+ *
+ * idemd runs N workers (gateway.h), each a thread with its own uv_loop_t,
+ * listener, client connections (conn.c), requests (request.c) and upstream
+ * pool (proxy.c).  A request's store work is a job: it goes to the one
+ * writer thread (writer.c), which applies it in a group commit and hands it
+ * back on the worker's done list, or, when the store's commits are cheap
+ * (idem_store_exec_is_cheap), is applied on this loop once per loop turn in
+ * a batch of its own.  Either way its callback runs on this loop, never
+ * inside the call that queued it.
+ *
+ * Once per loop turn (the log check) the worker applies its inline jobs,
+ * flushes its log lines and frees the requests that ended in the turn.
+ * Stopping closes the listener and the idle connections at once, lets the
+ * busy ones finish, and after upstream_timeout + 5 s closes what is left.
+ *
+ * THREADING: the worker's loop thread, except the done list, which the
+ * writer thread fills under done_mu, and idem_worker_request_stop, which any
+ * thread may call.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gateway/conn.h"
+#include "gateway/gateway.h"
+#include "gateway/request.h"
+
+/* ---- the writer round trip ------------------------------------------------ */
+
+static void on_inline_idle(uv_idle_t *h);
+
+void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
+{
+    job->worker = w;
+    if (w->inline_store) {
+        /* Applied at the end of this loop turn (log_check), or at the start
+         * of the next (inline_idle) when queued outside the I/O phase. */
+        idem_list_push(&w->inline_q, &job->link);
+        uv_idle_start(&w->inline_idle, on_inline_idle);
+        return;
+    }
+    idem_writer_submit(&w->gw->writer, job);
+}
+
+
+/* Apply this loop's queued jobs, a batch per transaction.  Callbacks may
+ * queue more (a release after a failed connect); a few rounds take those
+ * too, the idle handle the rest. */
+static void run_inline(idem_worker_t *w)
+{
+    for (int round = 0; round < 4 && !idem_list_empty(&w->inline_q); round++) {
+        idem_wjob_t *jobs[IDEM_JOBS_BATCH_MAX];
+        size_t n = 0;
+        while (!idem_list_empty(&w->inline_q) && n < IDEM_JOBS_BATCH_MAX) {
+            idem_link_t *l = w->inline_q.next;
+            idem_list_remove(l);
+            jobs[n++] = IDEM_CONTAINER(l, idem_wjob_t, link);
+        }
+        idem_jobs_apply(w->gw->store, &w->gw->metrics, jobs, n);
+        for (size_t i = 0; i < n; i++)
+            idem__req_job_done(jobs[i]);
+    }
+    if (idem_list_empty(&w->inline_q))
+        uv_idle_stop(&w->inline_idle);
+}
+
+static void on_inline_idle(uv_idle_t *h)
+{
+    run_inline(h->data);
+}
+
+static void on_done_async(uv_async_t *a)
+{
+    idem_worker_t *w = a->data;
+    idem_link_t done;
+    idem_list_init(&done);
+    pthread_mutex_lock(&w->done_mu);
+    if (!idem_list_empty(&w->done)) {
+        done.next = w->done.next;
+        done.prev = w->done.prev;
+        done.next->prev = &done;
+        done.prev->next = &done;
+        idem_list_init(&w->done);
+    }
+    pthread_mutex_unlock(&w->done_mu);
+    while (!idem_list_empty(&done)) {
+        idem_link_t *l = done.next;
+        idem_list_remove(l);
+        idem__req_job_done(IDEM_CONTAINER(l, idem_wjob_t, link));
+    }
+}
+
+/* ---- the worker ------------------------------------------------------------ */
+
+static void on_log_check(uv_check_t *h)
+{
+    idem_worker_t *w = h->data;
+    if (w->inline_store)
+        run_inline(w);
+    if (w->log.len)
+        idem_log_flush(w);
+    idem__req_free_graveyard(w);
+    if (w->stopping)
+        idem__worker_maybe_exit(w);
+}
+
+static void close_if_open(uv_handle_t *h)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void idem__worker_maybe_exit(idem_worker_t *w)
+{
+    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->conns))
+        return;
+    idem_proxy_close_idle(w);
+    close_if_open((uv_handle_t *)&w->done_async);
+    close_if_open((uv_handle_t *)&w->stop_async);
+    close_if_open((uv_handle_t *)&w->shutdown_timer);
+    close_if_open((uv_handle_t *)&w->inline_idle);
+    /* log_check is unreferenced: it flushes and frees until the loop ends. */
+}
+
+static void on_shutdown_timer(uv_timer_t *t)
+{
+    /* In-flight work took too long: close every client.  Requests still
+     * waiting for their upstream keep their lease; it runs out by itself. */
+    idem_worker_t *w = t->data;
+    idem_log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections", w->index);
+    idem__conns_close_all(w);
+    idem_link_t *l = w->reqs.next;
+    while (l != &w->reqs) {
+        idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
+        l = l->next;
+        if (req->up || req->streaming)
+            idem_proxy_abort(req);
+    }
+    uv_stop(&w->loop);
+}
+
+static void on_stop_async(uv_async_t *a)
+{
+    idem_worker_t *w = a->data;
+    if (w->stopping)
+        return;
+    w->stopping = true;
+    close_if_open((uv_handle_t *)&w->listener);
+    /* Idle connections close now; busy ones after their response. */
+    idem__conns_close_idle(w);
+    idem_proxy_close_idle(w);
+    uint64_t grace = (uint64_t)w->gw->cfg->upstream_timeout_ms + 5000;
+    uv_timer_start(&w->shutdown_timer, on_shutdown_timer, grace, 0);
+    uv_unref((uv_handle_t *)&w->shutdown_timer);
+    idem__worker_maybe_exit(w);
+}
+
+void idem_worker_request_stop(idem_worker_t *w) { uv_async_send(&w->stop_async); }
+
+int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
+                     size_t errlen)
+{
+    memset(w, 0, sizeof *w);
+    w->gw = gw;
+    w->index = index;
+    idem_list_init(&w->done);
+    idem_list_init(&w->conns);
+    idem_list_init(&w->idle_up);
+    idem_list_init(&w->reqs);
+    idem_list_init(&w->graveyard);
+    idem_list_init(&w->inline_q);
+    w->inline_store = idem_store_exec_is_cheap(gw->store);
+    idem_buf_init(&w->log, 1u << 20);
+    pthread_mutex_init(&w->done_mu, NULL);
+    uv_loop_init(&w->loop);
+    uv_async_init(&w->loop, &w->done_async, on_done_async);
+    w->done_async.data = w;
+    uv_async_init(&w->loop, &w->stop_async, on_stop_async);
+    w->stop_async.data = w;
+    uv_check_init(&w->loop, &w->log_check);
+    w->log_check.data = w;
+    uv_check_start(&w->log_check, on_log_check);
+    uv_unref((uv_handle_t *)&w->log_check);
+    uv_timer_init(&w->loop, &w->shutdown_timer);
+    w->shutdown_timer.data = w;
+    uv_idle_init(&w->loop, &w->inline_idle);
+    w->inline_idle.data = w;
+
+    return idem_tcp_open_listener(&w->loop, &w->listener, w, listen_fd, IDEM_LISTEN_BACKLOG,
+                                  idem__conn_on_connection, "--listen", err, errlen);
+}
+
+void *idem_worker_main(void *arg)
+{
+    idem_worker_t *w = arg;
+    char name[16];
+    snprintf(name, sizeof name, "idem-worker-%d", w->index);
+    pthread_setname_np(pthread_self(), name);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    idem_log_flush(w);
+    idem__req_free_graveyard(w);
+    return NULL;
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void idem_worker_cleanup(idem_worker_t *w)
+{
+    uv_walk(&w->loop, close_any, NULL);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+    idem__req_free_graveyard(w);
+    idem_log_flush(w);
+    pthread_mutex_destroy(&w->done_mu);
+    idem_buf_cleanup(&w->log);
+}
