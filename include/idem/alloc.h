@@ -11,24 +11,26 @@
 
 #include <stddef.h>
 
-void *idem_malloc(size_t size);
-void *idem_calloc(size_t n, size_t size);
-void *idem_realloc(void *ptr, size_t size);
-void idem_free(void *ptr);
+#include "idem/extern.h"
+
+IDEM_EXTERN void *idem_malloc(size_t size);
+IDEM_EXTERN void *idem_calloc(size_t n, size_t size);
+IDEM_EXTERN void *idem_realloc(void *ptr, size_t size);
+IDEM_EXTERN void idem_free(void *ptr);
 /** A copy of the n bytes at s, NUL-terminated; NULL when out of memory.
  * Unlike POSIX strndup it copies exactly n bytes and does not stop at a NUL,
  * so s must have n readable bytes.  Free both with idem_free. */
-char *idem_strndup(const char *s, size_t n);
-char *idem_strdup(const char *s);
+IDEM_EXTERN char *idem_strndup(const char *s, size_t n);
+IDEM_EXTERN char *idem_strdup(const char *s);
 
 /** Fault injection for tests: the nth allocation from now on (1-based) and
  * every one after it fail; n = 0 turns the injection off. */
-void idem_alloc_fail_after(long n);
+IDEM_EXTERN void idem_alloc_fail_after(long n);
 
 /** How many allocations have failed on the calling thread since it started,
  * injected or real.  A caller that hands idem_malloc to a library which does
  * not report out-of-memory as such (jansson says "invalid token") compares
  * this before and after the call to tell out-of-memory from bad input. */
-unsigned long idem_alloc_failures(void);
+IDEM_EXTERN unsigned long idem_alloc_failures(void);
 
 #endif /* IDEM_ALLOC_H */

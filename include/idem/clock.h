@@ -10,15 +10,17 @@
 
 #include <stdint.h>
 
+#include "idem/extern.h"
+
 typedef struct idem_clock {
     int64_t (*now_ms)(void *ctx); /* returns the current time */
     void *ctx;                    /* passed to now_ms */
 } idem_clock_t;
 
 /** The time by clock, or the real time (CLOCK_REALTIME) when clock is NULL. */
-int64_t idem_clock_now(const idem_clock_t *clock);
+IDEM_EXTERN int64_t idem_clock_now(const idem_clock_t *clock);
 
 /** A monotonic reading in nanoseconds, for measuring latencies only. */
-uint64_t idem_clock_mono_ns(void);
+IDEM_EXTERN uint64_t idem_clock_mono_ns(void);
 
 #endif /* IDEM_CLOCK_H */

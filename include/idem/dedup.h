@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/store.h"
 #include "idem/tx.h"
 
@@ -62,13 +63,14 @@ typedef struct idem_dedup_claim {
  * msg_id).  Ids must be valid UTF-8 (PostgreSQL keeps them as text), so an
  * id that works on one store works on all.
  * @return IDEM_OK, or IDEM_E_INVAL (out zeroed) for a bad ns or id. */
-idem_err_t idem_dedup_id(const char *ns, const char *msg_id, size_t id_len, idem_key_id_t *out);
+IDEM_EXTERN idem_err_t idem_dedup_id(const char *ns, const char *msg_id, size_t id_len,
+                                     idem_key_id_t *out);
 
 /** The verdict of a claim's decision: CLAIM/TAKEOVER -> NEW with the fence,
  * REPLAY/NOT_RETAINED -> DUPLICATE, IN_FLIGHT* -> IN_PROGRESS (retry_after_ms
  * from the decision's whole seconds).  @return IDEM_OK, or IDEM_E_CORRUPT for
  * MISMATCH: a record that is not a message id's sits under the identity. */
-idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out);
+IDEM_EXTERN idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out);
 
 /* ---- on a store ------------------------------------------------------- */
 
@@ -77,21 +79,21 @@ idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out)
  * claim is taken over after it).
  * @return IDEM_OK (look at out->verdict), IDEM_E_INVAL (bad ns or id,
  *         lease_ms < 1), or a store error (nothing written). */
-idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg_id,
-                            size_t id_len, int64_t now_ms, int64_t lease_ms,
-                            idem_dedup_claim_t *out);
+IDEM_EXTERN idem_err_t idem_dedup_begin(idem_store_t *store, const char *ns, const char *msg_id,
+                                        size_t id_len, int64_t now_ms, int64_t lease_ms,
+                                        idem_dedup_claim_t *out);
 
 /** Mark msg_id done, remembered until now_ms + retention_ms.
  * @return IDEM_OK, IDEM_E_FENCE (the claim was taken over after its lease:
  *         another consumer may apply it too), IDEM_E_INVAL, a store error. */
-idem_err_t idem_dedup_done(idem_store_t *store, const char *ns, const char *msg_id,
-                           size_t id_len, uint64_t fence, int64_t now_ms,
-                           int64_t retention_ms);
+IDEM_EXTERN idem_err_t idem_dedup_done(idem_store_t *store, const char *ns, const char *msg_id,
+                                       size_t id_len, uint64_t fence, int64_t now_ms,
+                                       int64_t retention_ms);
 
 /** Give the claim up (applying failed and nothing was done), so that a
  * redelivery is NEW again.  @return IDEM_OK, IDEM_E_FENCE, a store error. */
-idem_err_t idem_dedup_abandon(idem_store_t *store, const char *ns, const char *msg_id,
-                              size_t id_len, uint64_t fence);
+IDEM_EXTERN idem_err_t idem_dedup_abandon(idem_store_t *store, const char *ns, const char *msg_id,
+                                          size_t id_len, uint64_t fence);
 
 /* ---- in the caller's transaction --------------------------------------- */
 
@@ -105,14 +107,15 @@ idem_err_t idem_dedup_abandon(idem_store_t *store, const char *ns, const char *m
  * @return IDEM_OK, IDEM_E_INVAL, IDEM_E_RETRY, IDEM_E_IO, IDEM_E_NOMEM,
  *         IDEM_E_CORRUPT (the row under the id does not decode, or was
  *         written by something other than idem_dedup_tx_begin). */
-idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id,
-                               size_t id_len, int64_t now_ms, idem_dedup_claim_t *out);
+IDEM_EXTERN idem_err_t idem_dedup_tx_begin(idem_tx_t *tx, const char *ns, const char *msg_id,
+                                           size_t id_len, int64_t now_ms,
+                                           idem_dedup_claim_t *out);
 
 /** Mark the id done in the same transaction, remembered until now_ms +
  * retention_ms (>= 1).  @return IDEM_OK, IDEM_E_INVAL, IDEM_E_FENCE,
  * IDEM_E_RETRY, IDEM_E_IO, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
-idem_err_t idem_dedup_tx_done(idem_tx_t *tx, const char *ns, const char *msg_id,
-                              size_t id_len, uint64_t fence, int64_t now_ms,
-                              int64_t retention_ms);
+IDEM_EXTERN idem_err_t idem_dedup_tx_done(idem_tx_t *tx, const char *ns, const char *msg_id,
+                                          size_t id_len, uint64_t fence, int64_t now_ms,
+                                          int64_t retention_ms);
 
 #endif /* IDEM_DEDUP_H */

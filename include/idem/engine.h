@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "idem/extern.h"
 #include "idem/record.h"
 
 typedef enum idem_decision_kind {
@@ -40,11 +41,11 @@ typedef struct idem_decision {
 
 /** Decide.  @param rec  the record held, or NULL when there is none.
  * @param fp the new request's fingerprint.  Never fails. */
-idem_decision_t idem_decide(const idem_record_t *rec, const uint8_t fp[IDEM_FP_LEN],
-                            int64_t now_ms);
+IDEM_EXTERN idem_decision_t idem_decide(const idem_record_t *rec, const uint8_t fp[IDEM_FP_LEN],
+                                        int64_t now_ms);
 
 /** Name of a decision kind ("claim", "replay", ...), static storage. */
-const char *idem_decision_name(idem_decision_kind_t kind);
+IDEM_EXTERN const char *idem_decision_name(idem_decision_kind_t kind);
 
 /** Whether a decision forwards the request (CLAIM or TAKEOVER). */
 static inline int idem_decision_forwards(idem_decision_kind_t k)

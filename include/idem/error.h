@@ -10,6 +10,8 @@
 #ifndef IDEM_ERROR_H
 #define IDEM_ERROR_H
 
+#include "idem/extern.h"
+
 #define IDEM_ERRORS(X)                                                   \
     X(OK, 0, "success")                                                  \
     X(E_INVAL, 1, "invalid argument")                                    \
@@ -32,8 +34,8 @@ typedef enum idem_err {
 } idem_err_t;
 
 /** A sentence describing err; never NULL, static storage. */
-const char *idem_strerror(idem_err_t err);
+IDEM_EXTERN const char *idem_strerror(idem_err_t err);
 /** The code's name without prefix ("E_INVAL"); never NULL, static storage. */
-const char *idem_err_name(idem_err_t err);
+IDEM_EXTERN const char *idem_err_name(idem_err_t err);
 
 #endif /* IDEM_ERROR_H */

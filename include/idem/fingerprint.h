@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 
 #define IDEM_FP_LEN 32
 #define IDEM_JSON_MAX_DEPTH 64 /* nested arrays/objects; deeper is not JSON here */
@@ -46,7 +47,7 @@ typedef struct idem_fp_input {
  * failure.
  * @return IDEM_OK, IDEM_E_NOMEM, IDEM_E_INVAL (in or out NULL, or a NULL
  *         pointer with a nonzero length). */
-idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN]);
+IDEM_EXTERN idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN]);
 
 /** Canonical JSON of text (RFC 8259), object keys sorted by their decoded
  * UTF-8 bytes, no white space, strings with the fewest escapes, numbers as
@@ -61,18 +62,19 @@ idem_err_t idem_fingerprint(const idem_fp_input_t *in, uint8_t out[IDEM_FP_LEN])
  *                           with idem_free); NULL/0 on failure.  The text
  *                           holds no NUL ("\u0000" stays escaped).
  * @return IDEM_OK, IDEM_E_INVAL (not JSON, or a NULL argument), IDEM_E_NOMEM. */
-idem_err_t idem_json_canonicalize(const char *text, size_t len, const char *const *ignore,
-                                  size_t n_ignore, char **out, size_t *out_len);
+IDEM_EXTERN idem_err_t idem_json_canonicalize(const char *text, size_t len,
+                                              const char *const *ignore, size_t n_ignore,
+                                              char **out, size_t *out_len);
 
 /** Whether ptr is a well-formed RFC 6901 JSON pointer: "" or "/" followed by
  * tokens in which every "~" is followed by "0" or "1".  For config checks. */
-int idem_json_pointer_valid(const char *ptr);
+IDEM_EXTERN int idem_json_pointer_valid(const char *ptr);
 
 /** Lowercase hex of a fingerprint into out (2*IDEM_FP_LEN + 1 bytes). */
-void idem_fp_hex(const uint8_t fp[IDEM_FP_LEN], char *out);
+IDEM_EXTERN void idem_fp_hex(const uint8_t fp[IDEM_FP_LEN], char *out);
 
 /** Lowercase hex SHA-256 of data into out (65 bytes); "" in the (out of
  * memory) case that libcrypto fails. */
-void idem_sha256_hex(const void *data, size_t len, char *out);
+IDEM_EXTERN void idem_sha256_hex(const void *data, size_t len, char *out);
 
 #endif /* IDEM_FINGERPRINT_H */

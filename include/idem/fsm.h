@@ -31,6 +31,7 @@
 #include <stddef.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/tx.h"
 
 #define IDEM_FSM_STATE_MAX 63 /* characters of a state name */
@@ -57,11 +58,11 @@ typedef enum idem_fsm_outcome {
 
 /** Check a declaration: names valid, no empty state, no transition listed
  * twice.  @return IDEM_OK or IDEM_E_INVAL with errbuf naming the problem. */
-idem_err_t idem_fsm_validate(const idem_fsm_t *fsm, char *errbuf, size_t errlen);
+IDEM_EXTERN idem_err_t idem_fsm_validate(const idem_fsm_t *fsm, char *errbuf, size_t errlen);
 
 /** Whether the table allows from -> to (from == to is always allowed: it
  * is the no-effect case).  Pure; never touches a database. */
-bool idem_fsm_allows(const idem_fsm_t *fsm, const char *from, const char *to);
+IDEM_EXTERN bool idem_fsm_allows(const idem_fsm_t *fsm, const char *from, const char *to);
 
 /** Move row id to state to.
  * @param[in]  id        the row's id as text (a number is compared as one).
@@ -74,8 +75,8 @@ bool idem_fsm_allows(const idem_fsm_t *fsm, const char *from, const char *to);
  *         errbuf names both states; or a bad declaration); IDEM_E_NOTFOUND
  *         (no such row); IDEM_E_RETRY (the database refused the transaction,
  *         or the row kept changing under us); IDEM_E_IO; IDEM_E_NOMEM. */
-idem_err_t idem_fsm_transition(idem_tx_t *db, const idem_fsm_t *fsm, const char *id,
-                               const char *to, idem_fsm_outcome_t *outcome, char *from,
-                               char *errbuf, size_t errlen);
+IDEM_EXTERN idem_err_t idem_fsm_transition(idem_tx_t *db, const idem_fsm_t *fsm, const char *id,
+                                           const char *to, idem_fsm_outcome_t *outcome,
+                                           char *from, char *errbuf, size_t errlen);
 
 #endif /* IDEM_FSM_H */

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/random.h"
 
 #define IDEM_KEY_MAX 255  /* characters in a key */
@@ -32,7 +33,7 @@ typedef struct idem_key_id {
  *                         terminated; "" on failure.
  * @return IDEM_OK or IDEM_E_INVAL (empty, too long, bad character, bad quoting,
  *         trailing garbage). */
-idem_err_t idem_key_parse(const char *value, size_t len, char *out);
+IDEM_EXTERN idem_err_t idem_key_parse(const char *value, size_t len, char *out);
 
 /** The scope of a caller.
  * @param[in]  value, len  the scope header's value; value NULL when the
@@ -40,11 +41,11 @@ idem_err_t idem_key_parse(const char *value, size_t len, char *out);
  * @param[out] out         IDEM_SCOPE_MAX + 1 bytes, NUL-terminated; "" (not
  *                         a valid scope) in the out-of-memory case that
  *                         libcrypto cannot hash, which a caller must refuse. */
-void idem_scope_from_header(const char *value, size_t len, char *out);
+IDEM_EXTERN void idem_scope_from_header(const char *value, size_t len, char *out);
 
 /** Whether s (NUL-terminated) is a valid scope string as an admin may pass
  * it: "anonymous" or 64 lowercase hex digits. */
-int idem_scope_valid(const char *s);
+IDEM_EXTERN int idem_scope_valid(const char *s);
 
 #define IDEM_UUID_LEN 36 /* characters of a UUID string, without the NUL */
 
@@ -54,6 +55,6 @@ int idem_scope_valid(const char *s);
  * @param[in]  now_ms  milliseconds since the epoch (idem_clock_now).
  * @param[in]  rng     the random source; NULL for the kernel's.
  * @param[out] out     IDEM_UUID_LEN + 1 bytes: lowercase 8-4-4-4-12 hex, NUL-terminated. */
-void idem_key_generate(int64_t now_ms, const idem_rng_t *rng, char *out);
+IDEM_EXTERN void idem_key_generate(int64_t now_ms, const idem_rng_t *rng, char *out);
 
 #endif /* IDEM_KEY_H */

@@ -50,6 +50,7 @@
 
 #include "idem/clock.h"
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/key.h"
 #include "idem/store.h"
 
@@ -86,8 +87,9 @@ typedef struct idem_lock {
  *         (IDEM_E_STORE_DOWN, IDEM_E_STORE_FULL, IDEM_E_IO, IDEM_E_NOMEM:
  *         not held; a STORE_DOWN from a network store may hide an
  *         acquisition that landed, which then runs out with its lease). */
-idem_err_t idem_lock_acquire(idem_store_t *store, const char *name, int64_t now_ms,
-                             int64_t lease_ms, idem_lock_t *out, int64_t *retry_after_ms);
+IDEM_EXTERN idem_err_t idem_lock_acquire(idem_store_t *store, const char *name, int64_t now_ms,
+                                         int64_t lease_ms, idem_lock_t *out,
+                                         int64_t *retry_after_ms);
 
 /** Extend the lease to now_ms + lease_ms.
  * @param[in,out] lock  a held lock; lease_until_ms is moved on IDEM_OK.
@@ -95,7 +97,7 @@ idem_err_t idem_lock_acquire(idem_store_t *store, const char *name, int64_t now_
  *         is lost, stop working under it), IDEM_E_INVAL (bad argument, or
  *         a released lock), or a store error (the lease is unchanged; retry
  *         before it ends). */
-idem_err_t idem_lock_renew(idem_lock_t *lock, int64_t now_ms, int64_t lease_ms);
+IDEM_EXTERN idem_err_t idem_lock_renew(idem_lock_t *lock, int64_t now_ms, int64_t lease_ms);
 
 /** Give the lock up: its lease ends at now_ms, and the next acquisition
  * gets the fence + 1.  On IDEM_OK lock->fence becomes 0 and the lock
@@ -103,10 +105,10 @@ idem_err_t idem_lock_renew(idem_lock_t *lock, int64_t now_ms, int64_t lease_ms);
  * @return IDEM_OK, IDEM_E_FENCE (it was lost already), IDEM_E_INVAL,
  *         or a store error (the lock is still held; retry, or let the
  *         lease run out). */
-idem_err_t idem_lock_release(idem_lock_t *lock, int64_t now_ms);
+IDEM_EXTERN idem_err_t idem_lock_release(idem_lock_t *lock, int64_t now_ms);
 
 /** The fencing token of a held lock, 0 for NULL or a released lock. */
-uint64_t idem_lock_fence(const idem_lock_t *lock);
+IDEM_EXTERN uint64_t idem_lock_fence(const idem_lock_t *lock);
 
 /* ---- the watchdog: renew on a thread of its own ------------------------ */
 
@@ -136,19 +138,20 @@ typedef void (*idem_lock_lost_fn)(void *ctx, idem_err_t why);
  *                     NULL on failure.
  * @return IDEM_OK, IDEM_E_INVAL (bad argument or a released lock),
  *         IDEM_E_NOMEM, IDEM_E_IO (no thread could be started). */
-idem_err_t idem_lock_watchdog_start(idem_lock_t *lock, int64_t lease_ms, const idem_clock_t *clock,
-                                    idem_lock_lost_fn on_lost, void *ctx,
-                                    idem_lock_watchdog_t **out);
+IDEM_EXTERN idem_err_t idem_lock_watchdog_start(idem_lock_t *lock, int64_t lease_ms,
+                                                const idem_clock_t *clock,
+                                                idem_lock_lost_fn on_lost, void *ctx,
+                                                idem_lock_watchdog_t **out);
 
 /** Whether the lock was lost: IDEM_OK while the watchdog still holds it,
  * else why it was lost (as on_lost is told).  Any thread may ask; IDEM_OK
  * for NULL. */
-idem_err_t idem_lock_watchdog_lost(const idem_lock_watchdog_t *wd);
+IDEM_EXTERN idem_err_t idem_lock_watchdog_lost(const idem_lock_watchdog_t *wd);
 
 /** Stop renewing, wait for the thread, copy the latest lease end into the
  * lock and free the watchdog; NULL is a no-op.  Returns at once (it does not
  * wait out a renewal interval), but a renewal in flight is finished first.
  * @return what idem_lock_watchdog_lost said at the end. */
-idem_err_t idem_lock_watchdog_stop(idem_lock_watchdog_t *wd);
+IDEM_EXTERN idem_err_t idem_lock_watchdog_stop(idem_lock_watchdog_t *wd);
 
 #endif /* IDEM_LOCK_H */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/fingerprint.h"
 
 typedef enum idem_state {
@@ -62,28 +63,30 @@ typedef struct idem_record {
 /** Serialise rec.  @param[out] out, out_len  a buffer owned by the caller
  * (idem_free); NULL/0 on failure.  @return IDEM_OK, IDEM_E_NOMEM,
  * IDEM_E_TOOBIG (a field does not fit its length prefix). */
-idem_err_t idem_record_encode(const idem_record_t *rec, uint8_t **out, size_t *out_len);
+IDEM_EXTERN idem_err_t idem_record_encode(const idem_record_t *rec, uint8_t **out,
+                                          size_t *out_len);
 
 /** Size in bytes idem_record_encode would produce for rec. */
-size_t idem_record_encoded_size(const idem_record_t *rec);
+IDEM_EXTERN size_t idem_record_encoded_size(const idem_record_t *rec);
 
 /** Serialise rec into buf, which has idem_record_encoded_size(rec) bytes. */
-void idem_record_encode_into(const idem_record_t *rec, uint8_t *buf);
+IDEM_EXTERN void idem_record_encode_into(const idem_record_t *rec, uint8_t *buf);
 
 /** Parse a stored value.  The record owns a copy of everything it points at
  * (buf may go away after the call); release it with idem_record_cleanup.
  * @param[out] rec  zeroed on failure.
  * @return IDEM_OK, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
-idem_err_t idem_record_decode(const uint8_t *buf, size_t len, idem_record_t *rec);
+IDEM_EXTERN idem_err_t idem_record_decode(const uint8_t *buf, size_t len, idem_record_t *rec);
 
 /** Parse only the fixed header (no headers/body, nothing allocated); for
  * decisions that need no response.  @return IDEM_OK or IDEM_E_CORRUPT. */
-idem_err_t idem_record_decode_head(const uint8_t *buf, size_t len, idem_record_t *rec);
+IDEM_EXTERN idem_err_t idem_record_decode_head(const uint8_t *buf, size_t len,
+                                               idem_record_t *rec);
 
 /** Deep-copy src into dst (dst owns its own storage). */
-idem_err_t idem_record_copy(idem_record_t *dst, const idem_record_t *src);
+IDEM_EXTERN idem_err_t idem_record_copy(idem_record_t *dst, const idem_record_t *src);
 
 /** Free what rec owns and zero it; a zeroed record is a no-op. */
-void idem_record_cleanup(idem_record_t *rec);
+IDEM_EXTERN void idem_record_cleanup(idem_record_t *rec);
 
 #endif /* IDEM_RECORD_H */

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/random.h"
 
 /* The defaults (docs/client.md explains them). */
@@ -72,11 +73,12 @@ typedef struct idem_retry_policy {
 } idem_retry_policy_t;
 
 /** The policy with the IDEM_RETRY_DEFAULT_* values. */
-void idem_retry_policy_init(idem_retry_policy_t *p);
+IDEM_EXTERN void idem_retry_policy_init(idem_retry_policy_t *p);
 
 /** Whether p is within the limits above.
  * @return IDEM_OK, or IDEM_E_INVAL with errbuf naming the field (may be NULL). */
-idem_err_t idem_retry_policy_check(const idem_retry_policy_t *p, char *errbuf, size_t errlen);
+IDEM_EXTERN idem_err_t idem_retry_policy_check(const idem_retry_policy_t *p, char *errbuf,
+                                               size_t errlen);
 
 /** A token bucket shared by a client's requests. */
 typedef struct idem_retry_budget {
@@ -88,15 +90,16 @@ typedef struct idem_retry_budget {
 } idem_retry_budget_t;
 
 /** A full budget with the IDEM_RETRY_BUDGET_DEFAULT_* values. */
-void idem_retry_budget_init(idem_retry_budget_t *b);
+IDEM_EXTERN void idem_retry_budget_init(idem_retry_budget_t *b);
 
 /** A full budget with the given values (a negative one is taken as 0; a
  * capacity of 0 allows no retries at all). */
-void idem_retry_budget_init_with(idem_retry_budget_t *b, int64_t capacity, int64_t retry_cost,
-                                 int64_t timeout_cost, int64_t success_refill);
+IDEM_EXTERN void idem_retry_budget_init_with(idem_retry_budget_t *b, int64_t capacity,
+                                             int64_t retry_cost, int64_t timeout_cost,
+                                             int64_t success_refill);
 
 /** Tokens left now. */
-int64_t idem_retry_budget_available(const idem_retry_budget_t *b);
+IDEM_EXTERN int64_t idem_retry_budget_available(const idem_retry_budget_t *b);
 
 /** How an attempt ended, as far as the transport knows. */
 typedef enum idem_transport {
@@ -122,7 +125,7 @@ typedef struct idem_attempt {
  * problem type or the type is urn:idem:problem:in-flight (idem's other 409s,
  * token-used, response-not-retained and upstream-outcome-unknown, will not
  * change by waiting).  Never any other 4xx, never 1xx-3xx. */
-bool idem_retry_retryable(const idem_attempt_t *a);
+IDEM_EXTERN bool idem_retry_retryable(const idem_attempt_t *a);
 
 /** Parse a Retry-After value: delta-seconds ("120") or an HTTP-date in any of
  * the three forms of RFC 9110 section 5.6.7 (IMF-fixdate, RFC 850, asctime).
@@ -130,11 +133,13 @@ bool idem_retry_retryable(const idem_attempt_t *a);
  * @param[out] delay_ms  milliseconds to wait, >= 0 (a date in the past is 0;
  *                       seconds above IDEM_RETRY_AFTER_MAX_S are clamped).
  * @return IDEM_OK or IDEM_E_INVAL (delay_ms is then 0). */
-idem_err_t idem_retry_after_parse(const char *value, size_t len, int64_t now_ms, int64_t *delay_ms);
+IDEM_EXTERN idem_err_t idem_retry_after_parse(const char *value, size_t len, int64_t now_ms,
+                                              int64_t *delay_ms);
 
 /** The full-jitter backoff before retry number attempt (0 for the first retry):
  * uniform in [0, min(cap, base * 2^attempt)], without overflow for any attempt. */
-int64_t idem_retry_backoff(const idem_retry_policy_t *p, unsigned attempt, const idem_rng_t *rng);
+IDEM_EXTERN int64_t idem_retry_backoff(const idem_retry_policy_t *p, unsigned attempt,
+                                       const idem_rng_t *rng);
 
 /** What to do after an attempt. */
 typedef enum idem_retry_verdict {
@@ -155,8 +160,8 @@ typedef struct idem_retry {
 } idem_retry_t;
 
 /** Start a request's retries at now_ms, before its first attempt. */
-void idem_retry_begin(idem_retry_t *r, const idem_retry_policy_t *policy,
-                      idem_retry_budget_t *budget, int64_t now_ms);
+IDEM_EXTERN void idem_retry_begin(idem_retry_t *r, const idem_retry_policy_t *policy,
+                                  idem_retry_budget_t *budget, int64_t now_ms);
 
 /** Report an attempt's outcome and learn what to do next.
  * On IDEM_RETRY_AGAIN, *delay_ms is the wait (the Retry-After, if a valid one
@@ -164,10 +169,11 @@ void idem_retry_begin(idem_retry_t *r, const idem_retry_policy_t *policy,
  * verdict *delay_ms is 0; on DONE with a 2xx answer the budget is refilled.
  * @param[in] now_ms  when the attempt ended.
  * @param[in] rng     the jitter's source; NULL for the kernel's. */
-idem_retry_verdict_t idem_retry_next(idem_retry_t *r, const idem_attempt_t *a, int64_t now_ms,
-                                     const idem_rng_t *rng, int64_t *delay_ms);
+IDEM_EXTERN idem_retry_verdict_t idem_retry_next(idem_retry_t *r, const idem_attempt_t *a,
+                                                 int64_t now_ms, const idem_rng_t *rng,
+                                                 int64_t *delay_ms);
 
 /** A short name for a verdict ("again", "done", "attempts", "deadline", "budget"). */
-const char *idem_retry_verdict_name(idem_retry_verdict_t v);
+IDEM_EXTERN const char *idem_retry_verdict_name(idem_retry_verdict_t v);
 
 #endif /* IDEM_RETRY_H */

@@ -36,6 +36,7 @@
 
 #include "idem/engine.h"
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/key.h"
 #include "idem/record.h"
 #include "idem/token.h"
@@ -82,72 +83,76 @@ typedef struct idem_op {
  * @param[out] errbuf, errlen  a sentence naming the problem on failure (may be NULL).
  * @return IDEM_OK, IDEM_E_INVAL (bad URL or option), IDEM_E_STORE_DOWN,
  *         IDEM_E_IO, IDEM_E_NOMEM. */
-idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf, size_t errlen);
+IDEM_EXTERN idem_err_t idem_store_open(const char *url, idem_store_t **out, char *errbuf,
+                                       size_t errlen);
 
 /** Check a store URL as idem_store_open would, without opening anything
  * (no directory is made, no server is contacted).
  * @return IDEM_OK, or IDEM_E_INVAL with errbuf naming the problem. */
-idem_err_t idem_store_check_url(const char *url, char *errbuf, size_t errlen);
+IDEM_EXTERN idem_err_t idem_store_check_url(const char *url, char *errbuf, size_t errlen);
 
 /** Close a store; NULL is a no-op.  Pending data is flushed first. */
-void idem_store_close(idem_store_t *store);
+IDEM_EXTERN void idem_store_close(idem_store_t *store);
 
 /** Apply n operations in one transaction.  Each op's outputs are set.
  * @return IDEM_OK when the batch committed (look at each op's err);
  *         IDEM_E_STORE_DOWN, IDEM_E_STORE_FULL, IDEM_E_IO, IDEM_E_NOMEM when
  *         nothing was written (every op's err is set to the same code). */
-idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n);
+IDEM_EXTERN idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n);
 
 /** Read a record without writing.
  * @param[out] rec  owned by the caller (idem_record_cleanup); zeroed unless IDEM_OK.
  * @return IDEM_OK, IDEM_E_NOTFOUND (none, or past its retention at now_ms),
  *         IDEM_E_STORE_DOWN, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
-idem_err_t idem_store_get(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
-                          idem_record_t *rec);
+IDEM_EXTERN idem_err_t idem_store_get(idem_store_t *store, const idem_key_id_t *id,
+                                      int64_t now_ms, idem_record_t *rec);
 
 /** Remove up to max records whose retention ended before now_ms.
  * @param[out] removed  how many were removed.  Resumes where the last call
  * stopped, so repeated calls visit the whole store in bounded steps. */
-idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max, size_t *removed);
+IDEM_EXTERN idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max,
+                                        size_t *removed);
 
 /** Whether the store answers now: IDEM_OK or IDEM_E_STORE_DOWN. */
-idem_err_t idem_store_ping(idem_store_t *store);
+IDEM_EXTERN idem_err_t idem_store_ping(idem_store_t *store);
 
 /** Whether idem_store_exec returns without waiting for a disk flush or a
  * network round trip (memory:, lmdb with sync=interval), so that a caller
  * may run it on a latency-sensitive thread.  False when store is NULL. */
-bool idem_store_exec_is_cheap(const idem_store_t *store);
+IDEM_EXTERN bool idem_store_exec_is_cheap(const idem_store_t *store);
 
 /** Whether idem_store_get reads local memory or a local file (memory:, lmdb:)
  * rather than asking a server over the network.  False when store is NULL. */
-bool idem_store_reads_are_local(const idem_store_t *store);
+IDEM_EXTERN bool idem_store_reads_are_local(const idem_store_t *store);
 
 /** The backend's name ("memory", "lmdb"). */
-const char *idem_store_name(const idem_store_t *store);
+IDEM_EXTERN const char *idem_store_name(const idem_store_t *store);
 
 /** The backend's last error detail (an LMDB message, ...); never NULL.
  * Valid until the next call on the store from the same thread. */
-const char *idem_store_errstr(idem_store_t *store);
+IDEM_EXTERN const char *idem_store_errstr(idem_store_t *store);
 
 /* Conveniences: a batch of one. */
-idem_err_t idem_store_claim(idem_store_t *store, idem_op_t *op);
-idem_err_t idem_store_complete(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
-                               const idem_response_t *response, uint32_t flags,
-                               int64_t expires_at_ms);
-idem_err_t idem_store_release(idem_store_t *store, const idem_key_id_t *id, uint64_t fence);
-idem_err_t idem_store_renew(idem_store_t *store, const idem_key_id_t *id, uint64_t fence,
-                            int64_t lease_until_ms);
-idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id);
+IDEM_EXTERN idem_err_t idem_store_claim(idem_store_t *store, idem_op_t *op);
+IDEM_EXTERN idem_err_t idem_store_complete(idem_store_t *store, const idem_key_id_t *id,
+                                           uint64_t fence, const idem_response_t *response,
+                                           uint32_t flags, int64_t expires_at_ms);
+IDEM_EXTERN idem_err_t idem_store_release(idem_store_t *store, const idem_key_id_t *id,
+                                          uint64_t fence);
+IDEM_EXTERN idem_err_t idem_store_renew(idem_store_t *store, const idem_key_id_t *id,
+                                        uint64_t fence, int64_t lease_until_ms);
+IDEM_EXTERN idem_err_t idem_store_delete(idem_store_t *store, const idem_key_id_t *id);
 /** Keep a new token (idem_token_id) until expires_at_ms.
  * @return IDEM_OK, IDEM_E_EXISTS (a live token has this id), or a batch error. */
-idem_err_t idem_store_token_issue(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
-                                  int64_t expires_at_ms);
+IDEM_EXTERN idem_err_t idem_store_token_issue(idem_store_t *store, const idem_key_id_t *id,
+                                              int64_t now_ms, int64_t expires_at_ms);
 /** Spend a token at now_ms.  @param[out] verdict  what the use found.
  * @return IDEM_OK (look at verdict), or a batch error (verdict NONE). */
-idem_err_t idem_store_token_use(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms,
-                                idem_token_verdict_t *verdict);
+IDEM_EXTERN idem_err_t idem_store_token_use(idem_store_t *store, const idem_key_id_t *id,
+                                            int64_t now_ms, idem_token_verdict_t *verdict);
 /** Give back a spent token whose request did nothing.
  * @return IDEM_OK, IDEM_E_FENCE (no used, live token there), or a batch error. */
-idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id, int64_t now_ms);
+IDEM_EXTERN idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id,
+                                                int64_t now_ms);
 
 #endif /* IDEM_STORE_H */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/key.h"
 #include "idem/random.h"
 #include "idem/record.h"
@@ -32,17 +33,17 @@
  * @param[in]  rng  NULL for the kernel's generator (production); a test may inject one.
  * @param[out] out  IDEM_TOKEN_LEN + 1 bytes, NUL-terminated lowercase hex.
  * @return IDEM_OK, or IDEM_E_IO when the kernel gave no random bytes (out is ""). */
-idem_err_t idem_token_generate(const idem_rng_t *rng, char *out);
+IDEM_EXTERN idem_err_t idem_token_generate(const idem_rng_t *rng, char *out);
 
 /** Parse an Idempotency-Token header value: 32 hex digits (either case,
  * stored lowercase), bare or as a Structured Field string, with optional white
  * space around it.
  * @param[out] out  IDEM_TOKEN_LEN + 1 bytes; "" on failure.
  * @return IDEM_OK or IDEM_E_INVAL. */
-idem_err_t idem_token_parse(const char *value, size_t len, char *out);
+IDEM_EXTERN idem_err_t idem_token_parse(const char *value, size_t len, char *out);
 
 /** The store identity of a token issued to scope. */
-void idem_token_id(const char *scope, const char *token, idem_key_id_t *out);
+IDEM_EXTERN void idem_token_id(const char *scope, const char *token, idem_key_id_t *out);
 
 /** What spending a token finds. */
 typedef enum idem_token_verdict {
@@ -54,9 +55,9 @@ typedef enum idem_token_verdict {
 
 /** Decide a use of the token whose record is rec (NULL when the store has
  * none for the caller's scope) at now_ms.  Pure; never fails. */
-idem_token_verdict_t idem_token_decide(const idem_record_t *rec, int64_t now_ms);
+IDEM_EXTERN idem_token_verdict_t idem_token_decide(const idem_record_t *rec, int64_t now_ms);
 
 /** A short name of a verdict ("first_use", "used", "invalid", "none"). */
-const char *idem_token_verdict_name(idem_token_verdict_t v);
+IDEM_EXTERN const char *idem_token_verdict_name(idem_token_verdict_t v);
 
 #endif /* IDEM_TOKEN_H */

@@ -53,6 +53,7 @@
 
 #include "idem/engine.h"
 #include "idem/error.h"
+#include "idem/extern.h"
 #include "idem/key.h"
 #include "idem/record.h"
 
@@ -72,20 +73,20 @@ typedef struct idem_tx idem_tx_t;
  * @param[out] out    the handle (idem_tx_free); NULL on failure.
  * @return IDEM_OK, IDEM_E_INVAL (bad table name), IDEM_E_NOMEM,
  *         IDEM_E_UNSUPPORTED (this libidem was built without SQLite). */
-idem_err_t idem_tx_sqlite(struct sqlite3 *db, const char *table, idem_tx_t **out);
+IDEM_EXTERN idem_err_t idem_tx_sqlite(struct sqlite3 *db, const char *table, idem_tx_t **out);
 
 /** Wrap an open PostgreSQL connection (the same rules; IDEM_E_UNSUPPORTED
  * when this libidem was built without PostgreSQL). */
-idem_err_t idem_tx_postgres(struct pg_conn *conn, const char *table, idem_tx_t **out);
+IDEM_EXTERN idem_err_t idem_tx_postgres(struct pg_conn *conn, const char *table, idem_tx_t **out);
 
 /** Free the handle (and its prepared statements); the connection stays open.
  * NULL is a no-op. */
-void idem_tx_free(idem_tx_t *tx);
+IDEM_EXTERN void idem_tx_free(idem_tx_t *tx);
 
 /** Create the table and its expiry index if they do not exist.  Call it
  * once at start, inside or outside a transaction.
  * @return IDEM_OK, IDEM_E_IO (idem_tx_errstr says why). */
-idem_err_t idem_tx_migrate(idem_tx_t *tx);
+IDEM_EXTERN idem_err_t idem_tx_migrate(idem_tx_t *tx);
 
 /** What idem_tx_begin found. */
 typedef struct idem_tx_begin {
@@ -106,9 +107,10 @@ typedef struct idem_tx_begin {
  *         on PostgreSQL also one that is not valid UTF-8),
  *         IDEM_E_RETRY, IDEM_E_CORRUPT (a row that does not decode),
  *         IDEM_E_IO, IDEM_E_NOMEM. */
-idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t fp[IDEM_FP_LEN],
-                         int64_t now_ms, int64_t lease_until_ms, int64_t expires_at_ms,
-                         idem_tx_begin_t *out);
+IDEM_EXTERN idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id,
+                                     const uint8_t fp[IDEM_FP_LEN], int64_t now_ms,
+                                     int64_t lease_until_ms, int64_t expires_at_ms,
+                                     idem_tx_begin_t *out);
 
 /** Store the response under the key, in the same transaction, fenced.
  * @param[in] flags          IDEM_REC_NOT_RETAINED when the body is not kept.
@@ -117,34 +119,34 @@ idem_err_t idem_tx_begin(idem_tx_t *tx, const idem_key_id_t *id, const uint8_t f
  *         this fence: it was taken over, released or already completed),
  *         IDEM_E_TOOBIG (the record would exceed IDEM_TX_RESPONSE_MAX
  *         bytes), IDEM_E_RETRY, IDEM_E_CORRUPT, IDEM_E_IO, IDEM_E_NOMEM. */
-idem_err_t idem_tx_complete(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
-                            const idem_response_t *response, uint32_t flags,
-                            int64_t expires_at_ms);
+IDEM_EXTERN idem_err_t idem_tx_complete(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
+                                        const idem_response_t *response, uint32_t flags,
+                                        int64_t expires_at_ms);
 
 /** Move the lease of an in_progress record this caller owns (two-step use).
  * @return IDEM_OK, IDEM_E_FENCE, IDEM_E_RETRY, IDEM_E_IO. */
-idem_err_t idem_tx_renew(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
-                         int64_t lease_until_ms);
+IDEM_EXTERN idem_err_t idem_tx_renew(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence,
+                                     int64_t lease_until_ms);
 
 /** Remove an in_progress record this caller owns, so that a retry runs
  * again (two-step use; inside one transaction a rollback does the same).
  * @return IDEM_OK, IDEM_E_FENCE, IDEM_E_RETRY, IDEM_E_IO. */
-idem_err_t idem_tx_release(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence);
+IDEM_EXTERN idem_err_t idem_tx_release(idem_tx_t *tx, const idem_key_id_t *id, uint64_t fence);
 
 /** Read a record without writing.  @param[out] rec  idem_record_cleanup.
  * @return IDEM_OK, IDEM_E_NOTFOUND (none, or past its retention at now_ms),
  *         IDEM_E_CORRUPT, IDEM_E_IO, IDEM_E_NOMEM. */
-idem_err_t idem_tx_get(idem_tx_t *tx, const idem_key_id_t *id, int64_t now_ms,
-                       idem_record_t *rec);
+IDEM_EXTERN idem_err_t idem_tx_get(idem_tx_t *tx, const idem_key_id_t *id, int64_t now_ms,
+                                   idem_record_t *rec);
 
 /** Delete up to max (at most IDEM_TX_SWEEP_MAX per call) records whose
  * retention ended at or before now_ms.  On PostgreSQL rows another open
  * transaction has locked are skipped.
  * @param[out] removed  how many.  @return IDEM_OK, IDEM_E_INVAL, IDEM_E_RETRY,
  *         IDEM_E_IO. */
-idem_err_t idem_tx_sweep(idem_tx_t *tx, int64_t now_ms, size_t max, size_t *removed);
+IDEM_EXTERN idem_err_t idem_tx_sweep(idem_tx_t *tx, int64_t now_ms, size_t max, size_t *removed);
 
 /** The database's last error message for this handle; never NULL. */
-const char *idem_tx_errstr(const idem_tx_t *tx);
+IDEM_EXTERN const char *idem_tx_errstr(const idem_tx_t *tx);
 
 #endif /* IDEM_TX_H */

@@ -12,14 +12,15 @@
 #include <stdint.h>
 
 #include "idem/error.h"
+#include "idem/extern.h"
 
 /** Parse a duration.  @param[in] s NUL-terminated.  @param[out] ms 0 on
  * failure.  @return IDEM_OK or IDEM_E_INVAL (no unit, unknown unit, not a
  * number, negative, overflow). */
-idem_err_t idem_parse_duration(const char *s, int64_t *ms);
+IDEM_EXTERN idem_err_t idem_parse_duration(const char *s, int64_t *ms);
 
 /** Parse a size.  @param[out] bytes 0 on failure.
  * @return IDEM_OK or IDEM_E_INVAL. */
-idem_err_t idem_parse_size(const char *s, uint64_t *bytes);
+IDEM_EXTERN idem_err_t idem_parse_size(const char *s, uint64_t *bytes);
 
 #endif /* IDEM_UNITS_H */
