@@ -12,7 +12,8 @@
 # manual pages render without a groff warning and name every option and
 # configuration key; libidem.pc works through pkg-config and a small program
 # compiled against the unpacked headers links both libraries and prints
-# idem_version().
+# idem_version(); the unpacked libidem.so.0 and libidem.a export the
+# IDEM_EXTERN API of include/idem/ and nothing else (scripts/check_exports.py).
 #
 # systemd-analyze verify needs systemd's own units (sysinit.target, ...)
 # under its --root: the host's /lib/systemd/system is copied beside the
@@ -292,5 +293,7 @@ check "a program links libidem.a with the shared libraries of its Requires.priva
         '$libdir/libidem.a' \$(pkg-config --libs $private) -pthread &&
      ! ldd '$tmp/version-static' | grep -q libidem && [ \"\$('$tmp/version-static')\" = '$upstream' ]"
 unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
+check "the packaged libidem.so.0 and libidem.a export only the IDEM_EXTERN API" \
+    python3 scripts/check_exports.py "$libdir"
 
 finish

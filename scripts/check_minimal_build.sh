@@ -12,7 +12,10 @@
 #     is refused at start with exit status 2 and one line naming the part
 #     that was left out;
 #   - libidem still exports idem_tx_sqlite and idem_tx_postgres (they
-#     answer IDEM_E_UNSUPPORTED), so every build has the same symbols.
+#     answer IDEM_E_UNSUPPORTED), so every build has the same symbols;
+#   - libidem.so and libidem.a export the IDEM_EXTERN declarations of
+#     include/idem/ and nothing else (scripts/check_exports.py, as the lint
+#     test 'exports' checks the full build).
 # Prints "ok - ..." or "FAIL - ..." per check and ends "N passed, N failed".
 # Usage: scripts/check_minimal_build.sh      (a meson test of suite 'lint')
 set -u
@@ -33,8 +36,8 @@ else
   fail "meson setup with the optional parts disabled"
   finish
 fi
-if ninja -C "$tmp/b" idemd idemctl libidem.so.0.1.0 >"$tmp/build.log" 2>&1; then
-  ok "built idemd, idemctl and libidem.so without hiredis, libpq and sqlite3"
+if ninja -C "$tmp/b" idemd idemctl libidem.so.0.1.0 libidem.a >"$tmp/build.log" 2>&1; then
+  ok "built idemd, idemctl, libidem.so and libidem.a without hiredis, libpq and sqlite3"
 else
   tail -40 "$tmp/build.log"
   fail "the build without the optional parts"
@@ -71,4 +74,10 @@ syms=$(nm -D --defined-only "$tmp/b/libidem.so" 2>/dev/null)
 for s in idem_tx_sqlite idem_tx_postgres idem_store_open; do
   if grep -q " T $s\$" <<<"$syms"; then ok "libidem.so exports $s"; else fail "libidem.so lacks $s"; fi
 done
+if python3 "$root/scripts/check_exports.py" "$tmp/b" >"$tmp/exports" 2>&1; then
+  ok "libidem.so and libidem.a export only the IDEM_EXTERN API ($(grep -c '^ok' "$tmp/exports") checks)"
+else
+  sed 's/^/    /' "$tmp/exports"
+  fail "libidem's exports (scripts/check_exports.py) in the build without the optional parts"
+fi
 finish
