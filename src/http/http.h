@@ -252,4 +252,63 @@ int idem_http_write_last_chunk(idem_buf_t *b);
 /** The standard reason phrase of status ("OK"), or "Unknown". */
 const char *idem_http_reason(int status);
 
+/* ---- responses (writer.c) ------------------------------------------------ */
+
+/** A response's head as idemd sends it: everything but the fields that frame
+ * it, which idem_http_write_head derives from framing and the request. */
+typedef struct idem_http_response {
+    int status;                      /* 100..999 */
+    idem_slice_t reason;             /* ptr NULL: idem_http_reason(status); else as given
+                                        (a relayed upstream's; may be empty) */
+    const idem_http_field_t *fields; /* the caller's fields, written in order; none may be
+                                        Content-Length, Transfer-Encoding or Connection */
+    size_t n_fields;
+    idem_http_framing_t framing;     /* how the body that follows is delimited */
+    uint64_t content_length;         /* with IDEM_HTTP_BODY_LENGTH */
+} idem_http_response_t;
+
+/** What the request being answered asks of its response's head.  All zero
+ * is the safe default: HTTP/1.0, not HEAD, the connection closes after. */
+typedef struct idem_http_reply {
+    int version_minor; /* the request's: an HTTP/1.0 client is told keep-alive */
+    bool head;         /* HEAD: the framing fields the body would have, and no body */
+    bool keep_alive;   /* the connection stays open after this response */
+} idem_http_reply_t;
+
+/** Whether a response with status has no body whatever its request
+ * (1xx, 204, 304: RFC 9110 sections 6.4.1, 15.3.5, 15.4.5). */
+bool idem_http_status_bodiless(int status);
+
+/** Append the whole head of a response, blank line included, to b:
+ *
+ *   HTTP/1.1 <status> <reason>
+ *   <the caller's fields, in order>
+ *   Content-Length: n          framing LENGTH
+ *   Transfer-Encoding: chunked framing CHUNKED
+ *                              (nothing for EOF and NONE)
+ *   Connection: close          the connection ends after (always with EOF)
+ *   Connection: keep-alive     an HTTP/1.0 client whose connection stays
+ *
+ * A 1xx, 204 or 304 response gets no framing field whatever framing says;
+ * a 1xx (interim) response gets no Connection field either.  A HEAD request
+ * gets the framing fields the body would have had; what follows the head is
+ * the caller's business (idem_http_write_response sends no body then).
+ *
+ * All or nothing: on any error b is left exactly as it was (never a head
+ * without its final blank line).
+ * @return 0, or -1 when status is outside 100..999, the reason or a field
+ *         value holds CR, LF or NUL, a field name is not a token or names a
+ *         framing field (Content-Length, Transfer-Encoding, Connection),
+ *         framing is CHUNKED for an HTTP/1.0 client or EOF with keep_alive,
+ *         or b cannot hold it (its cap, out of memory). */
+int idem_http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to);
+
+/** Append a whole response framed by its body's length: the head of r with
+ * framing LENGTH and content_length n (r's own framing and content_length
+ * are not read), then body[0..n) unless the response has none (a HEAD
+ * request, 1xx, 204, 304).  All or nothing, as idem_http_write_head, whose
+ * errors it returns. */
+int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
+                             const void *body, size_t n);
+
 #endif /* IDEM_HTTP_H */

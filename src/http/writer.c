@@ -1,5 +1,6 @@
 /* src/http/writer.c - a bounded growable buffer and the HTTP/1.1 writers
- * that append to it (status line, field lines, chunks), plus reason phrases.
+ * that append to it (status line, field lines, chunks, whole response heads),
+ * plus reason phrases.
  *
  * idem_buf_t follows curl's dynbuf: it grows by doubling but never holds more
  * than its max bytes, and every append is all or nothing, so a refused append
@@ -9,10 +10,22 @@
  * not tokens and values or reasons containing CR, LF or NUL, so data from a
  * client or an upstream can never inject a header line.
  *
+ * idem_http_write_head is the one place a response head is written: every
+ * answer idemd sends (its own problems and JSON, a replay, a relayed
+ * upstream response, a streamed one, 100 Continue, the admin endpoints)
+ * goes through it.  It owns the fields that frame a message and say what
+ * becomes of the connection (Content-Length, Transfer-Encoding, Connection),
+ * deriving them from the framing the caller names and the request being
+ * answered (HTTP/1.0 keep-alive, HEAD, 1xx/204/304), so no caller can write
+ * a head that disagrees with the body that follows, or half a head: it
+ * checks and measures everything, reserves the whole size once, and only
+ * then copies (h2o's flatten_headers and curl's dynbuf are the models).
+ *
  * src/http uses nothing of ours outside src/http, so memory comes from the C
  * library's malloc directly rather than the idem_malloc hook.
  *
- * INVARIANTS: b->len <= b->max when max != 0; b->len <= b->cap.
+ * INVARIANTS: b->len <= b->max when max != 0; b->len <= b->cap; a writer that
+ * fails leaves b->len and b->data[0..len) as they were.
  * THREADING: a buffer belongs to one thread at a time.
  */
 #include "http.h"
@@ -174,6 +187,179 @@ int idem_http_write_chunk(idem_buf_t *b, const void *data, size_t n)
 int idem_http_write_last_chunk(idem_buf_t *b)
 {
     return idem_buf_append(b, "0\r\n\r\n", 5);
+}
+
+/* ---- whole response heads ---------------------------------------------- */
+
+/* Whether v[0..n) may be a field value or a reason phrase on the wire. */
+static bool value_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c == '\r' || c == '\n' || c == '\0')
+            return false;
+    }
+    return true;
+}
+
+static bool slice_is(idem_slice_t s, const char *lower)
+{
+    size_t n = strlen(lower);
+    if (s.len != n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        if (c >= 'A' && c <= 'Z')
+            c = (unsigned char)(c - 'A' + 'a');
+        if (c != (unsigned char)lower[i])
+            return false;
+    }
+    return true;
+}
+
+bool idem_http_status_bodiless(int status)
+{
+    return (status >= 100 && status < 200) || status == 204 || status == 304;
+}
+
+/* A head checked and measured, ready to be copied: what
+ * idem_http_write_head decided, so that copying cannot fail. */
+typedef struct {
+    idem_slice_t reason;
+    char length[48];       /* "Content-Length: n\r\n", or empty */
+    size_t length_len;
+    const char *framing;   /* "Transfer-Encoding: chunked\r\n", or "" */
+    const char *connection; /* "Connection: ...\r\n", or "" */
+    size_t size;           /* the whole head, blank line included */
+} head_plan_t;
+
+static int plan_head(const idem_http_response_t *r, idem_http_reply_t to, head_plan_t *p)
+{
+    if (r->status < 100 || r->status > 999)
+        return -1;
+    p->reason = r->reason;
+    if (p->reason.ptr == NULL) {
+        const char *std = idem_http_reason(r->status);
+        p->reason = (idem_slice_t){std, strlen(std)};
+    } else if (p->reason.len > SIZE_MAX / 4 || !value_ok(p->reason.ptr, p->reason.len)) {
+        return -1;
+    }
+    /* "HTTP/1.1 " + three digits + " " + reason + CRLF, and the blank line. */
+    size_t size = 9 + 3 + 1 + p->reason.len + 2 + 2;
+    for (size_t i = 0; i < r->n_fields; i++) {
+        idem_slice_t name = r->fields[i].name, value = r->fields[i].value;
+        if (name.len == 0 || !value_ok(value.ptr, value.len))
+            return -1;
+        for (size_t k = 0; k < name.len; k++)
+            if (!is_tchar((unsigned char)name.ptr[k]))
+                return -1;
+        /* The framing and the connection's fate are this function's to say:
+         * a second Content-Length from a caller is a smuggling vector. */
+        if (slice_is(name, "content-length") || slice_is(name, "transfer-encoding") ||
+            slice_is(name, "connection"))
+            return -1;
+        if (name.len > SIZE_MAX / 4 || value.len > SIZE_MAX / 4 ||
+            size > SIZE_MAX / 2 - name.len - value.len - 4)
+            return -1;
+        size += name.len + value.len + 4; /* ": " and CRLF */
+    }
+    bool interim = r->status < 200;
+    idem_http_framing_t framing = idem_http_status_bodiless(r->status) ? IDEM_HTTP_BODY_NONE
+                                                                       : r->framing;
+    if (framing == IDEM_HTTP_BODY_CHUNKED && to.version_minor == 0)
+        return -1; /* HTTP/1.0 has no chunked coding (RFC 9112 section 7) */
+    if (framing == IDEM_HTTP_BODY_EOF && to.keep_alive)
+        return -1; /* the body ends when the connection does */
+    p->length_len = 0;
+    p->framing = "";
+    if (framing == IDEM_HTTP_BODY_LENGTH) {
+        int k = snprintf(p->length, sizeof p->length, "Content-Length: %llu\r\n",
+                         (unsigned long long)r->content_length);
+        if (k < 0 || (size_t)k >= sizeof p->length)
+            return -1;
+        p->length_len = (size_t)k;
+    } else if (framing == IDEM_HTTP_BODY_CHUNKED) {
+        p->framing = "Transfer-Encoding: chunked\r\n";
+    }
+    if (interim)
+        p->connection = ""; /* the final response says what becomes of the connection */
+    else if (!to.keep_alive)
+        p->connection = "Connection: close\r\n";
+    else if (to.version_minor == 0)
+        p->connection = "Connection: keep-alive\r\n";
+    else
+        p->connection = "";
+    size += p->length_len + strlen(p->framing) + strlen(p->connection);
+    p->size = size;
+    return 0;
+}
+
+/* Copy a planned head to dst, which has room for p->size bytes. */
+static void emit_head(char *dst, const idem_http_response_t *r, const head_plan_t *p)
+{
+    char *o = dst;
+    memcpy(o, "HTTP/1.1 ", 9);
+    o[9] = (char)('0' + r->status / 100);
+    o[10] = (char)('0' + r->status / 10 % 10);
+    o[11] = (char)('0' + r->status % 10);
+    o[12] = ' ';
+    o += 13;
+    if (p->reason.len > 0)
+        memcpy(o, p->reason.ptr, p->reason.len);
+    o += p->reason.len;
+    memcpy(o, "\r\n", 2);
+    o += 2;
+    for (size_t i = 0; i < r->n_fields; i++) {
+        idem_slice_t name = r->fields[i].name, value = r->fields[i].value;
+        memcpy(o, name.ptr, name.len);
+        o += name.len;
+        memcpy(o, ": ", 2);
+        o += 2;
+        if (value.len > 0)
+            memcpy(o, value.ptr, value.len);
+        o += value.len;
+        memcpy(o, "\r\n", 2);
+        o += 2;
+    }
+    memcpy(o, p->length, p->length_len);
+    o += p->length_len;
+    size_t n = strlen(p->framing);
+    memcpy(o, p->framing, n);
+    o += n;
+    n = strlen(p->connection);
+    memcpy(o, p->connection, n);
+    o += n;
+    memcpy(o, "\r\n", 2);
+}
+
+int idem_http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to)
+{
+    head_plan_t p;
+    if (plan_head(r, to, &p) != 0 || reserve(b, p.size) != 0)
+        return -1;
+    emit_head(b->data + b->len, r, &p);
+    b->len += p.size;
+    return 0;
+}
+
+int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
+                             const void *body, size_t n)
+{
+    idem_http_response_t framed = *r;
+    framed.framing = IDEM_HTTP_BODY_LENGTH;
+    framed.content_length = n;
+    head_plan_t p;
+    if (plan_head(&framed, to, &p) != 0)
+        return -1;
+    if (to.head || idem_http_status_bodiless(r->status))
+        n = 0;
+    if (n > SIZE_MAX - p.size || reserve(b, p.size + n) != 0)
+        return -1;
+    emit_head(b->data + b->len, &framed, &p);
+    if (n > 0)
+        memcpy(b->data + b->len + p.size, body, n);
+    b->len += p.size + n;
+    return 0;
 }
 
 const char *idem_http_reason(int status)

@@ -1,7 +1,8 @@
 /* tests/unit/test_http_writer.c - the bounded buffer and the writers of
  * src/http/writer.c: appends, the cap that refuses without changing the
  * buffer, status lines, field lines (and the refusal of injected CR/LF),
- * chunks, and reason phrases. */
+ * chunks, reason phrases, and whole response heads (each framing, HEAD,
+ * HTTP/1.0 keep-alive, refusals, all or nothing under a cap). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,4 +251,298 @@ Test(http_writer, reason_phrases)
                                 502, 503, 504, 505};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         cr_expect_str_neq(idem_http_reason(known[i]), "Unknown", "status %d", known[i]);
+}
+
+/* ---- whole response heads ---------------------------------------------- */
+
+static const idem_http_reply_t KEEP_11 = {.version_minor = 1, .keep_alive = true};
+static const idem_http_reply_t CLOSE_11 = {.version_minor = 1, .keep_alive = false};
+
+#define FIELD(n, v) {{n, sizeof n - 1}, {v, sizeof v - 1}}
+
+Test(http_writer, head_with_length)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_field_t f[] = {FIELD("Content-Type", "text/plain"), FIELD("X-Empty", "")};
+    idem_http_response_t r = {.status = 201, .fields = f, .n_fields = 2,
+                              .framing = IDEM_HTTP_BODY_LENGTH, .content_length = 12345};
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nX-Empty: \r\n"
+                         "Content-Length: 12345\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_chunked)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 200, .framing = IDEM_HTTP_BODY_CHUNKED};
+    cr_assert_eq(idem_http_write_head(&b, &r, CLOSE_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_chunked_refused_to_http10)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 200, .framing = IDEM_HTTP_BODY_CHUNKED};
+    idem_http_reply_t to = {.version_minor = 0, .keep_alive = true};
+    cr_expect_eq(idem_http_write_head(&b, &r, to), -1);
+    to.keep_alive = false;
+    cr_expect_eq(idem_http_write_head(&b, &r, to), -1);
+    cr_expect_eq(b.len, 0);
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_close_delimited)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 200, .framing = IDEM_HTTP_BODY_EOF};
+    idem_http_reply_t to = {.version_minor = 0, .keep_alive = false};
+    cr_assert_eq(idem_http_write_head(&b, &r, to), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"));
+    /* Such a body ends only when the connection does. */
+    cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_without_framing)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 200, .framing = IDEM_HTTP_BODY_NONE};
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_bodiless_statuses_have_no_framing)
+{
+    static const int statuses[] = {204, 304};
+    for (size_t i = 0; i < 2; i++) {
+        idem_buf_t b;
+        idem_buf_init(&b, 0);
+        idem_http_response_t r = {.status = statuses[i], .framing = IDEM_HTTP_BODY_LENGTH,
+                                  .content_length = 7};
+        cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+        cr_expect_null(memmem(b.data, b.len, "Content-Length", 14), "status %d", statuses[i]);
+        idem_buf_reset(&b);
+        r.framing = IDEM_HTTP_BODY_CHUNKED;
+        cr_assert_eq(idem_http_write_head(&b, &r, CLOSE_11), 0);
+        cr_expect_null(memmem(b.data, b.len, "Transfer-Encoding", 17), "status %d", statuses[i]);
+        cr_expect_not_null(memmem(b.data, b.len, "Connection: close", 17));
+        idem_buf_cleanup(&b);
+    }
+    cr_expect(idem_http_status_bodiless(100));
+    cr_expect(idem_http_status_bodiless(199));
+    cr_expect(idem_http_status_bodiless(204));
+    cr_expect(idem_http_status_bodiless(304));
+    cr_expect_not(idem_http_status_bodiless(200));
+    cr_expect_not(idem_http_status_bodiless(205));
+    cr_expect_not(idem_http_status_bodiless(404));
+}
+
+Test(http_writer, head_interim_is_the_status_line_alone)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 100, .framing = IDEM_HTTP_BODY_LENGTH, .content_length = 3};
+    cr_assert_eq(idem_http_write_head(&b, &r, CLOSE_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 100 Continue\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_connection_per_version)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 200, .framing = IDEM_HTTP_BODY_LENGTH, .content_length = 0};
+    idem_http_reply_t ka10 = {.version_minor = 0, .keep_alive = true};
+    cr_assert_eq(idem_http_write_head(&b, &r, ka10), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"));
+    idem_buf_reset(&b);
+    idem_http_reply_t close10 = {.version_minor = 0, .keep_alive = false};
+    cr_assert_eq(idem_http_write_head(&b, &r, close10), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
+    idem_buf_reset(&b);
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+    idem_buf_reset(&b);
+    idem_http_reply_t zero = {0};
+    cr_assert_eq(idem_http_write_head(&b, &r, zero), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+              "a zeroed reply closes");
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_reason_given_or_standard)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 299, .reason = {"Fine Indeed", 11},
+                              .framing = IDEM_HTTP_BODY_NONE};
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 299 Fine Indeed\r\n\r\n"));
+    idem_buf_reset(&b);
+    r.reason = (idem_slice_t){"", 0}; /* an upstream may send none */
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 299 \r\n\r\n"));
+    idem_buf_reset(&b);
+    r.reason = (idem_slice_t){NULL, 0};
+    cr_assert_eq(idem_http_write_head(&b, &r, KEEP_11), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 299 Unknown\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, head_refuses_injection_and_framing_fields)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    cr_assert_eq(idem_buf_append_str(&b, "start"), 0);
+    idem_http_field_t bad[][1] = {
+        {FIELD("X-A", "a\r\nX-Evil: 1")}, {FIELD("X-A", "a\nb")}, {FIELD("X-A", "a\0b")},
+        {FIELD("X A", "v")}, {FIELD("X:A", "v")}, {FIELD("", "v")},
+        {FIELD("Content-Length", "0")}, {FIELD("content-LENGTH", "0")},
+        {FIELD("Transfer-Encoding", "chunked")}, {FIELD("Connection", "keep-alive")},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        idem_http_response_t r = {.status = 200, .fields = bad[i], .n_fields = 1,
+                                  .framing = IDEM_HTTP_BODY_LENGTH};
+        cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1, "field %zu", i);
+        cr_expect_eq(idem_http_write_response(&b, &r, KEEP_11, "x", 1), -1, "field %zu", i);
+    }
+    static const char *reasons[] = {"OK\r\nX-Evil: 1", "OK\n", "O\rK"};
+    for (size_t i = 0; i < 3; i++) {
+        idem_http_response_t r = {.status = 200, .reason = {reasons[i], strlen(reasons[i])}};
+        cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1, "reason %zu", i);
+    }
+    idem_http_response_t r = {.status = 200, .reason = {"O\0K", 3}};
+    cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1);
+    r = (idem_http_response_t){.status = 99};
+    cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1);
+    r.status = 1000;
+    cr_expect_eq(idem_http_write_head(&b, &r, KEEP_11), -1);
+    cr_expect(buf_is(&b, "start"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, response_with_body)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_field_t f[] = {FIELD("Content-Type", "application/json")};
+    idem_http_response_t r = {.status = 200, .fields = f, .n_fields = 1,
+                              .framing = IDEM_HTTP_BODY_CHUNKED /* not read */};
+    cr_assert_eq(idem_http_write_response(&b, &r, KEEP_11, "{}", 2), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 2\r\n\r\n{}"));
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, response_to_head_is_the_head_alone)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 404};
+    idem_http_reply_t to = {.version_minor = 1, .head = true, .keep_alive = true};
+    cr_assert_eq(idem_http_write_response(&b, &r, to, "missing", 7), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 404 Not Found\r\nContent-Length: 7\r\n\r\n"),
+              "HEAD keeps the length of the body it does not get");
+    idem_buf_cleanup(&b);
+}
+
+Test(http_writer, response_bodiless_status_drops_the_body)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_response_t r = {.status = 204};
+    cr_assert_eq(idem_http_write_response(&b, &r, CLOSE_11, "ignored", 7), 0);
+    cr_expect(buf_is(&b, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"));
+    idem_buf_cleanup(&b);
+}
+
+/* Every cap short of the whole answer refuses it and leaves the buffer as
+ * it was; the exact size fits.  So a head is never queued without its
+ * final blank line, nor a body without its head. */
+Test(http_writer, head_and_response_all_or_nothing_under_a_cap)
+{
+    idem_http_field_t f[] = {FIELD("Content-Type", "text/plain"), FIELD("Retry-After", "3")};
+    idem_http_response_t r = {.status = 503, .fields = f, .n_fields = 2,
+                              .framing = IDEM_HTTP_BODY_LENGTH, .content_length = 4};
+    idem_http_reply_t to = {.version_minor = 0, .keep_alive = true};
+    for (int which = 0; which < 2; which++) {
+        idem_buf_t full;
+        idem_buf_init(&full, 0);
+        int rc = which == 0 ? idem_http_write_head(&full, &r, to)
+                            : idem_http_write_response(&full, &r, to, "down", 4);
+        cr_assert_eq(rc, 0);
+        for (size_t cap = 2; cap <= full.len + 2; cap++) {
+            idem_buf_t b;
+            idem_buf_init(&b, cap);
+            cr_assert_eq(idem_buf_append(&b, "xx", 2), 0);
+            rc = which == 0 ? idem_http_write_head(&b, &r, to)
+                            : idem_http_write_response(&b, &r, to, "down", 4);
+            if (cap < full.len + 2) {
+                cr_expect_eq(rc, -1, "cap %zu", cap);
+                cr_expect(buf_is(&b, "xx"), "cap %zu changed the buffer", cap);
+            } else {
+                cr_expect_eq(rc, 0);
+                cr_expect_eq(b.len, full.len + 2);
+                cr_expect_eq(memcmp(b.data + 2, full.data, full.len), 0);
+            }
+            idem_buf_cleanup(&b);
+        }
+        idem_buf_cleanup(&full);
+    }
+}
+
+/* What the writer says is what a recipient reads: each framing, parsed
+ * back, gives the framing, length and persistence asked for. */
+Test(http_writer, heads_parse_back_as_written)
+{
+    static const struct {
+        int status;
+        idem_http_framing_t framing;
+        int minor;
+        bool keep_alive;
+        idem_http_framing_t want;
+    } cases[] = {
+        {200, IDEM_HTTP_BODY_LENGTH, 1, true, IDEM_HTTP_BODY_LENGTH},
+        {200, IDEM_HTTP_BODY_LENGTH, 0, true, IDEM_HTTP_BODY_LENGTH},
+        {200, IDEM_HTTP_BODY_LENGTH, 0, false, IDEM_HTTP_BODY_LENGTH},
+        {200, IDEM_HTTP_BODY_CHUNKED, 1, true, IDEM_HTTP_BODY_CHUNKED},
+        {200, IDEM_HTTP_BODY_CHUNKED, 1, false, IDEM_HTTP_BODY_CHUNKED},
+        {200, IDEM_HTTP_BODY_EOF, 1, false, IDEM_HTTP_BODY_EOF},
+        {200, IDEM_HTTP_BODY_EOF, 0, false, IDEM_HTTP_BODY_EOF},
+        {204, IDEM_HTTP_BODY_LENGTH, 1, true, IDEM_HTTP_BODY_NONE},
+        {304, IDEM_HTTP_BODY_CHUNKED, 1, false, IDEM_HTTP_BODY_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        idem_buf_t b;
+        idem_buf_init(&b, 0);
+        idem_http_response_t r = {.status = cases[i].status, .framing = cases[i].framing,
+                                  .content_length = 42};
+        idem_http_reply_t to = {.version_minor = cases[i].minor, .keep_alive = cases[i].keep_alive};
+        cr_assert_eq(idem_http_write_head(&b, &r, to), 0, "case %zu", i);
+        idem_http_head_state_t hs = {0};
+        idem_http_msg_t m;
+        /* The parser reads what a client of that version would. */
+        char *copy = malloc(b.len);
+        memcpy(copy, b.data, b.len);
+        if (cases[i].minor == 0)
+            copy[7] = '0';
+        int rc = idem_http_parse_response(&hs, copy, b.len, IDEM_HTTP_MAX_HEAD,
+                                          (idem_slice_t){"GET", 3}, &m);
+        cr_assert_eq((size_t)rc, b.len, "case %zu: %d", i, rc);
+        cr_expect_eq(m.framing, cases[i].want, "case %zu", i);
+        if (cases[i].want == IDEM_HTTP_BODY_LENGTH)
+            cr_expect_eq(m.content_length, 42);
+        cr_expect_eq(m.keep_alive, cases[i].keep_alive, "case %zu", i);
+        free(copy);
+        idem_buf_cleanup(&b);
+    }
 }
