@@ -287,9 +287,14 @@ void idem_log_request(idem_worker_t *w, const idem_req_t *req);
 void idem_log_flush(idem_worker_t *w);
 
 /* problem.c */
-/** Append a whole problem+json response to out.
+/** Append a whole problem+json response answering `to` to out (the head
+ * alone for HEAD), all or nothing.
  * @param retry_after  seconds for a Retry-After header, or 0 for none.
- * @param close        whether to add Connection: close. */
+ * @return 0, or -1 (out of memory, out's cap) with out unchanged. */
+int idem_problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
+                         int64_t retry_after, idem_http_reply_t to);
+/** idem_problem_respond to a request that is not HEAD: Connection: close
+ * when close, else Connection: keep-alive when keep_alive_10. */
 int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
                        int64_t retry_after, bool close, bool keep_alive_10);
 const char *idem_problem_title(const char *type);

@@ -5,8 +5,13 @@
  * application/problem+json and a body
  * {"type":"urn:idem:problem:<type>","title":...,"status":N,"detail":...}.
  * The type names are part of the contract (docs/protocol.md section 10); the titles are
- * fixed per type, the detail says what happened to this request.
+ * fixed per type, the detail says what happened to this request.  The
+ * response around it is written by src/http's idem_http_write_response, so a
+ * problem is framed like every other answer (HEAD, HTTP/1.0 keep-alive) and
+ * is never half written.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -67,24 +72,30 @@ char *idem_problem_body(int status, const char *type, const char *detail)
     return body;
 }
 
-int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
-                       int64_t retry_after, bool close, bool keep_alive_10)
+int idem_problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
+                         int64_t retry_after, idem_http_reply_t to)
 {
     char *body = idem_problem_body(status, type, detail);
     if (!body)
         return -1;
-    size_t blen = strlen(body);
-    int rc = idem_http_write_status(out, status);
-    rc |= idem_buf_appendf(out, "Content-Type: application/problem+json\r\nContent-Length: %zu\r\n",
-                           blen);
-    if (retry_after > 0)
-        rc |= idem_buf_appendf(out, "Retry-After: %lld\r\n", (long long)retry_after);
-    if (close)
-        rc |= idem_buf_append_str(out, "Connection: close\r\n");
-    else if (keep_alive_10)
-        rc |= idem_buf_append_str(out, "Connection: keep-alive\r\n");
-    rc |= idem_buf_append_str(out, "\r\n");
-    rc |= idem_buf_append(out, body, blen);
+    char seconds[24];
+    idem_http_field_t fields[2] = {
+        {{"Content-Type", 12}, {"application/problem+json", 24}},
+    };
+    size_t n = 1;
+    if (retry_after > 0) {
+        int k = snprintf(seconds, sizeof seconds, "%lld", (long long)retry_after);
+        fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {seconds, (size_t)k}};
+    }
+    idem_http_response_t r = {.status = status, .fields = fields, .n_fields = n};
+    int rc = idem_http_write_response(out, &r, to, body, strlen(body));
     free(body);
-    return rc ? -1 : 0;
+    return rc;
+}
+
+int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
+                       int64_t retry_after, bool close, bool keep_alive_10)
+{
+    idem_http_reply_t to = {.version_minor = keep_alive_10 ? 0 : 1, .keep_alive = !close};
+    return idem_problem_respond(out, status, type, detail, retry_after, to);
 }

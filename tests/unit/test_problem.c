@@ -103,5 +103,60 @@ Test(problem, a_full_buffer_is_an_error_not_a_truncated_answer)
     idem_buf_t b;
     idem_buf_init(&b, 64);
     cr_expect_eq(idem_problem_write(&b, 503, "store-unavailable", "down", 1, false, false), -1);
+    cr_expect_eq(b.len, 0, "nothing of a refused answer is left in the buffer");
+    idem_buf_cleanup(&b);
+}
+
+/* Each cap short of the whole answer leaves what was queued before intact. */
+Test(problem, refused_under_any_cap_leaves_the_buffer_as_it_was)
+{
+    idem_http_reply_t to = {.version_minor = 1, .keep_alive = true};
+    idem_buf_t full;
+    idem_buf_init(&full, 0);
+    cr_assert_eq(idem_problem_respond(&full, 409, "in-flight", "busy", 3, to), 0);
+    for (size_t cap = 5; cap < full.len + 5; cap++) {
+        idem_buf_t b;
+        idem_buf_init(&b, cap);
+        cr_assert_eq(idem_buf_append(&b, "prior", 5), 0);
+        cr_expect_eq(idem_problem_respond(&b, 409, "in-flight", "busy", 3, to), -1, "cap %zu", cap);
+        cr_expect_eq(b.len, 5, "cap %zu", cap);
+        cr_expect_eq(memcmp(b.data, "prior", 5), 0);
+        idem_buf_cleanup(&b);
+    }
+    idem_buf_cleanup(&full);
+}
+
+Test(problem, answer_to_head_is_the_head_alone)
+{
+    idem_buf_t b, get;
+    idem_buf_init(&b, 0);
+    idem_buf_init(&get, 0);
+    idem_http_reply_t head = {.version_minor = 1, .head = true, .keep_alive = true};
+    idem_http_reply_t plain = {.version_minor = 1, .keep_alive = true};
+    cr_assert_eq(idem_problem_respond(&b, 404, "not-found", "nothing here", 0, head), 0);
+    cr_assert_eq(idem_problem_respond(&get, 404, "not-found", "nothing here", 0, plain), 0);
+    idem_http_head_state_t hs = {0};
+    idem_http_msg_t m;
+    int rc = idem_http_parse_response(&hs, b.data, b.len, IDEM_HTTP_MAX_HEAD,
+                                      (idem_slice_t){"HEAD", 4}, &m);
+    cr_assert_eq((size_t)rc, b.len, "a HEAD answer is its head and nothing after");
+    const idem_http_field_t *cl = idem_http_find(&m, "Content-Length");
+    cr_assert_not_null(cl, "HEAD still says how long the body would be");
+    cr_expect_eq(b.len, (size_t)rc);
+    cr_expect_eq(memcmp(b.data, get.data, b.len), 0, "the same head as the GET answer's");
+    idem_http_msg_t gm;
+    json_t *j = parse_problem(&get, &gm);
+    json_decref(j);
+    idem_buf_cleanup(&b);
+    idem_buf_cleanup(&get);
+}
+
+Test(problem, http10_kept_alive_is_told_so)
+{
+    idem_buf_t b;
+    idem_buf_init(&b, 0);
+    idem_http_reply_t to = {.version_minor = 0, .keep_alive = true};
+    cr_assert_eq(idem_problem_respond(&b, 400, "bad-request", "x", 0, to), 0);
+    cr_expect_not_null(memmem(b.data, b.len, "\r\nConnection: keep-alive\r\n", 26));
     idem_buf_cleanup(&b);
 }
