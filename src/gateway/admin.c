@@ -25,6 +25,15 @@
  * browser on this host loads from a name its author points at 127.0.0.1
  * (DNS rebinding) sends that name, and gets 421.
  *
+ * Each endpoint is a handler: it reads the parsed request (method, target,
+ * fields) and fills an admin_answer_t (status, Content-Type, body, whether
+ * the connection ends), knowing nothing of sockets; admin_route picks the
+ * handler after the Host checks.  The connection code below only reads,
+ * parses, times and queues, and every answer, its own timeouts and
+ * refusals included, is written by idem_http_write_response (src/http),
+ * whose errors turn into a 500 or a closed connection, never half an
+ * answer.
+ *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
  */
@@ -47,6 +56,7 @@
 #define ADMIN_WRITE_HIGH (1u << 20) /* answers queued to a client: stop reading its requests */
 #define ADMIN_CLOSE_MS 5000         /* a closing answer not taken by then: close anyway */
 #define ADMIN_MAX_HOSTS (IDEM_CONFIG_MAX_LIST + 4)
+#define ADMIN_METRICS_MAX (4u << 20) /* the largest /metrics text */
 
 struct idem_admin {
     idem_gw_t *gw;
@@ -59,172 +69,46 @@ struct idem_admin {
     size_t n_hosts;
 };
 
-/* What a connection's timer waits for. */
-typedef enum { AT_NONE, AT_HEAD, AT_BODY, AT_IDLE, AT_CLOSE } admin_timer_t;
+/* ---- the endpoints ------------------------------------------------------ */
 
+/* What an endpoint answers; the connection code writes it.  A handler sets
+ * status 0 when it could not make an answer at all (out of memory): the
+ * connection then closes without one. */
 typedef struct {
-    uv_tcp_t tcp;
-    uv_timer_t timer;
-    idem_admin_t *admin;
-    char *buf;
-    size_t len, cap;
-    idem_http_head_state_t hs;
-    bool closing;
-    bool done;         /* an answer that ends the connection is queued: read no more */
-    bool reading;
-    bool head_request; /* the request being answered is HEAD: no body */
-    int closes;        /* handles whose close callback is pending */
-    admin_timer_t waiting;
-    size_t queued;     /* answer bytes not yet written */
-} admin_conn_t;
+    int status;
+    const char *content_type; /* NULL: no Content-Type (204) */
+    idem_buf_t body;          /* owned by the answer (admin_answer_cleanup) */
+    bool close;               /* the head itself was refused: end the connection */
+} admin_answer_t;
 
-typedef struct {
-    uv_write_t wr;
-    admin_conn_t *conn;
-    bool close;
-    size_t len;
-    char data[];
-} admin_write_t;
-
-static void admin_process(admin_conn_t *c);
-static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-
-static void on_admin_conn_freed(uv_handle_t *h)
+static void admin_answer_init(admin_answer_t *a)
 {
-    admin_conn_t *c = h->data;
-    if (--c->closes > 0)
-        return;
-    c->admin->n_conns--;
-    free(c->buf);
-    free(c);
+    memset(a, 0, sizeof *a);
+    idem_buf_init(&a->body, 0);
 }
 
-static void admin_conn_close(admin_conn_t *c)
-{
-    if (c->closing)
-        return;
-    c->closing = true;
-    c->closes = 2;
-    uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
-    uv_close((uv_handle_t *)&c->timer, on_admin_conn_freed);
-}
+static void admin_answer_cleanup(admin_answer_t *a) { idem_buf_cleanup(&a->body); }
 
-static void admin_reading(admin_conn_t *c, bool on)
+static void answer_json(admin_answer_t *a, int status, const char *type, const char *body)
 {
-    if (on && !c->reading && !c->closing && !c->done)
-        c->reading = uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) == 0;
-    else if (!on && c->reading) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = false;
-    }
-}
-
-static void admin_problem(admin_conn_t *c, int status, const char *type, const char *detail,
-                          bool close);
-
-static void on_admin_timer(uv_timer_t *t)
-{
-    admin_conn_t *c = t->data;
-    if (c->closing)
-        return;
-    if (!c->done && ((c->waiting == AT_HEAD && c->len > 0) || c->waiting == AT_BODY)) {
-        c->head_request = false;
-        admin_problem(c, 408, "request-timeout",
-                      c->waiting == AT_HEAD
-                          ? "the request head did not arrive within header_timeout"
-                          : "the request body paused for longer than body_timeout",
-                      true);
+    idem_buf_reset(&a->body);
+    if (idem_buf_append_str(&a->body, body) != 0) {
+        a->status = 0;
         return;
     }
-    admin_conn_close(c); /* idle, silent since it opened, or a closing answer not taken */
+    a->status = status;
+    a->content_type = type;
 }
 
-/* Arm the connection's timer for what it now waits for. */
-static void admin_timer(admin_conn_t *c, admin_timer_t what)
-{
-    const idem_config_t *cfg = c->admin->gw->cfg;
-    int64_t ms;
-    switch (what) {
-    case AT_HEAD: ms = cfg->header_timeout_ms; break;
-    case AT_BODY: ms = cfg->body_timeout_ms; break;
-    case AT_IDLE: ms = cfg->idle_timeout_ms; break;
-    case AT_CLOSE: ms = ADMIN_CLOSE_MS; break;
-    default:
-        c->waiting = AT_NONE;
-        uv_timer_stop(&c->timer);
-        return;
-    }
-    c->waiting = what;
-    uv_timer_start(&c->timer, on_admin_timer, (uint64_t)ms, 0);
-}
-
-static void on_admin_written(uv_write_t *wr, int status)
-{
-    admin_write_t *w = (admin_write_t *)wr;
-    admin_conn_t *c = w->conn;
-    c->queued -= w->len;
-    if ((status < 0 || w->close) && !c->closing) {
-        admin_conn_close(c);
-    } else if (!c->closing && !c->done && !c->reading && c->queued < ADMIN_WRITE_HIGH / 2) {
-        /* The client took its answers: go on with what it sent. */
-        admin_reading(c, true);
-        admin_process(c);
-    }
-    free(w);
-}
-
-static void admin_send(admin_conn_t *c, int status, const char *ctype, const char *body,
-                       size_t blen, bool close)
-{
-    bool head = c->head_request;
-    idem_buf_t out;
-    idem_buf_init(&out, 0);
-    idem_http_write_status(&out, status);
-    if (ctype)
-        idem_buf_appendf(&out, "Content-Type: %s\r\n", ctype);
-    if (status != 204)
-        idem_buf_appendf(&out, "Content-Length: %zu\r\n", blen);
-    if (close)
-        idem_buf_append_str(&out, "Connection: close\r\n");
-    idem_buf_append_str(&out, "\r\n");
-    if (!head)
-        idem_buf_append(&out, body, blen);
-    admin_write_t *w = malloc(sizeof *w + out.len);
-    if (!w) {
-        idem_buf_cleanup(&out);
-        admin_conn_close(c);
-        return;
-    }
-    w->conn = c;
-    w->close = close;
-    w->len = out.len;
-    memcpy(w->data, out.data, out.len);
-    uv_buf_t b = uv_buf_init(w->data, (unsigned)out.len);
-    idem_buf_cleanup(&out);
-    if (uv_write(&w->wr, (uv_stream_t *)&c->tcp, &b, 1, on_admin_written) != 0) {
-        free(w);
-        admin_conn_close(c);
-        return;
-    }
-    c->queued += w->len;
-    if (close) {
-        c->done = true;
-        admin_reading(c, false);
-        admin_timer(c, AT_CLOSE);
-    }
-}
-
-static void admin_problem(admin_conn_t *c, int status, const char *type, const char *detail,
-                          bool close)
+static void answer_problem(admin_answer_t *a, int status, const char *type, const char *detail)
 {
     char *body = idem_problem_body(status, type, detail);
-    if (body) {
-        admin_send(c, status, "application/problem+json", body, strlen(body), close);
-        free(body);
-    } else {
-        admin_conn_close(c);
+    if (body == NULL) {
+        a->status = 0;
+        return;
     }
+    answer_json(a, status, "application/problem+json", body);
+    free(body);
 }
 
 static void rfc3339(int64_t ms, char *out, size_t n)
@@ -236,13 +120,14 @@ static void rfc3339(int64_t ms, char *out, size_t n)
     snprintf(out + k, n - k, ".%03dZ", (int)(ms % 1000));
 }
 
-static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
+/* GET or DELETE /keys/{key}?scope=S */
+static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
 {
-    idem_gw_t *gw = c->admin->gw;
+    idem_gw_t *gw = admin->gw;
     bool is_get = idem_slice_eq_ci(m->method, "GET");
     bool is_delete = idem_slice_eq_ci(m->method, "DELETE");
     if (!is_get && !is_delete) {
-        admin_problem(c, 405, "method-not-allowed", "use GET or DELETE", close);
+        answer_problem(a, 405, "method-not-allowed", "use GET or DELETE");
         return;
     }
     const char *p = m->target.ptr + 6; /* after "/keys/" */
@@ -258,15 +143,15 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
         if ((unsigned char)id.key[i] < 0x20 || (unsigned char)id.key[i] > 0x7e)
             key_ok = false;
     if (!key_ok) {
-        admin_problem(c, 400, "invalid-key", "the key in the path is not a valid key", close);
+        answer_problem(a, 400, "invalid-key", "the key in the path is not a valid key");
         return;
     }
     memcpy(id.scope, "anonymous", 10);
     if (klen < plen) {
         long sr = idem_http_query_param(p + klen + 1, plen - klen - 1, "scope", id.scope, sizeof id.scope);
         if (sr == -1 || (sr >= 0 && !idem_scope_valid(id.scope))) {
-            admin_problem(c, 400, "invalid-scope",
-                          "scope is \"anonymous\" or 64 lowercase hex digits", close);
+            answer_problem(a, 400, "invalid-scope",
+                           "scope is \"anonymous\" or 64 lowercase hex digits");
             return;
         }
         if (sr == -2)
@@ -282,26 +167,26 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
             idem_err_t derr = idem_store_delete(gw->store, &id);
             idem_cache_remove(gw->cache, &id);
             if (derr == IDEM_OK && err == IDEM_OK) {
-                admin_send(c, 204, NULL, "", 0, close);
+                a->status = 204;
                 return;
             }
             if (derr == IDEM_OK || derr == IDEM_E_NOTFOUND) {
-                admin_problem(c, 404, "not-found", "no record for this key and scope", close);
+                answer_problem(a, 404, "not-found", "no record for this key and scope");
                 return;
             }
             err = derr;
         }
-        admin_problem(c, 503, "store-unavailable", idem_strerror(err), close);
+        answer_problem(a, 503, "store-unavailable", idem_strerror(err));
         return;
     }
     idem_record_t rec;
     idem_err_t err = idem_gw_store_get(gw, &id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
-        admin_problem(c, 404, "not-found", "no record for this key and scope", close);
+        answer_problem(a, 404, "not-found", "no record for this key and scope");
         return;
     }
     if (err != IDEM_OK) {
-        admin_problem(c, 503, "store-unavailable", idem_strerror(err), close);
+        answer_problem(a, 503, "store-unavailable", idem_strerror(err));
         return;
     }
     char fphex[2 * IDEM_FP_LEN + 1], lease[40], expires[40];
@@ -322,52 +207,11 @@ static void admin_keys(admin_conn_t *c, const idem_http_msg_t *m, bool close)
     char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
     if (!body) {
-        admin_problem(c, 500, "internal", "out of memory", close);
+        answer_problem(a, 500, "internal", "out of memory");
         return;
     }
-    admin_send(c, 200, "application/json", body, strlen(body), close);
+    answer_json(a, 200, "application/json", body);
     free(body);
-}
-
-static bool target_is(const idem_http_msg_t *m, const char *path)
-{
-    size_t n = strlen(path);
-    return m->target.len >= n && memcmp(m->target.ptr, path, n) == 0 &&
-           (m->target.len == n || m->target.ptr[n] == '?');
-}
-
-/* Whether the Host of m names this listener (any port): a name of
- * a->hosts, compared case-insensitively.  An HTTP/1.0 request may have no
- * Host (scripts; a browser always sends one). */
-static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
-{
-    if (idem_http_count(m, "Host") == 0)
-        return m->version_minor == 0;
-    const idem_http_field_t *f = idem_http_find(m, "Host");
-    const char *v = f->value.ptr;
-    size_t len = f->value.len, hl = 0;
-    if (len > 0 && v[0] == '[') {
-        const char *e = memchr(v, ']', len);
-        if (e == NULL)
-            return false;
-        hl = (size_t)(e - v) + 1;
-    } else {
-        while (hl < len && v[hl] != ':')
-            hl++;
-    }
-    if (hl == 0)
-        return false;
-    if (hl < len) {
-        if (v[hl] != ':' || len - hl - 1 < 1 || len - hl - 1 > 5)
-            return false;
-        for (size_t i = hl + 1; i < len; i++)
-            if (v[i] < '0' || v[i] > '9')
-                return false;
-    }
-    for (size_t i = 0; i < a->n_hosts; i++)
-        if (strlen(a->hosts[i]) == hl && strncasecmp(a->hosts[i], v, hl) == 0)
-            return true;
-    return false;
 }
 
 #define PROBE_MAX_BYTES (4u << 20) /* the largest response a readiness probe writes */
@@ -423,65 +267,316 @@ static idem_err_t probe_room(idem_gw_t *gw)
     return err;
 }
 
-static void admin_handle(admin_conn_t *c, const idem_http_msg_t *m)
+/* GET /healthz: the process runs. */
+static void handle_healthz(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
 {
-    idem_gw_t *gw = c->admin->gw;
-    bool close = !m->keep_alive;
+    (void)admin;
+    (void)m;
+    answer_json(a, 200, "application/json", "{\"status\":\"ok\"}");
+}
+
+/* GET /readyz: the store answers and has room. */
+static void handle_readyz(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+{
+    idem_gw_t *gw = admin->gw;
+    (void)m;
+    idem_err_t err = idem_store_ping(gw->store);
+    if (err == IDEM_OK && atomic_load(&gw->metrics.store_full)) {
+        err = probe_room(gw);
+        if (err == IDEM_OK)
+            atomic_store(&gw->metrics.store_full, false);
+    }
+    if (err == IDEM_OK)
+        answer_json(a, 200, "application/json", "{\"status\":\"ready\"}");
+    else if (err == IDEM_E_STORE_FULL)
+        answer_problem(a, 503, "store-full",
+                       "the store has no room for new records: keyed requests and token "
+                       "issues get 503 until expired records are swept or removed");
+    else
+        answer_problem(a, 503, "store-unavailable", idem_store_errstr(gw->store));
+}
+
+/* GET /metrics: Prometheus text. */
+static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+{
+    (void)m;
+    idem_buf_t out;
+    idem_buf_init(&out, ADMIN_METRICS_MAX);
+    if (idem_metrics_render(&admin->gw->metrics, &out) == 0) {
+        idem_buf_cleanup(&a->body);
+        a->body = out; /* the answer takes the rendering */
+        a->status = 200;
+        a->content_type = "text/plain; version=0.0.4";
+        return;
+    }
+    idem_buf_cleanup(&out);
+    answer_problem(a, 500, "internal", "metrics too large");
+}
+
+typedef void (*admin_handler_fn)(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a);
+
+/* The endpoints that answer GET (and HEAD) at a fixed path. */
+static const struct {
+    const char *path;
+    admin_handler_fn handle;
+} admin_paths[] = {
+    {"/healthz", handle_healthz},
+    {"/readyz", handle_readyz},
+    {"/metrics", handle_metrics},
+};
+
+static bool target_is(const idem_http_msg_t *m, const char *path)
+{
+    size_t n = strlen(path);
+    return m->target.len >= n && memcmp(m->target.ptr, path, n) == 0 &&
+           (m->target.len == n || m->target.ptr[n] == '?');
+}
+
+/* Whether the Host of m names this listener (any port): a name of
+ * a->hosts, compared case-insensitively.  An HTTP/1.0 request may have no
+ * Host (scripts; a browser always sends one). */
+static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
+{
+    if (idem_http_count(m, "Host") == 0)
+        return m->version_minor == 0;
+    const idem_http_field_t *f = idem_http_find(m, "Host");
+    const char *v = f->value.ptr;
+    size_t len = f->value.len, hl = 0;
+    if (len > 0 && v[0] == '[') {
+        const char *e = memchr(v, ']', len);
+        if (e == NULL)
+            return false;
+        hl = (size_t)(e - v) + 1;
+    } else {
+        while (hl < len && v[hl] != ':')
+            hl++;
+    }
+    if (hl == 0)
+        return false;
+    if (hl < len) {
+        if (v[hl] != ':' || len - hl - 1 < 1 || len - hl - 1 > 5)
+            return false;
+        for (size_t i = hl + 1; i < len; i++)
+            if (v[i] < '0' || v[i] > '9')
+                return false;
+    }
+    for (size_t i = 0; i < a->n_hosts; i++)
+        if (strlen(a->hosts[i]) == hl && strncasecmp(a->hosts[i], v, hl) == 0)
+            return true;
+    return false;
+}
+
+/* The answer to one whole admin request m (its body, if any, is dropped):
+ * the Host checks, then the endpoint its target names. */
+static void admin_route(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+{
     if (idem_http_count(m, "Host") > 1 ||
         (m->version_minor == 1 && idem_http_count(m, "Host") == 0)) {
-        admin_problem(c, 400, "bad-request", "a request needs exactly one Host header", true);
+        answer_problem(a, 400, "bad-request", "a request needs exactly one Host header");
+        a->close = true;
         return;
     }
-    if (!admin_host_ok(c->admin, m)) {
-        admin_problem(c, 421, "misdirected-request",
-                      "the admin listener answers only its own address, loopback names and "
-                      "admin_hosts in Host",
-                      true);
+    if (!admin_host_ok(admin, m)) {
+        answer_problem(a, 421, "misdirected-request",
+                       "the admin listener answers only its own address, loopback names and "
+                       "admin_hosts in Host");
+        a->close = true;
         return;
     }
-    bool is_get = idem_slice_eq_ci(m->method, "GET") || idem_slice_eq_ci(m->method, "HEAD");
     if (m->target.len > 6 && memcmp(m->target.ptr, "/keys/", 6) == 0) {
-        admin_keys(c, m, close);
+        handle_keys(admin, m, a);
         return;
     }
-    bool known = target_is(m, "/healthz") || target_is(m, "/readyz") || target_is(m, "/metrics");
-    if (!known) {
-        admin_problem(c, 404, "not-found", "no such admin endpoint", close);
-        return;
-    }
-    if (!is_get) {
-        admin_problem(c, 405, "method-not-allowed", "use GET", close);
-        return;
-    }
-    if (target_is(m, "/healthz")) {
-        const char *b = "{\"status\":\"ok\"}";
-        admin_send(c, 200, "application/json", b, strlen(b), close);
-    } else if (target_is(m, "/readyz")) {
-        idem_err_t err = idem_store_ping(gw->store);
-        if (err == IDEM_OK && atomic_load(&gw->metrics.store_full)) {
-            err = probe_room(gw);
-            if (err == IDEM_OK)
-                atomic_store(&gw->metrics.store_full, false);
-        }
-        if (err == IDEM_OK) {
-            const char *b = "{\"status\":\"ready\"}";
-            admin_send(c, 200, "application/json", b, strlen(b), close);
-        } else if (err == IDEM_E_STORE_FULL) {
-            admin_problem(c, 503, "store-full",
-                          "the store has no room for new records: keyed requests and token "
-                          "issues get 503 until expired records are swept or removed",
-                          close);
-        } else {
-            admin_problem(c, 503, "store-unavailable", idem_store_errstr(gw->store), close);
-        }
-    } else {
-        idem_buf_t out;
-        idem_buf_init(&out, 4u << 20);
-        if (idem_metrics_render(&gw->metrics, &out) == 0)
-            admin_send(c, 200, "text/plain; version=0.0.4", out.data, out.len, close);
+    for (size_t i = 0; i < sizeof admin_paths / sizeof admin_paths[0]; i++) {
+        if (!target_is(m, admin_paths[i].path))
+            continue;
+        if (idem_slice_eq_ci(m->method, "GET") || idem_slice_eq_ci(m->method, "HEAD"))
+            admin_paths[i].handle(admin, m, a);
         else
-            admin_problem(c, 500, "internal", "metrics too large", close);
+            answer_problem(a, 405, "method-not-allowed", "use GET");
+        return;
+    }
+    answer_problem(a, 404, "not-found", "no such admin endpoint");
+}
+
+/* ---- connections ----------------------------------------------------------- */
+
+/* What a connection's timer waits for. */
+typedef enum { AT_NONE, AT_HEAD, AT_BODY, AT_IDLE, AT_CLOSE } admin_timer_t;
+
+typedef struct {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    idem_admin_t *admin;
+    char *buf;
+    size_t len, cap;
+    idem_http_head_state_t hs;
+    bool closing;
+    bool done;         /* an answer that ends the connection is queued: read no more */
+    bool reading;
+    idem_http_reply_t reply; /* what the request being answered asks of its answer's head */
+    int closes;        /* handles whose close callback is pending */
+    admin_timer_t waiting;
+    size_t queued;     /* answer bytes not yet written */
+} admin_conn_t;
+
+typedef struct {
+    uv_write_t wr;
+    admin_conn_t *conn;
+    bool close;
+    size_t len;
+    char data[];
+} admin_write_t;
+
+static void admin_process(admin_conn_t *c);
+static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static void on_admin_conn_freed(uv_handle_t *h)
+{
+    admin_conn_t *c = h->data;
+    if (--c->closes > 0)
+        return;
+    c->admin->n_conns--;
+    free(c->buf);
+    free(c);
+}
+
+static void admin_conn_close(admin_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    c->closes = 2;
+    uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
+    uv_close((uv_handle_t *)&c->timer, on_admin_conn_freed);
+}
+
+static void admin_reading(admin_conn_t *c, bool on)
+{
+    if (on && !c->reading && !c->closing && !c->done)
+        c->reading = uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) == 0;
+    else if (!on && c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = false;
+    }
+}
+
+static void admin_write(admin_conn_t *c, const admin_answer_t *a);
+
+/* A refusal of the connection's input itself (a timeout, a head that does
+ * not parse or is too large, a body): answered to no request in particular,
+ * and the connection ends. */
+static void admin_refuse_input(admin_conn_t *c, int status, const char *type, const char *detail)
+{
+    c->reply = (idem_http_reply_t){.version_minor = 1};
+    admin_answer_t a;
+    admin_answer_init(&a);
+    answer_problem(&a, status, type, detail);
+    a.close = true;
+    admin_write(c, &a);
+    admin_answer_cleanup(&a);
+}
+
+static void on_admin_timer(uv_timer_t *t)
+{
+    admin_conn_t *c = t->data;
+    if (c->closing)
+        return;
+    if (!c->done && ((c->waiting == AT_HEAD && c->len > 0) || c->waiting == AT_BODY)) {
+        admin_refuse_input(c, 408, "request-timeout",
+                           c->waiting == AT_HEAD
+                               ? "the request head did not arrive within header_timeout"
+                               : "the request body paused for longer than body_timeout");
+        return;
+    }
+    admin_conn_close(c); /* idle, silent since it opened, or a closing answer not taken */
+}
+
+/* Arm the connection's timer for what it now waits for. */
+static void admin_timer(admin_conn_t *c, admin_timer_t what)
+{
+    const idem_config_t *cfg = c->admin->gw->cfg;
+    int64_t ms;
+    switch (what) {
+    case AT_HEAD: ms = cfg->header_timeout_ms; break;
+    case AT_BODY: ms = cfg->body_timeout_ms; break;
+    case AT_IDLE: ms = cfg->idle_timeout_ms; break;
+    case AT_CLOSE: ms = ADMIN_CLOSE_MS; break;
+    default:
+        c->waiting = AT_NONE;
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    c->waiting = what;
+    uv_timer_start(&c->timer, on_admin_timer, (uint64_t)ms, 0);
+}
+
+static void on_admin_written(uv_write_t *wr, int status)
+{
+    admin_write_t *w = (admin_write_t *)wr;
+    admin_conn_t *c = w->conn;
+    c->queued -= w->len;
+    if ((status < 0 || w->close) && !c->closing) {
+        admin_conn_close(c);
+    } else if (!c->closing && !c->done && !c->reading && c->queued < ADMIN_WRITE_HIGH / 2) {
+        /* The client took its answers: go on with what it sent. */
+        admin_reading(c, true);
+        admin_process(c);
+    }
+    free(w);
+}
+
+/* Write answer a to the request c->reply describes and queue it.  An answer
+ * that cannot be written becomes a 500 that closes; one that cannot be
+ * queued, or no answer at all, closes the connection without a word. */
+static void admin_write(admin_conn_t *c, const admin_answer_t *a)
+{
+    if (a->status == 0) {
+        admin_conn_close(c);
+        return;
+    }
+    bool close = a->close || !c->reply.keep_alive;
+    idem_http_reply_t to = c->reply;
+    to.keep_alive = !close;
+    idem_http_field_t type;
+    idem_http_response_t r = {.status = a->status};
+    if (a->content_type != NULL) {
+        type = (idem_http_field_t){{"Content-Type", 12},
+                                   {a->content_type, strlen(a->content_type)}};
+        r.fields = &type;
+        r.n_fields = 1;
+    }
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    int rc = idem_http_write_response(&out, &r, to, a->body.data, a->body.len);
+    if (rc != 0) {
+        close = true;
+        to.keep_alive = false;
+        rc = idem_problem_respond(&out, 500, "internal", "the answer could not be written", 0, to);
+    }
+    admin_write_t *w = rc == 0 ? malloc(sizeof *w + out.len) : NULL;
+    if (!w) {
         idem_buf_cleanup(&out);
+        admin_conn_close(c);
+        return;
+    }
+    w->conn = c;
+    w->close = close;
+    w->len = out.len;
+    memcpy(w->data, out.data, out.len);
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)out.len);
+    idem_buf_cleanup(&out);
+    if (uv_write(&w->wr, (uv_stream_t *)&c->tcp, &b, 1, on_admin_written) != 0) {
+        free(w);
+        admin_conn_close(c);
+        return;
+    }
+    c->queued += w->len;
+    if (close) {
+        c->done = true;
+        admin_reading(c, false);
+        admin_timer(c, AT_CLOSE);
     }
 }
 
@@ -533,21 +628,21 @@ static void admin_process(admin_conn_t *c)
         int rc = idem_http_parse_request(&c->hs, c->buf, c->len, IDEM_HTTP_MAX_HEAD, &m);
         if (rc == IDEM_HTTP_INCOMPLETE) {
             if (c->len >= c->cap && c->cap >= ADMIN_BUF_MAX)
-                admin_problem(c, 431, "headers-too-large", "request too large", true);
+                admin_refuse_input(c, 431, "headers-too-large", "request too large");
             else if (c->waiting != AT_HEAD)
                 admin_timer(c, AT_HEAD); /* header_timeout from the head's first byte */
             return;
         }
         if (rc < 0) {
             bool big = rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS;
-            admin_problem(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
-                          "malformed admin request", true);
+            admin_refuse_input(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
+                               "malformed admin request");
             return;
         }
         size_t total = (size_t)rc;
         if (m.framing == IDEM_HTTP_BODY_CHUNKED ||
             (m.framing == IDEM_HTTP_BODY_LENGTH && m.content_length > ADMIN_BODY_MAX)) {
-            admin_problem(c, 413, "request-too-large", "admin requests carry no body", true);
+            admin_refuse_input(c, 413, "request-too-large", "admin requests carry no body");
             return;
         }
         if (m.framing == IDEM_HTTP_BODY_LENGTH)
@@ -559,14 +654,22 @@ static void admin_process(admin_conn_t *c)
         }
         memset(&c->hs, 0, sizeof c->hs);
         admin_timer(c, AT_NONE);
-        c->head_request = idem_slice_eq_ci(m.method, "HEAD");
-        admin_handle(c, &m);
+        c->reply = (idem_http_reply_t){.version_minor = m.version_minor,
+                                       .head = idem_slice_eq_ci(m.method, "HEAD"),
+                                       .keep_alive = m.keep_alive};
+        admin_answer_t a;
+        admin_answer_init(&a);
+        admin_route(c->admin, &m, &a);
+        admin_write(c, &a);
+        admin_answer_cleanup(&a);
         memmove(c->buf, c->buf + total, c->len - total);
         c->len -= total;
     }
     if (!c->closing && !c->done && c->len == 0 && c->reading)
         admin_timer(c, AT_IDLE);
 }
+
+/* ---- the listener and its thread ------------------------------------------- */
 
 /* Over IDEM_ADMIN_MAX_CONNS: accept and close at once (503 if the socket
  * takes it without waiting). */
@@ -581,8 +684,9 @@ static void admin_refuse(idem_admin_t *a, uv_stream_t *server)
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         idem_buf_t out;
         idem_buf_init(&out, 0);
-        if (idem_problem_write(&out, 503, "overloaded", "too many admin connections; retry", 1,
-                               true, false) == 0) {
+        idem_http_reply_t to = {.version_minor = 1, .keep_alive = false};
+        if (idem_problem_respond(&out, 503, "overloaded", "too many admin connections; retry", 1,
+                                 to) == 0) {
             uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
         }
