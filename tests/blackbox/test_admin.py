@@ -8,6 +8,9 @@
   DELETE /keys/{key}?scope=S  removes it (204; 404 when none)
 Unknown paths are 404 not-found and wrong methods 405 method-not-allowed,
 both problem+json.  The admin API is not reachable on the public listener.
+Its answers are framed as the public listener's are: HEAD gets the head
+alone, an HTTP/1.0 client that keeps its connection is told so, 204 has no
+framing field.
 """
 
 import threading
@@ -232,6 +235,63 @@ class Keys(h.IdemTestCase):
         r = d.post(key=k)
         self.assertEqual(r.status, 200)
         self.assertEqual(r.body, b"second")
+
+
+class Framing(h.IdemTestCase):
+    """The admin's answers are framed as the public listener's are: one
+    writer makes every head (src/http/writer.c)."""
+
+    def exchange(self, d, data):
+        got, closed = h.raw_exchange(d.admin_port, data, timeout=10.0)
+        self.assertTrue(closed, "the admin kept a connection its client asked to close")
+        return got
+
+    def test_head_is_the_get_head_without_its_body_and_the_connection_goes_on(self):
+        up, d = self.setup_pair()
+        get = d.admin("GET", "/healthz")
+        got = self.exchange(d, b"HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                               b"GET /nope HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        end = got.index(b"\r\n\r\n") + 4
+        head = h.parse_responses(got[:end])[0]
+        self.assertEqual(head.status, 200)
+        self.assertEqual(head.header("Content-Length"), str(len(get.body)))
+        self.assertEqual(head.header("Content-Type"), get.header("Content-Type"))
+        rest = h.parse_responses(got[end:])
+        self.assertEqual(len(rest), 1, "a HEAD answer carried a body: %r" % got)
+        # the next request's problem is whole, body included
+        self.assertProblem(rest[0], 404, "not-found")
+
+    def test_an_http10_client_that_keeps_its_connection_is_told_so(self):
+        up, d = self.setup_pair()
+        got = self.exchange(d, b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+                               b"GET /healthz HTTP/1.0\r\n\r\n")
+        rs = h.parse_responses(got)
+        self.assertEqual([r.status for r in rs], [200, 200])
+        self.assertEqual((rs[0].header("Connection") or "").lower(), "keep-alive")
+        self.assertEqual((rs[1].header("Connection") or "").lower(), "close")
+
+    def test_a_refused_request_after_a_head_gets_its_whole_problem(self):
+        up, d = self.setup_pair()
+        got = self.exchange(d, b"HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                               b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+                               b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        end = got.index(b"\r\n\r\n") + 4
+        rest = h.parse_responses(got[end:])
+        self.assertEqual(len(rest), 1, got)
+        self.assertProblem(rest[0], 413, "request-too-large")
+        self.assertEqual((rest[0].header("Connection") or "").lower(), "close")
+
+    def test_delete_answers_204_without_framing(self):
+        up, d = self.setup_pair()
+        k = h.new_key()
+        d.post(key=k)
+        got = self.exchange(d, ("DELETE %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                                % d.key_path(k)).encode())
+        rs = h.parse_responses(got)
+        self.assertEqual([r.status for r in rs], [204])
+        self.assertIsNone(rs[0].header("Content-Length"))
+        self.assertIsNone(rs[0].header("Transfer-Encoding"))
+        self.assertEqual(rs[0].body, b"")
 
 
 if __name__ == "__main__":
