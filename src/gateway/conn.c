@@ -52,6 +52,10 @@
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
 
+/* An answer of the connection's own (a refusal, a timeout): to no request
+ * in particular, and the connection ends after it. */
+static const idem_http_reply_t CLOSING_REPLY = {.version_minor = 1, .keep_alive = false};
+
 /* What the connection's timer is waiting for. */
 typedef enum {
     CT_NONE,  /* nothing: a request is being answered */
@@ -333,7 +337,9 @@ static void conn_fail_retry(idem_conn_t *c, int status, const char *type, const 
 {
     idem_buf_t out;
     idem_buf_init(&out, 0);
-    if (idem_problem_write(&out, status, type, detail, retry_after, true, false) == 0)
+    /* Out of memory: nothing at all, rather than half an answer; the drain
+     * still ends the connection. */
+    if (idem_problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
         idem_conn_write(c, out.data, out.len);
     idem_buf_cleanup(&out);
     conn_drain(c);
@@ -367,6 +373,22 @@ static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
 {
     idem_metrics_count(&c->w->gw->metrics, r->outcome);
     conn_fail(c, r->status, r->type, r->detail);
+}
+
+/* Invite c's client to send its body: 100 Continue.  @return false when
+ * it could not be written (out of memory): then c is closed. */
+static bool conn_write_continue(idem_conn_t *c)
+{
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    idem_http_response_t r = {.status = 100};
+    bool ok = idem_http_write_head(&out, &r, CLOSING_REPLY) == 0;
+    if (ok)
+        idem_conn_write(c, out.data, out.len);
+    else
+        idem__conn_close(c);
+    idem_buf_cleanup(&out);
+    return ok;
 }
 
 /* Parse and collect as much of the current request as the buffer holds. */
@@ -453,8 +475,8 @@ static void conn_process_loop(idem_conn_t *c)
                     return;
                 if (!req_admit_body(req))
                     return;
-                if (invite)
-                    idem_conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+                if (invite && !conn_write_continue(c))
+                    return;
             }
         }
         if (c->state == CS_BODY) {
@@ -572,9 +594,9 @@ static void conn_refuse(idem_worker_t *w, uv_stream_t *server)
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         idem_buf_t out;
         idem_buf_init(&out, 0);
-        if (idem_problem_write(&out, 503, "overloaded",
-                               "too many connections (max_connections); retry", 1, true,
-                               false) == 0) {
+        if (idem_problem_respond(&out, 503, "overloaded",
+                                 "too many connections (max_connections); retry", 1,
+                                 CLOSING_REPLY) == 0) {
             uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
         }

@@ -293,10 +293,6 @@ void idem_log_flush(idem_worker_t *w);
  * @return 0, or -1 (out of memory, out's cap) with out unchanged. */
 int idem_problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
                          int64_t retry_after, idem_http_reply_t to);
-/** idem_problem_respond to a request that is not HEAD: Connection: close
- * when close, else Connection: keep-alive when keep_alive_10. */
-int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
-                       int64_t retry_after, bool close, bool keep_alive_10);
 const char *idem_problem_title(const char *type);
 /** The JSON body of a problem; free() it.  NULL when out of memory. */
 char *idem_problem_body(int status, const char *type, const char *detail);

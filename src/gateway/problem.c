@@ -92,10 +92,3 @@ int idem_problem_respond(idem_buf_t *out, int status, const char *type, const ch
     free(body);
     return rc;
 }
-
-int idem_problem_write(idem_buf_t *out, int status, const char *type, const char *detail,
-                       int64_t retry_after, bool close, bool keep_alive_10)
-{
-    idem_http_reply_t to = {.version_minor = keep_alive_10 ? 0 : 1, .keep_alive = !close};
-    return idem_problem_respond(out, status, type, detail, retry_after, to);
-}

@@ -17,7 +17,11 @@
  *
  * The store work goes through the worker (idem_worker_submit, worker.c),
  * the upstream call through proxy.c, the answer to the client through
- * conn.c; a `mode: token` route's steps are tokens.c's.
+ * conn.c; a `mode: token` route's steps are tokens.c's.  Every answer,
+ * whatever it is (a problem, a replay, the upstream's response relayed or
+ * streamed, a token), is written by src/http's idem_http_write_head or
+ * idem_http_write_response, all or nothing: one that cannot be written
+ * becomes a 500, or the connection closes, never half a head.
  *
  * INVARIANTS: a request is answered at most once; its store work is finished
  * (completed, released or left to its lease) even when its client has gone;
@@ -94,6 +98,14 @@ static bool client_keep_alive(const idem_req_t *req)
     return req->msg.keep_alive && !req->w->stopping && !idem__conn_reading_body(req->conn);
 }
 
+/* What req asks of the head of its answer (idem_http_write_head). */
+static idem_http_reply_t client_reply(const idem_req_t *req)
+{
+    return (idem_http_reply_t){.version_minor = req->msg.version_minor,
+                               .head = idem_slice_eq_ci(req->msg.method, "HEAD"),
+                               .keep_alive = client_keep_alive(req)};
+}
+
 /* Queue buf as the whole response of req and finish the connection's turn. */
 static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
 {
@@ -113,15 +125,7 @@ void idem__req_problem(idem_req_t *req, int status, const char *type, const char
 {
     idem_buf_t out;
     idem_buf_init(&out, 0);
-    bool ka = client_keep_alive(req);
-    if (idem_problem_write(&out, status, type, detail, retry_after, !ka,
-                           ka && req->msg.version_minor == 0) == 0) {
-        if (idem_slice_eq_ci(req->msg.method, "HEAD")) {
-            /* The answer to HEAD is the head alone (its Content-Length is still the body's). */
-            const char *end = memmem(out.data, out.len, "\r\n\r\n", 4);
-            if (end != NULL)
-                out.len = (size_t)(end - out.data) + 4;
-        }
+    if (idem_problem_respond(&out, status, type, detail, retry_after, client_reply(req)) == 0) {
         req_send(req, &out, status);
     } else {
         /* Out of memory: the client must not wait for an answer forever. */
@@ -135,65 +139,102 @@ void idem__req_problem(idem_req_t *req, int status, const char *type, const char
     idem_buf_cleanup(&out);
 }
 
-static void write_connection_header(const idem_req_t *req, idem_buf_t *out)
+/* Queue out, which idem_http_write_head/_response answered rc for, as the
+ * whole response of req.  One that could not be written (out of memory, a
+ * field the writer refuses) was not written at all: a 500 goes instead, or
+ * the connection closes, never half an answer. */
+static void req_send_written(idem_req_t *req, idem_buf_t *out, int rc, int status)
 {
-    if (!client_keep_alive(req))
-        idem_buf_append_str(out, "Connection: close\r\n");
-    else if (req->msg.version_minor == 0)
-        idem_buf_append_str(out, "Connection: keep-alive\r\n");
+    if (rc == 0)
+        req_send(req, out, status);
+    else
+        idem__req_problem(req, 500, "internal", "the response could not be written", 0);
 }
+
+#define REPLAY_FIELDS_LOCAL 32 /* a replay with more fields lists them on the heap */
 
 /* Replay a stored response (docs/protocol.md section 6, completed). */
 static void req_replay(idem_req_t *req, const idem_record_t *rec)
 {
     const idem_response_t *r = &rec->response;
-    const idem_config_t *cfg = req_gw(req)->cfg;
+    const char *replay = req_gw(req)->cfg->replay_header;
+    idem_http_field_t local[REPLAY_FIELDS_LOCAL];
+    size_t n = r->n_headers + 1;
+    idem_http_field_t *f = n <= REPLAY_FIELDS_LOCAL ? local : calloc(n, sizeof *f);
     idem_buf_t out;
     idem_buf_init(&out, 0);
-    idem_http_write_status(&out, r->status);
-    for (size_t i = 0; i < r->n_headers; i++)
-        idem_http_write_field(&out, r->headers[i].name, r->headers[i].name_len, r->headers[i].value,
-                              r->headers[i].value_len);
-    idem_buf_appendf(&out, "%s: true\r\n", cfg->replay_header);
-    bool bodiless = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
-    if (!bodiless)
-        idem_buf_appendf(&out, "Content-Length: %zu\r\n", r->body_len);
-    write_connection_header(req, &out);
-    idem_buf_append_str(&out, "\r\n");
-    if (!bodiless && !idem_slice_eq_ci(req->msg.method, "HEAD"))
-        idem_buf_append(&out, r->body, r->body_len);
-    req_send(req, &out, r->status);
+    int rc = -1;
+    if (f != NULL) {
+        for (size_t i = 0; i < r->n_headers; i++)
+            f[i] = (idem_http_field_t){{r->headers[i].name, r->headers[i].name_len},
+                                       {r->headers[i].value, r->headers[i].value_len}};
+        f[n - 1] = (idem_http_field_t){{replay, strlen(replay)}, {"true", 4}};
+        /* The standard reason phrase: a record keeps the status, not the upstream's words. */
+        idem_http_response_t resp = {.status = r->status, .fields = f, .n_fields = n};
+        rc = idem_http_write_response(&out, &resp, client_reply(req), r->body, r->body_len);
+        if (f != local)
+            free(f);
+    }
+    req_send_written(req, &out, rc, r->status);
     idem_buf_cleanup(&out);
+}
+
+/* The upstream's fields that its answer to the client carries, into f (room
+ * for IDEM_HTTP_MAX_HEADERS + 1): hop-by-hop fields and Content-Length are
+ * left out (the writer frames the answer itself), Idempotency-Bypassed is
+ * added when the store was passed by.  @return how many. */
+static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
+{
+    const idem_http_msg_t *m = &req->resp;
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_fields; i++) {
+        const idem_http_field_t *uf = &m->fields[i];
+        if (!idem_http_is_hop_by_hop(m, uf->name) && !idem_slice_eq_ci(uf->name, "Content-Length"))
+            f[n++] = *uf;
+    }
+    if (req->bypassed)
+        f[n++] = (idem_http_field_t){{"Idempotency-Bypassed", 20}, {"store-unavailable", 17}};
+    return n;
+}
+
+/* The upstream's Content-Length of m, which the parser checked (one field,
+ * digits, at most 2^53).  @return whether m has one. */
+static bool upstream_length(const idem_http_msg_t *m, uint64_t *out)
+{
+    const idem_http_field_t *cl = idem_http_find(m, "Content-Length");
+    if (cl == NULL || cl->value.len == 0)
+        return false;
+    uint64_t n = 0;
+    for (size_t i = 0; i < cl->value.len; i++) {
+        if (cl->value.ptr[i] < '0' || cl->value.ptr[i] > '9' || n > (UINT64_MAX - 9) / 10)
+            return false;
+        n = n * 10 + (uint64_t)(cl->value.ptr[i] - '0');
+    }
+    *out = n;
+    return true;
 }
 
 /* The upstream's captured response, relayed as the client's answer. */
 void idem__req_respond_upstream(idem_req_t *req)
 {
+    const idem_http_msg_t *m = &req->resp;
+    idem_http_field_t f[IDEM_HTTP_MAX_HEADERS + 1];
+    idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
+                              .n_fields = relayed_fields(req, f)};
+    idem_http_reply_t to = client_reply(req);
     idem_buf_t out;
     idem_buf_init(&out, 0);
-    const idem_http_msg_t *m = &req->resp;
-    bool head_req = idem_slice_eq_ci(req->msg.method, "HEAD");
-    bool bodiless = m->framing == IDEM_HTTP_BODY_NONE;
-    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
-    for (size_t i = 0; i < m->n_fields; i++) {
-        const idem_http_field_t *f = &m->fields[i];
-        if (idem_http_is_hop_by_hop(m, f->name))
-            continue;
-        /* A bodiless answer keeps the upstream's Content-Length (HEAD tells the
-         * size of what GET would send); otherwise ours replaces it. */
-        if (idem_slice_eq_ci(f->name, "Content-Length") && !(bodiless && head_req))
-            continue;
-        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    int rc;
+    if (m->framing == IDEM_HTTP_BODY_NONE) {
+        /* No body (HEAD, 1xx, 204, 304).  The answer to HEAD keeps the
+         * upstream's length: it tells the size of what GET would send. */
+        if (to.head && upstream_length(m, &r.content_length))
+            r.framing = IDEM_HTTP_BODY_LENGTH;
+        rc = idem_http_write_head(&out, &r, to);
+    } else {
+        rc = idem_http_write_response(&out, &r, to, req->resp_body.data, req->resp_body.len);
     }
-    if (req->bypassed)
-        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
-    if (!bodiless)
-        idem_buf_appendf(&out, "Content-Length: %zu\r\n", req->resp_body.len);
-    write_connection_header(req, &out);
-    idem_buf_append_str(&out, "\r\n");
-    if (!bodiless && !head_req)
-        idem_buf_append(&out, req->resp_body.data, req->resp_body.len);
-    req_send(req, &out, m->status);
+    req_send_written(req, &out, rc, m->status);
     idem_buf_cleanup(&out);
 }
 
@@ -638,29 +679,32 @@ void idem__req_start_stream(idem_req_t *req)
         return;
     }
     const idem_http_msg_t *m = &req->resp;
+    idem_http_field_t f[IDEM_HTTP_MAX_HEADERS + 1];
+    idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
+                              .n_fields = relayed_fields(req, f),
+                              .content_length = m->content_length};
+    idem_http_reply_t to = client_reply(req);
+    /* The upstream's length when it sent one; else chunked coding, or for an
+     * HTTP/1.0 client a body that ends with the connection. */
+    if (m->framing == IDEM_HTTP_BODY_LENGTH)
+        r.framing = IDEM_HTTP_BODY_LENGTH;
+    else if (req->msg.version_minor == 1)
+        r.framing = IDEM_HTTP_BODY_CHUNKED;
+    else
+        r.framing = IDEM_HTTP_BODY_EOF;
+    if (r.framing == IDEM_HTTP_BODY_EOF)
+        to.keep_alive = false;
     idem_buf_t out;
     idem_buf_init(&out, 0);
-    idem_buf_appendf(&out, "HTTP/1.1 %d %.*s\r\n", m->status, (int)m->reason.len, m->reason.ptr);
-    for (size_t i = 0; i < m->n_fields; i++) {
-        const idem_http_field_t *f = &m->fields[i];
-        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
-            continue;
-        idem_http_write_field(&out, f->name.ptr, f->name.len, f->value.ptr, f->value.len);
+    if (idem_http_write_head(&out, &r, to) != 0) {
+        /* Nothing went to the client yet: it hears why instead of half a head. */
+        idem_buf_cleanup(&out);
+        idem_proxy_abort(req);
+        idem__req_problem(req, 500, "internal", "the response could not be written", 0);
+        return;
     }
-    if (req->bypassed)
-        idem_buf_append_str(&out, "Idempotency-Bypassed: store-unavailable\r\n");
-    if (m->framing == IDEM_HTTP_BODY_LENGTH) {
-        idem_buf_appendf(&out, "Content-Length: %llu\r\n", (unsigned long long)m->content_length);
-        write_connection_header(req, &out);
-    } else if (req->msg.version_minor == 1) {
-        req->stream_chunked = true;
-        idem_buf_append_str(&out, "Transfer-Encoding: chunked\r\n");
-        write_connection_header(req, &out);
-    } else {
-        req->stream_close = true;
-        idem_buf_append_str(&out, "Connection: close\r\n");
-    }
-    idem_buf_append_str(&out, "\r\n");
+    req->stream_chunked = r.framing == IDEM_HTTP_BODY_CHUNKED;
+    req->stream_close = r.framing == IDEM_HTTP_BODY_EOF;
     req->status = m->status;
     req->responded = true;
     req->stream_started = true;
@@ -680,7 +724,15 @@ bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
     if (req->stream_chunked) {
         idem_buf_t out;
         idem_buf_init(&out, 0);
-        idem_http_write_chunk(&out, p, n);
+        if (idem_http_write_chunk(&out, p, n) != 0) {
+            /* Out of memory: a chunk left out would corrupt the body, so the
+             * client sees the stream cut, as when the upstream cuts it (the
+             * outcome is stored already; the rest is read for no one). */
+            idem_buf_cleanup(&out);
+            req->conn = NULL;
+            idem__conn_close_when_written(c);
+            return false;
+        }
         idem_conn_write(c, out.data, out.len);
         idem_buf_cleanup(&out);
     } else {
@@ -906,19 +958,20 @@ bool idem__req_scope_admit(idem_req_t *req, char *out)
 
 /* A response idemd makes itself with a JSON body (body_type says which). */
 void idem__req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
-                         const char *extra_headers)
+                         const idem_http_field_t *extra)
 {
+    idem_http_field_t f[3] = {
+        {{"Content-Type", 12}, {body_type, strlen(body_type)}},
+        {{"Cache-Control", 13}, {"no-store", 8}},
+    };
+    size_t n = 2;
+    if (extra != NULL)
+        f[n++] = *extra;
+    idem_http_response_t r = {.status = status, .fields = f, .n_fields = n};
     idem_buf_t out;
-    size_t blen = strlen(body);
     idem_buf_init(&out, 0);
-    idem_http_write_status(&out, status);
-    idem_buf_appendf(&out, "Content-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s",
-                     body_type, blen, extra_headers);
-    write_connection_header(req, &out);
-    idem_buf_append_str(&out, "\r\n");
-    if (!idem_slice_eq_ci(req->msg.method, "HEAD"))
-        idem_buf_append(&out, body, blen);
-    req_send(req, &out, status);
+    int rc = idem_http_write_response(&out, &r, client_reply(req), body, strlen(body));
+    req_send_written(req, &out, rc, status);
     idem_buf_cleanup(&out);
 }
 
@@ -939,7 +992,8 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
     }
-    idem__req_send_json(req, r->status, "application/problem+json", body, "Allow: POST\r\n");
+    idem_http_field_t allow = {{"Allow", 5}, {"POST", 4}};
+    idem__req_send_json(req, r->status, "application/problem+json", body, &allow);
     free(body);
 }
 

@@ -37,8 +37,10 @@ void idem__req_free_graveyard(idem_worker_t *w);
 /* request.c: answers and store round trips, for tokens.c. */
 void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
                        int64_t retry_after);
+/** A response of idemd's own with a JSON body (body_type says which),
+ * Cache-Control: no-store, and one more field when extra is not NULL. */
 void idem__req_send_json(idem_req_t *req, int status, const char *body_type, const char *body,
-                         const char *extra_headers);
+                         const idem_http_field_t *extra);
 void idem__req_store_unavailable(idem_req_t *req, const char *detail);
 void idem__req_store_error(idem_req_t *req, idem_err_t err);
 void idem__req_respond_upstream(idem_req_t *req);

@@ -39,7 +39,7 @@ static void on_token_issued(idem_wjob_t *job)
     snprintf(body, sizeof body, "{\"token\":\"%s\",\"expires_in\":%lld}",
              req->id.key + sizeof IDEM_TOKEN_PREFIX - 1, (long long)(cfg->token_ttl_ms / 1000));
     req->outcome = IDEM_OUT_TOKEN_ISSUED;
-    idem__req_send_json(req, 201, "application/json", body, "");
+    idem__req_send_json(req, 201, "application/json", body, NULL);
 }
 
 /* POST /_idem/tokens: a single-use token bound to the caller's scope. */

@@ -10,6 +10,9 @@
 
 #include "gateway/gateway.h"
 
+static const idem_http_reply_t KEEP = {.version_minor = 1, .keep_alive = true};
+static const idem_http_reply_t CLOSE = {.version_minor = 1, .keep_alive = false};
+
 /* Split a response into head and parsed body; checks Content-Length. */
 static json_t *parse_problem(const idem_buf_t *b, idem_http_msg_t *msg)
 {
@@ -29,7 +32,7 @@ Test(problem, body_has_the_four_members)
 {
     idem_buf_t b;
     idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_write(&b, 422, "key-reused", "used before", 0, false, false), 0);
+    cr_assert_eq(idem_problem_respond(&b, 422, "key-reused", "used before", 0, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_eq(m.status, 422);
@@ -52,7 +55,7 @@ Test(problem, retry_after_in_whole_seconds)
 {
     idem_buf_t b;
     idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_write(&b, 409, "in-flight", "busy", 7, false, false), 0);
+    cr_assert_eq(idem_problem_respond(&b, 409, "in-flight", "busy", 7, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     const idem_http_field_t *ra = idem_http_find(&m, "Retry-After");
@@ -67,7 +70,7 @@ Test(problem, close_says_connection_close)
 {
     idem_buf_t b;
     idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_write(&b, 400, "bad-request", "x", 0, true, false), 0);
+    cr_assert_eq(idem_problem_respond(&b, 400, "bad-request", "x", 0, CLOSE), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_not(m.keep_alive);
@@ -79,7 +82,7 @@ Test(problem, detail_with_quotes_stays_valid_json)
 {
     idem_buf_t b;
     idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_write(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, false, false), 0);
+    cr_assert_eq(idem_problem_respond(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_str_eq(json_string_value(json_object_get(j, "detail")), "bad \"key\" \\ here\n");
@@ -102,7 +105,7 @@ Test(problem, a_full_buffer_is_an_error_not_a_truncated_answer)
 {
     idem_buf_t b;
     idem_buf_init(&b, 64);
-    cr_expect_eq(idem_problem_write(&b, 503, "store-unavailable", "down", 1, false, false), -1);
+    cr_expect_eq(idem_problem_respond(&b, 503, "store-unavailable", "down", 1, KEEP), -1);
     cr_expect_eq(b.len, 0, "nothing of a refused answer is left in the buffer");
     idem_buf_cleanup(&b);
 }
