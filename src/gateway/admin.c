@@ -14,25 +14,26 @@
  * Times are RFC 3339 UTC strings with milliseconds.  Requests are small:
  * a body is read and dropped up to 64 KiB, anything larger is refused.
  *
- * What a client can hold here is bounded as on the public listener
+ * The connections are conn.c's, the same code as the public listener's,
+ * run on this thread's loop by an idem_listener_t of kind
+ * IDEM_LISTEN_ADMIN; this file holds the endpoints and sets the listener
+ * up.  What a client can hold here is bounded as on the public listener
  * (docs/reliability.md), from a budget of its own so that the admin stays
  * reachable when the public listener is full: at most IDEM_ADMIN_MAX_CONNS
  * connections (more are closed at once), header_timeout for a head from its
  * first byte, body_timeout between bytes of a body, idle_timeout between
  * requests, and answers queued to a client that does not read them stop the
- * reading of its requests.  Only Host names that mean this listener are
- * answered (loopback names, the admin address, admin_hosts): a page that a
- * browser on this host loads from a name its author points at 127.0.0.1
- * (DNS rebinding) sends that name, and gets 421.
+ * reading of its requests (conn.c says how much).  Only Host names that
+ * mean this listener are answered (loopback names, the admin address,
+ * admin_hosts): a page that a browser on this host loads from a name its
+ * author points at 127.0.0.1 (DNS rebinding) sends that name, and gets 421.
  *
  * Each endpoint is a handler: it reads the parsed request (method, target,
- * fields) and fills an admin_answer_t (status, Content-Type, body, whether
- * the connection ends), knowing nothing of sockets; admin_route picks the
- * handler after the Host checks.  The connection code below only reads,
- * parses, times and queues, and every answer, its own timeouts and
- * refusals included, is written by idem_http_write_response (src/http),
- * whose errors turn into a 500 or a closed connection, never half an
- * answer.
+ * fields) and fills an idem_answer_t (conn.h: status, Content-Type, body,
+ * whether the connection ends), knowing nothing of sockets;
+ * idem__admin_answer picks the handler after the Host checks, and conn.c
+ * writes the answer with idem_http_write_response (src/http), as every
+ * answer of idemd is written.
  *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
@@ -45,51 +46,41 @@
 
 #include <jansson.h>
 
+#include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"
 #include "idem/fingerprint.h"
 #include "idem/token.h"
 
-#define ADMIN_BODY_MAX (64 * 1024)
-#define ADMIN_BUF_MAX (IDEM_HTTP_MAX_HEAD + ADMIN_BODY_MAX + 4096)
-#define ADMIN_WRITE_HIGH (1u << 20) /* answers queued to a client: stop reading its requests */
-#define ADMIN_CLOSE_MS 5000         /* a closing answer not taken by then: close anyway */
 #define ADMIN_MAX_HOSTS (IDEM_CONFIG_MAX_LIST + 4)
 #define ADMIN_METRICS_MAX (4u << 20) /* the largest /metrics text */
 
 struct idem_admin {
     idem_gw_t *gw;
     uv_loop_t loop;
-    uv_tcp_t listener;
+    idem_listener_t listener;           /* the admin listener and its connections (conn.c) */
     uv_async_t stop_async;
     pthread_t thread;
-    int n_conns;                        /* open connections, at most IDEM_ADMIN_MAX_CONNS */
     char hosts[ADMIN_MAX_HOSTS][260];   /* Host names answered (without port), as written */
     size_t n_hosts;
 };
 
 /* ---- the endpoints ------------------------------------------------------ */
 
-/* What an endpoint answers; the connection code writes it.  A handler sets
- * status 0 when it could not make an answer at all (out of memory): the
- * connection then closes without one. */
-typedef struct {
-    int status;
-    const char *content_type; /* NULL: no Content-Type (204) */
-    idem_buf_t body;          /* owned by the answer (admin_answer_cleanup) */
-    bool close;               /* the head itself was refused: end the connection */
-} admin_answer_t;
+/* An endpoint fills an idem_answer_t (conn.h); conn.c writes it.  A handler
+ * sets status 0 when it could not make an answer at all (out of memory):
+ * the connection then closes without one. */
 
-static void admin_answer_init(admin_answer_t *a)
+void idem__answer_init(idem_answer_t *a)
 {
     memset(a, 0, sizeof *a);
     idem_buf_init(&a->body, 0);
 }
 
-static void admin_answer_cleanup(admin_answer_t *a) { idem_buf_cleanup(&a->body); }
+void idem__answer_cleanup(idem_answer_t *a) { idem_buf_cleanup(&a->body); }
 
-static void answer_json(admin_answer_t *a, int status, const char *type, const char *body)
+static void answer_json(idem_answer_t *a, int status, const char *type, const char *body)
 {
     idem_buf_reset(&a->body);
     if (idem_buf_append_str(&a->body, body) != 0) {
@@ -100,7 +91,7 @@ static void answer_json(admin_answer_t *a, int status, const char *type, const c
     a->content_type = type;
 }
 
-static void answer_problem(admin_answer_t *a, int status, const char *type, const char *detail)
+static void answer_problem(idem_answer_t *a, int status, const char *type, const char *detail)
 {
     char *body = idem_problem_body(status, type, detail);
     if (body == NULL) {
@@ -121,7 +112,7 @@ static void rfc3339(int64_t ms, char *out, size_t n)
 }
 
 /* GET or DELETE /keys/{key}?scope=S */
-static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     idem_gw_t *gw = admin->gw;
     bool is_get = idem_slice_eq_ci(m->method, "GET");
@@ -268,7 +259,7 @@ static idem_err_t probe_room(idem_gw_t *gw)
 }
 
 /* GET /healthz: the process runs. */
-static void handle_healthz(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+static void handle_healthz(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     (void)admin;
     (void)m;
@@ -276,7 +267,7 @@ static void handle_healthz(idem_admin_t *admin, const idem_http_msg_t *m, admin_
 }
 
 /* GET /readyz: the store answers and has room. */
-static void handle_readyz(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+static void handle_readyz(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     idem_gw_t *gw = admin->gw;
     (void)m;
@@ -297,7 +288,7 @@ static void handle_readyz(idem_admin_t *admin, const idem_http_msg_t *m, admin_a
 }
 
 /* GET /metrics: Prometheus text. */
-static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     (void)m;
     idem_buf_t out;
@@ -313,7 +304,7 @@ static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, admin_
     answer_problem(a, 500, "internal", "metrics too large");
 }
 
-typedef void (*admin_handler_fn)(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a);
+typedef void (*admin_handler_fn)(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a);
 
 /* The endpoints that answer GET (and HEAD) at a fixed path. */
 static const struct {
@@ -366,9 +357,7 @@ static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
     return false;
 }
 
-/* The answer to one whole admin request m (its body, if any, is dropped):
- * the Host checks, then the endpoint its target names. */
-static void admin_route(idem_admin_t *admin, const idem_http_msg_t *m, admin_answer_t *a)
+void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     if (idem_http_count(m, "Host") > 1 ||
         (m->version_minor == 1 && idem_http_count(m, "Host") == 0)) {
@@ -399,351 +388,21 @@ static void admin_route(idem_admin_t *admin, const idem_http_msg_t *m, admin_ans
     answer_problem(a, 404, "not-found", "no such admin endpoint");
 }
 
-/* ---- connections ----------------------------------------------------------- */
-
-/* What a connection's timer waits for. */
-typedef enum { AT_NONE, AT_HEAD, AT_BODY, AT_IDLE, AT_CLOSE } admin_timer_t;
-
-typedef struct {
-    uv_tcp_t tcp;
-    uv_timer_t timer;
-    idem_admin_t *admin;
-    char *buf;
-    size_t len, cap;
-    idem_http_head_state_t hs;
-    bool closing;
-    bool done;         /* an answer that ends the connection is queued: read no more */
-    bool reading;
-    idem_http_reply_t reply; /* what the request being answered asks of its answer's head */
-    int closes;        /* handles whose close callback is pending */
-    admin_timer_t waiting;
-    size_t queued;     /* answer bytes not yet written */
-} admin_conn_t;
-
-typedef struct {
-    uv_write_t wr;
-    admin_conn_t *conn;
-    bool close;
-    size_t len;
-    char data[];
-} admin_write_t;
-
-static void admin_process(admin_conn_t *c);
-static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-
-static void on_admin_conn_freed(uv_handle_t *h)
-{
-    admin_conn_t *c = h->data;
-    if (--c->closes > 0)
-        return;
-    c->admin->n_conns--;
-    free(c->buf);
-    free(c);
-}
-
-static void admin_conn_close(admin_conn_t *c)
-{
-    if (c->closing)
-        return;
-    c->closing = true;
-    c->closes = 2;
-    uv_close((uv_handle_t *)&c->tcp, on_admin_conn_freed);
-    uv_close((uv_handle_t *)&c->timer, on_admin_conn_freed);
-}
-
-static void admin_reading(admin_conn_t *c, bool on)
-{
-    if (on && !c->reading && !c->closing && !c->done)
-        c->reading = uv_read_start((uv_stream_t *)&c->tcp, on_admin_alloc, on_admin_read) == 0;
-    else if (!on && c->reading) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = false;
-    }
-}
-
-static void admin_write(admin_conn_t *c, const admin_answer_t *a);
-
-/* A refusal of the connection's input itself (a timeout, a head that does
- * not parse or is too large, a body): answered to no request in particular,
- * and the connection ends. */
-static void admin_refuse_input(admin_conn_t *c, int status, const char *type, const char *detail)
-{
-    c->reply = (idem_http_reply_t){.version_minor = 1};
-    admin_answer_t a;
-    admin_answer_init(&a);
-    answer_problem(&a, status, type, detail);
-    a.close = true;
-    admin_write(c, &a);
-    admin_answer_cleanup(&a);
-}
-
-static void on_admin_timer(uv_timer_t *t)
-{
-    admin_conn_t *c = t->data;
-    if (c->closing)
-        return;
-    if (!c->done && ((c->waiting == AT_HEAD && c->len > 0) || c->waiting == AT_BODY)) {
-        admin_refuse_input(c, 408, "request-timeout",
-                           c->waiting == AT_HEAD
-                               ? "the request head did not arrive within header_timeout"
-                               : "the request body paused for longer than body_timeout");
-        return;
-    }
-    admin_conn_close(c); /* idle, silent since it opened, or a closing answer not taken */
-}
-
-/* Arm the connection's timer for what it now waits for. */
-static void admin_timer(admin_conn_t *c, admin_timer_t what)
-{
-    const idem_config_t *cfg = c->admin->gw->cfg;
-    int64_t ms;
-    switch (what) {
-    case AT_HEAD: ms = cfg->header_timeout_ms; break;
-    case AT_BODY: ms = cfg->body_timeout_ms; break;
-    case AT_IDLE: ms = cfg->idle_timeout_ms; break;
-    case AT_CLOSE: ms = ADMIN_CLOSE_MS; break;
-    default:
-        c->waiting = AT_NONE;
-        uv_timer_stop(&c->timer);
-        return;
-    }
-    c->waiting = what;
-    uv_timer_start(&c->timer, on_admin_timer, (uint64_t)ms, 0);
-}
-
-static void on_admin_written(uv_write_t *wr, int status)
-{
-    admin_write_t *w = (admin_write_t *)wr;
-    admin_conn_t *c = w->conn;
-    c->queued -= w->len;
-    if ((status < 0 || w->close) && !c->closing) {
-        admin_conn_close(c);
-    } else if (!c->closing && !c->done && !c->reading && c->queued < ADMIN_WRITE_HIGH / 2) {
-        /* The client took its answers: go on with what it sent. */
-        admin_reading(c, true);
-        admin_process(c);
-    }
-    free(w);
-}
-
-/* Write answer a to the request c->reply describes and queue it.  An answer
- * that cannot be written becomes a 500 that closes; one that cannot be
- * queued, or no answer at all, closes the connection without a word. */
-static void admin_write(admin_conn_t *c, const admin_answer_t *a)
-{
-    if (a->status == 0) {
-        admin_conn_close(c);
-        return;
-    }
-    bool close = a->close || !c->reply.keep_alive;
-    idem_http_reply_t to = c->reply;
-    to.keep_alive = !close;
-    idem_http_field_t type;
-    idem_http_response_t r = {.status = a->status};
-    if (a->content_type != NULL) {
-        type = (idem_http_field_t){{"Content-Type", 12},
-                                   {a->content_type, strlen(a->content_type)}};
-        r.fields = &type;
-        r.n_fields = 1;
-    }
-    idem_buf_t out;
-    idem_buf_init(&out, 0);
-    int rc = idem_http_write_response(&out, &r, to, a->body.data, a->body.len);
-    if (rc != 0) {
-        close = true;
-        to.keep_alive = false;
-        rc = idem_problem_respond(&out, 500, "internal", "the answer could not be written", 0, to);
-    }
-    admin_write_t *w = rc == 0 ? malloc(sizeof *w + out.len) : NULL;
-    if (!w) {
-        idem_buf_cleanup(&out);
-        admin_conn_close(c);
-        return;
-    }
-    w->conn = c;
-    w->close = close;
-    w->len = out.len;
-    memcpy(w->data, out.data, out.len);
-    uv_buf_t b = uv_buf_init(w->data, (unsigned)out.len);
-    idem_buf_cleanup(&out);
-    if (uv_write(&w->wr, (uv_stream_t *)&c->tcp, &b, 1, on_admin_written) != 0) {
-        free(w);
-        admin_conn_close(c);
-        return;
-    }
-    c->queued += w->len;
-    if (close) {
-        c->done = true;
-        admin_reading(c, false);
-        admin_timer(c, AT_CLOSE);
-    }
-}
-
-static void on_admin_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    admin_conn_t *c = h->data;
-    (void)suggested;
-    if (c->cap - c->len < 4096) {
-        size_t ncap = c->cap ? c->cap * 2 : 8192;
-        if (ncap > ADMIN_BUF_MAX)
-            ncap = ADMIN_BUF_MAX;
-        char *n = ncap > c->cap ? realloc(c->buf, ncap) : NULL;
-        if (n) {
-            c->buf = n;
-            c->cap = ncap;
-        }
-    }
-    *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
-}
-
-static void on_admin_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-    admin_conn_t *c = s->data;
-    (void)buf;
-    if (nread < 0) {
-        admin_conn_close(c);
-        return;
-    }
-    if (c->closing || c->done || nread == 0)
-        return;
-    c->len += (size_t)nread;
-    if (c->waiting == AT_BODY)
-        admin_timer(c, AT_BODY); /* each byte of a body restarts it */
-    admin_process(c);
-}
-
-/* Answer every whole request in the buffer, then wait for the next. */
-static void admin_process(admin_conn_t *c)
-{
-    while (c->len > 0 && !c->closing && !c->done) {
-        if (c->queued > ADMIN_WRITE_HIGH) {
-            /* Answers pile up for a client that does not read them: read
-             * no more requests until it does, or until idle_timeout. */
-            admin_reading(c, false);
-            admin_timer(c, AT_IDLE);
-            return;
-        }
-        idem_http_msg_t m;
-        int rc = idem_http_parse_request(&c->hs, c->buf, c->len, IDEM_HTTP_MAX_HEAD, &m);
-        if (rc == IDEM_HTTP_INCOMPLETE) {
-            if (c->len >= c->cap && c->cap >= ADMIN_BUF_MAX)
-                admin_refuse_input(c, 431, "headers-too-large", "request too large");
-            else if (c->waiting != AT_HEAD)
-                admin_timer(c, AT_HEAD); /* header_timeout from the head's first byte */
-            return;
-        }
-        if (rc < 0) {
-            bool big = rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS;
-            admin_refuse_input(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
-                               "malformed admin request");
-            return;
-        }
-        size_t total = (size_t)rc;
-        if (m.framing == IDEM_HTTP_BODY_CHUNKED ||
-            (m.framing == IDEM_HTTP_BODY_LENGTH && m.content_length > ADMIN_BODY_MAX)) {
-            admin_refuse_input(c, 413, "request-too-large", "admin requests carry no body");
-            return;
-        }
-        if (m.framing == IDEM_HTTP_BODY_LENGTH)
-            total += (size_t)m.content_length;
-        if (c->len < total) {
-            if (c->waiting != AT_BODY)
-                admin_timer(c, AT_BODY);
-            return;
-        }
-        memset(&c->hs, 0, sizeof c->hs);
-        admin_timer(c, AT_NONE);
-        c->reply = (idem_http_reply_t){.version_minor = m.version_minor,
-                                       .head = idem_slice_eq_ci(m.method, "HEAD"),
-                                       .keep_alive = m.keep_alive};
-        admin_answer_t a;
-        admin_answer_init(&a);
-        admin_route(c->admin, &m, &a);
-        admin_write(c, &a);
-        admin_answer_cleanup(&a);
-        memmove(c->buf, c->buf + total, c->len - total);
-        c->len -= total;
-    }
-    if (!c->closing && !c->done && c->len == 0 && c->reading)
-        admin_timer(c, AT_IDLE);
-}
-
 /* ---- the listener and its thread ------------------------------------------- */
-
-/* Over IDEM_ADMIN_MAX_CONNS: accept and close at once (503 if the socket
- * takes it without waiting). */
-static void admin_refuse(idem_admin_t *a, uv_stream_t *server)
-{
-    atomic_fetch_add(&a->gw->metrics.admin_conns_refused, 1);
-    uv_tcp_t *t = malloc(sizeof *t);
-    if (!t)
-        return;
-    uv_tcp_init(&a->loop, t);
-    t->data = NULL;
-    if (uv_accept(server, (uv_stream_t *)t) == 0) {
-        idem_buf_t out;
-        idem_buf_init(&out, 0);
-        idem_http_reply_t to = {.version_minor = 1, .keep_alive = false};
-        if (idem_problem_respond(&out, 503, "overloaded", "too many admin connections; retry", 1,
-                                 to) == 0) {
-            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
-            (void)uv_try_write((uv_stream_t *)t, &b, 1);
-        }
-        idem_buf_cleanup(&out);
-    }
-    uv_close((uv_handle_t *)t, (uv_close_cb)free);
-}
-
-static void on_admin_connection(uv_stream_t *server, int status)
-{
-    idem_admin_t *a = server->data;
-    if (status < 0)
-        return;
-    if (a->n_conns >= IDEM_ADMIN_MAX_CONNS) {
-        admin_refuse(a, server);
-        return;
-    }
-    admin_conn_t *c = calloc(1, sizeof *c);
-    if (!c)
-        return;
-    c->admin = a;
-    a->n_conns++;
-    uv_tcp_init(&a->loop, &c->tcp);
-    c->tcp.data = c;
-    uv_timer_init(&a->loop, &c->timer);
-    c->timer.data = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
-        admin_conn_close(c);
-        return;
-    }
-    admin_reading(c, true);
-    if (!c->reading) {
-        admin_conn_close(c);
-        return;
-    }
-    admin_timer(c, AT_HEAD); /* the first head within header_timeout of the connection */
-}
-
-static void admin_close_walk(uv_handle_t *h, void *arg)
-{
-    (void)arg;
-    if (uv_is_closing(h))
-        return;
-    if ((h->type == UV_TCP || h->type == UV_TIMER) && h->data) {
-        admin_conn_close(h->data); /* closes its tcp and its timer */
-        return;
-    }
-    uv_close(h, NULL);
-}
 
 static void on_admin_stop(uv_async_t *as)
 {
     idem_admin_t *a = as->data;
-    uv_close((uv_handle_t *)&a->listener, NULL);
-    a->listener.data = NULL;
+    uv_close((uv_handle_t *)&a->listener.tcp, NULL);
     uv_close((uv_handle_t *)&a->stop_async, NULL);
-    uv_walk(&a->loop, admin_close_walk, NULL);
+    idem__conns_close_all(&a->listener);
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
 }
 
 static void *admin_main(void *arg)
@@ -784,10 +443,12 @@ int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err
         host[0] = '\0';
     admin_hosts_init(a, host);
     uv_loop_init(&a->loop);
-    if (idem_tcp_open_listener(&a->loop, &a->listener, a, listen_fd, IDEM_ADMIN_BACKLOG,
-                               on_admin_connection, "--admin", err, errlen) != 0) {
-        a->listener.data = NULL;
-        uv_walk(&a->loop, admin_close_walk, NULL);
+    idem__listener_init(&a->listener, IDEM_LISTEN_ADMIN, gw, &a->loop);
+    a->listener.admin = a;
+    if (idem_tcp_open_listener(&a->loop, &a->listener.tcp, &a->listener, listen_fd,
+                               IDEM_ADMIN_BACKLOG, idem__conn_on_connection, "--admin", err,
+                               errlen) != 0) {
+        uv_walk(&a->loop, close_any, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);
         uv_loop_close(&a->loop);
         free(a);

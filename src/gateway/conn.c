@@ -1,5 +1,6 @@
-/* src/gateway/conn.c - a worker's client connections: accepting, reading,
- * parsing, timers, 100-continue, writing to a client, and the body budget.
+/* src/gateway/conn.c - idemd's HTTP connections: accepting, reading,
+ * parsing, timers, 100-continue, writing to a client, and the body budget,
+ * for the public listener of each worker and for the admin listener.
  *
  * Each worker thread runs one uv_loop_t watching its own dup() of the one
  * listening socket main.c bound (whichever loop accepts first takes the
@@ -27,10 +28,20 @@
  * before it is invited to send its body; one refused then is answered at
  * once and its connection closed, since its body may follow anyway.
  *
- * INVARIANTS: a connection carries at most one request (c->req), the one
- * being read or answered; a request that outlives its connection takes its
- * max_connections place with it.
- * THREADING: the worker's loop thread only.
+ * The admin listener (admin.c, docs/protocol.md section 13) runs the same
+ * connections on its own thread and loop, so a flood of clients never hides
+ * /healthz; its listener's kind changes only who answers and a few limits.
+ * Its budget is its own (IDEM_ADMIN_MAX_CONNS, not max_connections); its
+ * requests carry at most ADMIN_BODY_MAX of body, read and dropped (chunked
+ * is refused); a whole request is answered at once by admin.c's endpoints
+ * (idem__admin_answer) and written here; answers queued past
+ * ADMIN_WRITE_HIGH stop its parsing; a closing answer not taken within
+ * ADMIN_CLOSE_MS is cut; nothing there is counted among the requests.
+ *
+ * INVARIANTS: a connection carries at most one request (c->req, or on the
+ * admin listener c->held), the one being read or answered; a public request
+ * that outlives its connection takes its max_connections place with it.
+ * THREADING: the loop thread of the connection's listener only.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -49,6 +60,9 @@
 #define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
 #define RBUF_PAUSE (256 * 1024)   /* stop reading a busy connection past this much pipelined input */
 #define WRITE_HIGH_MARK (4u << 20)  /* answers queued to a client that does not read: stop parsing */
+#define ADMIN_BODY_MAX (64 * 1024)  /* an admin request's body, read and dropped */
+#define ADMIN_WRITE_HIGH (1u << 20) /* WRITE_HIGH_MARK of the admin listener */
+#define ADMIN_CLOSE_MS 5000         /* an admin answer that closes, not taken by then: cut */
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
 
@@ -63,17 +77,26 @@ typedef enum {
     CT_HEAD,  /* the rest of a request head (header_timeout from its start) */
     CT_BODY,  /* the next byte of a request body (body_timeout) */
     CT_DRAIN, /* the end of draining after an error answer */
+    CT_CLOSE, /* admin: the end of a closing answer's time to be taken */
 } conn_timer_t;
+
+/* ADMIN: the request being read, its head copied (msg points into head). */
+typedef struct {
+    idem_http_msg_t msg;
+    char head[];
+} conn_held_t;
 
 struct idem_conn {
     uv_tcp_t tcp;
-    idem_worker_t *w;
-    idem_link_t link;
+    idem_listener_t *l; /* whose connection this is */
+    idem_worker_t *w;   /* PUBLIC: l->w; NULL on the admin listener */
+    idem_link_t link;   /* in l->conns */
     idem_rbuf_t in;    /* unparsed input */
     idem_http_head_state_t hs;
     conn_state_t state;
     idem_http_body_t body;
-    idem_req_t *req;   /* the request being read or answered */
+    idem_req_t *req;   /* PUBLIC: the request being read or answered */
+    conn_held_t *held; /* ADMIN: the request being read or answered */
     bool reading;
     bool keep_alive;   /* for the response being written */
     bool close_after;  /* close once the queued writes are done */
@@ -83,7 +106,8 @@ struct idem_conn {
     bool processing;   /* inside conn_process: answers made now loop, not recurse */
     bool peer_eof;     /* the client half-closed after its request: answer, then close */
     bool write_blocked;/* too much queued for a client that does not read: parsing waits */
-    bool slot_moved;   /* its max_connections place went to the request that outlived it */
+    bool slot_moved;   /* its max_connections place went to the request that outlived it
+                          (public only: an admin connection carries no request) */
     conn_timer_t waiting; /* what timer is armed for */
     uv_timer_t timer;
 };
@@ -97,10 +121,19 @@ typedef struct {
 
 static void conn_drain(idem_conn_t *c);
 static void conn_timer(idem_conn_t *c, conn_timer_t what);
+static void conn_admin_answer(idem_conn_t *c);
+static bool conn_write_continue(idem_conn_t *c);
+static void conn_slot_give(idem_listener_t *l);
 static void conn_process(idem_conn_t *c);
 static void conn_start_reading(idem_conn_t *c);
 static bool req_admit_body(idem_req_t *req);
 static bool req_charge_body(idem_req_t *req);
+
+/* Answers queued to a client that does not read them past this: parsing waits. */
+static size_t conn_write_high(const idem_conn_t *c)
+{
+    return c->l->kind == IDEM_LISTEN_ADMIN ? ADMIN_WRITE_HIGH : WRITE_HIGH_MARK;
+}
 
 /* ---- writing to a client ---------------------------------------------- */
 
@@ -121,7 +154,7 @@ static void on_write(uv_write_t *wr, int status)
         idem__conn_close(c);
         return;
     }
-    if (c->write_blocked && c->queued < WRITE_HIGH_MARK / 2 && c->state == CS_HEAD) {
+    if (c->write_blocked && c->queued < conn_write_high(c) / 2 && c->state == CS_HEAD) {
         c->write_blocked = false;
         if (!c->peer_eof)
             conn_start_reading(c);
@@ -161,12 +194,14 @@ static void on_conn_closed(uv_handle_t *h)
     /* Two handles (tcp and timer) close; free on the second. */
     if (--c->closes > 0)
         return;
-    idem_worker_t *w = c->w;
+    idem_listener_t *l = c->l;
     if (!c->slot_moved)
-        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        conn_slot_give(l);
+    free(c->held);
     free(c->in.data);
     free(c);
-    idem__worker_maybe_exit(w);
+    if (l->w != NULL)
+        idem__worker_maybe_exit(l->w);
 }
 
 void idem__conn_close(idem_conn_t *c)
@@ -207,11 +242,16 @@ static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, c
 static void on_conn_timer(uv_timer_t *t)
 {
     idem_conn_t *c = t->data;
+    if (c->waiting == CT_CLOSE && c->state != CS_CLOSED) {
+        idem__conn_close(c); /* a closing answer its client did not take */
+        return;
+    }
     if (c->state == CS_BUSY || c->state == CS_CLOSED)
         return;
     if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
         /* A head begun and not finished in time: the client hears why. */
-        idem_metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
+        if (c->w != NULL)
+            idem_metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
         conn_fail(c, 408, "request-timeout",
                   "the request head did not arrive within header_timeout");
         return;
@@ -219,6 +259,11 @@ static void on_conn_timer(uv_timer_t *t)
     if (c->waiting == CT_BODY && c->state == CS_BODY && c->req) {
         conn_fail_body(c, 408, IDEM_OUT_REQUEST_TIMEOUT, "request-timeout",
                        "the request body paused for longer than body_timeout", 0);
+        return;
+    }
+    if (c->waiting == CT_BODY && c->state == CS_BODY && c->held) {
+        conn_fail(c, 408, "request-timeout",
+                  "the request body paused for longer than body_timeout");
         return;
     }
     /* Idle keep-alive, a new connection that sent nothing, or the end of
@@ -229,13 +274,14 @@ static void on_conn_timer(uv_timer_t *t)
 /* Arm the connection's one timer for what it now waits for (see CT_*). */
 static void conn_timer(idem_conn_t *c, conn_timer_t what)
 {
-    const idem_config_t *cfg = c->w->gw->cfg;
+    const idem_config_t *cfg = c->l->gw->cfg;
     int64_t ms;
     switch (what) {
     case CT_IDLE: ms = cfg->idle_timeout_ms; break;
     case CT_HEAD: ms = cfg->header_timeout_ms; break;
     case CT_BODY: ms = cfg->body_timeout_ms; break;
     case CT_DRAIN: ms = CONN_DRAIN_MS; break;
+    case CT_CLOSE: ms = ADMIN_CLOSE_MS; break;
     default:
         c->waiting = CT_NONE;
         uv_timer_stop(&c->timer);
@@ -371,8 +417,46 @@ static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, c
  * answered, and the connection closed (drained). */
 static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
 {
-    idem_metrics_count(&c->w->gw->metrics, r->outcome);
+    if (c->w != NULL) /* admin requests are not counted among idemd's */
+        idem_metrics_count(&c->w->gw->metrics, r->outcome);
     conn_fail(c, r->status, r->type, r->detail);
+}
+
+/* ADMIN: a head parsed as m (head_len bytes at the front of c->in): refuse
+ * a body it may not have, else hold the request until its body (read and
+ * dropped) is in.  @return false when c has been answered or closed. */
+static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t head_len)
+{
+    if (m->framing == IDEM_HTTP_BODY_CHUNKED ||
+        (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > ADMIN_BODY_MAX)) {
+        conn_fail(c, 413, "request-too-large", "admin requests carry no body");
+        return false;
+    }
+    conn_held_t *h = malloc(sizeof *h + head_len);
+    idem_http_head_state_t hs = {0};
+    if (h != NULL) {
+        memcpy(h->head, c->in.data, head_len);
+        if (idem_http_parse_request(&hs, h->head, head_len, IDEM_HTTP_MAX_HEAD, &h->msg) <= 0) {
+            free(h);
+            h = NULL;
+        }
+    }
+    if (h == NULL) {
+        conn_fail(c, 500, "internal", "out of memory");
+        return false;
+    }
+    idem_rbuf_consume(&c->in, head_len);
+    c->held = h;
+    if (h->msg.framing == IDEM_HTTP_BODY_NONE) {
+        c->state = CS_BUSY;
+        conn_timer(c, CT_NONE);
+        return true;
+    }
+    idem_http_body_init(&c->body, &h->msg, ADMIN_BODY_MAX);
+    c->state = CS_BODY;
+    conn_timer(c, CT_BODY);
+    bool invite = h->msg.expect_continue && c->in.len == 0;
+    return !invite || conn_write_continue(c);
 }
 
 /* Invite c's client to send its body: 100 Continue.  @return false when
@@ -406,7 +490,7 @@ static void conn_process(idem_conn_t *c)
 static void conn_process_loop(idem_conn_t *c)
 {
     idem_worker_t *w = c->w;
-    const idem_config_t *cfg = w->gw->cfg;
+    const idem_config_t *cfg = c->l->gw->cfg;
     for (;;) {
         if (c->state == CS_HEAD) {
             if (c->in.len == 0) {
@@ -414,7 +498,7 @@ static void conn_process_loop(idem_conn_t *c)
                     idem__conn_close(c);
                 return;
             }
-            if (c->queued > WRITE_HIGH_MARK) {
+            if (c->queued > conn_write_high(c)) {
                 /* A client that pipelines without reading its answers must
                  * not make us queue them without bound; nor hold us longer
                  * than an idle connection would. */
@@ -434,6 +518,12 @@ static void conn_process_loop(idem_conn_t *c)
             }
             /* The steps before the store are request_plan.c's, in its order. */
             idem_gw_refusal_t refusal;
+            if (rc < 0 && c->l->kind == IDEM_LISTEN_ADMIN) {
+                bool big = rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS;
+                conn_fail(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
+                          "malformed admin request");
+                return;
+            }
             if (rc < 0) {
                 idem_gw_refuse_parse(rc, &refusal);
                 conn_refuse_request(c, &refusal);
@@ -441,6 +531,12 @@ static void conn_process_loop(idem_conn_t *c)
             }
             size_t head_len = (size_t)rc;
             memset(&c->hs, 0, sizeof c->hs);
+            if (c->l->kind == IDEM_LISTEN_ADMIN) {
+                /* Held until its body is in, then answered (CS_BUSY). */
+                if (!conn_admin_head(c, &msg, head_len))
+                    return;
+                continue;
+            }
             if (!idem_gw_check_head(cfg, &msg, &refusal)) {
                 conn_refuse_request(c, &refusal);
                 return;
@@ -490,6 +586,8 @@ static void conn_process_loop(idem_conn_t *c)
                 rc = idem_http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used, &data);
                 off += used;
                 if (rc == IDEM_HTTP_BODY_DATA) {
+                    if (req == NULL)
+                        continue; /* ADMIN: a body is read and dropped */
                     if (idem_buf_append(&req->body, data.ptr, data.len) != 0) {
                         rc = IDEM_HTTP_E_BODY_TOO_LARGE;
                         break;
@@ -518,7 +616,11 @@ static void conn_process_loop(idem_conn_t *c)
             if (rc < 0) {
                 idem_gw_refusal_t refusal;
                 idem_gw_refuse_body(rc, &refusal);
-                conn_fail_body(c, refusal.status, refusal.outcome, refusal.type, refusal.detail, 0);
+                if (req == NULL)
+                    conn_fail(c, refusal.status, refusal.type, refusal.detail);
+                else
+                    conn_fail_body(c, refusal.status, refusal.outcome, refusal.type,
+                                   refusal.detail, 0);
                 return;
             }
             c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
@@ -527,7 +629,10 @@ static void conn_process_loop(idem_conn_t *c)
         if (c->state == CS_BUSY) {
             /* One request at a time: later pipelined ones wait in c->in.
              * The idle timer ignores a busy connection. */
-            idem__req_dispatch(c->req);
+            if (c->held != NULL)
+                conn_admin_answer(c);
+            else
+                idem__req_dispatch(c->req);
             /* Answered at once (a replay, an error): go on with what is
              * pipelined behind it, in this loop rather than recursively. */
             if (c->state == CS_HEAD && c->in.len > 0)
@@ -555,10 +660,12 @@ void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
         conn_drain(c);
         return;
     }
-    if (!keep_alive || c->w->stopping || (c->peer_eof && c->in.len == 0)) {
+    if (!keep_alive || c->l->stopping || (c->peer_eof && c->in.len == 0)) {
         c->close_after = true;
         if (c->writes == 0)
             idem__conn_close(c);
+        else if (c->l->kind == IDEM_LISTEN_ADMIN)
+            conn_timer(c, CT_CLOSE);
         return;
     }
     c->state = CS_HEAD;
@@ -570,9 +677,61 @@ void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
         conn_process(c);
 }
 
-/* A place among max_connections (all workers). */
-static bool conn_slot_take(idem_gw_t *gw)
+/* ADMIN: answer the request held on c at once, with admin.c's endpoints,
+ * and write the answer.  One that cannot be written becomes a 500 that
+ * closes; one that cannot even be that, or no answer at all, closes c. */
+static void conn_admin_answer(idem_conn_t *c)
 {
+    conn_held_t *h = c->held;
+    c->held = NULL;
+    idem_answer_t a;
+    idem__answer_init(&a);
+    idem__admin_answer(c->l->admin, &h->msg, &a);
+    idem_http_reply_t to = {.version_minor = h->msg.version_minor,
+                            .head = idem_slice_eq_ci(h->msg.method, "HEAD"),
+                            .keep_alive = h->msg.keep_alive && !a.close && !c->l->stopping};
+    free(h);
+    idem_buf_t out;
+    idem_buf_init(&out, 0);
+    int rc = -1;
+    if (a.status != 0) {
+        idem_http_field_t type;
+        idem_http_response_t r = {.status = a.status};
+        if (a.content_type != NULL) {
+            type = (idem_http_field_t){{"Content-Type", 12},
+                                       {a.content_type, strlen(a.content_type)}};
+            r.fields = &type;
+            r.n_fields = 1;
+        }
+        rc = idem_http_write_response(&out, &r, to, a.body.data, a.body.len);
+        if (rc != 0) {
+            to.keep_alive = false;
+            rc = idem_problem_respond(&out, 500, "internal", "the answer could not be written",
+                                      0, to);
+        }
+    }
+    idem__answer_cleanup(&a);
+    if (rc != 0) {
+        idem_buf_cleanup(&out);
+        idem__conn_close(c);
+        return;
+    }
+    idem_conn_write(c, out.data, out.len);
+    idem_buf_cleanup(&out);
+    idem__conn_response_done(c, to.keep_alive);
+}
+
+/* A place in l's budget: max_connections across workers for the public
+ * listener, IDEM_ADMIN_MAX_CONNS of its own for the admin. */
+static bool conn_slot_take(idem_listener_t *l)
+{
+    if (l->kind == IDEM_LISTEN_ADMIN) {
+        if (l->n_conns >= IDEM_ADMIN_MAX_CONNS)
+            return false;
+        l->n_conns++;
+        return true;
+    }
+    idem_gw_t *gw = l->gw;
     uint64_t n = atomic_load(&gw->metrics.connections);
     do {
         if (n >= gw->cfg->max_connections)
@@ -581,22 +740,33 @@ static bool conn_slot_take(idem_gw_t *gw)
     return true;
 }
 
-/* Over max_connections: accept (a connection left in the kernel's queue
- * would stop the listener) and close at once, saying 503 if the socket
- * takes it without waiting.  The descriptor is back before this returns. */
-static void conn_refuse(idem_worker_t *w, uv_stream_t *server)
+static void conn_slot_give(idem_listener_t *l)
 {
-    atomic_fetch_add(&w->gw->metrics.conns_refused, 1);
+    if (l->kind == IDEM_LISTEN_ADMIN)
+        l->n_conns--;
+    else
+        atomic_fetch_sub(&l->gw->metrics.connections, 1);
+}
+
+/* Over the budget: accept (a connection left in the kernel's queue would
+ * stop the listener) and close at once, saying 503 if the socket takes it
+ * without waiting.  The descriptor is back before this returns. */
+static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
+{
+    bool admin = l->kind == IDEM_LISTEN_ADMIN;
+    atomic_fetch_add(admin ? &l->gw->metrics.admin_conns_refused : &l->gw->metrics.conns_refused,
+                     1);
     uv_tcp_t *t = malloc(sizeof *t);
     if (!t)
         return;
-    uv_tcp_init(&w->loop, t);
+    uv_tcp_init(l->loop, t);
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         idem_buf_t out;
         idem_buf_init(&out, 0);
         if (idem_problem_respond(&out, 503, "overloaded",
-                                 "too many connections (max_connections); retry", 1,
-                                 CLOSING_REPLY) == 0) {
+                                 admin ? "too many admin connections; retry"
+                                       : "too many connections (max_connections); retry",
+                                 1, CLOSING_REPLY) == 0) {
             uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
         }
@@ -605,33 +775,44 @@ static void conn_refuse(idem_worker_t *w, uv_stream_t *server)
     uv_close((uv_handle_t *)t, (uv_close_cb)free);
 }
 
+void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t *gw,
+                         uv_loop_t *loop)
+{
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    l->gw = gw;
+    l->loop = loop;
+    idem_list_init(&l->conns);
+}
+
 void idem__conn_on_connection(uv_stream_t *server, int status)
 {
-    idem_worker_t *w = server->data;
+    idem_listener_t *l = server->data;
     if (status < 0)
         return;
-    if (!conn_slot_take(w->gw)) {
-        conn_refuse(w, server);
+    if (!conn_slot_take(l)) {
+        conn_refuse(l, server);
         return;
     }
     idem_conn_t *c = calloc(1, sizeof *c);
     if (!c) {
-        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        conn_slot_give(l);
         return;
     }
-    c->w = w;
-    uv_tcp_init(&w->loop, &c->tcp);
+    c->l = l;
+    c->w = l->w;
+    uv_tcp_init(l->loop, &c->tcp);
     c->tcp.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
-        atomic_fetch_sub(&w->gw->metrics.connections, 1);
+        conn_slot_give(l);
         uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
-    uv_timer_init(&w->loop, &c->timer);
+    uv_timer_init(l->loop, &c->timer);
     c->timer.data = c;
     c->state = CS_HEAD;
-    idem_list_push(&w->conns, &c->link);
+    idem_list_push(&l->conns, &c->link);
     /* A new connection's first head must come within header_timeout. */
     conn_timer(c, CT_HEAD);
     conn_start_reading(c);
@@ -647,10 +828,10 @@ void idem__conn_close_when_written(idem_conn_t *c)
         idem__conn_close(c);
 }
 
-void idem__conns_close_idle(idem_worker_t *w)
+void idem__conns_close_idle(idem_listener_t *ls)
 {
-    idem_link_t *l = w->conns.next;
-    while (l != &w->conns) {
+    idem_link_t *l = ls->conns.next;
+    while (l != &ls->conns) {
         idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
         l = l->next;
         if (c->req)
@@ -662,10 +843,10 @@ void idem__conns_close_idle(idem_worker_t *w)
     }
 }
 
-void idem__conns_close_all(idem_worker_t *w)
+void idem__conns_close_all(idem_listener_t *l)
 {
-    while (!idem_list_empty(&w->conns))
-        idem__conn_close(IDEM_CONTAINER(w->conns.next, idem_conn_t, link));
+    while (!idem_list_empty(&l->conns))
+        idem__conn_close(IDEM_CONTAINER(l->conns.next, idem_conn_t, link));
 }
 
 /* ---- max_buffered_bytes ---------------------------------------------------- */

@@ -198,6 +198,34 @@ void idem_writer_submit(idem_writer_t *w, idem_wjob_t *job);
 /** Apply what is queued, then stop the thread. */
 void idem_writer_stop(idem_writer_t *w);
 
+/* ---- listeners: the HTTP connections of one loop (conn.c) ---------------- */
+
+typedef struct idem_admin idem_admin_t;
+
+/** What a listener serves.  Its connections run the same code (conn.c:
+ * accept, budget, read, parse, timers, limits, write queue, drain, close);
+ * the kind says who answers a request and the few limits that differ. */
+typedef enum {
+    IDEM_LISTEN_PUBLIC = 0, /* idemd's clients: a request goes to request.c */
+    IDEM_LISTEN_ADMIN = 1,  /* the admin endpoints: answered at once by admin.c */
+} idem_listen_kind_t;
+
+/** One listening socket watched on one loop, and the connections it
+ * accepted there: a worker's public listener, or the admin listener on the
+ * admin thread. */
+typedef struct idem_listener {
+    idem_listen_kind_t kind;
+    idem_gw_t *gw;
+    uv_loop_t *loop;
+    uv_tcp_t tcp;         /* watches a dup() of the listening socket */
+    idem_link_t conns;    /* open connections */
+    int n_conns;          /* ADMIN: open connections, at most IDEM_ADMIN_MAX_CONNS (the public
+                             budget, max_connections, is metrics.connections, all workers) */
+    bool stopping;        /* the loop is stopping: no connection is kept alive */
+    idem_worker_t *w;     /* PUBLIC: the worker whose requests these are */
+    idem_admin_t *admin;  /* ADMIN: whose endpoints answer */
+} idem_listener_t;
+
 /* ---- the process ----------------------------------------------------- */
 
 struct idem_gw {
@@ -219,14 +247,13 @@ struct idem_worker {
     idem_gw_t *gw;
     int index;
     uv_loop_t loop;
-    uv_tcp_t listener;
+    idem_listener_t listener; /* the public listener and its client connections */
     uv_async_t done_async;  /* the writer posted results */
     uv_async_t stop_async;  /* the main thread asks us to stop */
     uv_check_t log_check;   /* flushes the log buffer once per loop turn */
     uv_timer_t shutdown_timer;
     pthread_mutex_t done_mu;
     idem_link_t done;       /* idem_wjob_t, filled by the writer thread */
-    idem_link_t conns;      /* open client connections */
     idem_link_t idle_up;    /* idle keep-alive upstream connections */
     size_t n_idle_up;
     idem_link_t reqs;       /* requests in progress */
@@ -273,7 +300,6 @@ void idem_worker_cleanup(idem_worker_t *w);
 void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job);
 
 /* admin.c */
-typedef struct idem_admin idem_admin_t;
 /** Start the admin thread, accepting on a dup() of the listening socket
  * listen_fd (idem_listen_socket; the caller keeps listen_fd). */
 int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen);

@@ -114,7 +114,7 @@ static void close_if_open(uv_handle_t *h)
 
 void idem__worker_maybe_exit(idem_worker_t *w)
 {
-    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->conns))
+    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->listener.conns))
         return;
     idem_proxy_close_idle(w);
     close_if_open((uv_handle_t *)&w->done_async);
@@ -130,7 +130,7 @@ static void on_shutdown_timer(uv_timer_t *t)
      * waiting for their upstream keep their lease; it runs out by itself. */
     idem_worker_t *w = t->data;
     idem_log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections", w->index);
-    idem__conns_close_all(w);
+    idem__conns_close_all(&w->listener);
     idem_link_t *l = w->reqs.next;
     while (l != &w->reqs) {
         idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
@@ -147,9 +147,10 @@ static void on_stop_async(uv_async_t *a)
     if (w->stopping)
         return;
     w->stopping = true;
-    close_if_open((uv_handle_t *)&w->listener);
+    w->listener.stopping = true;
+    close_if_open((uv_handle_t *)&w->listener.tcp);
     /* Idle connections close now; busy ones after their response. */
-    idem__conns_close_idle(w);
+    idem__conns_close_idle(&w->listener);
     idem_proxy_close_idle(w);
     uint64_t grace = (uint64_t)w->gw->cfg->upstream_timeout_ms + 5000;
     uv_timer_start(&w->shutdown_timer, on_shutdown_timer, grace, 0);
@@ -166,7 +167,6 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     w->gw = gw;
     w->index = index;
     idem_list_init(&w->done);
-    idem_list_init(&w->conns);
     idem_list_init(&w->idle_up);
     idem_list_init(&w->reqs);
     idem_list_init(&w->graveyard);
@@ -188,8 +188,11 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     uv_idle_init(&w->loop, &w->inline_idle);
     w->inline_idle.data = w;
 
-    return idem_tcp_open_listener(&w->loop, &w->listener, w, listen_fd, IDEM_LISTEN_BACKLOG,
-                                  idem__conn_on_connection, "--listen", err, errlen);
+    idem__listener_init(&w->listener, IDEM_LISTEN_PUBLIC, gw, &w->loop);
+    w->listener.w = w;
+    return idem_tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
+                                  IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
+                                  errlen);
 }
 
 void *idem_worker_main(void *arg)

@@ -10,9 +10,10 @@ Unknown paths are 404 not-found and wrong methods 405 method-not-allowed,
 both problem+json.  The admin API is not reachable on the public listener.
 Its answers are framed as the public listener's are: HEAD gets the head
 alone, an HTTP/1.0 client that keeps its connection is told so, 204 has no
-framing field.
+framing field, and a client that waits for 100 Continue is invited.
 """
 
+import socket
 import threading
 import time
 import unittest
@@ -280,6 +281,32 @@ class Framing(h.IdemTestCase):
         self.assertEqual(len(rest), 1, got)
         self.assertProblem(rest[0], 413, "request-too-large")
         self.assertEqual((rest[0].header("Connection") or "").lower(), "close")
+
+    def test_a_body_awaiting_100_continue_is_invited_then_answered(self):
+        up, d = self.setup_pair()
+        s = socket.create_connection((h.HOST, d.admin_port), timeout=10.0)
+        try:
+            s.sendall(b"DELETE /keys/nothing-here HTTP/1.1\r\nHost: localhost\r\n"
+                      b"Content-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+            interim = b""
+            while not interim.endswith(b"\r\n\r\n"):
+                chunk = s.recv(1)
+                self.assertTrue(chunk, "closed before the invitation")
+                interim += chunk
+            self.assertEqual(interim, b"HTTP/1.1 100 Continue\r\n\r\n")
+            s.sendall(b"hello")
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        finally:
+            s.close()
+        rs = h.parse_responses(got)
+        self.assertEqual(len(rs), 1, got)
+        self.assertProblem(rs[0], 404, "not-found")
 
     def test_delete_answers_204_without_framing(self):
         up, d = self.setup_pair()
