@@ -1,7 +1,7 @@
 /* fuzz/fuzz_request_path.c - libFuzzer target for idemd's request path as a
  * whole: request bytes in, a decision and the bytes sent upstream out
- * (idem_gw_plan_request, src/gateway/request_plan.c, whose steps conn.c, request.c
- * and proxy.c call on the loop).
+ * (idem_gw_plan_request, src/gateway/request_plan.c, whose steps conn.c and
+ * request.c call on the loop).
  *
  * The input's first byte picks one of four configurations (below); the
  * rest is what a client sends on one connection: a request head, its body in

@@ -149,7 +149,7 @@ static void on_write(uv_write_t *wr, int status)
         return;
     }
     if (c->req && c->req->stream_started && c->queued < IDEM_STREAM_HIGH_MARK / 2)
-        idem_proxy_on_client_drain(c->req);
+        idem__req_client_drained(c->req);
     if (c->close_after && c->writes == 0 && c->state != CS_CLOSED) {
         idem__conn_close(c);
         return;
@@ -198,7 +198,7 @@ static void on_conn_closed(uv_handle_t *h)
     if (!c->slot_moved)
         conn_slot_give(l);
     free(c->held);
-    free(c->in.data);
+    idem_rbuf_cleanup(&c->in);
     free(c);
     if (l->w != NULL)
         idem__worker_maybe_exit(l->w);
@@ -226,7 +226,7 @@ void idem__conn_close(idem_conn_t *c)
             req->responded = true;
         }
         if (req->streaming)
-            idem_proxy_abort(req);
+            idem__req_abort_upstream(req);
         idem__req_maybe_free(req);
     }
     uv_timer_stop(&c->timer);

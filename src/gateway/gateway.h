@@ -32,9 +32,12 @@
 
 #include "gateway/cache.h"
 #include "gateway/config.h"
+#include "gateway/list.h"
 #include "gateway/outcome.h"
 #include "gateway/ratelimit.h"
+#include "gateway/rbuf.h"
 #include "gateway/request_plan.h"
+#include "gateway/upstream.h"
 #include "http/http.h"
 #include "idem/engine.h"
 #include "idem/key.h"
@@ -45,64 +48,7 @@ typedef struct idem_gw idem_gw_t;
 typedef struct idem_worker idem_worker_t;
 typedef struct idem_conn idem_conn_t;
 typedef struct idem_req idem_req_t;
-typedef struct idem_upconn idem_upconn_t;
 typedef struct idem_wjob idem_wjob_t;
-
-/* ---- intrusive doubly linked list --------------------------------------- */
-
-typedef struct idem_link {
-    struct idem_link *prev, *next;
-} idem_link_t;
-
-static inline void idem_list_init(idem_link_t *head) { head->prev = head->next = head; }
-static inline bool idem_list_empty(const idem_link_t *head) { return head->next == head; }
-static inline void idem_list_push(idem_link_t *head, idem_link_t *l)
-{
-    l->prev = head->prev;
-    l->next = head;
-    head->prev->next = l;
-    head->prev = l;
-}
-static inline void idem_list_remove(idem_link_t *l)
-{
-    l->prev->next = l->next;
-    l->next->prev = l->prev;
-    l->prev = l->next = l;
-}
-#define IDEM_CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
-
-/* ---- read buffers ------------------------------------------------------- */
-
-/** Input read from a socket and not yet parsed (client or upstream side). */
-typedef struct idem_rbuf {
-    char *data;
-    size_t len; /* bytes held */
-    size_t cap; /* bytes allocated */
-} idem_rbuf_t;
-
-/** libuv's alloc callback body: room for the next read, growing by chunk
- * when less than a quarter chunk is free.  buf is empty when out of memory
- * (libuv then reports UV_ENOBUFS). */
-static inline void idem_rbuf_alloc(idem_rbuf_t *b, size_t chunk, uv_buf_t *buf)
-{
-    if (b->cap - b->len < chunk / 4) {
-        char *n = realloc(b->data, b->len + chunk);
-        if (!n) {
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        b->data = n;
-        b->cap = b->len + chunk;
-    }
-    *buf = uv_buf_init(b->data + b->len, (unsigned)(b->cap - b->len));
-}
-
-/** Drop the first n bytes (parsed). */
-static inline void idem_rbuf_consume(idem_rbuf_t *b, size_t n)
-{
-    memmove(b->data, b->data + n, b->len - n);
-    b->len -= n;
-}
 
 /* ---- metrics ------------------------------------------------------------ */
 
@@ -254,8 +200,7 @@ struct idem_worker {
     uv_timer_t shutdown_timer;
     pthread_mutex_t done_mu;
     idem_link_t done;       /* idem_wjob_t, filled by the writer thread */
-    idem_link_t idle_up;    /* idle keep-alive upstream connections */
-    size_t n_idle_up;
+    idem_upstream_t up;     /* the upstream client: its pool of keep-alive connections */
     idem_link_t reqs;       /* requests in progress */
     idem_link_t graveyard;  /* requests ended this loop turn, freed by log_check */
     bool inline_store;      /* the store's commits are cheap: apply jobs on this loop */
@@ -325,14 +270,6 @@ char *idem_problem_body(int status, const char *type, const char *detail);
 
 /* ---- a request ---------------------------------------------------------- */
 
-typedef enum {
-    IDEM_UP_OK = 0,
-    IDEM_UP_CONNECT_FAILED, /* nothing was sent */
-    IDEM_UP_BROKEN,         /* sent, the connection broke before a whole response */
-    IDEM_UP_TIMEOUT,        /* sent, no whole response before upstream_timeout */
-    IDEM_UP_BAD_RESPONSE,   /* sent, the answer was not valid HTTP */
-} idem_up_result_t;
-
 struct idem_req {
     idem_worker_t *w;
     idem_conn_t *conn;            /* NULL once the client has gone */
@@ -380,11 +317,9 @@ struct idem_req {
     int complete_tries;           /* completions refused by a failing store so far */
     bool counted;                 /* its outcome is in the metrics already */
     /* upstream */
-    idem_upconn_t *up;
+    idem_upstream_req_t up;       /* the upstream call; up.resp is the response head */
     idem_up_result_t up_result;   /* why the upstream call failed */
     uint64_t t_up_ns;
-    char *resp_head;              /* a copy of the response head */
-    idem_http_msg_t resp;         /* the upstream's response head, points into resp_head */
     idem_buf_t resp_body;         /* captured (bounded) body */
     uint64_t capture_limit;
     bool streaming;               /* body over the capture limit: relayed as it comes */
@@ -410,29 +345,6 @@ static inline idem_gw_request_t idem_req_view(const idem_req_t *req)
         .body_len = req->body.len,
     };
 }
-
-/* proxy.c: the upstream side of a request. */
-/** Send req (head and body) to the upstream over a pooled or new connection.
- * Exactly one of idem_req_upstream_done / _overflow / _failed is called later. */
-void idem_proxy_forward(idem_req_t *req);
-/** After _overflow: start relaying the rest of the body to the client. */
-void idem_proxy_resume(idem_req_t *req);
-/** The request no longer wants its upstream connection (client gone while
- * streaming, shutdown): close it. */
-void idem_proxy_abort(idem_req_t *req);
-/** Close every idle pooled connection of w. */
-void idem_proxy_close_idle(idem_worker_t *w);
-
-/* request.c: callbacks from proxy.c */
-void idem_req_upstream_done(idem_req_t *req);
-void idem_req_upstream_overflow(idem_req_t *req);
-void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why);
-/** Streaming: a piece of body for the client (copied). @return whether the
- * client's send queue is over its mark (the caller should pause). */
-bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n);
-void idem_req_stream_end(idem_req_t *req, bool complete);
-/** The client's queue drained below its mark: proxy.c may read again. */
-void idem_proxy_on_client_drain(idem_req_t *req);
 
 /* conn.c: writing to a client. */
 /** Queue bytes (copied) on the request's client; no-op if the client left. */

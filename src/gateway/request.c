@@ -16,12 +16,24 @@
  *       -> answer the client only once the outcome is durable.
  *
  * The store work goes through the worker (idem_worker_submit, worker.c),
- * the upstream call through proxy.c, the answer to the client through
- * conn.c; a `mode: token` route's steps are tokens.c's.  Every answer,
- * whatever it is (a problem, a replay, the upstream's response relayed or
- * streamed, a token), is written by src/http's idem_http_write_head or
- * idem_http_write_response, all or nothing: one that cannot be written
- * becomes a 500, or the connection closes, never half a head.
+ * the upstream call through the worker's upstream client (upstream.h), the
+ * answer to the client through conn.c; a `mode: token` route's steps are
+ * tokens.c's.  Every answer, whatever it is (a problem, a replay, the
+ * upstream's response relayed or streamed, a token), is written by
+ * src/http's idem_http_write_head or idem_http_write_response, all or
+ * nothing: one that cannot be written becomes a 500, or the connection
+ * closes, never half a head.
+ *
+ * A request is re-framed on its way up (idem_gw_upstream_head, in the
+ * loop-free request_plan.c, which the fuzzer runs too): its decoded body
+ * goes with a Content-Length of our own, hop-by-hop fields (Upgrade and
+ * Connection among them) and Expect are dropped, any Idempotency-Fence the
+ * client sent is dropped, and a keyed request gets `Idempotency-Fence: N`
+ * for the claim that forwards it.  So the upstream never sees the client's
+ * framing, which closes the door to smuggling.  The response body is
+ * captured up to max_response_bytes; past that the call pauses until the
+ * outcome is recorded, then the rest is relayed to the client as it comes,
+ * paced by the client's send queue (IDEM_STREAM_HIGH_MARK).
  *
  * INVARIANTS: a request is answered at most once; its store work is finished
  * (completed, released or left to its lease) even when its client has gone;
@@ -185,7 +197,7 @@ static void req_replay(idem_req_t *req, const idem_record_t *rec)
  * added when the store was passed by.  @return how many. */
 static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
 {
-    const idem_http_msg_t *m = &req->resp;
+    const idem_http_msg_t *m = &req->up.resp;
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *uf = &m->fields[i];
@@ -217,7 +229,7 @@ static bool upstream_length(const idem_http_msg_t *m, uint64_t *out)
 /* The upstream's captured response, relayed as the client's answer. */
 void idem__req_respond_upstream(idem_req_t *req)
 {
-    const idem_http_msg_t *m = &req->resp;
+    const idem_http_msg_t *m = &req->up.resp;
     idem_http_field_t f[IDEM_HTTP_MAX_HEADERS + 1];
     idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
                               .n_fields = relayed_fields(req, f)};
@@ -453,7 +465,7 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
                  "could not store the outcome of key %s: %s; retrying while the lease lasts",
                  req->id.key, idem_strerror(err));
         if (req->streaming)
-            idem_proxy_abort(req);
+            idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
                                          "recorded yet; a retry gets the recorded answer once "
                                          "the store is back");
@@ -498,14 +510,14 @@ static void on_outcome_stored(idem_wjob_t *job)
         idem_log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
                  idem_strerror(job->batch_err));
         if (req->streaming)
-            idem_proxy_abort(req);
+            idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
                                          "recorded");
         return;
     }
     if (job->op.err == IDEM_E_FENCE) {
         if (req->streaming)
-            idem_proxy_abort(req);
+            idem__req_abort_upstream(req);
         req_answer_as_repeat(req);
         return;
     }
@@ -519,7 +531,7 @@ static void on_outcome_stored(idem_wjob_t *job)
 /* Build the list of response headers that a replay repeats. */
 static int req_collect_store_headers(idem_req_t *req)
 {
-    const idem_http_msg_t *m = &req->resp;
+    const idem_http_msg_t *m = &req->up.resp;
     req->store_headers = calloc(m->n_fields ? m->n_fields : 1, sizeof *req->store_headers);
     if (!req->store_headers)
         return -1;
@@ -538,7 +550,7 @@ static int req_collect_store_headers(idem_req_t *req)
 static void req_store_outcome(idem_req_t *req, bool retained)
 {
     const idem_policy_t *p = req->policy;
-    int status = req->resp.status;
+    int status = req->up.resp.status;
     req_stop_renewing(req);
     int64_t now = idem_clock_now(NULL);
     if (is_release_status(p, status)) {
@@ -549,7 +561,7 @@ static void req_store_outcome(idem_req_t *req, bool retained)
     if (req_collect_store_headers(req) != 0) {
         req->finished = true;
         if (req->streaming)
-            idem_proxy_abort(req);
+            idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "out of memory");
         return;
     }
@@ -569,10 +581,10 @@ static void req_store_outcome(idem_req_t *req, bool retained)
 }
 
 
-void idem_req_upstream_done(idem_req_t *req)
+static void req_upstream_done(idem_req_t *req)
 {
     idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
-    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+    if (req->token_spent && is_release_status(req->policy, req->up.resp.status)) {
         idem__req_give_token_back(req);
         return;
     }
@@ -584,10 +596,10 @@ void idem_req_upstream_done(idem_req_t *req)
     req_store_outcome(req, true);
 }
 
-void idem_req_upstream_overflow(idem_req_t *req)
+static void req_upstream_overflow(idem_req_t *req)
 {
     req->streaming = true;
-    if (req->token_spent && is_release_status(req->policy, req->resp.status)) {
+    if (req->token_spent && is_release_status(req->policy, req->up.resp.status)) {
         idem__req_give_token_back(req);
         return;
     }
@@ -638,7 +650,7 @@ static void on_failure_recorded(idem_wjob_t *job)
     idem__req_answer_failure(req, req->up_result);
 }
 
-void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
+static void req_upstream_failed(idem_req_t *req, idem_up_result_t why)
 {
     req_stop_renewing(req);
     req->up_result = why;
@@ -670,15 +682,17 @@ void idem_req_upstream_failed(idem_req_t *req, idem_up_result_t why)
 
 /* ---- streaming a response over the capture limit --------------------------- */
 
+static bool req_stream_data(idem_req_t *req, const char *p, size_t n);
+
 void idem__req_start_stream(idem_req_t *req)
 {
     idem_conn_t *c = req->conn;
     if (!c) {
-        idem_proxy_abort(req);
+        idem__req_abort_upstream(req);
         idem__req_maybe_free(req);
         return;
     }
-    const idem_http_msg_t *m = &req->resp;
+    const idem_http_msg_t *m = &req->up.resp;
     idem_http_field_t f[IDEM_HTTP_MAX_HEADERS + 1];
     idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
                               .n_fields = relayed_fields(req, f),
@@ -699,7 +713,7 @@ void idem__req_start_stream(idem_req_t *req)
     if (idem_http_write_head(&out, &r, to) != 0) {
         /* Nothing went to the client yet: it hears why instead of half a head. */
         idem_buf_cleanup(&out);
-        idem_proxy_abort(req);
+        idem__req_abort_upstream(req);
         idem__req_problem(req, 500, "internal", "the response could not be written", 0);
         return;
     }
@@ -711,12 +725,12 @@ void idem__req_start_stream(idem_req_t *req)
     idem_conn_write(c, out.data, out.len);
     idem_buf_cleanup(&out);
     if (req->resp_body.len)
-        idem_req_stream_data(req, req->resp_body.data, req->resp_body.len);
+        req_stream_data(req, req->resp_body.data, req->resp_body.len);
     idem_buf_cleanup(&req->resp_body);
-    idem_proxy_resume(req);
+    idem__upstream_req_resume(&req->up);
 }
 
-bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
+static bool req_stream_data(idem_req_t *req, const char *p, size_t n)
 {
     idem_conn_t *c = req->conn;
     if (!c)
@@ -741,7 +755,7 @@ bool idem_req_stream_data(idem_req_t *req, const char *p, size_t n)
     return idem_conn_queue_size(c) > IDEM_STREAM_HIGH_MARK;
 }
 
-void idem_req_stream_end(idem_req_t *req, bool complete)
+static void req_stream_end(idem_req_t *req, bool complete)
 {
     req->streaming = false;
     req->stream_started = false;
@@ -762,15 +776,82 @@ void idem_req_stream_end(idem_req_t *req, bool complete)
     idem__conn_response_done(c, client_keep_alive(req) && !req->stream_close);
 }
 
-/* ---- dispatch: docs/protocol.md sections 2-7 ------------------------------ */
+/* ---- the upstream call ------------------------------------------------------- */
 
+void idem__req_abort_upstream(idem_req_t *req)
+{
+    req->streaming = false;
+    idem__upstream_req_cancel(&req->up);
+}
+
+static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t n)
+{
+    idem_req_t *req = ur->data;
+    if (req->streaming) /* relaying, after the outcome was stored */
+        return req_stream_data(req, p, n) ? IDEM_UP_BODY_PAUSE : IDEM_UP_BODY_MORE;
+    if (idem_buf_append(&req->resp_body, p, n) != 0)
+        return IDEM_UP_BODY_REFUSE;
+    if (req->resp_body.len > req->capture_limit) {
+        /* Too large to keep: the rest goes straight to the client once the
+         * outcome is recorded; no timeout runs meanwhile. */
+        idem__upstream_req_pause(ur);
+        req_upstream_overflow(req);
+        return IDEM_UP_BODY_PAUSE;
+    }
+    return IDEM_UP_BODY_MORE;
+}
+
+static void on_up_done(idem_upstream_req_t *ur)
+{
+    idem_req_t *req = ur->data;
+    if (req->streaming)
+        req_stream_end(req, true);
+    else
+        req_upstream_done(req);
+}
+
+static void on_up_failure(idem_upstream_req_t *ur, idem_up_result_t why)
+{
+    idem_req_t *req = ur->data;
+    if (req->streaming)
+        req_stream_end(req, false);
+    else
+        req_upstream_failed(req, why);
+}
+
+static const idem_upstream_cbs_t up_cbs = {
+    .on_body = on_up_body,
+    .on_done = on_up_done,
+    .on_failure = on_up_failure,
+};
+
+void idem__req_client_drained(idem_req_t *req)
+{
+    if (req->stream_started)
+        idem__upstream_req_resume(&req->up);
+}
+
+/* Send req to the upstream: the head as request_plan.c rewrites it, then
+ * the decoded body, from the request's own buffer.  What comes back arrives
+ * in the callbacks above, on a later loop turn. */
 void idem__req_forward(idem_req_t *req)
 {
+    idem_gw_t *gw = req_gw(req);
     req->t_up_ns = idem_clock_mono_ns();
-    const idem_policy_t *p = req->policy;
-    req->capture_limit = p->max_response_bytes;
-    idem_proxy_forward(req);
+    req->capture_limit = req->policy->max_response_bytes;
+    idem_buf_t head;
+    idem_buf_init(&head, 0);
+    idem_gw_request_t rq = idem_req_view(req);
+    bool built = idem_gw_upstream_head(&head, gw->cfg, gw->upstream_hostport, &rq, req->keyed,
+                                       req->fence) == 0;
+    if (!built)
+        idem_buf_cleanup(&head); /* out of memory: the call fails, nothing sent */
+    req->up.data = req;
+    idem__upstream_req_start(&req->w->up, &req->up, &up_cbs, built ? &head : NULL, req->body.data,
+                             req->body.len, req->msg.method);
 }
+
+/* ---- dispatch: docs/protocol.md sections 2-7 ------------------------------ */
 
 static void req_passthrough(idem_req_t *req)
 {
@@ -1105,7 +1186,7 @@ static void req_free(idem_req_t *req)
     free(req->head);
     idem_buf_cleanup(&req->body);
     idem_buf_cleanup(&req->resp_body);
-    free(req->resp_head);
+    idem__upstream_req_cleanup(&req->up);
     free(req->store_headers);
     free(req);
 }
@@ -1132,7 +1213,8 @@ void idem__req_free_graveyard(idem_worker_t *w)
 
 void idem__req_maybe_free(idem_req_t *req)
 {
-    if (req->conn || req->pending_jobs > 0 || req->up || req->streaming)
+    if (req->conn || req->pending_jobs > 0 || idem__upstream_req_active(&req->up) ||
+        req->streaming)
         return;
     if (!req->responded && !req->finished)
         return;

@@ -47,6 +47,10 @@ void idem__req_respond_upstream(idem_req_t *req);
 void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why);
 void idem__req_start_stream(idem_req_t *req);
 void idem__req_forward(idem_req_t *req);
+/** End the request's upstream call, if it runs (client gone, shutdown). */
+void idem__req_abort_upstream(idem_req_t *req);
+/** The client's send queue drained below its mark: a relay may read on. */
+void idem__req_client_drained(idem_req_t *req);
 bool idem__req_scope_admit(idem_req_t *req, char *out);
 void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind);
 void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb);

@@ -3,7 +3,7 @@
  *
  * See request_plan.h for the steps and who calls them.  Every answer idemd
  * makes before the store, and every byte of the head it sends upstream, is
- * decided here, so that conn.c, request.c and proxy.c (on the loop) and
+ * decided here, so that conn.c and request.c (on the loop) and
  * the fuzzer and the unit tests (without one) run one code.  The order of
  * the steps in idem_gw_plan_request is conn.c's and request.c's order; a
  * change to one is a change to the other.

@@ -23,7 +23,8 @@
  *
  * conn.c and request.c call each step where the loop gets to it (the
  * head's checks as soon as the head is in, a large body's fingerprint in
- * the thread pool), and proxy.c builds what it sends with idem_gw_upstream_head.
+ * the thread pool), and request.c builds what it sends with
+ * idem_gw_upstream_head.
  * idem_gw_plan_request runs the same steps in the same order over input
  * that has all arrived, for the fuzzer (fuzz/fuzz_request_path.c) and the
  * unit tests: what it says is what idemd does, up to what only the running

@@ -3,7 +3,7 @@
  *
  * idemd runs N workers (gateway.h), each a thread with its own uv_loop_t,
  * listener, client connections (conn.c), requests (request.c) and upstream
- * pool (proxy.c).  A request's store work is a job: it goes to the one
+ * client (upstream.c).  A request's store work is a job: it goes to the one
  * writer thread (writer.c), which applies it in a group commit and hands it
  * back on the worker's done list, or, when the store's commits are cheap
  * (idem_store_exec_is_cheap), is applied on this loop once per loop turn in
@@ -116,7 +116,7 @@ void idem__worker_maybe_exit(idem_worker_t *w)
 {
     if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->listener.conns))
         return;
-    idem_proxy_close_idle(w);
+    idem__upstream_close(&w->up);
     close_if_open((uv_handle_t *)&w->done_async);
     close_if_open((uv_handle_t *)&w->stop_async);
     close_if_open((uv_handle_t *)&w->shutdown_timer);
@@ -135,8 +135,8 @@ static void on_shutdown_timer(uv_timer_t *t)
     while (l != &w->reqs) {
         idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
         l = l->next;
-        if (req->up || req->streaming)
-            idem_proxy_abort(req);
+        if (idem__upstream_req_active(&req->up) || req->streaming)
+            idem__req_abort_upstream(req);
     }
     uv_stop(&w->loop);
 }
@@ -151,7 +151,7 @@ static void on_stop_async(uv_async_t *a)
     close_if_open((uv_handle_t *)&w->listener.tcp);
     /* Idle connections close now; busy ones after their response. */
     idem__conns_close_idle(&w->listener);
-    idem_proxy_close_idle(w);
+    idem__upstream_stop(&w->up);
     uint64_t grace = (uint64_t)w->gw->cfg->upstream_timeout_ms + 5000;
     uv_timer_start(&w->shutdown_timer, on_shutdown_timer, grace, 0);
     uv_unref((uv_handle_t *)&w->shutdown_timer);
@@ -167,7 +167,6 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     w->gw = gw;
     w->index = index;
     idem_list_init(&w->done);
-    idem_list_init(&w->idle_up);
     idem_list_init(&w->reqs);
     idem_list_init(&w->graveyard);
     idem_list_init(&w->inline_q);
@@ -187,6 +186,8 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     w->shutdown_timer.data = w;
     uv_idle_init(&w->loop, &w->inline_idle);
     w->inline_idle.data = w;
+    idem__upstream_init(&w->up, &w->loop, (const struct sockaddr *)&gw->upstream_addr,
+                        (uint64_t)gw->cfg->upstream_timeout_ms, IDEM_UP_IDLE_MAX);
 
     idem__listener_init(&w->listener, IDEM_LISTEN_PUBLIC, gw, &w->loop);
     w->listener.w = w;

@@ -1,0 +1,566 @@
+/* src/gateway/upstream.c - the upstream client: a pool of keep-alive
+ * connections, sending a call's request, reading its response.
+ *
+ * upstream.h says what a caller sees.  Inside, a connection (idem_upconn_t,
+ * the client's own) goes CONNECTING -> HEAD -> BODY, then back to the pool
+ * (IDLE) or CLOSED.  The request goes out in one write, the head from the
+ * connection's buffer and the body straight from the caller: a body is
+ * never copied, so what the caller counts as held is what is held.  The
+ * response head is parsed with src/http's parser (1xx skipped, a 101
+ * refused), copied into the call (ur->resp_head, with ur->resp re-parsed to
+ * point into it), and the body decoded and handed over piece by piece.
+ *
+ * What the caller does in a callback may end the call (cancel) or free it,
+ * so after each callback the client looks at its connection, never at the
+ * call, to see whether the call is still there.  A failure found inside
+ * idem__upstream_req_start, and the reading on after
+ * idem__upstream_req_resume, are steps "deferred": the call goes on
+ * client->deferred and the client's idle handle runs the step at the start
+ * of the next loop turn, so that a callback never runs on its caller's
+ * stack.
+ *
+ * A connection is reused only after a whole response with keep-alive, no
+ * byte beyond it, and our request wholly written (an upstream may answer
+ * before it has read all of it: the answer is the outcome, but the
+ * connection is not reused).  An idle connection that says anything, or
+ * closes, is closed; so is one idle longer than IDEM_UPSTREAM_IDLE_MS.
+ *
+ * THREADING: the client's loop thread only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/rbuf.h"
+#include "gateway/upstream.h"
+#include "idem/alloc.h"
+
+#define UP_READ_CHUNK (64 * 1024)
+
+typedef enum { UP_CONNECTING, UP_HEAD, UP_BODY, UP_IDLE, UP_CLOSED } up_state_t;
+
+struct idem_upconn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_connect_t connect;
+    uv_write_t wr;
+    idem_upstream_t *client;
+    idem_link_t link;          /* in client->idle while idle */
+    idem_upstream_req_t *call; /* the call it serves; NULL when idle or closed */
+    idem_buf_t out;            /* the request head being written */
+    idem_rbuf_t in;            /* the response, read and not yet parsed */
+    idem_http_head_state_t hs;
+    idem_http_body_t body;
+    up_state_t state;
+    bool reading;
+    bool paused;               /* the caller holds the response, or cannot take more */
+    bool writing;
+    bool write_failed;         /* the upstream stopped reading: never reuse */
+    bool eof_seen;             /* the upstream closed: the end of a close-delimited body */
+    int closes;
+};
+
+static void up_process(idem_upconn_t *u);
+static void up_read_start(idem_upconn_t *u);
+static void on_up_timeout(uv_timer_t *t);
+
+/* ---- the steps that wait for the loop ------------------------------------ */
+
+static void on_defer_idle(uv_idle_t *h);
+
+static void defer(idem_upstream_req_t *ur, bool fail, idem_up_result_t why)
+{
+    idem_upstream_t *c = ur->client;
+    ur->defer_fail = fail;
+    ur->defer_why = why;
+    if (!ur->deferred) {
+        ur->deferred = true;
+        idem_list_push(&c->deferred, &ur->defer_link);
+        uv_idle_start(&c->defer_idle, on_defer_idle);
+    }
+}
+
+/* The call has ended (or was cancelled): nothing of it waits any more. */
+static void call_end(idem_upstream_req_t *ur)
+{
+    ur->active = false;
+    ur->conn = NULL;
+    if (ur->deferred) {
+        ur->deferred = false;
+        idem_list_remove(&ur->defer_link);
+    }
+}
+
+/* ---- closing ------------------------------------------------------------ */
+
+static void on_up_closed(uv_handle_t *h)
+{
+    idem_upconn_t *u = h->data;
+    if (--u->closes > 0)
+        return;
+    idem_buf_cleanup(&u->out);
+    idem_rbuf_cleanup(&u->in);
+    idem_free(u);
+}
+
+static void up_close(idem_upconn_t *u)
+{
+    if (u->state == UP_CLOSED)
+        return;
+    if (u->state == UP_IDLE) {
+        idem_list_remove(&u->link);
+        u->client->n_idle--;
+    }
+    u->state = UP_CLOSED;
+    u->call = NULL;
+    u->closes = 2;
+    uv_close((uv_handle_t *)&u->tcp, on_up_closed);
+    uv_close((uv_handle_t *)&u->timer, on_up_closed);
+}
+
+/* The call of u fails with why; u is closed. */
+static void up_fail(idem_upconn_t *u, idem_up_result_t why)
+{
+    idem_upstream_req_t *ur = u->call;
+    up_close(u);
+    if (!ur)
+        return;
+    call_end(ur);
+    ur->cbs->on_failure(ur, why);
+}
+
+/* The call fails with why, reported on a later loop turn; its connection,
+ * if it has one, is closed now. */
+static void fail_later(idem_upstream_req_t *ur, idem_up_result_t why)
+{
+    if (ur->conn) {
+        idem_upconn_t *u = ur->conn;
+        ur->conn = NULL;
+        up_close(u);
+    }
+    defer(ur, true, why);
+}
+
+static void on_defer_idle(uv_idle_t *h)
+{
+    idem_upstream_t *c = h->data;
+    /* Only what waits now: steps deferred by the callbacks below wait for
+     * the next turn. */
+    idem_link_t batch;
+    idem_list_move(&batch, &c->deferred);
+    while (!idem_list_empty(&batch)) {
+        idem_upstream_req_t *ur = IDEM_CONTAINER(batch.next, idem_upstream_req_t, defer_link);
+        idem_list_remove(&ur->defer_link);
+        ur->deferred = false;
+        if (ur->defer_fail) {
+            call_end(ur);
+            ur->cbs->on_failure(ur, ur->defer_why);
+            continue;
+        }
+        idem_upconn_t *u = ur->conn;
+        if (u == NULL || u->paused)
+            continue;
+        up_process(u);
+        if (u->call == ur && u->state == UP_BODY && !u->paused)
+            up_read_start(u);
+    }
+    if (idem_list_empty(&c->deferred))
+        uv_idle_stop(h);
+}
+
+/* ---- the idle pool ---------------------------------------------------------- */
+
+static void on_idle_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    idem_upconn_t *u = s->data;
+    /* An idle connection has nothing to say: any byte or EOF ends it. */
+    if (nread != 0)
+        up_close(u);
+}
+
+static void on_up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    idem_upconn_t *u = h->data;
+    (void)suggested;
+    idem_rbuf_alloc(&u->in, UP_READ_CHUNK, buf);
+}
+
+static void on_up_idle_timeout(uv_timer_t *t) { up_close(t->data); }
+
+static void up_read_stop(idem_upconn_t *u)
+{
+    if (u->reading) {
+        uv_read_stop((uv_stream_t *)&u->tcp);
+        u->reading = false;
+    }
+}
+
+static void up_to_pool(idem_upconn_t *u)
+{
+    idem_upstream_t *c = u->client;
+    u->call = NULL;
+    uv_timer_stop(&u->timer);
+    if (c->stopping || c->n_idle >= c->idle_max || u->in.len != 0) {
+        up_close(u);
+        return;
+    }
+    u->state = UP_IDLE;
+    idem_list_push(&c->idle, &u->link);
+    c->n_idle++;
+    up_read_stop(u);
+    u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_idle_read) == 0;
+    uv_timer_start(&u->timer, on_up_idle_timeout, IDEM_UPSTREAM_IDLE_MS, 0);
+}
+
+void idem__upstream_close_idle(idem_upstream_t *c)
+{
+    while (!idem_list_empty(&c->idle))
+        up_close(IDEM_CONTAINER(c->idle.next, idem_upconn_t, link));
+}
+
+size_t idem__upstream_idle_count(const idem_upstream_t *c) { return c->n_idle; }
+
+/* ---- reading the response ------------------------------------------------ */
+
+static void up_finish(idem_upconn_t *u, bool reusable)
+{
+    idem_upstream_req_t *ur = u->call;
+    if (reusable)
+        up_to_pool(u);
+    else
+        up_close(u);
+    call_end(ur);
+    ur->cbs->on_done(ur);
+}
+
+static void up_pause(idem_upconn_t *u)
+{
+    u->paused = true;
+    up_read_stop(u);
+}
+
+/* Parse the head, when it is not yet; returns false when the call is no
+ * longer u's (it failed, or the caller ended it in on_head). */
+static bool up_head(idem_upconn_t *u)
+{
+    idem_upstream_req_t *ur = u->call;
+    while (u->state == UP_HEAD) {
+        int rc = idem_http_parse_response(&u->hs, u->in.data, u->in.len, IDEM_HTTP_MAX_HEAD * 4,
+                                          ur->method, &ur->resp);
+        if (rc == IDEM_HTTP_INCOMPLETE)
+            return true;
+        if (rc < 0) {
+            up_fail(u, IDEM_UP_BAD_RESPONSE);
+            return false;
+        }
+        size_t head_len = (size_t)rc;
+        memset(&u->hs, 0, sizeof u->hs);
+        if (ur->resp.status == 101) {
+            /* The client never sends Upgrade (request.c drops it as
+             * hop-by-hop), so a 101 was asked for by no one: what follows
+             * it is not HTTP we may store or relay.  A broken response
+             * (docs/protocol.md section 7). */
+            up_fail(u, IDEM_UP_BAD_RESPONSE);
+            return false;
+        }
+        if (ur->resp.status < 200) {
+            /* 100 Continue, 102, 103: interim, the real answer follows. */
+            idem_rbuf_consume(&u->in, head_len);
+            continue;
+        }
+        idem_free(ur->resp_head);
+        ur->resp_head = idem_malloc(head_len);
+        if (!ur->resp_head) {
+            up_fail(u, IDEM_UP_BROKEN);
+            return false;
+        }
+        memcpy(ur->resp_head, u->in.data, head_len);
+        idem_http_head_state_t hs = {0};
+        rc = idem_http_parse_response(&hs, ur->resp_head, head_len, IDEM_HTTP_MAX_HEAD * 4,
+                                      ur->method, &ur->resp);
+        idem_rbuf_consume(&u->in, head_len);
+        if (rc <= 0) {
+            up_fail(u, IDEM_UP_BAD_RESPONSE);
+            return false;
+        }
+        idem_http_body_init(&u->body, &ur->resp, 0);
+        u->state = UP_BODY;
+        if (ur->cbs->on_head) {
+            ur->cbs->on_head(ur);
+            if (u->call != ur)
+                return false;
+        }
+    }
+    return true;
+}
+
+static void up_process(idem_upconn_t *u)
+{
+    idem_upstream_req_t *ur = u->call;
+    if (!up_head(u))
+        return;
+    if (u->state != UP_BODY || u->paused)
+        return;
+    size_t off = 0;
+    int rc;
+    for (;;) {
+        size_t used = 0;
+        idem_slice_t data = {0};
+        rc = idem_http_body_feed(&u->body, u->in.data + off, u->in.len - off, &used, &data);
+        off += used;
+        if (rc != IDEM_HTTP_BODY_DATA)
+            break;
+        if (ur->relaying) {
+            /* Each silence is bounded, of the upstream or of the caller. */
+            uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
+        }
+        idem_up_body_t want = ur->cbs->on_body(ur, data.ptr, data.len);
+        if (u->call != ur) {
+            /* Ended by the caller: u is closed, its input no one's. */
+            return;
+        }
+        if (want == IDEM_UP_BODY_REFUSE) {
+            idem_rbuf_consume(&u->in, off);
+            up_fail(u, IDEM_UP_BROKEN);
+            return;
+        }
+        if (want == IDEM_UP_BODY_PAUSE || u->paused) {
+            idem_rbuf_consume(&u->in, off);
+            up_pause(u);
+            return;
+        }
+    }
+    idem_rbuf_consume(&u->in, off);
+    if (rc == IDEM_HTTP_INCOMPLETE && u->eof_seen)
+        rc = idem_http_body_eof(&u->body); /* all delivered: the close ends it */
+    if (rc == IDEM_HTTP_BODY_DONE) {
+        /* Not while our request is still being written to it (the upstream
+         * answered early): that write still owns u->wr and u->out. */
+        bool reusable = ur->resp.keep_alive && u->in.len == 0 &&
+                        ur->resp.framing != IDEM_HTTP_BODY_EOF && !u->writing &&
+                        !u->write_failed;
+        up_finish(u, reusable);
+        return;
+    }
+    if (rc < 0)
+        up_fail(u, IDEM_UP_BAD_RESPONSE);
+}
+
+static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    idem_upconn_t *u = s->data;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (u->state == UP_BODY && nread == UV_EOF && u->body.framing == IDEM_HTTP_BODY_EOF &&
+            !u->paused) {
+            /* What is buffered first, then the end; if the caller pauses on
+             * the last pieces, the end waits for its resume. */
+            u->eof_seen = true;
+            up_read_stop(u);
+            up_process(u);
+            return;
+        }
+        if (u->state != UP_CLOSED)
+            up_fail(u, IDEM_UP_BROKEN);
+        return;
+    }
+    u->in.len += (size_t)nread;
+    up_process(u);
+}
+
+static void up_read_start(idem_upconn_t *u)
+{
+    if (!u->reading && u->state != UP_CLOSED)
+        u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_up_read) == 0;
+}
+
+static void on_up_timeout(uv_timer_t *t)
+{
+    idem_upconn_t *u = t->data;
+    /* A connection never made means nothing was sent. */
+    up_fail(u, u->state == UP_CONNECTING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_TIMEOUT);
+}
+
+/* ---- sending the request ------------------------------------------------- */
+
+static void on_up_written(uv_write_t *wr, int status)
+{
+    idem_upconn_t *u = wr->data;
+    u->writing = false;
+    idem_buf_cleanup(&u->out);
+    if (status < 0 && u->state != UP_CLOSED) {
+        /* An upstream may answer (413, say) and stop reading before the
+         * body is all sent: its answer is the outcome, so keep reading.  If
+         * none comes, the read side sees the break, or the timer fires. */
+        u->write_failed = true;
+    }
+}
+
+/* The head from u->out, the body straight from the call.  The caller keeps
+ * the body until the call ends, and up_close cancels the write before
+ * that.  @return 0, or -1 when the write could not even be queued. */
+static int up_send(idem_upconn_t *u)
+{
+    idem_upstream_req_t *ur = u->call;
+    uv_buf_t b[2] = {uv_buf_init(u->out.data, (unsigned)u->out.len),
+                     uv_buf_init((char *)ur->body, (unsigned)ur->body_len)};
+    u->wr.data = u;
+    u->state = UP_HEAD;
+    u->paused = false;
+    u->write_failed = false;
+    u->eof_seen = false;
+    memset(&u->hs, 0, sizeof u->hs);
+    if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, b, ur->body_len > 0 ? 2 : 1, on_up_written) != 0)
+        return -1;
+    u->writing = true;
+    uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
+    up_read_stop(u);
+    up_read_start(u);
+    return 0;
+}
+
+static void on_up_connect(uv_connect_t *cr, int status)
+{
+    idem_upconn_t *u = cr->data;
+    if (u->state == UP_CLOSED)
+        return;
+    if (status < 0) {
+        up_fail(u, IDEM_UP_CONNECT_FAILED);
+        return;
+    }
+    uv_tcp_nodelay(&u->tcp, 1);
+    if (up_send(u) != 0)
+        up_fail(u, IDEM_UP_BROKEN);
+}
+
+/* ---- the client's API ------------------------------------------------------- */
+
+void idem__upstream_init(idem_upstream_t *c, uv_loop_t *loop, const struct sockaddr *addr,
+                         uint64_t timeout_ms, size_t idle_max)
+{
+    memset(c, 0, sizeof *c);
+    c->loop = loop;
+    memcpy(&c->addr, addr,
+           addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    c->timeout_ms = timeout_ms;
+    c->idle_max = idle_max;
+    idem_list_init(&c->idle);
+    idem_list_init(&c->deferred);
+    uv_idle_init(loop, &c->defer_idle);
+    c->defer_idle.data = c;
+}
+
+void idem__upstream_stop(idem_upstream_t *c)
+{
+    c->stopping = true;
+    idem__upstream_close_idle(c);
+}
+
+void idem__upstream_close(idem_upstream_t *c)
+{
+    idem__upstream_stop(c);
+    if (!c->closed) {
+        c->closed = true;
+        if (!uv_is_closing((uv_handle_t *)&c->defer_idle))
+            uv_close((uv_handle_t *)&c->defer_idle, NULL);
+    }
+}
+
+void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
+                              const idem_upstream_cbs_t *cbs, idem_buf_t *head, const char *body,
+                              size_t body_len, idem_slice_t method)
+{
+    ur->client = c;
+    ur->cbs = cbs;
+    ur->conn = NULL;
+    ur->method = method;
+    ur->body = body;
+    ur->body_len = body_len;
+    ur->deferred = false;
+    idem_list_init(&ur->defer_link);
+    ur->active = true;
+    ur->relaying = false;
+    if (head == NULL) {
+        fail_later(ur, IDEM_UP_CONNECT_FAILED);
+        return;
+    }
+    idem_upconn_t *u;
+    bool fresh = idem_list_empty(&c->idle);
+    if (!fresh) {
+        /* The most recently used connection is the least likely to have
+         * been closed by the upstream's idle timeout. */
+        idem_link_t *l = c->idle.prev;
+        idem_list_remove(l);
+        c->n_idle--;
+        u = IDEM_CONTAINER(l, idem_upconn_t, link);
+        uv_timer_stop(&u->timer);
+        up_read_stop(u);
+    } else {
+        u = idem_calloc(1, sizeof *u);
+        if (!u) {
+            idem_buf_cleanup(head);
+            fail_later(ur, IDEM_UP_CONNECT_FAILED);
+            return;
+        }
+        u->client = c;
+        uv_tcp_init(c->loop, &u->tcp);
+        u->tcp.data = u;
+        uv_timer_init(c->loop, &u->timer);
+        u->timer.data = u;
+        idem_list_init(&u->link);
+    }
+    u->call = ur;
+    ur->conn = u;
+    idem_buf_cleanup(&u->out);
+    u->out = *head;
+    idem_buf_init(head, 0);
+    if (!fresh) {
+        if (up_send(u) != 0)
+            fail_later(ur, IDEM_UP_BROKEN);
+        return;
+    }
+    u->state = UP_CONNECTING;
+    u->connect.data = u;
+    if (uv_tcp_connect(&u->connect, &u->tcp, (const struct sockaddr *)&c->addr, on_up_connect) != 0)
+        fail_later(ur, IDEM_UP_CONNECT_FAILED);
+    else
+        uv_timer_start(&u->timer, on_up_timeout, c->timeout_ms, 0);
+}
+
+void idem__upstream_req_pause(idem_upstream_req_t *ur)
+{
+    idem_upconn_t *u = ur->conn;
+    if (!u)
+        return;
+    uv_timer_stop(&u->timer);
+    up_pause(u);
+}
+
+void idem__upstream_req_resume(idem_upstream_req_t *ur)
+{
+    idem_upconn_t *u = ur->conn;
+    if (!u || !u->paused)
+        return;
+    u->paused = false;
+    ur->relaying = true;
+    uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
+    defer(ur, false, IDEM_UP_OK);
+}
+
+void idem__upstream_req_cancel(idem_upstream_req_t *ur)
+{
+    if (!ur->active)
+        return;
+    idem_upconn_t *u = ur->conn;
+    call_end(ur);
+    if (u)
+        up_close(u);
+}
+
+void idem__upstream_req_cleanup(idem_upstream_req_t *ur)
+{
+    idem_free(ur->resp_head);
+    ur->resp_head = NULL;
+}
