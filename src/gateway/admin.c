@@ -394,6 +394,7 @@ static void on_admin_stop(uv_async_t *as)
 {
     idem_admin_t *a = as->data;
     uv_close((uv_handle_t *)&a->listener.tcp, NULL);
+    uv_close((uv_handle_t *)&a->listener.parse_idle, NULL);
     uv_close((uv_handle_t *)&a->stop_async, NULL);
     idem__conns_close_all(&a->listener);
 }

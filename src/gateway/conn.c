@@ -11,7 +11,10 @@
  * section 5), buffers its body up to max_request_bytes, and hands the whole
  * request, with its target normalised, to idem__req_dispatch (request.c).
  * The refusals before a request exists are loop-free steps of
- * request_plan.c, called here where the loop gets to them.
+ * request_plan.c, called here where the loop gets to them.  Once a request
+ * is answered, the next one pipelined behind it is parsed from the loop
+ * (its listener's parse_idle), never on the stack of what answered it (a
+ * store job, the upstream), so a connection's requests never nest.
  *
  * What a client holds is bounded (docs/protocol.md section 11): each
  * connection has one timer, armed for what it waits for (conn_timer): a new
@@ -40,7 +43,9 @@
  *
  * INVARIANTS: a connection carries at most one request (c->req, or on the
  * admin listener c->held), the one being read or answered; a public request
- * that outlives its connection takes its max_connections place with it.
+ * is held (IDEM_HOLD_CONN) until the connection lets go through
+ * idem__req_detach_conn, _client_gone or _drop, and one that outlives its
+ * connection takes its max_connections place with it.
  * THREADING: the loop thread of the connection's listener only.
  */
 #include <errno.h>
@@ -88,9 +93,10 @@ typedef struct {
 
 struct idem_conn {
     uv_tcp_t tcp;
-    idem_listener_t *l; /* whose connection this is */
-    idem_worker_t *w;   /* PUBLIC: l->w; NULL on the admin listener */
-    idem_link_t link;   /* in l->conns */
+    idem_listener_t *l;     /* whose connection this is */
+    idem_worker_t *w;       /* PUBLIC: l->w; NULL on the admin listener */
+    idem_link_t link;       /* in l->conns */
+    idem_link_t parse_link; /* in l->parse_q while pipelined input waits to be parsed */
     idem_rbuf_t in;    /* unparsed input */
     idem_http_head_state_t hs;
     conn_state_t state;
@@ -148,8 +154,8 @@ static void on_write(uv_write_t *wr, int status)
         idem__conn_close(c);
         return;
     }
-    if (c->req && c->req->stream_started && c->queued < IDEM_STREAM_HIGH_MARK / 2)
-        idem__req_client_drained(c->req);
+    if (c->req && c->queued < IDEM_STREAM_HIGH_MARK / 2)
+        idem__req_client_drained(c->req); /* a relay paused for this client reads on */
     if (c->close_after && c->writes == 0 && c->state != CS_CLOSED) {
         idem__conn_close(c);
         return;
@@ -208,26 +214,18 @@ void idem__conn_close(idem_conn_t *c)
 {
     if (c->state == CS_CLOSED)
         return;
-    conn_state_t was = c->state;
     c->state = CS_CLOSED;
     idem_list_remove(&c->link);
+    idem_list_remove(&c->parse_link);
     if (c->req) {
         /* A dispatched request goes on without its client: its outcome is
-         * still stored.  One whose body never arrived is simply dropped. */
+         * still stored, and it keeps this connection's place in
+         * max_connections until it ends.  One whose body never arrived
+         * ends here. */
         idem_req_t *req = c->req;
         c->req = NULL;
-        req->conn = NULL;
-        /* Its upstream connection is still open: it keeps this one's place
-         * in max_connections until it ends (req_free). */
-        req->holds_slot = true;
         c->slot_moved = true;
-        if (was == CS_BODY || was == CS_HEAD) {
-            req->finished = true;
-            req->responded = true;
-        }
-        if (req->streaming)
-            idem__req_abort_upstream(req);
-        idem__req_maybe_free(req);
+        idem__req_client_gone(req);
     }
     uv_timer_stop(&c->timer);
     c->closes = 2;
@@ -404,12 +402,7 @@ static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, c
 {
     idem_req_t *req = c->req;
     c->req = NULL;
-    req->conn = NULL;
-    req->finished = true;
-    req->responded = true;
-    req->status = status;
-    req->outcome = outcome;
-    idem__req_maybe_free(req);
+    idem__req_drop(req, status, outcome);
     conn_fail_retry(c, status, type, detail, retry_after);
 }
 
@@ -485,6 +478,33 @@ static void conn_process(idem_conn_t *c)
     c->processing = true;
     conn_process_loop(c);
     c->processing = false;
+}
+
+/* Parse what waits in the connections of parse_q: those whose answer went
+ * out with pipelined input behind it.  Only that snapshot: a connection
+ * queued meanwhile waits for the next loop turn. */
+static void on_parse_idle(uv_idle_t *h)
+{
+    idem_listener_t *l = h->data;
+    idem_link_t batch;
+    idem_list_move(&batch, &l->parse_q);
+    while (!idem_list_empty(&batch)) {
+        idem_conn_t *c = IDEM_CONTAINER(batch.next, idem_conn_t, parse_link);
+        idem_list_remove(&c->parse_link);
+        /* Read since (on_read parsed it), closed, or busy: nothing to do. */
+        if (c->state == CS_HEAD && c->in.len > 0)
+            conn_process(c);
+    }
+    if (idem_list_empty(&l->parse_q))
+        uv_idle_stop(h);
+}
+
+static void conn_schedule_parse(idem_conn_t *c)
+{
+    if (c->parse_link.next != &c->parse_link)
+        return; /* queued already */
+    idem_list_push(&c->l->parse_q, &c->parse_link);
+    uv_idle_start(&c->l->parse_idle, on_parse_idle);
 }
 
 static void conn_process_loop(idem_conn_t *c)
@@ -650,10 +670,8 @@ void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
         return;
     idem_req_t *req = c->req;
     c->req = NULL;
-    if (req) {
-        req->conn = NULL;
-        idem__req_maybe_free(req);
-    }
+    if (req)
+        idem__req_detach_conn(req);
     if (c->state == CS_BODY) {
         /* Answered before its body was read (refused at the head): the body
          * may follow anyway, so no later request can be told from it. */
@@ -673,8 +691,11 @@ void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
     /* After a half-close, requests already received are still answered. */
     if (!c->peer_eof)
         conn_start_reading(c);
+    /* A request pipelined behind this one is parsed from the loop, not on
+     * the stack of whatever answered (a store job, the upstream): inside
+     * conn_process the loop there goes on by itself. */
     if (c->in.len > 0 && !c->processing)
-        conn_process(c);
+        conn_schedule_parse(c);
 }
 
 /* ADMIN: answer the request held on c at once, with admin.c's endpoints,
@@ -783,6 +804,9 @@ void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t 
     l->gw = gw;
     l->loop = loop;
     idem_list_init(&l->conns);
+    idem_list_init(&l->parse_q);
+    uv_idle_init(loop, &l->parse_idle);
+    l->parse_idle.data = l;
 }
 
 void idem__conn_on_connection(uv_stream_t *server, int status)
@@ -812,6 +836,7 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
     uv_timer_init(l->loop, &c->timer);
     c->timer.data = c;
     c->state = CS_HEAD;
+    idem_list_init(&c->parse_link);
     idem_list_push(&l->conns, &c->link);
     /* A new connection's first head must come within header_timeout. */
     conn_timer(c, CT_HEAD);
@@ -822,7 +847,10 @@ bool idem__conn_reading_body(const idem_conn_t *c) { return c != NULL && c->stat
 
 void idem__conn_close_when_written(idem_conn_t *c)
 {
+    idem_req_t *req = c->req;
     c->req = NULL;
+    if (req)
+        idem__req_detach_conn(req);
     c->close_after = true;
     if (c->writes == 0)
         idem__conn_close(c);
@@ -886,10 +914,9 @@ static bool req_admit_body(idem_req_t *req)
         req->body_charge = n;
         return true;
     }
-    req->finished = true;
     req->outcome = IDEM_OUT_OVERLOADED;
     idem__req_problem(req, 503, "overloaded",
-                "too many request bodies are held at once (max_buffered_bytes); retry", 1);
+                      "too many request bodies are held at once (max_buffered_bytes); retry", 1);
     return false;
 }
 

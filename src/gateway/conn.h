@@ -22,8 +22,10 @@
  * the upstream reads again once the client's queue is under half of it. */
 #define IDEM_STREAM_HIGH_MARK (1u << 20)
 
-/** Set up l, of kind, for connections on loop (its tcp is the caller's to
- * open, with l as its data).  The caller sets l->w or l->admin. */
+/** Set up l, of kind, for connections on loop, and the parsing of their
+ * pipelined requests from the loop (l->parse_q, l->parse_idle, which the
+ * loop's owner closes).  Its tcp is the caller's to open, with l as its
+ * data.  The caller sets l->w or l->admin. */
 void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t *gw,
                          uv_loop_t *loop);
 /** The listener's connection callback (server->data is its idem_listener_t):

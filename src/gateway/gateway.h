@@ -36,6 +36,7 @@
 #include "gateway/outcome.h"
 #include "gateway/ratelimit.h"
 #include "gateway/rbuf.h"
+#include "gateway/req_state.h"
 #include "gateway/request_plan.h"
 #include "gateway/upstream.h"
 #include "http/http.h"
@@ -165,6 +166,8 @@ typedef struct idem_listener {
     uv_loop_t *loop;
     uv_tcp_t tcp;         /* watches a dup() of the listening socket */
     idem_link_t conns;    /* open connections */
+    idem_link_t parse_q;  /* connections with pipelined input to parse */
+    uv_idle_t parse_idle; /* runs parse_q from the loop, never on an answer's stack */
     int n_conns;          /* ADMIN: open connections, at most IDEM_ADMIN_MAX_CONNS (the public
                              budget, max_connections, is metrics.connections, all workers) */
     bool stopping;        /* the loop is stopping: no connection is kept alive */
@@ -202,7 +205,6 @@ struct idem_worker {
     idem_link_t done;       /* idem_wjob_t, filled by the writer thread */
     idem_upstream_t up;     /* the upstream client: its pool of keep-alive connections */
     idem_link_t reqs;       /* requests in progress */
-    idem_link_t graveyard;  /* requests ended this loop turn, freed by log_check */
     bool inline_store;      /* the store's commits are cheap: apply jobs on this loop */
     idem_link_t inline_q;   /* jobs waiting for this loop's next commit */
     uv_idle_t inline_idle;  /* keeps the loop from sleeping while inline_q has jobs */
@@ -272,8 +274,9 @@ char *idem_problem_body(int status, const char *type, const char *detail);
 
 struct idem_req {
     idem_worker_t *w;
-    idem_conn_t *conn;            /* NULL once the client has gone */
+    idem_conn_t *conn;            /* NULL once answered, or once the client has gone */
     idem_link_t link;             /* in w->reqs */
+    idem_req_life_t life;         /* its state, and what holds it (req_state.h) */
     char *head;                   /* a copy of the request head; msg points into it */
     idem_http_msg_t msg;
     /* The normalised origin-form target (docs/protocol.md section 5), in head's
@@ -289,8 +292,7 @@ struct idem_req {
     bool keyed;                   /* goes through the store */
     bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
     bool token_spent;             /* a token route's request spent its token (id names it) */
-    bool head_checked;            /* route and key checks done (before 100 Continue) */
-    idem_gw_kind_t kind;          /* what those checks decided (idem_gw_classify) */
+    idem_gw_kind_t kind;          /* what the head's checks decided (idem_gw_classify) */
     char token[IDEM_TOKEN_LEN + 1]; /* a token route's token, as those checks parsed it */
     uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
     bool holds_slot;              /* outlived its connection: counts in max_connections */
@@ -301,21 +303,14 @@ struct idem_req {
     int64_t wait_deadline_ms;     /* on_conflict: wait */
     idem_outcome_t outcome;
     int status;                   /* what the client was answered */
-    bool renewing;
-    bool finished;                /* the store work is done */
-    bool responded;               /* a response was queued to the client */
-    uv_timer_t timer;             /* renewal, or waiting for a repeat's owner */
-    bool timer_open;              /* timer initialised (made on first use) */
-    bool dead;                    /* ended: logged, counted, waiting to be freed */
-    int pending_jobs;             /* writer jobs (and a fingerprint off the loop) not yet returned */
+    uv_timer_t timer;             /* renewal, waiting for a repeat's owner, completion retries */
+    bool timer_made;              /* timer initialised (on first use: most requests need none) */
     uv_work_t fp_work;            /* a large body's fingerprint, in libuv's thread pool */
     int fp_rc;                    /* what req_fingerprint returned there */
-    idem_wjob_t job;              /* claim/complete/release/hold */
-    idem_wjob_t renew_job;
-    bool renew_busy;
+    idem_wjob_t job;              /* claim/complete/release/hold/token */
+    idem_wjob_t renew_job;        /* in flight while the life holds IDEM_HOLD_RENEW */
     int64_t lease_until_ms;       /* our lease ends (claim, then each renewal) */
     int complete_tries;           /* completions refused by a failing store so far */
-    bool counted;                 /* its outcome is in the metrics already */
     /* upstream */
     idem_upstream_req_t up;       /* the upstream call; up.resp is the response head */
     idem_up_result_t up_result;   /* why the upstream call failed */
@@ -323,7 +318,6 @@ struct idem_req {
     idem_buf_t resp_body;         /* captured (bounded) body */
     uint64_t capture_limit;
     bool streaming;               /* body over the capture limit: relayed as it comes */
-    bool stream_started;          /* its head went to the client: the relay may run */
     bool stream_chunked;          /* the client gets chunked coding */
     bool stream_close;            /* the client gets close-delimited body */
     idem_header_t *store_headers; /* response headers kept for replay */

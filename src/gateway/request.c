@@ -35,10 +35,19 @@
  * outcome is recorded, then the rest is relayed to the client as it comes,
  * paced by the client's send queue (IDEM_STREAM_HIGH_MARK).
  *
+ * A request's life is a state that only moves forward and a count of what
+ * holds it (req_state.h): the connection, each writer job, the fingerprint
+ * in the thread pool, the upstream call, the armed timer, and each entry
+ * point while it runs (IDEM_HOLD_CALL), since an answer given on its stack
+ * lets the connection's hold go.  Whoever gives back the last hold ends the
+ * request (req_end: logged, counted if it was never answered, freed); no
+ * flag decides it.  Every callback that holds a request gives its hold back
+ * as the last thing it does, and touches the request no more after that.
+ *
  * INVARIANTS: a request is answered at most once; its store work is finished
  * (completed, released or left to its lease) even when its client has gone;
- * a request is freed only when it has no writer job, no timer and no
- * upstream connection left.
+ * a request ends exactly once, when nothing holds it: no connection, writer
+ * job, fingerprint, upstream call or armed timer.
  * THREADING: the worker's loop thread only (a large body's fingerprint is
  * computed in libuv's thread pool, reading only the request's own data).
  */
@@ -56,21 +65,71 @@
 static void req_claim(idem_req_t *req);
 static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r);
 
+/* ---- the request's life (req_state.h) ------------------------------------------ */
+
+static void req_end(idem_req_t *req);
+
+static void req_hold(idem_req_t *req, idem_hold_t h) { idem__life_hold(&req->life, h); }
+
+void idem__req_release(idem_req_t *req, idem_hold_t h)
+{
+    if (idem__life_release(&req->life, h))
+        req_end(req);
+}
+
+/* Move req on to state s (never back).  The move that answers it counts its
+ * outcome, so that the metrics see an answer when the client does, however
+ * long the store work after it lasts (completion retries). */
+void idem__req_enter(idem_req_t *req, idem_req_state_t s)
+{
+    if (req->life.state < IDEM_REQ_RELAYING && s >= IDEM_REQ_RELAYING)
+        idem_metrics_count(&req_gw(req)->metrics, req->outcome);
+    idem__life_advance(&req->life, s);
+}
+
+/* Whether the client has its answer, or the head of it. */
+static bool req_answered(const idem_req_t *req) { return req->life.state >= IDEM_REQ_RELAYING; }
+
+void idem__req_detach_conn(idem_req_t *req)
+{
+    req->conn = NULL;
+    idem__req_release(req, IDEM_HOLD_CONN);
+}
+
+void idem__req_client_gone(idem_req_t *req)
+{
+    req->conn = NULL;
+    /* Its upstream connection may still be open: it keeps the connection's
+     * place in max_connections until it ends (req_free). */
+    req->holds_slot = true;
+    /* A relay has no one to relay to; a capture goes on, and is stored. */
+    if (req->streaming)
+        idem__req_abort_upstream(req);
+    idem__req_release(req, IDEM_HOLD_CONN);
+}
+
+void idem__req_drop(idem_req_t *req, int status, idem_outcome_t outcome)
+{
+    req->status = status;
+    req->outcome = outcome;
+    idem__req_detach_conn(req);
+}
+
 /* ---- a request is made ------------------------------------------------------ */
 
 idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head, size_t head_len,
                              size_t target_len, int *target_rc)
 {
     *target_rc = IDEM_TARGET_OK;
-    idem_req_t *req = calloc(1, sizeof *req);
+    idem_req_t *req = idem_calloc(1, sizeof *req);
     if (!req)
         return NULL;
     /* The normal form is never longer than the target (+2: '/' for an
      * absolute-form target without path, and the NUL). */
     size_t tcap = target_len + 2;
-    req->head = malloc(head_len + tcap);
+    req->head = idem_malloc(head_len + tcap);
     if (!req->head) {
-        free(req);
+        idem_free(req);
         return NULL;
     }
     memcpy(req->head, head, head_len);
@@ -87,10 +146,11 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
         req->authority = t.authority;
     }
     if (rc <= 0 || *target_rc != IDEM_TARGET_OK) {
-        free(req->head);
-        free(req);
+        idem_free(req->head);
+        idem_free(req);
         return NULL;
     }
+    idem__life_init(&req->life, IDEM_HOLD_CONN); /* c->req */
     req->w = w;
     req->conn = c;
     req->t_start_ns = idem_clock_mono_ns();
@@ -122,18 +182,16 @@ static idem_http_reply_t client_reply(const idem_req_t *req)
 static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
 {
     req->status = status;
-    req->responded = true;
+    idem__req_enter(req, IDEM_REQ_ANSWERED);
     idem_conn_t *c = req->conn;
     if (c) {
         idem_conn_write(c, buf->data, buf->len);
         idem__conn_response_done(c, client_keep_alive(req));
-    } else {
-        idem__req_maybe_free(req);
     }
 }
 
 void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
-                        int64_t retry_after)
+                       int64_t retry_after)
 {
     idem_buf_t out;
     idem_buf_init(&out, 0);
@@ -142,11 +200,9 @@ void idem__req_problem(idem_req_t *req, int status, const char *type, const char
     } else {
         /* Out of memory: the client must not wait for an answer forever. */
         req->status = status;
-        req->responded = true;
+        idem__req_enter(req, IDEM_REQ_ANSWERED);
         if (req->conn)
             idem__conn_close(req->conn);
-        else
-            idem__req_maybe_free(req);
     }
     idem_buf_cleanup(&out);
 }
@@ -262,25 +318,28 @@ static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_r
     case IDEM_DECIDE_MISMATCH:
         req->outcome = IDEM_OUT_MISMATCH;
         idem__req_problem(req, 422, "key-reused",
-                    "this Idempotency-Key was used with a different request", 0);
+                          "this Idempotency-Key was used with a different request", 0);
         break;
     case IDEM_DECIDE_IN_FLIGHT:
         req->outcome = IDEM_OUT_IN_FLIGHT;
         idem__req_problem(req, 409, "in-flight",
-                    "a request with this Idempotency-Key is still being processed", d.retry_after_s);
+                          "a request with this Idempotency-Key is still being processed",
+                          d.retry_after_s);
         break;
     case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
         req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
         idem__req_problem(req, 409, "upstream-outcome-unknown",
-                    "the outcome of the first request with this key is unknown; an operator "
-                    "must remove the key before it can run again",
-                    d.retry_after_s);
+                          "the outcome of the first request with this key is unknown; an "
+                          "operator "
+                          "must remove the key before it can run again",
+                          d.retry_after_s);
         break;
     case IDEM_DECIDE_NOT_RETAINED:
         req->outcome = IDEM_OUT_NOT_RETAINED;
         idem__req_problem(req, 409, "response-not-retained",
-                    "the first response with this key was too large to keep; it is not run again",
-                    0);
+                          "the first response with this key was too large to keep; it is not run "
+                          "again",
+                          0);
         break;
     case IDEM_DECIDE_CLAIM:
     case IDEM_DECIDE_TAKEOVER:
@@ -317,11 +376,17 @@ static void req_cache_record(idem_req_t *req, const idem_record_t *rec)
 
 /* ---- the writer round trip ------------------------------------------------ */
 
+/* The hold a job of req takes: a renewal is told apart, the rest are one kind. */
+static idem_hold_t job_hold(const idem_req_t *req, const idem_wjob_t *job)
+{
+    return job == &req->renew_job ? IDEM_HOLD_RENEW : IDEM_HOLD_JOB;
+}
+
 void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb)
 {
     job->cb = cb;
     job->data = req;
-    req->pending_jobs++;
+    req_hold(req, job_hold(req, job));
     idem_worker_submit(req->w, job);
 }
 
@@ -337,9 +402,9 @@ void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind)
 void idem__req_job_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    req->pending_jobs--;
+    idem_hold_t h = job_hold(req, job); /* the callback may queue the job again */
     job->cb(job);
-    idem__req_maybe_free(req);
+    idem__req_release(req, h);
 }
 
 /* ---- lease renewal ---------------------------------------------------------- */
@@ -347,10 +412,10 @@ void idem__req_job_done(idem_wjob_t *job)
 static void on_renew_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    req->renew_busy = false;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
         req->lease_until_ms = job->op.lease_until_ms;
-    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE && req->renewing)
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE &&
+        req->life.state == IDEM_REQ_FORWARDING)
         idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
                  req->id.key);
 }
@@ -358,42 +423,54 @@ static void on_renew_done(idem_wjob_t *job)
 static void on_renew_timer(uv_timer_t *t)
 {
     idem_req_t *req = t->data;
-    if (req->renew_busy || !req->renewing)
+    /* One renewal at a time: a slow store skips a beat rather than queue. */
+    if (idem__life_holds(&req->life, IDEM_HOLD_RENEW) > 0)
         return;
     idem__req_job_init(req, &req->renew_job, IDEM_OP_RENEW);
     req->renew_job.op.lease_until_ms = idem_clock_now(NULL) + req->policy->lease_ms;
-    req->renew_busy = true;
     idem__req_submit(req, &req->renew_job, on_renew_done);
 }
 
-/* The request's timer (renewal, or polling while waiting), made on first use:
- * most requests never need one. */
+/* The request's one timer (renewal, polling while waiting, completion
+ * retries: never two at once), made on first use: most requests never need
+ * one.  An armed timer holds the request; a one-shot timer's callback keeps
+ * that hold until it returns (req_timer_fired). */
 static void req_timer_start(idem_req_t *req, uv_timer_cb cb, uint64_t timeout, uint64_t repeat)
 {
-    if (!req->timer_open) {
+    if (!req->timer_made) {
         uv_timer_init(&req->w->loop, &req->timer);
         req->timer.data = req;
-        req->timer_open = true;
+        req->timer_made = true;
     }
+    if (!uv_is_active((uv_handle_t *)&req->timer))
+        req_hold(req, IDEM_HOLD_TIMER);
     uv_timer_start(&req->timer, cb, timeout, repeat);
 }
+
+static void req_timer_stop(idem_req_t *req)
+{
+    if (req->timer_made && uv_is_active((uv_handle_t *)&req->timer)) {
+        uv_timer_stop(&req->timer);
+        idem__req_release(req, IDEM_HOLD_TIMER);
+    }
+}
+
+/* The end of a one-shot timer's callback: the hold it kept goes. */
+static void req_timer_fired(idem_req_t *req) { idem__req_release(req, IDEM_HOLD_TIMER); }
 
 static void req_start_renewing(idem_req_t *req)
 {
     uint64_t every = (uint64_t)(req->policy->lease_ms / 3);
     if (every < 10)
         every = 10;
-    req->renewing = true;
     req_timer_start(req, on_renew_timer, every, every);
 }
 
+/* The upstream call is over: the lease needs no more renewing. */
 static void req_stop_renewing(idem_req_t *req)
 {
-    if (req->renewing) {
-        req->renewing = false;
-        if (req->timer_open)
-            uv_timer_stop(&req->timer);
-    }
+    if (req->life.state == IDEM_REQ_FORWARDING)
+        req_timer_stop(req);
 }
 
 /* ---- the upstream's outcome ------------------------------------------------- */
@@ -450,6 +527,7 @@ static void on_complete_retry_timer(uv_timer_t *t)
 {
     idem_req_t *req = t->data;
     idem__req_submit(req, &req->job, on_outcome_stored);
+    req_timer_fired(req);
 }
 
 /* The upstream answered but the store refused the completion: answer the
@@ -460,7 +538,7 @@ static void on_complete_retry_timer(uv_timer_t *t)
  * longer than the lease leaves the key to run again (docs/guarantees.md). */
 static void req_complete_later(idem_req_t *req, idem_err_t err)
 {
-    if (!req->responded) {
+    if (!req_answered(req)) {
         idem_log(req->w->gw, "error",
                  "could not store the outcome of key %s: %s; retrying while the lease lasts",
                  req->id.key, idem_strerror(err));
@@ -469,11 +547,9 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
                                          "recorded yet; a retry gets the recorded answer once "
                                          "the store is back");
-        /* Counted now, not when the retries end a lease later. */
-        idem_metrics_count(&req_gw(req)->metrics, req->outcome);
-        req->counted = true;
     }
-    int64_t delay = COMPLETE_RETRY_FIRST_MS << (req->complete_tries < 5 ? req->complete_tries : 5);
+    int64_t delay = COMPLETE_RETRY_FIRST_MS
+                    << (req->complete_tries < 5 ? req->complete_tries : 5);
     if (delay > COMPLETE_RETRY_MAX_MS)
         delay = COMPLETE_RETRY_MAX_MS;
     req->complete_tries++;
@@ -481,8 +557,6 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
         idem_log(req->w->gw, "error",
                  "gave up storing the outcome of key %s after %d tries: it stays in progress "
                  "until its lease ends", req->id.key, req->complete_tries);
-        req->finished = true;
-        idem__req_maybe_free(req);
         return;
     }
     req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
@@ -495,15 +569,13 @@ static void on_outcome_stored(idem_wjob_t *job)
         req_complete_later(req, job->batch_err);
         return;
     }
-    req->finished = true;
-    if (req->responded) {
+    if (req_answered(req)) {
         /* A late completion after a store failure: the client has its 503. */
         if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
             idem_log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
                      req->id.key, req->complete_tries + 1);
             req_cache_completion(req, job);
         }
-        idem__req_maybe_free(req);
         return;
     }
     if (job->batch_err != IDEM_OK) {
@@ -532,7 +604,7 @@ static void on_outcome_stored(idem_wjob_t *job)
 static int req_collect_store_headers(idem_req_t *req)
 {
     const idem_http_msg_t *m = &req->up.resp;
-    req->store_headers = calloc(m->n_fields ? m->n_fields : 1, sizeof *req->store_headers);
+    req->store_headers = idem_calloc(m->n_fields ? m->n_fields : 1, sizeof *req->store_headers);
     if (!req->store_headers)
         return -1;
     size_t n = 0;
@@ -552,6 +624,7 @@ static void req_store_outcome(idem_req_t *req, bool retained)
     const idem_policy_t *p = req->policy;
     int status = req->up.resp.status;
     req_stop_renewing(req);
+    idem__req_enter(req, IDEM_REQ_RECORDING);
     int64_t now = idem_clock_now(NULL);
     if (is_release_status(p, status)) {
         idem__req_job_init(req, &req->job, IDEM_OP_RELEASE);
@@ -559,7 +632,6 @@ static void req_store_outcome(idem_req_t *req, bool retained)
         return;
     }
     if (req_collect_store_headers(req) != 0) {
-        req->finished = true;
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "out of memory");
@@ -589,7 +661,6 @@ static void req_upstream_done(idem_req_t *req)
         return;
     }
     if (!req->keyed) {
-        req->finished = true;
         idem__req_respond_upstream(req);
         return;
     }
@@ -604,7 +675,6 @@ static void req_upstream_overflow(idem_req_t *req)
         return;
     }
     if (!req->keyed) {
-        req->finished = true;
         idem__req_start_stream(req);
         return;
     }
@@ -615,20 +685,23 @@ static void req_upstream_overflow(idem_req_t *req)
 void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why)
 {
     if (why == IDEM_UP_CONNECT_FAILED)
-        idem__req_problem(req, 502, "upstream-unreachable", "could not connect to the upstream", 0);
+        idem__req_problem(req, 502, "upstream-unreachable", "could not connect to the upstream",
+                          0);
     else if (why == IDEM_UP_TIMEOUT)
         idem__req_problem(req, 504, "upstream-outcome-unknown",
-                    "the upstream did not answer within upstream_timeout; the request may "
-                    "or may not have taken effect",
-                    0);
+                          "the upstream did not answer within upstream_timeout; the request may "
+                          "or may not have taken effect",
+                          0);
     else
         idem__req_problem(req, 502, "upstream-outcome-unknown",
-                    why == IDEM_UP_BAD_RESPONSE
-                        ? "the upstream's answer was not valid HTTP; the request may or may not "
-                          "have taken effect"
-                        : "the connection to the upstream broke before a whole response; the "
-                          "request may or may not have taken effect",
-                    0);
+                          why == IDEM_UP_BAD_RESPONSE
+                              ? "the upstream's answer was not valid HTTP; the request may or "
+                                "may not "
+                                "have taken effect"
+                              : "the connection to the upstream broke before a whole response; "
+                                "the "
+                                "request may or may not have taken effect",
+                          0);
 }
 
 /* A release (nothing sent) or hold (outcome unknown) was applied: only now
@@ -637,7 +710,6 @@ void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why)
 static void on_failure_recorded(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    req->finished = true;
     if (job->batch_err != IDEM_OK) {
         /* The key is left in progress (a retry gets 409 until its lease
          * ends) and a hold was not written: say so rather than 502/504. */
@@ -653,6 +725,7 @@ static void on_failure_recorded(idem_wjob_t *job)
 static void req_upstream_failed(idem_req_t *req, idem_up_result_t why)
 {
     req_stop_renewing(req);
+    idem__req_enter(req, IDEM_REQ_RECORDING);
     req->up_result = why;
     req->outcome = why == IDEM_UP_CONNECT_FAILED ? IDEM_OUT_UPSTREAM_UNREACHABLE
                                                  : IDEM_OUT_OUTCOME_UNKNOWN;
@@ -676,7 +749,6 @@ static void req_upstream_failed(idem_req_t *req, idem_up_result_t why)
     }
     /* Not keyed, or expire: the record stays in_progress until its lease
      * runs out, and nothing needs writing. */
-    req->finished = true;
     idem__req_answer_failure(req, why);
 }
 
@@ -688,8 +760,7 @@ void idem__req_start_stream(idem_req_t *req)
 {
     idem_conn_t *c = req->conn;
     if (!c) {
-        idem__req_abort_upstream(req);
-        idem__req_maybe_free(req);
+        idem__req_abort_upstream(req); /* no one to relay to */
         return;
     }
     const idem_http_msg_t *m = &req->up.resp;
@@ -720,8 +791,7 @@ void idem__req_start_stream(idem_req_t *req)
     req->stream_chunked = r.framing == IDEM_HTTP_BODY_CHUNKED;
     req->stream_close = r.framing == IDEM_HTTP_BODY_EOF;
     req->status = m->status;
-    req->responded = true;
-    req->stream_started = true;
+    idem__req_enter(req, IDEM_REQ_RELAYING);
     idem_conn_write(c, out.data, out.len);
     idem_buf_cleanup(&out);
     if (req->resp_body.len)
@@ -743,8 +813,7 @@ static bool req_stream_data(idem_req_t *req, const char *p, size_t n)
              * client sees the stream cut, as when the upstream cuts it (the
              * outcome is stored already; the rest is read for no one). */
             idem_buf_cleanup(&out);
-            req->conn = NULL;
-            idem__conn_close_when_written(c);
+            idem__conn_close_when_written(c); /* lets go of req */
             return false;
         }
         idem_conn_write(c, out.data, out.len);
@@ -757,18 +826,13 @@ static bool req_stream_data(idem_req_t *req, const char *p, size_t n)
 
 static void req_stream_end(idem_req_t *req, bool complete)
 {
-    req->streaming = false;
-    req->stream_started = false;
+    idem__req_enter(req, IDEM_REQ_ANSWERED);
     idem_conn_t *c = req->conn;
-    if (!c) {
-        idem__req_maybe_free(req);
+    if (!c)
         return;
-    }
     if (!complete) {
         /* The body was cut short: the client must see that, not a short body. */
-        req->conn = NULL;
         idem__conn_close_when_written(c);
-        idem__req_maybe_free(req);
         return;
     }
     if (req->stream_chunked)
@@ -780,25 +844,32 @@ static void req_stream_end(idem_req_t *req, bool complete)
 
 void idem__req_abort_upstream(idem_req_t *req)
 {
-    req->streaming = false;
+    if (!idem__upstream_req_active(&req->up))
+        return;
     idem__upstream_req_cancel(&req->up);
+    idem__req_release(req, IDEM_HOLD_UPSTREAM);
 }
 
 static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t n)
 {
     idem_req_t *req = ur->data;
-    if (req->streaming) /* relaying, after the outcome was stored */
-        return req_stream_data(req, p, n) ? IDEM_UP_BODY_PAUSE : IDEM_UP_BODY_MORE;
-    if (idem_buf_append(&req->resp_body, p, n) != 0)
-        return IDEM_UP_BODY_REFUSE;
-    if (req->resp_body.len > req->capture_limit) {
+    idem_up_body_t want = IDEM_UP_BODY_MORE;
+    /* What follows may end the call (a client gone), and the request with it. */
+    req_hold(req, IDEM_HOLD_CALL);
+    if (req->streaming) { /* relaying, after the outcome was stored */
+        if (req_stream_data(req, p, n))
+            want = IDEM_UP_BODY_PAUSE;
+    } else if (idem_buf_append(&req->resp_body, p, n) != 0) {
+        want = IDEM_UP_BODY_REFUSE;
+    } else if (req->resp_body.len > req->capture_limit) {
         /* Too large to keep: the rest goes straight to the client once the
          * outcome is recorded; no timeout runs meanwhile. */
         idem__upstream_req_pause(ur);
         req_upstream_overflow(req);
-        return IDEM_UP_BODY_PAUSE;
+        want = IDEM_UP_BODY_PAUSE;
     }
-    return IDEM_UP_BODY_MORE;
+    idem__req_release(req, IDEM_HOLD_CALL);
+    return want;
 }
 
 static void on_up_done(idem_upstream_req_t *ur)
@@ -808,6 +879,7 @@ static void on_up_done(idem_upstream_req_t *ur)
         req_stream_end(req, true);
     else
         req_upstream_done(req);
+    idem__req_release(req, IDEM_HOLD_UPSTREAM);
 }
 
 static void on_up_failure(idem_upstream_req_t *ur, idem_up_result_t why)
@@ -817,6 +889,7 @@ static void on_up_failure(idem_upstream_req_t *ur, idem_up_result_t why)
         req_stream_end(req, false);
     else
         req_upstream_failed(req, why);
+    idem__req_release(req, IDEM_HOLD_UPSTREAM);
 }
 
 static const idem_upstream_cbs_t up_cbs = {
@@ -827,7 +900,7 @@ static const idem_upstream_cbs_t up_cbs = {
 
 void idem__req_client_drained(idem_req_t *req)
 {
-    if (req->stream_started)
+    if (req->life.state == IDEM_REQ_RELAYING)
         idem__upstream_req_resume(&req->up);
 }
 
@@ -846,6 +919,8 @@ void idem__req_forward(idem_req_t *req)
                                        req->fence) == 0;
     if (!built)
         idem_buf_cleanup(&head); /* out of memory: the call fails, nothing sent */
+    idem__req_enter(req, IDEM_REQ_FORWARDING);
+    req_hold(req, IDEM_HOLD_UPSTREAM);
     req->up.data = req;
     idem__upstream_req_start(&req->w->up, &req->up, &up_cbs, built ? &head : NULL, req->body.data,
                              req->body.len, req->msg.method);
@@ -856,7 +931,6 @@ void idem__req_forward(idem_req_t *req)
 static void req_passthrough(idem_req_t *req)
 {
     req->keyed = false;
-    req->finished = false;
     if (req->outcome != IDEM_OUT_BYPASSED)
         req->outcome = IDEM_OUT_PASSTHROUGH;
     idem__req_forward(req);
@@ -870,9 +944,9 @@ void idem__req_store_error(idem_req_t *req, idem_err_t err)
         req_passthrough(req);
         return;
     }
-    req->finished = true;
-    idem__req_store_unavailable(req, err == IDEM_E_STORE_FULL ? "the idempotency store is full"
-                                                        : "the idempotency store did not answer");
+    idem__req_store_unavailable(req, err == IDEM_E_STORE_FULL
+                                         ? "the idempotency store is full"
+                                         : "the idempotency store did not answer");
 }
 
 static void on_wait_timer(uv_timer_t *t);
@@ -890,7 +964,6 @@ static void req_in_flight(idem_req_t *req, idem_decision_t d)
         }
         /* Waited long enough: answer in-flight with the time left. */
     }
-    req->finished = true;
     req_answer_decision(req, d, NULL);
 }
 
@@ -924,7 +997,6 @@ static void on_claim_done(idem_wjob_t *job)
     default:
         if (d.kind == IDEM_DECIDE_REPLAY)
             req_cache_record(req, &rec);
-        req->finished = true;
         req_answer_decision(req, d, &rec);
         break;
     }
@@ -956,7 +1028,6 @@ static void req_lookup(idem_req_t *req)
     if (idem_cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
         idem_decision_t d = idem_decide(&rec, req->fp, now);
         atomic_fetch_add_explicit(&gw->metrics.cache_hits, 1, memory_order_relaxed);
-        req->finished = true;
         req_answer_decision(req, d, &rec);
         idem_record_cleanup(&rec);
         return;
@@ -986,7 +1057,6 @@ static void req_lookup(idem_req_t *req)
         return;
     }
     req_cache_record(req, &rec);
-    req->finished = true;
     req_answer_decision(req, d, &rec);
     idem_record_cleanup(&rec);
 }
@@ -995,6 +1065,7 @@ static void on_wait_timer(uv_timer_t *t)
 {
     idem_req_t *req = t->data;
     req_lookup(req);
+    req_timer_fired(req);
 }
 
 static int req_fingerprint(idem_req_t *req)
@@ -1026,12 +1097,11 @@ bool idem__req_scope_admit(idem_req_t *req, char *out)
     }
     int64_t retry_after = 0;
     if (!idem_ratelimit_take(gw->ratelimit, out, idem_clock_mono_ns(), &retry_after)) {
-        req->finished = true;
         req->outcome = IDEM_OUT_RATE_LIMITED;
         idem__req_problem(req, 429, "rate-limited",
-                    "this caller sent more keyed requests and token issues than "
-                    "scope_rate_limit allows; retry after Retry-After seconds",
-                    retry_after);
+                          "this caller sent more keyed requests and token issues than "
+                          "scope_rate_limit allows; retry after Retry-After seconds",
+                          retry_after);
         return false;
     }
     return true;
@@ -1061,7 +1131,6 @@ void idem__req_send_json(idem_req_t *req, int status, const char *body_type, con
  * answered. */
 static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
 {
-    req->finished = true;
     if (r->outcome != IDEM_OUT__COUNT)
         req->outcome = r->outcome;
     if (!r->allow_post) {
@@ -1083,19 +1152,20 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
  * body is read when the client waits for 100 Continue, else at dispatch.
  * Nothing here touches the store.  @return true when the request goes on
  * (req->kind says as what); false when it has been answered. */
-bool idem__req_check_head(idem_req_t *req)
+static bool req_check_head(idem_req_t *req)
 {
     idem_gw_request_t rq = idem_req_view(req);
     idem_gw_class_t cls;
     idem_gw_refusal_t refusal;
-    req->head_checked = true;
     bool ok = idem_gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
     req->kind = cls.kind;
     req->route = cls.route;
     req->policy = cls.policy;
     memcpy(req->id.key, cls.key, sizeof req->id.key);
     memcpy(req->token, cls.token, sizeof req->token);
-    if (!ok)
+    if (ok)
+        idem__req_enter(req, IDEM_REQ_CHECKED);
+    else
         req_refuse(req, &refusal);
     return ok;
 }
@@ -1112,7 +1182,6 @@ static void req_fingerprinted(idem_req_t *req)
 {
     if (req->fp_rc != 0) {
         req->keyed = false;
-        req->finished = true;
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
     }
@@ -1130,16 +1199,17 @@ static void fp_work(uv_work_t *work)
 static void fp_after_work(uv_work_t *work, int status)
 {
     idem_req_t *req = work->data;
-    req->pending_jobs--;
     if (status != 0)
         req->fp_rc = -1; /* cancelled: never done, as nothing cancels it */
     req_fingerprinted(req);
+    idem__req_release(req, IDEM_HOLD_FINGERPRINT);
 }
 
-void idem__req_dispatch(idem_req_t *req)
+static void req_dispatch(idem_req_t *req)
 {
-    if (!req->head_checked && !idem__req_check_head(req))
+    if (req->life.state < IDEM_REQ_CHECKED && !req_check_head(req))
         return;
+    idem__req_enter(req, IDEM_REQ_DECIDING);
     if (req->kind != IDEM_GW_TOKEN_ISSUE) {
         idem_gw_request_t rq = idem_req_view(req);
         idem_gw_refusal_t refusal;
@@ -1160,13 +1230,13 @@ void idem__req_dispatch(idem_req_t *req)
     req->keyed = true;
     if (req->body.len >= FP_OFF_LOOP_BYTES) {
         /* The request waits on its fingerprint like on a store job: it is
-         * not freed meanwhile (pending_jobs), and nothing else reads or
-         * writes its head, body or policy until fp_after_work. */
-        req->pending_jobs++;
+         * held meanwhile, and nothing else reads or writes its head, body
+         * or policy until fp_after_work. */
+        req_hold(req, IDEM_HOLD_FINGERPRINT);
         req->fp_work.data = req;
         if (uv_queue_work(&req->w->loop, &req->fp_work, fp_work, fp_after_work) == 0)
             return;
-        req->pending_jobs--;
+        idem__req_release(req, IDEM_HOLD_FINGERPRINT); /* the CALL hold keeps it */
         req->fp_rc = req_fingerprint(req); /* the pool refused: on the loop after all */
     } else {
         req->fp_rc = req_fingerprint(req);
@@ -1183,12 +1253,12 @@ static void req_free(idem_req_t *req)
         atomic_fetch_sub(&m->buffered_bytes, req->body_charge);
     if (req->holds_slot)
         atomic_fetch_sub(&m->connections, 1);
-    free(req->head);
+    idem_free(req->head);
     idem_buf_cleanup(&req->body);
     idem_buf_cleanup(&req->resp_body);
     idem__upstream_req_cleanup(&req->up);
-    free(req->store_headers);
-    free(req);
+    idem_free(req->store_headers);
+    idem_free(req);
 }
 
 static void on_req_timer_closed(uv_handle_t *h)
@@ -1199,44 +1269,40 @@ static void on_req_timer_closed(uv_handle_t *h)
     idem__worker_maybe_exit(w);
 }
 
-/* Free the requests that ended during this loop turn.  They are not freed
- * where they end, because the code that ended them may still look at them
- * on its way out. */
-void idem__req_free_graveyard(idem_worker_t *w)
+/* The last hold is gone: nothing can reach req any more.  Log it, count it
+ * if it was never answered (a client that left before its body was read),
+ * and free it; its timer, if it has one, closes first. */
+static void req_end(idem_req_t *req)
 {
-    while (!idem_list_empty(&w->graveyard)) {
-        idem_link_t *l = w->graveyard.next;
-        idem_list_remove(l);
-        req_free(IDEM_CONTAINER(l, idem_req_t, link));
-    }
-}
-
-void idem__req_maybe_free(idem_req_t *req)
-{
-    if (req->conn || req->pending_jobs > 0 || idem__upstream_req_active(&req->up) ||
-        req->streaming)
-        return;
-    if (!req->responded && !req->finished)
-        return;
-    if (req->keyed && !req->finished)
-        return;
-    if (req->dead)
-        return;
-    req->dead = true;
-    /* This request is done: log it, count it, free it. */
     idem_gw_t *gw = req->w->gw;
-    if (!req->counted)
+    if (req->life.ended_in < IDEM_REQ_RELAYING)
         idem_metrics_count(&gw->metrics, req->outcome);
     idem_hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
     idem_log_request(req->w, req);
     idem_list_remove(&req->link);
-    req->renewing = false;
-    if (req->timer_open) {
-        uv_timer_stop(&req->timer);
+    if (req->timer_made)
         uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);
-    } else {
-        idem_list_push(&req->w->graveyard, &req->link);
-    }
+    else
+        req_free(req);
 }
 
+/* ---- the entry points of conn.c -------------------------------------------- */
+
+/* Each holds the request while it runs: the answer it may give lets the
+ * connection go, and with it the connection's hold. */
+
+bool idem__req_check_head(idem_req_t *req)
+{
+    req_hold(req, IDEM_HOLD_CALL);
+    bool ok = req_check_head(req);
+    idem__req_release(req, IDEM_HOLD_CALL);
+    return ok;
+}
+
+void idem__req_dispatch(idem_req_t *req)
+{
+    req_hold(req, IDEM_HOLD_CALL);
+    req_dispatch(req);
+    idem__req_release(req, IDEM_HOLD_CALL);
+}

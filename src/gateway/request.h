@@ -27,12 +27,29 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
 bool idem__req_check_head(idem_req_t *req);
 /** The whole request is read: follow docs/protocol.md sections 2-7. */
 void idem__req_dispatch(idem_req_t *req);
-/** Free req if nothing holds it any more (logged and counted first). */
-void idem__req_maybe_free(idem_req_t *req);
-/** A writer job of a request is back on its loop: run its callback. */
+/** A writer job of a request is back on its loop: run its callback, then
+ * give back the job's hold. */
 void idem__req_job_done(idem_wjob_t *job);
-/** Free the requests of w that ended during this loop turn. */
-void idem__req_free_graveyard(idem_worker_t *w);
+/** Move req on to state s (req_state.h; never back).  The move into an
+ * answered state (RELAYING or later) counts the request's outcome. */
+void idem__req_enter(idem_req_t *req, idem_req_state_t s);
+/** Give back a hold of kind h (req_state.h); the last one ends req: it is
+ * logged, counted and freed, and must not be touched after. */
+void idem__req_release(idem_req_t *req, idem_hold_t h);
+
+/* request.c: what conn.c tells a request about its connection.  Each lets
+ * the connection's hold go (req may end inside; the caller has already
+ * cleared its own pointer to it). */
+/** Its answer is queued: the connection lets go of it. */
+void idem__req_detach_conn(idem_req_t *req);
+/** The client has gone (closed, broke, timed out): the request goes on
+ * without it, its store work included, and keeps its place in
+ * max_connections until it ends. */
+void idem__req_client_gone(idem_req_t *req);
+/** The connection refused the request's body (too large, malformed, too
+ * slow, over the budget) and answered status itself: the request ends
+ * before the store, with outcome. */
+void idem__req_drop(idem_req_t *req, int status, idem_outcome_t outcome);
 
 /* request.c: answers and store round trips, for tokens.c. */
 void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,

@@ -22,13 +22,12 @@ static void on_token_issued(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     const idem_config_t *cfg = req_gw(req)->cfg;
-    req->finished = true;
     if (job->batch_err != IDEM_OK) {
         idem_log(req->w->gw, "error", "store: could not issue a token: %s",
                  idem_strerror(job->batch_err));
         idem__req_store_unavailable(req, job->batch_err == IDEM_E_STORE_FULL
-                                       ? "the idempotency store is full"
-                                       : "the idempotency store did not answer");
+                                             ? "the idempotency store is full"
+                                             : "the idempotency store did not answer");
         return;
     }
     if (job->op.err != IDEM_OK) { /* IDEM_E_EXISTS: 128 random bits met a live token */
@@ -52,7 +51,6 @@ void idem__req_issue_token(idem_req_t *req)
     if (!idem__req_scope_admit(req, scope))
         return;
     if (idem_token_generate(NULL, token) != IDEM_OK) {
-        req->finished = true;
         idem__req_problem(req, 500, "internal", "no random bytes from the kernel", 0);
         return;
     }
@@ -67,7 +65,6 @@ void idem__req_issue_token(idem_req_t *req)
 static void on_token_restored(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    req->finished = true;
     if (job->batch_err != IDEM_OK)
         idem_log(req->w->gw, "warn", "store: a token whose request did nothing stays used: %s",
                  idem_strerror(job->batch_err));
@@ -85,6 +82,7 @@ static void on_token_restored(idem_wjob_t *job)
 void idem__req_give_token_back(idem_req_t *req)
 {
     req->token_spent = false;
+    idem__req_enter(req, IDEM_REQ_RECORDING);
     idem__req_job_init(req, &req->job, IDEM_OP_TOKEN_RESTORE);
     req->job.op.now_ms = idem_clock_now(NULL);
     idem__req_submit(req, &req->job, on_token_restored);
@@ -102,24 +100,22 @@ static void on_token_used(idem_wjob_t *job)
     case IDEM_TOKEN_FIRST_USE:
         req->token_spent = true;
         req->keyed = false;
-        req->finished = false;
         req->outcome = IDEM_OUT_TOKEN_ACCEPTED;
         idem__req_forward(req);
         return;
     case IDEM_TOKEN_USED:
-        req->finished = true;
         req->outcome = IDEM_OUT_TOKEN_USED;
         idem__req_problem(req, 409, "token-used",
-                    "this Idempotency-Token was already used; get a new one from POST "
-                    IDEM_GW_TOKENS_PATH,
-                    0);
+                          "this Idempotency-Token was already used; get a new one from "
+                          "POST " IDEM_GW_TOKENS_PATH,
+                          0);
         return;
     default:
-        req->finished = true;
         req->outcome = IDEM_OUT_INVALID_TOKEN;
         idem__req_problem(req, 400, "invalid-token",
-                    "this Idempotency-Token is unknown, expired, or was issued to another caller",
-                    0);
+                          "this Idempotency-Token is unknown, expired, or was issued to another "
+                          "caller",
+                          0);
         return;
     }
 }

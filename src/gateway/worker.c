@@ -10,10 +10,12 @@
  * a batch of its own.  Either way its callback runs on this loop, never
  * inside the call that queued it.
  *
- * Once per loop turn (the log check) the worker applies its inline jobs,
- * flushes its log lines and frees the requests that ended in the turn.
- * Stopping closes the listener and the idle connections at once, lets the
- * busy ones finish, and after upstream_timeout + 5 s closes what is left.
+ * Once per loop turn (the log check) the worker applies its inline jobs
+ * and flushes its log lines.  A request is freed by whatever lets go of it
+ * last (request.c); a connection's pipelined requests are parsed from the
+ * loop (its listener's parse_idle, conn.c).  Stopping closes the listener
+ * and the idle connections at once, lets the busy ones finish, and after
+ * upstream_timeout + 5 s closes what is left.
  *
  * THREADING: the worker's loop thread, except the done list, which the
  * writer thread fills under done_mu, and idem_worker_request_stop, which any
@@ -101,7 +103,6 @@ static void on_log_check(uv_check_t *h)
         run_inline(w);
     if (w->log.len)
         idem_log_flush(w);
-    idem__req_free_graveyard(w);
     if (w->stopping)
         idem__worker_maybe_exit(w);
 }
@@ -121,7 +122,8 @@ void idem__worker_maybe_exit(idem_worker_t *w)
     close_if_open((uv_handle_t *)&w->stop_async);
     close_if_open((uv_handle_t *)&w->shutdown_timer);
     close_if_open((uv_handle_t *)&w->inline_idle);
-    /* log_check is unreferenced: it flushes and frees until the loop ends. */
+    close_if_open((uv_handle_t *)&w->listener.parse_idle);
+    /* log_check is unreferenced: it flushes until the loop ends. */
 }
 
 static void on_shutdown_timer(uv_timer_t *t)
@@ -135,8 +137,7 @@ static void on_shutdown_timer(uv_timer_t *t)
     while (l != &w->reqs) {
         idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
         l = l->next;
-        if (idem__upstream_req_active(&req->up) || req->streaming)
-            idem__req_abort_upstream(req);
+        idem__req_abort_upstream(req);
     }
     uv_stop(&w->loop);
 }
@@ -168,7 +169,6 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     w->index = index;
     idem_list_init(&w->done);
     idem_list_init(&w->reqs);
-    idem_list_init(&w->graveyard);
     idem_list_init(&w->inline_q);
     w->inline_store = idem_store_exec_is_cheap(gw->store);
     idem_buf_init(&w->log, 1u << 20);
@@ -204,7 +204,6 @@ void *idem_worker_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     idem_log_flush(w);
-    idem__req_free_graveyard(w);
     return NULL;
 }
 
@@ -220,7 +219,6 @@ void idem_worker_cleanup(idem_worker_t *w)
     uv_walk(&w->loop, close_any, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
-    idem__req_free_graveyard(w);
     idem_log_flush(w);
     pthread_mutex_destroy(&w->done_mu);
     idem_buf_cleanup(&w->log);

@@ -711,7 +711,8 @@ Test(upstream, cancel_inside_on_body_ends_the_call)
     for (int i = 0; i < 5; i++)
         uv_run(&f.loop, UV_RUN_NOWAIT);
     cr_assert_str_eq(r.order, "hb", "nothing after the cancel");
-    cr_assert_eq(idem__upstream_idle_count(&f.client), 0, "a cancelled call's connection is closed");
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 0,
+                 "a cancelled call's connection is closed");
     idem__upstream_req_cleanup(&ur);
     fix_cleanup(&f);
     srv_stop(&s);
