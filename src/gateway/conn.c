@@ -60,6 +60,7 @@
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/request.h"
+#include "idem/alloc.h"
 
 #define READ_CHUNK (64 * 1024)
 #define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
@@ -149,7 +150,7 @@ static void on_write(uv_write_t *wr, int status)
     idem_conn_t *c = r->conn;
     c->queued -= r->len;
     c->writes--;
-    free(r);
+    idem_free(r);
     if (status < 0 && c->state != CS_CLOSED) {
         idem__conn_close(c);
         return;
@@ -172,7 +173,7 @@ void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
 {
     if (!c || c->state == CS_CLOSED || n == 0)
         return;
-    write_req_t *r = malloc(sizeof *r + n);
+    write_req_t *r = idem_malloc(sizeof *r + n);
     if (!r) {
         idem__conn_close(c);
         return;
@@ -182,7 +183,7 @@ void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
     memcpy(r->data, p, n);
     uv_buf_t b = uv_buf_init(r->data, (unsigned)n);
     if (uv_write(&r->wr, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
-        free(r);
+        idem_free(r);
         idem__conn_close(c);
         return;
     }
@@ -203,9 +204,9 @@ static void on_conn_closed(uv_handle_t *h)
     idem_listener_t *l = c->l;
     if (!c->slot_moved)
         conn_slot_give(l);
-    free(c->held);
+    idem_free(c->held);
     idem_rbuf_cleanup(&c->in);
-    free(c);
+    idem_free(c);
     if (l->w != NULL)
         idem__worker_maybe_exit(l->w);
 }
@@ -353,10 +354,13 @@ static void conn_start_reading(idem_conn_t *c)
     }
 }
 
+/* The close callback of a handle allocated alone (idem_malloc). */
+static void on_handle_closed_free(uv_handle_t *h) { idem_free(h); }
+
 static void on_shutdown_done(uv_shutdown_t *sd, int status)
 {
     (void)status;
-    free(sd);
+    idem_free(sd);
 }
 
 /* Take no more requests on c: send FIN once what is queued is out, and read
@@ -368,9 +372,9 @@ static void conn_drain(idem_conn_t *c)
         return;
     c->state = CS_DRAIN;
     c->in.len = 0;
-    uv_shutdown_t *sd = malloc(sizeof *sd);
+    uv_shutdown_t *sd = idem_malloc(sizeof *sd);
     if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
-        free(sd);
+        idem_free(sd);
     conn_start_reading(c);
     conn_timer(c, CT_DRAIN);
 }
@@ -425,12 +429,12 @@ static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t hea
         conn_fail(c, 413, "request-too-large", "admin requests carry no body");
         return false;
     }
-    conn_held_t *h = malloc(sizeof *h + head_len);
+    conn_held_t *h = idem_malloc(sizeof *h + head_len);
     idem_http_head_state_t hs = {0};
     if (h != NULL) {
         memcpy(h->head, c->in.data, head_len);
         if (idem_http_parse_request(&hs, h->head, head_len, IDEM_HTTP_MAX_HEAD, &h->msg) <= 0) {
-            free(h);
+            idem_free(h);
             h = NULL;
         }
     }
@@ -711,7 +715,7 @@ static void conn_admin_answer(idem_conn_t *c)
     idem_http_reply_t to = {.version_minor = h->msg.version_minor,
                             .head = idem_slice_eq_ci(h->msg.method, "HEAD"),
                             .keep_alive = h->msg.keep_alive && !a.close && !c->l->stopping};
-    free(h);
+    idem_free(h);
     idem_buf_t out;
     idem_buf_init(&out, 0);
     int rc = -1;
@@ -777,7 +781,7 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
     bool admin = l->kind == IDEM_LISTEN_ADMIN;
     atomic_fetch_add(admin ? &l->gw->metrics.admin_conns_refused : &l->gw->metrics.conns_refused,
                      1);
-    uv_tcp_t *t = malloc(sizeof *t);
+    uv_tcp_t *t = idem_malloc(sizeof *t);
     if (!t)
         return;
     uv_tcp_init(l->loop, t);
@@ -793,7 +797,7 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
         }
         idem_buf_cleanup(&out);
     }
-    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    uv_close((uv_handle_t *)t, on_handle_closed_free);
 }
 
 void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t *gw,
@@ -818,7 +822,7 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
         conn_refuse(l, server);
         return;
     }
-    idem_conn_t *c = calloc(1, sizeof *c);
+    idem_conn_t *c = idem_calloc(1, sizeof *c);
     if (!c) {
         conn_slot_give(l);
         return;
@@ -829,7 +833,7 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
     c->tcp.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         conn_slot_give(l);
-        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
