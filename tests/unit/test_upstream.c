@@ -40,8 +40,11 @@ typedef struct {
     int port;
     srv_mode_t mode;
     const char *answer; /* SRV_ANSWER: sent after each request */
-    size_t answer_len;
     bool close_after;   /* SRV_ANSWER: close once it is sent */
+    /* From the second request on (any connection): this answer instead, or
+     * silence when later_silent. */
+    const char *later_answer;
+    bool later_silent;
     atomic_int accepts;
     atomic_int requests;
     pthread_t acceptor;
@@ -102,16 +105,19 @@ static void *srv_conn_main(void *arg)
         pthread_mutex_lock(&s->mu);
         memcpy(s->last_request, buf, n + 1);
         pthread_mutex_unlock(&s->mu);
+        bool later = atomic_load(&s->requests) > 1;
         if (s->mode == SRV_CLOSE)
             break;
-        if (s->mode == SRV_SILENT) {
+        if (s->mode == SRV_SILENT || (later && s->later_silent)) {
             while (read(sc->fd, buf, sizeof buf) > 0) {
             }
             break;
         }
+        const char *answer = later && s->later_answer ? s->later_answer : s->answer;
+        size_t answer_len = strlen(answer);
         size_t off = 0;
-        while (off < s->answer_len) {
-            ssize_t w = write(sc->fd, s->answer + off, s->answer_len - off);
+        while (off < answer_len) {
+            ssize_t w = write(sc->fd, answer + off, answer_len - off);
             if (w <= 0)
                 break;
             off += (size_t)w;
@@ -148,7 +154,6 @@ static void srv_start(srv_t *s, srv_mode_t mode, const char *answer, bool close_
     pthread_mutex_init(&s->mu, NULL);
     s->mode = mode;
     s->answer = answer;
-    s->answer_len = answer ? strlen(answer) : 0;
     s->close_after = close_after;
     s->lfd = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(s->lfd, 0);
@@ -478,22 +483,32 @@ Test(upstream, close_inside_a_body_is_broken)
     srv_stop(&s);
 }
 
+static void call_once(fix_t *f, rec_t *r);
+
 Test(upstream, silence_is_a_timeout)
 {
+    /* The silent call goes on a pooled connection, so that its timer starts
+     * with the send: no connect that a loaded machine makes slow comes
+     * first, and a timeout is its only possible end. */
     srv_t s;
-    srv_start(&s, SRV_SILENT, NULL, false);
+    srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false);
+    s.later_silent = true;
     fix_t f;
-    fix_init(&f, s.port, 100, 8);
+    fix_init(&f, s.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    f.client.timeout_ms = 100;
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
     run_until_ended(&f, &r);
     cr_assert_str_eq(r.order, "f");
     cr_assert_eq(r.why, IDEM_UP_TIMEOUT);
-    cr_assert_eq(atomic_load(&s.requests), 1, "the request was sent before the timeout");
     idem__upstream_req_cleanup(&ur);
     fix_cleanup(&f);
     srv_stop(&s);
+    cr_assert_eq(atomic_load(&s.requests), 2, "the request was sent before the timeout");
+    cr_assert_eq(atomic_load(&s.accepts), 1);
 }
 
 Test(upstream, garbage_is_a_bad_response)
@@ -667,27 +682,33 @@ static void on_test_timer(uv_timer_t *t)
 Test(upstream, held_call_runs_no_timeout)
 {
     /* The first chunk comes, then nothing: held, the call is not timed out
-     * however long the loop turns; resumed, the silence is. */
+     * however long the loop turns; resumed, the silence is.  The call goes
+     * on a pooled connection (no connect inside its timeout). */
     srv_t s;
-    srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n",
-              false);
+    srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
+    s.later_answer = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n";
     fix_t f;
-    fix_init(&f, s.port, 50, 8);
+    fix_init(&f, s.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    f.client.timeout_ms = 1000;
     idem_upstream_req_t ur;
     rec_t r = {.pause_after = 1, .pause_hold = true};
     start(&f, &ur, &r, GET, NULL);
     while (r.pieces < 1 && !r.ended)
         uv_run(&f.loop, UV_RUN_ONCE);
     cr_assert_eq(r.pieces, 1);
-    /* A timer of the test's own, well past the call's timeout: libuv runs
-     * due timers in order, so a running call timeout would fire first. */
+    /* A timer of the test's own, due after any call timeout started before
+     * it: libuv runs due timers in order, so a running call timeout would
+     * fire first. */
     uv_timer_t t;
     uv_timer_init(&f.loop, &t);
-    uv_timer_start(&t, on_test_timer, 300, 0);
+    uv_timer_start(&t, on_test_timer, 1100, 0);
     while (uv_is_active((uv_handle_t *)&t))
         uv_run(&f.loop, UV_RUN_ONCE);
     cr_assert(!r.ended, "a held call timed out");
     uv_close((uv_handle_t *)&t, NULL);
+    f.client.timeout_ms = 50; /* the silence after the resume */
     idem__upstream_req_resume(&ur);
     run_until_ended(&f, &r);
     cr_assert_eq(r.order[r.n - 1], 'f');
