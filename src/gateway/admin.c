@@ -48,6 +48,8 @@
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/log.h"
+#include "gateway/problem.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"
 #include "idem/fingerprint.h"

@@ -59,7 +59,10 @@
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/problem.h"
+#include "gateway/rbuf.h"
 #include "gateway/request.h"
+#include "gateway/worker.h"
 #include "idem/alloc.h"
 
 #define READ_CHUNK (64 * 1024)

@@ -2,8 +2,8 @@
  * and what conn.c asks of the admin endpoints.
  *
  * conn.c owns struct idem_conn: reading, parsing and writing to a client,
- * for both kinds of listener (idem_listener_t, gateway.h).  On the public
- * listener request.c answers through idem_conn_write (gateway.h) and hands
+ * for both kinds of listener (idem_listener_t, below).  On the public
+ * listener request.c answers through idem_conn_write and hands
  * the connection back with idem__conn_response_done once an answer is
  * wholly queued; worker.c accepts with idem__conn_on_connection and closes
  * connections when it stops.  On the admin listener conn.c asks admin.c for
@@ -16,7 +16,71 @@
 #ifndef IDEM_GATEWAY_CONN_H
 #define IDEM_GATEWAY_CONN_H
 
-#include "gateway/gateway.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+#include "gateway/list.h"
+#include "http/http.h"
+
+typedef struct idem_gw idem_gw_t;
+typedef struct idem_worker idem_worker_t;
+typedef struct idem_conn idem_conn_t;
+typedef struct idem_admin idem_admin_t;
+
+/* ---- listeners: the HTTP connections of one loop -------------------------- */
+
+/** What a listener serves.  Its connections run the same code (conn.c:
+ * accept, budget, read, parse, timers, limits, write queue, drain, close);
+ * the kind says who answers a request and the few limits that differ. */
+typedef enum {
+    IDEM_LISTEN_PUBLIC = 0, /* idemd's clients: a request goes to request.c */
+    IDEM_LISTEN_ADMIN = 1,  /* the admin endpoints: answered at once by admin.c */
+} idem_listen_kind_t;
+
+/** One listening socket watched on one loop, and the connections it
+ * accepted there: a worker's public listener, or the admin listener on the
+ * admin thread. */
+typedef struct idem_listener {
+    idem_listen_kind_t kind;
+    idem_gw_t *gw;
+    uv_loop_t *loop;
+    uv_tcp_t tcp;         /* watches a dup() of the listening socket */
+    idem_link_t conns;    /* open connections */
+    idem_link_t parse_q;  /* connections with pipelined input to parse */
+    uv_idle_t parse_idle; /* runs parse_q from the loop, never on an answer's stack */
+    int n_conns;          /* ADMIN: open connections, at most IDEM_ADMIN_MAX_CONNS (the public
+                             budget, max_connections, is metrics.connections, all workers) */
+    bool stopping;        /* the loop is stopping: no connection is kept alive */
+    idem_worker_t *w;     /* PUBLIC: the worker whose requests these are */
+    idem_admin_t *admin;  /* ADMIN: whose endpoints answer */
+} idem_listener_t;
+
+/* The admin's budget, apart from max_connections; main.c fits RLIMIT_NOFILE to it. */
+#define IDEM_ADMIN_MAX_CONNS 64  /* admin connections at once */
+#define IDEM_LISTEN_BACKLOG 1024 /* public listener */
+#define IDEM_ADMIN_BACKLOG 128   /* admin listener */
+
+/** Bind and listen on host:port (an IPv4 or IPv6 literal), without
+ * SO_REUSEPORT: an address another process listens on fails (EADDRINUSE).
+ * @param what  the flag named in a failure ("--listen").
+ * @return the listening socket (close-on-exec, owned by the caller), or -1
+ *         with err set ("--listen: cannot listen on H:P: address already in use"). */
+int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                       size_t errlen);
+/** Watch a dup() of the listening socket listen_fd with tcp on loop; the
+ * caller keeps listen_fd (and may close it: the dup keeps the socket open).
+ * Several loops may each open the same listening socket: each connection is
+ * accepted by one of them.
+ * @return 0, or -1 with err set; tcp may then be initialised and must be closed. */
+int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
+                           uv_connection_cb cb, const char *what, char *err, size_t errlen);
+
+/* ---- connections ------------------------------------------------------------ */
+
+/** Queue bytes (copied) on the request's client; no-op if the client left. */
+void idem_conn_write(idem_conn_t *c, const void *p, size_t n);
+size_t idem_conn_queue_size(idem_conn_t *c);
 
 /* A streamed response pauses its upstream when the client lags this much;
  * the upstream reads again once the client's queue is under half of it. */

@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "gateway/gateway.h"
+#include "gateway/log.h"
+#include "gateway/request.h"
+#include "gateway/worker.h"
 #include "idem/clock.h"
 
 #define LOG_FLUSH_AT (32 * 1024)

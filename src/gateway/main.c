@@ -27,7 +27,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/log.h"
+#include "gateway/worker.h"
 #include "idem/units.h"
 #include "idem/version.h"
 

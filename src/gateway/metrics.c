@@ -7,7 +7,7 @@
  */
 #include <stdio.h>
 
-#include "gateway/gateway.h"
+#include "gateway/metrics.h"
 
 static const char *const outcome_names[] = {
 #define IDEM__OUTCOME_NAME(name, text) text,

@@ -1,8 +1,9 @@
 /* src/gateway/outcome.h - what became of a request: the outcomes counted in
  * idem_requests_total{outcome="..."} and written in the access log.
  *
- * Apart from gateway.h so that the loop-free parts of idemd (request_plan.h)
- * can name an outcome without seeing libuv.  The list only grows.
+ * Apart from metrics.h, which counts them, so that the loop-free parts of
+ * idemd (request_plan.h) can name an outcome with nothing else.  The list
+ * only grows.
  */
 #ifndef IDEM_GATEWAY_OUTCOME_H
 #define IDEM_GATEWAY_OUTCOME_H

@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "gateway/gateway.h"
+#include "gateway/problem.h"
 
 static const struct {
     const char *type;

@@ -57,7 +57,11 @@
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/log.h"
+#include "gateway/problem.h"
 #include "gateway/request.h"
+#include "gateway/worker.h"
+#include "idem/alloc.h"
 #include "idem/clock.h"
 
 #define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */

@@ -12,7 +12,95 @@
 #ifndef IDEM_GATEWAY_REQUEST_H
 #define IDEM_GATEWAY_REQUEST_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
 #include "gateway/gateway.h"
+#include "gateway/list.h"
+#include "gateway/outcome.h"
+#include "gateway/req_state.h"
+#include "gateway/request_plan.h"
+#include "gateway/upstream.h"
+#include "gateway/worker.h"
+#include "gateway/writer.h"
+#include "http/http.h"
+#include "idem/engine.h"
+#include "idem/key.h"
+#include "idem/record.h"
+
+typedef struct idem_conn idem_conn_t;
+typedef struct idem_req idem_req_t;
+
+struct idem_req {
+    idem_worker_t *w;
+    idem_conn_t *conn;            /* NULL once answered, or once the client has gone */
+    idem_link_t link;             /* in w->reqs */
+    idem_req_life_t life;         /* its state, and what holds it (req_state.h) */
+    char *head;                   /* a copy of the request head; msg points into it */
+    idem_http_msg_t msg;
+    /* The normalised origin-form target (docs/protocol.md section 5), in head's
+     * allocation: what routes match, the fingerprint hashes and the
+     * upstream is sent.  msg.target stays as received (for the log). */
+    const char *target;
+    size_t target_len;
+    size_t path_len;              /* target[0..path_len) is the path */
+    idem_slice_t authority;       /* an absolute-form target's authority (into head), else empty */
+    idem_buf_t body;              /* the decoded request body */
+    const idem_route_t *route;    /* NULL: no route (off) */
+    const idem_policy_t *policy;  /* route's or defaults */
+    bool keyed;                   /* goes through the store */
+    bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
+    bool token_spent;             /* a token route's request spent its token (id names it) */
+    idem_gw_kind_t kind;          /* what the head's checks decided (idem_gw_classify) */
+    char token[IDEM_TOKEN_LEN + 1]; /* a token route's token, as those checks parsed it */
+    uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
+    bool holds_slot;              /* outlived its connection: counts in max_connections */
+    idem_key_id_t id;
+    uint8_t fp[IDEM_FP_LEN];
+    uint64_t fence;
+    uint64_t t_start_ns;
+    int64_t wait_deadline_ms;     /* on_conflict: wait */
+    idem_outcome_t outcome;
+    int status;                   /* what the client was answered */
+    uv_timer_t timer;             /* renewal, waiting for a repeat's owner, completion retries */
+    bool timer_made;              /* timer initialised (on first use: most requests need none) */
+    uv_work_t fp_work;            /* a large body's fingerprint, in libuv's thread pool */
+    int fp_rc;                    /* what req_fingerprint returned there */
+    idem_wjob_t job;              /* claim/complete/release/hold/token */
+    idem_wjob_t renew_job;        /* in flight while the life holds IDEM_HOLD_RENEW */
+    int64_t lease_until_ms;       /* our lease ends (claim, then each renewal) */
+    int complete_tries;           /* completions refused by a failing store so far */
+    /* upstream */
+    idem_upstream_req_t up;       /* the upstream call; up.resp is the response head */
+    idem_up_result_t up_result;   /* why the upstream call failed */
+    uint64_t t_up_ns;
+    idem_buf_t resp_body;         /* captured (bounded) body */
+    uint64_t capture_limit;
+    bool streaming;               /* body over the capture limit: relayed as it comes */
+    bool stream_chunked;          /* the client gets chunked coding */
+    bool stream_close;            /* the client gets close-delimited body */
+    idem_header_t *store_headers; /* response headers kept for replay */
+    size_t n_store_headers;
+    idem_response_t store_resp;   /* what COMPLETE stores; points into resp_head/resp_body */
+};
+
+/** The request as the loop-free steps read it (request_plan.h): valid while
+ * req lives and its head and body do not change. */
+static inline idem_gw_request_t idem_req_view(const idem_req_t *req)
+{
+    return (idem_gw_request_t){
+        .msg = &req->msg,
+        .target = req->target,
+        .target_len = req->target_len,
+        .path_len = req->path_len,
+        .authority = req->authority,
+        .body = (const uint8_t *)req->body.data,
+        .body_len = req->body.len,
+    };
+}
+
 
 static inline idem_gw_t *req_gw(const idem_req_t *req) { return req->w->gw; }
 
@@ -79,9 +167,5 @@ void idem__req_issue_token(idem_req_t *req);
 void idem__req_spend_token(idem_req_t *req);
 /** The upstream did nothing with a token's request: restore the token, then answer. */
 void idem__req_give_token_back(idem_req_t *req);
-
-/* worker.c */
-/** A stopping worker's loop ends once its last request and connection have. */
-void idem__worker_maybe_exit(idem_worker_t *w);
 
 #endif /* IDEM_GATEWAY_REQUEST_H */

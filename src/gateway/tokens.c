@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gateway/gateway.h"
+#include "gateway/log.h"
 #include "gateway/request.h"
 #include "idem/clock.h"
 #include "idem/token.h"

@@ -1,7 +1,7 @@
 /* src/gateway/worker.c - a worker thread: its loop, its store jobs, its
  * start and stop.
  *
- * idemd runs N workers (gateway.h), each a thread with its own uv_loop_t,
+ * idemd runs N workers (worker.h), each a thread with its own uv_loop_t,
  * listener, client connections (conn.c), requests (request.c) and upstream
  * client (upstream.c).  A request's store work is a job: it goes to the one
  * writer thread (writer.c), which applies it in a group commit and hands it
@@ -27,7 +27,9 @@
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/log.h"
 #include "gateway/request.h"
+#include "gateway/worker.h"
 
 /* ---- the writer round trip ------------------------------------------------ */
 

@@ -31,6 +31,8 @@
 #include <time.h>
 
 #include "gateway/gateway.h"
+#include "gateway/worker.h"
+#include "gateway/writer.h"
 #include "idem/clock.h"
 
 #define WRITER_BATCH_MAX IDEM_JOBS_BATCH_MAX

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gateway/gateway.h"
+#include "gateway/metrics.h"
 
 static char *render(idem_metrics_t *m)
 {

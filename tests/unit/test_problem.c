@@ -8,7 +8,7 @@
 #include <jansson.h>
 #include <string.h>
 
-#include "gateway/gateway.h"
+#include "gateway/problem.h"
 
 static const idem_http_reply_t KEEP = {.version_minor = 1, .keep_alive = true};
 static const idem_http_reply_t CLOSE = {.version_minor = 1, .keep_alive = false};

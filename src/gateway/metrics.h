@@ -1,0 +1,60 @@
+/* src/gateway/metrics.h - idemd's counters and histograms, and the names of
+ * the outcomes they count (metrics.c).
+ *
+ * One idem_metrics_t per process (gw->metrics): every thread bumps it with
+ * atomics, and the admin thread renders it for /metrics and reads it for
+ * /readyz.  Some gauges are also the budgets they report: max_connections is
+ * checked on connections and max_buffered_bytes on buffered_bytes (conn.c).
+ * Nothing here knows a loop.
+ *
+ * THREADING: any thread (atomics, no lock).
+ */
+#ifndef IDEM_GATEWAY_METRICS_H
+#define IDEM_GATEWAY_METRICS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gateway/outcome.h"
+#include "http/http.h"
+
+#define IDEM_HIST_BUCKETS 14
+
+typedef struct idem_hist {
+    _Atomic uint64_t buckets[IDEM_HIST_BUCKETS + 1]; /* last: +Inf */
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_us;
+} idem_hist_t;
+
+typedef struct idem_metrics {
+    _Atomic uint64_t requests[IDEM_OUT__COUNT];
+    _Atomic int64_t in_flight;        /* requests being processed now */
+    _Atomic uint64_t store_batches;   /* writer transactions */
+    _Atomic uint64_t store_ops;       /* operations in them */
+    _Atomic uint64_t store_errors;
+    _Atomic uint64_t store_gets;      /* idem_store_get calls (reads outside the writer) */
+    _Atomic uint64_t cache_hits;      /* answers from local_cache */
+    /* Resources clients hold (docs/protocol.md section 11): the gauges are
+     * also the counters max_connections and max_buffered_bytes are checked on. */
+    _Atomic uint64_t connections;     /* public connections, and requests that outlived theirs */
+    _Atomic uint64_t conns_refused;   /* public connections closed at once: max_connections */
+    _Atomic uint64_t admin_conns_refused; /* admin connections over IDEM_ADMIN_MAX_CONNS */
+    _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
+    _Atomic uint64_t scope_fallback_authorization; /* a scope source absent: SHA-256 of Authorization */
+    _Atomic uint64_t scope_fallback_anonymous;     /* ... and no Authorization: "anonymous" */
+    _Atomic bool store_full;          /* the store refused a write for want of room, and
+                                       * none as large has succeeded since (readyz) */
+    _Atomic uint64_t store_full_bytes; /* the largest response payload it refused */
+    idem_hist_t upstream_latency;
+    idem_hist_t store_latency;        /* one writer transaction */
+    idem_hist_t request_latency;
+} idem_metrics_t;
+
+void idem_metrics_count(idem_metrics_t *m, idem_outcome_t o);
+void idem_hist_observe(idem_hist_t *h, uint64_t ns);
+/** Render Prometheus text into out.  @return 0 or -1 (out full). */
+int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out);
+const char *idem_outcome_name(idem_outcome_t o);
+
+#endif /* IDEM_GATEWAY_METRICS_H */
