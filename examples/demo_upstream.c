@@ -14,7 +14,7 @@
  * the oldest first.
  *
  * It is also an example of driving src/http/http.h from an event loop: the
- * head is parsed from the bytes received so far (idem_http_parse_request
+ * head is parsed from the bytes received so far (idem__http_parse_request
  * answers INCOMPLETE until it is whole), copied aside so its slices stay
  * valid, and consumed; the body is then fed through idem_http_body_t as it
  * arrives and only counted, never stored, so a connection holds at most one
@@ -147,9 +147,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void on_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
-    idem_buf_cleanup(&c->in);
-    idem_buf_cleanup(&c->head);
-    idem_buf_cleanup(&c->out);
+    idem__buf_cleanup(&c->in);
+    idem__buf_cleanup(&c->head);
+    idem__buf_cleanup(&c->out);
     free(c);
 }
 
@@ -186,7 +186,7 @@ static void on_written(uv_write_t *req, int status)
 {
     wreq_t *w = (wreq_t *)req;
     conn_t *c = req->handle->data;
-    idem_buf_cleanup(&w->buf);
+    idem__buf_cleanup(&w->buf);
     free(w);
     if (status != 0) {
         conn_close(c);
@@ -211,10 +211,10 @@ static void flush(conn_t *c)
         return;
     }
     w->buf = c->out;
-    idem_buf_init(&c->out, OUT_MAX);
+    idem__buf_init(&c->out, OUT_MAX);
     uv_buf_t b = uv_buf_init(w->buf.data, (unsigned)w->buf.len);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
-        idem_buf_cleanup(&w->buf);
+        idem__buf_cleanup(&w->buf);
         free(w);
         conn_close(c);
         return;
@@ -252,12 +252,12 @@ static void reply(conn_t *c, int status, json_t *body, bool head_only)
         c->closing = true;
     }
     size_t len = text ? strlen(text) : 0;
-    if (idem_http_write_status(&c->out, status) != 0 ||
-        idem_buf_append_str(&c->out, "Content-Type: application/json\r\n") != 0 ||
-        idem_buf_appendf(&c->out, "Content-Length: %zu\r\n%s\r\n", len + 1,
-                         c->closing ? "Connection: close\r\n" : "") != 0 ||
-        (!head_only && (idem_buf_append(&c->out, text, len) != 0 ||
-                        idem_buf_append(&c->out, "\n", 1) != 0)))
+    if (idem__http_write_status(&c->out, status) != 0 ||
+        idem__buf_append_str(&c->out, "Content-Type: application/json\r\n") != 0 ||
+        idem__buf_appendf(&c->out, "Content-Length: %zu\r\n%s\r\n", len + 1,
+                          c->closing ? "Connection: close\r\n" : "") != 0 ||
+        (!head_only &&
+         (idem__buf_append(&c->out, text, len) != 0 || idem__buf_append(&c->out, "\n", 1) != 0)))
         c->closing = true; /* out of room: drop the connection */
     free(text);
 }
@@ -270,7 +270,7 @@ static void reply_error(conn_t *c, int status, const char *what)
 
 static const char *field(const idem_http_msg_t *m, const char *name, size_t *len)
 {
-    const idem_http_field_t *f = idem_http_find(m, name);
+    const idem_http_field_t *f = idem__http_find(m, name);
     *len = f ? f->value.len : 0;
     return f ? f->value.ptr : NULL;
 }
@@ -289,8 +289,8 @@ static void answer(conn_t *c)
 
     if (is_get && path_len == 6 && memcmp(target, "/count", 6) == 0) {
         char key[IDEM_HTTP_MAX_HEAD];
-        long n = qmark ? idem_http_query_param(qmark + 1, m->target.len - path_len - 1, "key", key,
-                                               sizeof key)
+        long n = qmark ? idem__http_query_param(qmark + 1, m->target.len - path_len - 1, "key",
+                                                key, sizeof key)
                        : -1;
         if (n < 0) {
             reply(c, 400, json_pack("{s:s}", "error", "want /count?key=K"), head_only);
@@ -329,19 +329,20 @@ static void answer(conn_t *c)
  * slices stay valid while the body streams through c->in. */
 static int start_request(conn_t *c, size_t head_len)
 {
-    idem_buf_reset(&c->head);
-    if (idem_buf_append(&c->head, c->in.data, head_len) != 0)
+    idem__buf_reset(&c->head);
+    if (idem__buf_append(&c->head, c->in.data, head_len) != 0)
         return -1;
-    idem_buf_consume(&c->in, head_len);
+    idem__buf_consume(&c->in, head_len);
     idem_http_head_state_t st = {0};
-    if (idem_http_parse_request(&st, c->head.data, c->head.len, IDEM_HTTP_MAX_HEAD, &c->msg) <= 0)
+    if (idem__http_parse_request(&st, c->head.data, c->head.len, IDEM_HTTP_MAX_HEAD, &c->msg) <=
+        0)
         return -1;
     memset(&c->hs, 0, sizeof c->hs);
-    idem_http_body_init(&c->body, &c->msg, MAX_BODY);
+    idem__http_body_init(&c->body, &c->msg, MAX_BODY);
     c->in_body = true;
     if (c->msg.expect_continue && c->msg.framing != IDEM_HTTP_BODY_NONE &&
         c->msg.content_length <= MAX_BODY)
-        idem_buf_append_str(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
+        idem__buf_append_str(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
     return 0;
 }
 
@@ -361,8 +362,8 @@ static void process(conn_t *c)
 {
     while (!c->closing) {
         if (!c->in_body) {
-            int rc = idem_http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD,
-                                             &c->msg);
+            int rc = idem__http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD,
+                                              &c->msg);
             if (rc == IDEM_HTTP_INCOMPLETE)
                 break;
             if (rc < 0) {
@@ -380,8 +381,8 @@ static void process(conn_t *c)
         }
         size_t used;
         idem_slice_t data;
-        int rc = idem_http_body_feed(&c->body, c->in.data, c->in.len, &used, &data);
-        idem_buf_consume(&c->in, used);
+        int rc = idem__http_body_feed(&c->body, c->in.data, c->in.len, &used, &data);
+        idem__buf_consume(&c->in, used);
         if (rc == IDEM_HTTP_BODY_DATA)
             continue; /* only counted (c->body.total) */
         if (rc == IDEM_HTTP_INCOMPLETE)
@@ -411,7 +412,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->closing)
         return;
-    if (idem_buf_append(&c->in, buf->base, (size_t)nread) != 0) {
+    if (idem__buf_append(&c->in, buf->base, (size_t)nread) != 0) {
         reply_error(c, 431, "request head too large");
         flush(c);
         finish(c);
@@ -427,9 +428,9 @@ static void on_connection(uv_stream_t *server, int status)
     conn_t *c = calloc(1, sizeof *c);
     if (c == NULL)
         return;
-    idem_buf_init(&c->in, IN_MAX);
-    idem_buf_init(&c->head, IDEM_HTTP_MAX_HEAD);
-    idem_buf_init(&c->out, OUT_MAX);
+    idem__buf_init(&c->in, IN_MAX);
+    idem__buf_init(&c->head, IDEM_HTTP_MAX_HEAD);
+    idem__buf_init(&c->out, OUT_MAX);
     uv_tcp_init(server->loop, &c->tcp);
     c->tcp.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||

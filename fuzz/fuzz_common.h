@@ -29,7 +29,7 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
                   size_t *out_len, size_t *used)
 {
     idem_http_body_t b;
-    idem_http_body_init(&b, m, BODY_LIMIT);
+    idem__http_body_init(&b, m, BODY_LIMIT);
     size_t off = 0, avail = 0;
     *out_len = 0;
     for (;;) {
@@ -37,7 +37,7 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
             avail = (piece == 0 || len - avail < piece) ? len : avail + piece;
         size_t c = 0;
         idem_slice_t d;
-        int rc = idem_http_body_feed(&b, in + off, avail - off, &c, &d);
+        int rc = idem__http_body_feed(&b, in + off, avail - off, &c, &d);
         CHECK(c <= avail - off);
         off += c;
         if (rc == IDEM_HTTP_BODY_DATA) {
@@ -54,9 +54,9 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
                   rc == IDEM_HTTP_E_BODY || rc == IDEM_HTTP_E_BODY_TOO_LARGE);
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 CHECK(off == len);
-                CHECK(idem_http_body_eof(&b) == (m->framing == IDEM_HTTP_BODY_EOF
-                                                     ? IDEM_HTTP_BODY_DONE
-                                                     : IDEM_HTTP_E_BODY));
+                CHECK(
+                    idem__http_body_eof(&b) ==
+                    (m->framing == IDEM_HTTP_BODY_EOF ? IDEM_HTTP_BODY_DONE : IDEM_HTTP_E_BODY));
             }
             *used = off;
             return rc;
@@ -94,8 +94,8 @@ typedef struct head_parser {
 static int run_parser(const head_parser_t *p, idem_http_head_state_t *st, const char *buf,
                       size_t len, idem_http_msg_t *m)
 {
-    return p->method.ptr ? idem_http_parse_response(st, buf, len, MAX_HEAD, p->method, m)
-                         : idem_http_parse_request(st, buf, len, MAX_HEAD, m);
+    return p->method.ptr ? idem__http_parse_response(st, buf, len, MAX_HEAD, p->method, m)
+                         : idem__http_parse_request(st, buf, len, MAX_HEAD, m);
 }
 
 /* Parse a head at once, then again as a prefix of `split` bytes (in its own

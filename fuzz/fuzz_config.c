@@ -1,12 +1,12 @@
 /* fuzz/fuzz_config.c - libFuzzer target for idemd's configuration loader
- * (idem_config_load_file, src/gateway/config.c).
+ * (idem__config_load_file, src/gateway/config.c).
  *
  * The input is the text of the YAML file.  The loader takes a path, so the
  * input is written to a memfd (made once) and the loader is given
  * /proc/self/fd/N: no file on disk, nothing to clean up.  Properties checked:
  *   - the result is 0 or -1; on -1 the message is one line that starts
  *     with the file name; on 0 there is no message;
- *   - an accepted file leaves a config that passes idem_config_validate,
+ *   - an accepted file leaves a config that passes idem__config_validate,
  *     except for the one check that is between two keys the file may set
  *     on their own (admin on the same address as listen), and that holds
  *     what the loader promises: every list within IDEM_CONFIG_MAX_LIST,
@@ -16,7 +16,7 @@
  *   - loading the same file again over the result changes nothing;
  *   - out of memory at the Nth allocation (N from a hash of the input) is
  *     -1 with "out of memory" in the message, or the same config as before;
- *   - nothing leaks (LeakSanitizer) and idem_config_match runs on the result.
+ *   - nothing leaks (LeakSanitizer) and idem__config_match runs on the result.
  * libFuzzer's -timeout catches a hang; the loader's own limit on the file
  * is 1 MiB, above libFuzzer's default input size.
  */
@@ -80,7 +80,7 @@ static void check_config(const idem_config_t *cfg)
 {
     char err[512];
     static const char same[] = "admin: must not be the same address as listen:";
-    if (idem_config_validate(cfg, err, sizeof err) != 0)
+    if (idem__config_validate(cfg, err, sizeof err) != 0)
         CHECK(strncmp(err, same, sizeof same - 1) == 0);
     CHECK(cfg->n_routes <= IDEM_CONFIG_MAX_ROUTES);
     CHECK(cfg->upstream_timeout_ms > 0 && cfg->token_ttl_ms > 0);
@@ -94,8 +94,8 @@ static void check_config(const idem_config_t *cfg)
         CHECK(rt->mode >= IDEM_MODE_REQUIRED && rt->mode <= IDEM_MODE_OFF);
         check_policy(&rt->policy);
     }
-    (void)idem_config_match(cfg, "POST", 4, "/orders/1?x=1", 13);
-    (void)idem_config_match(cfg, "PATCH", 5, "http://h/a", 10);
+    (void)idem__config_match(cfg, "POST", 4, "/orders/1?x=1", 13);
+    (void)idem__config_match(cfg, "PATCH", 5, "http://h/a", 10);
 }
 
 static void dump_policy(FILE *f, const idem_policy_t *p)
@@ -141,8 +141,8 @@ static char *dump(const idem_config_t *cfg)
 /* Load the file over fresh defaults; returns the loader's result. */
 static int load(idem_config_t *cfg, char *err, size_t errlen)
 {
-    CHECK(idem_config_defaults(cfg) == 0);
-    return idem_config_load_file(cfg, path, err, errlen);
+    CHECK(idem__config_defaults(cfg) == 0);
+    return idem__config_load_file(cfg, path, err, errlen);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -163,7 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != 0) {
         CHECK(strncmp(err, path, strlen(path)) == 0);
         CHECK(strchr(err, '\n') == NULL);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return 0;
     }
     CHECK(err[0] == '\0');
@@ -171,16 +171,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *first = dump(&cfg);
 
     /* The same file over its own result. */
-    CHECK(idem_config_load_file(&cfg, path, err, sizeof err) == 0);
+    CHECK(idem__config_load_file(&cfg, path, err, sizeof err) == 0);
     char *second = dump(&cfg);
     CHECK(strcmp(first, second) == 0);
     free(second);
-    idem_config_cleanup(&cfg);
+    idem__config_cleanup(&cfg);
 
     /* Out of memory at the Nth allocation. */
-    CHECK(idem_config_defaults(&cfg2) == 0);
+    CHECK(idem__config_defaults(&cfg2) == 0);
     idem_alloc_fail_after((long)(fuzz_hash(data, size) % 64) + 1);
-    rc = idem_config_load_file(&cfg2, path, err, sizeof err);
+    rc = idem__config_load_file(&cfg2, path, err, sizeof err);
     idem_alloc_fail_after(0);
     if (rc == 0) {
         char *third = dump(&cfg2);
@@ -189,7 +189,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         CHECK(strstr(err, "out of memory") != NULL);
     }
-    idem_config_cleanup(&cfg2);
+    idem__config_cleanup(&cfg2);
     free(first);
     return 0;
 }

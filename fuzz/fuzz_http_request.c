@@ -34,14 +34,14 @@ static void check_target(idem_slice_t target)
     char *norm = malloc(cap), *again = malloc(cap);
     CHECK(norm != NULL && again != NULL);
     idem_http_target_t t, t2;
-    int rc = idem_http_target_normalize(target.ptr, target.len, norm, cap, &t);
+    int rc = idem__http_target_normalize(target.ptr, target.len, norm, cap, &t);
     CHECK(rc <= 0 && rc != IDEM_TARGET_E_SPACE);
     if (rc == IDEM_TARGET_OK) {
         CHECK(t.len <= target.len && t.path_len <= t.len && norm[0] == '/' && norm[t.len] == 0);
         CHECK(t.authority.len == 0 || inside(t.authority, target.ptr, target.len));
-        CHECK(idem_http_target_normalize(norm, t.len, again, cap, &t2) == IDEM_TARGET_OK);
+        CHECK(idem__http_target_normalize(norm, t.len, again, cap, &t2) == IDEM_TARGET_OK);
         CHECK(t2.len == t.len && t2.path_len == t.path_len && memcmp(norm, again, t.len) == 0);
-        CHECK(idem_http_path_has_prefix(norm, t.path_len, norm, t.path_len));
+        CHECK(idem__http_path_has_prefix(norm, t.path_len, norm, t.path_len));
     }
     free(norm);
     free(again);
@@ -66,7 +66,7 @@ static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t 
     CHECK(m->content_length <= ((uint64_t)1 << 53));
     CHECK(!m->expect_continue || m->version_minor == 1);
     CHECK(m->framing != IDEM_HTTP_BODY_CHUNKED || m->version_minor == 1);
-    CHECK(idem_http_count(m, "content-length") <= 1);
+    CHECK(idem__http_count(m, "content-length") <= 1);
     check_target(m->target);
 }
 
@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = parse_head(&parser, buf + off, left, split_byte * left / 255, &m);
         if (rc <= 0)
             break;
-        (void)idem_http_is_hop_by_hop(&m, (idem_slice_t){"x-a", 3});
+        (void)idem__http_is_hop_by_hop(&m, (idem_slice_t){"x-a", 3});
         off += (size_t)rc;
         size_t used = decode_both_ways(&m, buf + off, size - off, piece, out1, out2);
         if (used == SIZE_MAX)

@@ -48,7 +48,7 @@ static void check_msg(const idem_http_msg_t *m, int rc, const char *buf, size_t 
     CHECK(m->content_length <= ((uint64_t)1 << 53));
     CHECK(!m->expect_continue);
     CHECK(m->framing != IDEM_HTTP_BODY_CHUNKED || m->version_minor == 1);
-    CHECK(idem_http_count(m, "content-length") <= 1);
+    CHECK(idem__http_count(m, "content-length") <= 1);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = parse_head(&parser, buf + off, left, split_byte * left / 255, &m);
         if (rc <= 0)
             break;
-        (void)idem_http_is_hop_by_hop(&m, (idem_slice_t){"x-a", 3});
+        (void)idem__http_is_hop_by_hop(&m, (idem_slice_t){"x-a", 3});
         off += (size_t)rc;
         size_t used = decode_both_ways(&m, buf + off, size - off, piece, out1, out2);
         if (used == SIZE_MAX)

@@ -1,6 +1,6 @@
 /* fuzz/fuzz_request_path.c - libFuzzer target for idemd's request path as a
  * whole: request bytes in, a decision and the bytes sent upstream out
- * (idem_gw_plan_request, src/gateway/request_plan.c, whose steps conn.c and
+ * (idem__gw_plan_request, src/gateway/request_plan.c, whose steps conn.c and
  * request.c call on the loop).
  *
  * The input's first byte picks one of four configurations (below); the
@@ -108,8 +108,8 @@ static void load_configs(void)
         size_t n = strlen(yaml[i]);
         CHECK(ftruncate(fd, 0) == 0);
         CHECK(n == 0 || pwrite(fd, yaml[i], n, 0) == (ssize_t)n);
-        CHECK(idem_config_defaults(&configs[i]) == 0);
-        if (n > 0 && idem_config_load_file(&configs[i], path, err, sizeof err) != 0) {
+        CHECK(idem__config_defaults(&configs[i]) == 0);
+        if (n > 0 && idem__config_load_file(&configs[i], path, err, sizeof err) != 0) {
             fprintf(stderr, "config %zu: %s\n", i, err);
             CHECK(0);
         }
@@ -160,7 +160,7 @@ static char *exact_copy(const char *p, size_t n)
 static void plan(const idem_config_t *cfg, uint64_t fence, const char *in, size_t len,
                  idem_gw_plan_t *out)
 {
-    CHECK(idem_gw_plan_request(cfg, UPSTREAM_HOST, fence, in, len, out) == IDEM_OK);
+    CHECK(idem__gw_plan_request(cfg, UPSTREAM_HOST, fence, in, len, out) == IDEM_OK);
 }
 
 /* Two plans of one message agree on everything (but the 100 Continue
@@ -207,30 +207,30 @@ static void same_plan(const idem_gw_plan_t *a, const idem_gw_plan_t *b, bool inv
 
 static bool is_kept(const idem_config_t *cfg, idem_slice_t name)
 {
-    return idem_slice_eq_ci(name, "Idempotency-Key") ||
-           idem_slice_eq_ci(name, "Idempotency-Token") || idem_slice_eq_ci(name, "Host") ||
-           idem_gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, name);
+    return idem__slice_eq_ci(name, "Idempotency-Key") ||
+           idem__slice_eq_ci(name, "Idempotency-Token") || idem__slice_eq_ci(name, "Host") ||
+           idem__gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, name);
 }
 
 /* The hop-by-hop fields that frame a connection: never forwarded. */
 static bool frames_connection(idem_slice_t name)
 {
-    return idem_http_is_hop_by_hop(NULL, name) &&
-           !(name.len >= 6 && idem_slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-"));
+    return idem__http_is_hop_by_hop(NULL, name) &&
+           !(name.len >= 6 && idem__slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-"));
 }
 
 /* Whether the client's field f is one the upstream must get unchanged. */
 static bool end_to_end(const idem_config_t *cfg, const idem_http_msg_t *m,
                        const idem_http_field_t *f, bool absolute)
 {
-    if (idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
-        idem_slice_eq_ci(f->name, "Idempotency-Fence"))
+    if (idem__slice_eq_ci(f->name, "Content-Length") || idem__slice_eq_ci(f->name, "Expect") ||
+        idem__slice_eq_ci(f->name, "Idempotency-Fence"))
         return false;
     if (frames_connection(f->name))
         return false;
-    if (idem_slice_eq_ci(f->name, "Host"))
+    if (idem__slice_eq_ci(f->name, "Host"))
         return !absolute;
-    return is_kept(cfg, f->name) || !idem_http_is_hop_by_hop(m, f->name);
+    return is_kept(cfg, f->name) || !idem__http_is_hop_by_hop(m, f->name);
 }
 
 static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, uint64_t fence)
@@ -250,7 +250,7 @@ static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, u
 
     static idem_http_msg_t um;
     idem_http_head_state_t hs = {0};
-    int rc = idem_http_parse_request(&hs, wire, wlen, IDEM_HTTP_MAX_HEAD, &um);
+    int rc = idem__http_parse_request(&hs, wire, wlen, IDEM_HTTP_MAX_HEAD, &um);
     if (rc != (int)p->upstream.len) {
         fprintf(stderr, "upstream head re-parses as %d, not %zu:\n%.*s\n", rc, p->upstream.len,
                 (int)p->upstream.len, p->upstream.data);
@@ -264,30 +264,30 @@ static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, u
     char *again = malloc(um.target.len + 2);
     CHECK(again != NULL);
     idem_http_target_t t2;
-    CHECK(idem_http_target_normalize(um.target.ptr, um.target.len, again, um.target.len + 2,
-                                     &t2) == IDEM_TARGET_OK);
+    CHECK(idem__http_target_normalize(um.target.ptr, um.target.len, again, um.target.len + 2,
+                                      &t2) == IDEM_TARGET_OK);
     CHECK(t2.len == p->t.len && t2.path_len == p->t.path_len && t2.authority.len == 0);
     CHECK(memcmp(again, p->target, t2.len) == 0);
     free(again);
     if (p->cls.kind != IDEM_GW_TOKEN_ISSUE)
-        CHECK(idem_config_match(cfg, um.method.ptr, um.method.len, um.target.ptr, t2.path_len) ==
+        CHECK(idem__config_match(cfg, um.method.ptr, um.method.len, um.target.ptr, t2.path_len) ==
               p->cls.route);
 
     /* Framing: Content-Length of the decoded body, and nothing after it. */
     if (p->body.len > 0 || cm->framing != IDEM_HTTP_BODY_NONE) {
         CHECK(um.framing == IDEM_HTTP_BODY_LENGTH && um.content_length == p->body.len);
-        CHECK(idem_http_count(&um, "Content-Length") == 1);
+        CHECK(idem__http_count(&um, "Content-Length") == 1);
     } else {
         CHECK(um.framing == IDEM_HTTP_BODY_NONE);
     }
     idem_http_body_t b;
-    idem_http_body_init(&b, &um, 0);
+    idem__http_body_init(&b, &um, 0);
     size_t off = (size_t)rc, got = 0;
     int brc;
     for (;;) {
         size_t used = 0;
         idem_slice_t d = {0};
-        brc = idem_http_body_feed(&b, wire + off, wlen - off, &used, &d);
+        brc = idem__http_body_feed(&b, wire + off, wlen - off, &used, &d);
         off += used;
         if (brc != IDEM_HTTP_BODY_DATA)
             break;
@@ -298,9 +298,9 @@ static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, u
     CHECK(got == p->body.len && off == wlen);
 
     /* Host: one, the authority, else the client's, else the upstream's. */
-    CHECK(idem_http_count(&um, "Host") == 1);
-    const idem_http_field_t *host = idem_http_find(&um, "Host");
-    const idem_http_field_t *chost = idem_http_find(cm, "Host");
+    CHECK(idem__http_count(&um, "Host") == 1);
+    const idem_http_field_t *host = idem__http_find(&um, "Host");
+    const idem_http_field_t *chost = idem__http_find(cm, "Host");
     if (absolute)
         CHECK(slice_eq(host->value, p->t.authority));
     else if (chost)
@@ -309,23 +309,23 @@ static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, u
         CHECK(slice_is(host->value, UPSTREAM_HOST, strlen(UPSTREAM_HOST)));
 
     /* Fields idemd drops or adds. */
-    CHECK(idem_http_count(&um, "Expect") == 0);
-    CHECK(idem_http_count(&um, "Transfer-Encoding") == 0);
+    CHECK(idem__http_count(&um, "Expect") == 0);
+    CHECK(idem__http_count(&um, "Transfer-Encoding") == 0);
     CHECK(!um.expect_continue && !um.upgrade);
     for (size_t i = 0; i < um.n_fields; i++) {
         const idem_http_field_t *f = &um.fields[i];
         CHECK(!frames_connection(f->name));
-        if (idem_http_is_hop_by_hop(cm, f->name))
+        if (idem__http_is_hop_by_hop(cm, f->name))
             CHECK(is_kept(cfg, f->name));
     }
-    CHECK(idem_http_count(&um, "Idempotency-Fence") == (keyed ? 1u : 0u));
+    CHECK(idem__http_count(&um, "Idempotency-Fence") == (keyed ? 1u : 0u));
     if (keyed) {
         char want[32];
         int n = snprintf(want, sizeof want, "%llu", (unsigned long long)fence);
-        CHECK(slice_is(idem_http_find(&um, "Idempotency-Fence")->value, want, (size_t)n));
-        CHECK(idem_http_count(&um, "Idempotency-Key") == 1);
+        CHECK(slice_is(idem__http_find(&um, "Idempotency-Fence")->value, want, (size_t)n));
+        CHECK(idem__http_count(&um, "Idempotency-Key") == 1);
         char key[IDEM_KEY_MAX + 1];
-        const idem_http_field_t *k = idem_http_find(&um, "Idempotency-Key");
+        const idem_http_field_t *k = idem__http_find(&um, "Idempotency-Key");
         CHECK(idem_key_parse(k->value.ptr, k->value.len, key) == IDEM_OK);
         CHECK(strcmp(key, p->cls.key) == 0);
     }
@@ -345,7 +345,7 @@ static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, u
         }
         j++;
     }
-    CHECK(idem_http_count(&um, "Idempotency-Key") == idem_http_count(cm, "Idempotency-Key"));
+    CHECK(idem__http_count(&um, "Idempotency-Key") == idem__http_count(cm, "Idempotency-Key"));
     free(wire);
 }
 
@@ -368,7 +368,7 @@ static void check_fixed_point(const idem_config_t *cfg, const idem_gw_plan_t *p,
     CHECK(strcmp(q.cls.key, p->cls.key) == 0 && strcmp(q.cls.token, p->cls.token) == 0);
     if (same_scope && p->scoped)
         CHECK(q.scope_rc == p->scope_rc && strcmp(q.scope, p->scope) == 0);
-    if (p->fingerprinted && idem_http_count(&p->msg, "Connection") == 0)
+    if (p->fingerprinted && idem__http_count(&p->msg, "Connection") == 0)
         CHECK(memcmp(q.fp, p->fp, IDEM_FP_LEN) == 0);
     if (q.upstream.len != p->upstream.len ||
         memcmp(q.upstream.data, p->upstream.data, p->upstream.len) != 0) {
@@ -376,7 +376,7 @@ static void check_fixed_point(const idem_config_t *cfg, const idem_gw_plan_t *p,
                 (int)p->upstream.len, p->upstream.data, (int)q.upstream.len, q.upstream.data);
         CHECK(0);
     }
-    idem_gw_plan_cleanup(&q);
+    idem__gw_plan_cleanup(&q);
     free(wire);
 }
 
@@ -430,13 +430,13 @@ static void check_json_respelling(const idem_gw_plan_t *p)
         .body_len = clen,
     };
     uint8_t fp[IDEM_FP_LEN];
-    CHECK(idem_gw_fingerprint(pol, &rq, fp) == IDEM_OK);
+    CHECK(idem__gw_fingerprint(pol, &rq, fp) == IDEM_OK);
     CHECK(memcmp(fp, p->fp, IDEM_FP_LEN) == 0);
     size_t slen;
     char *s = spaced(canon, clen, &slen);
     rq.body = (const uint8_t *)s;
     rq.body_len = slen;
-    CHECK(idem_gw_fingerprint(pol, &rq, fp) == IDEM_OK);
+    CHECK(idem__gw_fingerprint(pol, &rq, fp) == IDEM_OK);
     CHECK(memcmp(fp, p->fp, IDEM_FP_LEN) == 0);
     free(s);
     idem_free(canon);
@@ -451,7 +451,7 @@ static void check_plan(size_t ci, const idem_gw_plan_t *p, const char *in, size_
     /* What our parser refuses is refused. */
     static idem_http_msg_t m;
     idem_http_head_state_t hs = {0};
-    int rc = idem_http_parse_request(&hs, in, len, IDEM_HTTP_MAX_HEAD, &m);
+    int rc = idem__http_parse_request(&hs, in, len, IDEM_HTTP_MAX_HEAD, &m);
     CHECK(rc == p->parse_rc);
     if (rc == IDEM_HTTP_INCOMPLETE)
         CHECK(p->verdict == IDEM_GW_INCOMPLETE);
@@ -528,14 +528,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE) {
             CHECK(k < a.used && c.verdict == IDEM_GW_INCOMPLETE);
         }
-        idem_gw_plan_cleanup(&c);
+        idem__gw_plan_cleanup(&c);
         free(prefix);
 
         bool more = (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE) &&
                     a.msg.keep_alive && a.used < left;
         size_t used = a.used;
-        idem_gw_plan_cleanup(&a);
-        idem_gw_plan_cleanup(&b);
+        idem__gw_plan_cleanup(&a);
+        idem__gw_plan_cleanup(&b);
         free(msg);
         if (!more)
             break;

@@ -919,20 +919,20 @@ static void method_not_allowed(reply_t *r, const char *allow)
 static bool transfer_key(const srv_request_t *req, transfer_arg_t *a, reply_t *r)
 {
     const idem_http_msg_t *m = req->msg;
-    size_t n = idem_http_count(m, "Idempotency-Key");
+    size_t n = idem__http_count(m, "Idempotency-Key");
     if (n == 0) {
         reply_problem(r, 400, "missing-key", "Missing Idempotency-Key", 0,
                       "POST /transfers needs an Idempotency-Key header");
         return false;
     }
-    const idem_http_field_t *f = idem_http_find(m, "Idempotency-Key");
+    const idem_http_field_t *f = idem__http_find(m, "Idempotency-Key");
     if (n > 1 || idem_key_parse(f->value.ptr, f->value.len, a->id.key) != IDEM_OK) {
         reply_problem(r, 400, "invalid-key", "Invalid Idempotency-Key", 0,
                       "the key must be given once, 1 to %d visible ASCII characters",
                       IDEM_KEY_MAX);
         return false;
     }
-    const idem_http_field_t *auth = idem_http_find(m, "Authorization");
+    const idem_http_field_t *auth = idem__http_find(m, "Authorization");
     idem_scope_from_header(auth ? auth->value.ptr : NULL, auth ? auth->value.len : 0,
                            a->id.scope);
     idem_fp_input_t in = {
@@ -959,8 +959,8 @@ static void handle(void *ctx, const srv_request_t *req, srv_response_t *resp)
     reply_t r = {0};
     char segs[MAX_SEGS][SEG_MAX];
     int n = split_path(req->path, segs);
-    bool get = idem_slice_eq_ci(req->msg->method, "GET");
-    bool post = idem_slice_eq_ci(req->msg->method, "POST");
+    bool get = idem__slice_eq_ci(req->msg->method, "GET");
+    bool post = idem__slice_eq_ci(req->msg->method, "POST");
     json_t *body = NULL;
 
     if (n == 1 && strcmp(segs[0], "healthz") == 0) {
@@ -1011,7 +1011,7 @@ static void handle(void *ctx, const srv_request_t *req, srv_response_t *resp)
             } else {
                 if (!app->keys) {
                     /* kept on the row only, so double charges can be counted */
-                    const idem_http_field_t *f = idem_http_find(req->msg, "Idempotency-Key");
+                    const idem_http_field_t *f = idem__http_find(req->msg, "Idempotency-Key");
                     if (f && idem_key_parse(f->value.ptr, f->value.len, a.id.key) == IDEM_OK)
                         a.key = a.id.key;
                 }

@@ -63,15 +63,15 @@ int srv_write(srv_response_t *resp, int status, const idem_header_t *headers, si
 {
     idem_buf_t *b = resp->out;
     size_t mark = b->len;
-    int rc = idem_http_write_status(b, status);
+    int rc = idem__http_write_status(b, status);
     for (size_t i = 0; rc == 0 && i < n_headers; i++)
-        rc = idem_http_write_field(b, headers[i].name, headers[i].name_len, headers[i].value,
-                                   headers[i].value_len);
+        rc = idem__http_write_field(b, headers[i].name, headers[i].name_len, headers[i].value,
+                                    headers[i].value_len);
     if (rc == 0)
-        rc = idem_buf_appendf(b, "Content-Length: %zu\r\n%s\r\n", body_len,
-                              resp->close ? "Connection: close\r\n" : "");
+        rc = idem__buf_appendf(b, "Content-Length: %zu\r\n%s\r\n", body_len,
+                               resp->close ? "Connection: close\r\n" : "");
     if (rc == 0 && body_len > 0 && !resp->head_only)
-        rc = idem_buf_append(b, body, body_len);
+        rc = idem__buf_append(b, body, body_len);
     if (rc != 0) {
         b->len = mark; /* nothing half-written goes out */
         return -1;
@@ -130,7 +130,7 @@ static ssize_t read_more(int fd, idem_buf_t *in)
         ssize_t r = recv(fd, tmp, room < sizeof tmp ? room : sizeof tmp, 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r > 0 && idem_buf_append(in, tmp, (size_t)r) != 0)
+        if (r > 0 && idem__buf_append(in, tmp, (size_t)r) != 0)
             return -1;
         return r;
     }
@@ -152,7 +152,7 @@ static void fail_conn(int fd, idem_buf_t *out, int status, const char *type, con
                       const char *detail)
 {
     srv_response_t resp = {.out = out, .close = true};
-    idem_buf_reset(out);
+    idem__buf_reset(out);
     if (srv_problem(&resp, status, type, title, detail, 0) == 0)
         send_all(fd, out->data, out->len);
 }
@@ -163,7 +163,7 @@ static void serve(int fd, idem_buf_t *in, idem_buf_t *out, idem_http_msg_t *msg)
         /* the head */
         idem_http_head_state_t hs = {0};
         int rc;
-        while ((rc = idem_http_parse_request(&hs, in->data, in->len, SRV_HEAD_MAX, msg)) ==
+        while ((rc = idem__http_parse_request(&hs, in->data, in->len, SRV_HEAD_MAX, msg)) ==
                IDEM_HTTP_INCOMPLETE) {
             if (in->len == 0 && atomic_load(&srv.stopping))
                 return;
@@ -202,7 +202,7 @@ static void serve(int fd, idem_buf_t *in, idem_buf_t *out, idem_http_msg_t *msg)
             if (read_more(fd, in) <= 0)
                 return;
         hs = (idem_http_head_state_t){0};
-        if (idem_http_parse_request(&hs, in->data, in->len, SRV_HEAD_MAX, msg) != (int)head_len)
+        if (idem__http_parse_request(&hs, in->data, in->len, SRV_HEAD_MAX, msg) != (int)head_len)
             return; /* cannot happen: the same bytes parsed a moment ago */
 
         srv_request_t req = {.msg = msg, .body = in->data + head_len, .body_len = (size_t)clen};
@@ -212,19 +212,19 @@ static void serve(int fd, idem_buf_t *in, idem_buf_t *out, idem_http_msg_t *msg)
         req.query.ptr = q ? q + 1 : msg->target.ptr + msg->target.len;
         req.query.len = msg->target.len - req.path.len - (q ? 1 : 0);
 
-        idem_buf_reset(out);
+        idem__buf_reset(out);
         srv_response_t resp = {.out = out,
                                .close = !msg->keep_alive || atomic_load(&srv.stopping),
-                               .head_only = idem_slice_eq_ci(msg->method, "HEAD")};
+                               .head_only = idem__slice_eq_ci(msg->method, "HEAD")};
         srv.cfg->handler(srv.cfg->ctx, &req, &resp);
         if (!resp.written) {
             resp.close = true;
-            idem_buf_reset(out);
+            idem__buf_reset(out);
             srv_problem(&resp, 500, "internal", "Internal error", "the answer did not fit", 0);
         }
         if (send_all(fd, out->data, out->len) != 0 || resp.close)
             return;
-        idem_buf_consume(in, need);
+        idem__buf_consume(in, need);
     }
 }
 
@@ -247,16 +247,16 @@ static void *conn_main(void *p)
     conn_arg_t a = *(conn_arg_t *)p;
     free(p);
     idem_buf_t in, out;
-    idem_buf_init(&in, IN_MAX);
-    idem_buf_init(&out, SRV_OUT_MAX);
+    idem__buf_init(&in, IN_MAX);
+    idem__buf_init(&out, SRV_OUT_MAX);
     idem_http_msg_t *msg = malloc(sizeof *msg);
     if (msg != NULL) {
         set_timeouts(a.fd);
         serve(a.fd, &in, &out, msg);
     }
     free(msg);
-    idem_buf_cleanup(&in);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&in);
+    idem__buf_cleanup(&out);
     pthread_mutex_lock(&srv.mu);
     srv.fds[a.slot] = -1;
     srv.n_conns--;
@@ -287,10 +287,10 @@ static void admit(int fd)
     pthread_mutex_unlock(&srv.mu);
     if (a == NULL) {
         idem_buf_t out;
-        idem_buf_init(&out, 4096);
+        idem__buf_init(&out, 4096);
         fail_conn(fd, &out, 503, "too-many-connections", "Too many connections",
                   "the server is at its connection limit; retry later");
-        idem_buf_cleanup(&out);
+        idem__buf_cleanup(&out);
         close(fd);
         return;
     }

@@ -273,8 +273,8 @@ static idem_err_t set_value(state_t *st, const opt_t *o, const char *v)
     case OPT_DATA:
         if (a->data_file != NULL)
             return fail(st, IDEM_E_INVAL, "-d and --data-file: give one");
-        if ((a->has_data && idem_buf_append(&a->data, "&", 1) != 0) ||
-            idem_buf_append_str(&a->data, v) != 0)
+        if ((a->has_data && idem__buf_append(&a->data, "&", 1) != 0) ||
+            idem__buf_append_str(&a->data, v) != 0)
             return fail(st, IDEM_E_TOOBIG, "-d: the data is larger than 64 MiB");
         a->has_data = true;
         return IDEM_OK;
@@ -525,7 +525,7 @@ idem_err_t idem__cli_args_parse(int argc, char *const argv[], idem_cli_args_t *a
     int i = 1;
 
     memset(a, 0, sizeof *a);
-    idem_buf_init(&a->data, IDEM_CLI_MAX_BODY);
+    idem__buf_init(&a->data, IDEM_CLI_MAX_BODY);
     a->retries = IDEM_CLI_DEFAULT_RETRIES;
     if (errlen > 0)
         errbuf[0] = '\0';
@@ -555,5 +555,5 @@ idem_err_t idem__cli_args_parse(int argc, char *const argv[], idem_cli_args_t *a
 
 void idem__cli_args_cleanup(idem_cli_args_t *a)
 {
-    idem_buf_cleanup(&a->data);
+    idem__buf_cleanup(&a->data);
 }

@@ -41,7 +41,7 @@ static int report_status(const idem_cli_answer_t *ans, const char *what)
     if (strncmp(t, "urn:idem:problem:", 17) == 0)
         t += 17;
     fprintf(stderr, "idemctl: %s: %d %s%s%s%s%s%s\n", what, ans->status,
-            idem_http_reason(ans->status), *t ? " (" : "", t, *t ? ")" : "",
+            idem__http_reason(ans->status), *t ? " (" : "", t, *t ? ")" : "",
             ans->problem_detail[0] ? ": " : "", ans->problem_detail);
     return IDEM_CLI_EXIT_HTTP;
 }

@@ -75,7 +75,7 @@ static int read_body(const char *path, idem_buf_t *buf)
         }
         if (n == 0)
             break;
-        if (idem_buf_append(buf, chunk, (size_t)n) != 0) {
+        if (idem__buf_append(buf, chunk, (size_t)n) != 0) {
             fprintf(stderr, "idemctl: --data-file %s: larger than the 64 MiB limit\n", path);
             rc = -1;
             break;
@@ -141,7 +141,7 @@ int idem__cli_request(const idem_cli_args_t *a)
     CURL *h = NULL;
     char err[512];
 
-    idem_buf_init(&file, IDEM_CLI_MAX_BODY);
+    idem__buf_init(&file, IDEM_CLI_MAX_BODY);
     idem__cli_answer_init(&ans[0]);
     idem__cli_answer_init(&ans[1]);
     if (a->data_file != NULL && read_body(a->data_file, &file) != 0)
@@ -287,7 +287,7 @@ int idem__cli_request(const idem_cli_args_t *a)
         if (strncmp(t, "urn:idem:problem:", 17) == 0)
             t += 17;
         fprintf(stderr, "idemctl: %d %s%s%s%s, not retried%s%s\n", last->status,
-                idem_http_reason(last->status), *t ? " (" : "", t, *t ? ")" : "",
+                idem__http_reason(last->status), *t ? " (" : "", t, *t ? ")" : "",
                 last->problem_detail[0] ? ": " : "", last->problem_detail);
         rc = IDEM_CLI_EXIT_HTTP;
         goto out;
@@ -306,6 +306,6 @@ out:
     free(url);
     idem__cli_answer_cleanup(&ans[0]);
     idem__cli_answer_cleanup(&ans[1]);
-    idem_buf_cleanup(&file);
+    idem__buf_cleanup(&file);
     return rc;
 }

@@ -33,20 +33,20 @@
 void idem__cli_answer_init(idem_cli_answer_t *a)
 {
     memset(a, 0, sizeof *a);
-    idem_buf_init(&a->head, IDEM_CLI_MAX_HEAD);
-    idem_buf_init(&a->body, IDEM_CLI_MAX_BODY);
+    idem__buf_init(&a->head, IDEM_CLI_MAX_HEAD);
+    idem__buf_init(&a->body, IDEM_CLI_MAX_BODY);
 }
 
 void idem__cli_answer_cleanup(idem_cli_answer_t *a)
 {
-    idem_buf_cleanup(&a->head);
-    idem_buf_cleanup(&a->body);
+    idem__buf_cleanup(&a->head);
+    idem__buf_cleanup(&a->body);
 }
 
 /* Forget the head fields seen so far (a new status line came, or a new exchange). */
 static void reset_head(idem_cli_answer_t *a)
 {
-    idem_buf_reset(&a->head);
+    idem__buf_reset(&a->head);
     a->has_retry_after = a->has_ctype = false;
     a->retry_after_off = a->retry_after_len = a->ctype_off = a->ctype_len = 0;
 }
@@ -82,7 +82,7 @@ static size_t on_header(char *data, size_t size, size_t nitems, void *ud)
     if (n >= 5 && memcmp(data, "HTTP/", 5) == 0)
         reset_head(a);
     size_t off = a->head.len;
-    if (idem_buf_append(&a->head, data, n) != 0) {
+    if (idem__buf_append(&a->head, data, n) != 0) {
         a->too_big = true;
         return 0; /* stops the transfer (CURLE_WRITE_ERROR) */
     }
@@ -99,7 +99,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
     idem_cli_answer_t *a = ud;
     size_t n = size * nmemb;
 
-    if (idem_buf_append(&a->body, data, n) != 0) {
+    if (idem__buf_append(&a->body, data, n) != 0) {
         a->too_big = true;
         return 0;
     }
@@ -172,7 +172,7 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
     bool head = strcmp(s->method, "HEAD") == 0;
 
     reset_head(ans);
-    idem_buf_reset(&ans->body);
+    idem__buf_reset(&ans->body);
     ans->transport = IDEM_TRANSPORT_BROKEN;
     ans->status = 0;
     ans->too_big = false;

@@ -32,7 +32,7 @@
  * fields) and fills an idem_answer_t (conn.h: status, Content-Type, body,
  * whether the connection ends), knowing nothing of sockets;
  * idem__admin_answer picks the handler after the Host checks, and conn.c
- * writes the answer with idem_http_write_response (src/http), as every
+ * writes the answer with idem__http_write_response (src/http), as every
  * answer of idemd is written.
  *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
@@ -77,15 +77,18 @@ struct idem_admin {
 void idem__answer_init(idem_answer_t *a)
 {
     memset(a, 0, sizeof *a);
-    idem_buf_init(&a->body, 0);
+    idem__buf_init(&a->body, 0);
 }
 
-void idem__answer_cleanup(idem_answer_t *a) { idem_buf_cleanup(&a->body); }
+void idem__answer_cleanup(idem_answer_t *a)
+{
+    idem__buf_cleanup(&a->body);
+}
 
 static void answer_json(idem_answer_t *a, int status, const char *type, const char *body)
 {
-    idem_buf_reset(&a->body);
-    if (idem_buf_append_str(&a->body, body) != 0) {
+    idem__buf_reset(&a->body);
+    if (idem__buf_append_str(&a->body, body) != 0) {
         a->status = 0;
         return;
     }
@@ -95,7 +98,7 @@ static void answer_json(idem_answer_t *a, int status, const char *type, const ch
 
 static void answer_problem(idem_answer_t *a, int status, const char *type, const char *detail)
 {
-    char *body = idem_problem_body(status, type, detail);
+    char *body = idem__problem_body(status, type, detail);
     if (body == NULL) {
         a->status = 0;
         return;
@@ -117,8 +120,8 @@ static void rfc3339(int64_t ms, char *out, size_t n)
 static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     idem_gw_t *gw = admin->gw;
-    bool is_get = idem_slice_eq_ci(m->method, "GET");
-    bool is_delete = idem_slice_eq_ci(m->method, "DELETE");
+    bool is_get = idem__slice_eq_ci(m->method, "GET");
+    bool is_delete = idem__slice_eq_ci(m->method, "DELETE");
     if (!is_get && !is_delete) {
         answer_problem(a, 405, "method-not-allowed", "use GET or DELETE");
         return;
@@ -130,7 +133,7 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
         klen++;
     idem_key_id_t id;
     memset(&id, 0, sizeof id);
-    long n = idem_http_pct_decode(p, klen, id.key, sizeof id.key);
+    long n = idem__http_pct_decode(p, klen, id.key, sizeof id.key);
     bool key_ok = n > 0;
     for (long i = 0; key_ok && i < n; i++)
         if ((unsigned char)id.key[i] < 0x20 || (unsigned char)id.key[i] > 0x7e)
@@ -141,7 +144,8 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
     }
     memcpy(id.scope, "anonymous", 10);
     if (klen < plen) {
-        long sr = idem_http_query_param(p + klen + 1, plen - klen - 1, "scope", id.scope, sizeof id.scope);
+        long sr = idem__http_query_param(p + klen + 1, plen - klen - 1, "scope", id.scope,
+                                         sizeof id.scope);
         if (sr == -1 || (sr >= 0 && !idem_scope_valid(id.scope))) {
             answer_problem(a, 400, "invalid-scope",
                            "scope is \"anonymous\" or 64 lowercase hex digits");
@@ -153,12 +157,12 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
     int64_t now = idem_clock_now(NULL);
     if (is_delete) {
         idem_record_t rec;
-        idem_err_t err = idem_gw_store_get(gw, &id, now, &rec);
+        idem_err_t err = idem__gw_store_get(gw, &id, now, &rec);
         if (err == IDEM_OK)
             idem_record_cleanup(&rec);
         if (err == IDEM_OK || err == IDEM_E_NOTFOUND) {
             idem_err_t derr = idem_store_delete(gw->store, &id);
-            idem_cache_remove(gw->cache, &id);
+            idem__cache_remove(gw->cache, &id);
             if (derr == IDEM_OK && err == IDEM_OK) {
                 a->status = 204;
                 return;
@@ -173,7 +177,7 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
         return;
     }
     idem_record_t rec;
-    idem_err_t err = idem_gw_store_get(gw, &id, now, &rec);
+    idem_err_t err = idem__gw_store_get(gw, &id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
         answer_problem(a, 404, "not-found", "no record for this key and scope");
         return;
@@ -237,7 +241,7 @@ static idem_err_t probe_room(idem_gw_t *gw)
     op.lease_until_ms = now + PROBE_TTL_MS;
     op.expires_at_ms = now + PROBE_TTL_MS;
     idem_err_t err = idem_store_exec(gw->store, &op, 1);
-    idem_store_full_note(&gw->metrics, err, &op, 1);
+    idem__writer_store_full_note(&gw->metrics, err, &op, 1);
     idem_record_cleanup(&op.record);
     if (err != IDEM_OK || !idem_decision_forwards(op.decision.kind))
         return err != IDEM_OK ? err : IDEM_E_IO;
@@ -254,7 +258,7 @@ static idem_err_t probe_room(idem_gw_t *gw)
     err = body != NULL || size == 0 ? idem_store_exec(gw->store, &op, 1) : IDEM_E_NOMEM;
     if (err == IDEM_OK && op.err != IDEM_OK)
         err = IDEM_E_IO; /* the probe's own claim was taken over: no answer */
-    idem_store_full_note(&gw->metrics, err, &op, 1);
+    idem__writer_store_full_note(&gw->metrics, err, &op, 1);
     idem_free(body);
     (void)idem_store_delete(gw->store, &id);
     return err;
@@ -294,15 +298,15 @@ static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, idem_a
 {
     (void)m;
     idem_buf_t out;
-    idem_buf_init(&out, ADMIN_METRICS_MAX);
-    if (idem_metrics_render(&admin->gw->metrics, &out) == 0) {
-        idem_buf_cleanup(&a->body);
+    idem__buf_init(&out, ADMIN_METRICS_MAX);
+    if (idem__metrics_render(&admin->gw->metrics, &out) == 0) {
+        idem__buf_cleanup(&a->body);
         a->body = out; /* the answer takes the rendering */
         a->status = 200;
         a->content_type = "text/plain; version=0.0.4";
         return;
     }
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
     answer_problem(a, 500, "internal", "metrics too large");
 }
 
@@ -330,9 +334,9 @@ static bool target_is(const idem_http_msg_t *m, const char *path)
  * Host (scripts; a browser always sends one). */
 static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
 {
-    if (idem_http_count(m, "Host") == 0)
+    if (idem__http_count(m, "Host") == 0)
         return m->version_minor == 0;
-    const idem_http_field_t *f = idem_http_find(m, "Host");
+    const idem_http_field_t *f = idem__http_find(m, "Host");
     const char *v = f->value.ptr;
     size_t len = f->value.len, hl = 0;
     if (len > 0 && v[0] == '[') {
@@ -361,8 +365,8 @@ static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
 
 void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
-    if (idem_http_count(m, "Host") > 1 ||
-        (m->version_minor == 1 && idem_http_count(m, "Host") == 0)) {
+    if (idem__http_count(m, "Host") > 1 ||
+        (m->version_minor == 1 && idem__http_count(m, "Host") == 0)) {
         answer_problem(a, 400, "bad-request", "a request needs exactly one Host header");
         a->close = true;
         return;
@@ -381,7 +385,7 @@ void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
     for (size_t i = 0; i < sizeof admin_paths / sizeof admin_paths[0]; i++) {
         if (!target_is(m, admin_paths[i].path))
             continue;
-        if (idem_slice_eq_ci(m->method, "GET") || idem_slice_eq_ci(m->method, "HEAD"))
+        if (idem__slice_eq_ci(m->method, "GET") || idem__slice_eq_ci(m->method, "HEAD"))
             admin_paths[i].handle(admin, m, a);
         else
             answer_problem(a, 405, "method-not-allowed", "use GET");
@@ -429,7 +433,7 @@ static void admin_hosts_init(idem_admin_t *a, const char *listen_host)
         snprintf(a->hosts[a->n_hosts++], sizeof a->hosts[0], "%s", cfg->admin_hosts[i]);
 }
 
-int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen)
+int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     idem_admin_t *a = calloc(1, sizeof *a);
@@ -442,15 +446,15 @@ int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err
      * main; its host is one of the names the Host check accepts. */
     char host[256] = "";
     int port;
-    if (idem_config_parse_addr(gw->cfg->admin, host, sizeof host, &port) != 0)
+    if (idem__config_parse_addr(gw->cfg->admin, host, sizeof host, &port) != 0)
         host[0] = '\0';
     admin_hosts_init(a, host);
     uv_loop_init(&a->loop);
     idem__listener_init(&a->listener, IDEM_LISTEN_ADMIN, gw, &a->loop);
     a->listener.admin = a;
-    if (idem_tcp_open_listener(&a->loop, &a->listener.tcp, &a->listener, listen_fd,
-                               IDEM_ADMIN_BACKLOG, idem__conn_on_connection, "--admin", err,
-                               errlen) != 0) {
+    if (idem__tcp_open_listener(&a->loop, &a->listener.tcp, &a->listener, listen_fd,
+                                IDEM_ADMIN_BACKLOG, idem__conn_on_connection, "--admin", err,
+                                errlen) != 0) {
         uv_walk(&a->loop, close_any, NULL);
         uv_run(&a->loop, UV_RUN_DEFAULT);
         uv_loop_close(&a->loop);
@@ -467,7 +471,7 @@ int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err
     return 0;
 }
 
-void idem_admin_stop(idem_admin_t *a)
+void idem__admin_stop(idem_admin_t *a)
 {
     if (!a)
         return;

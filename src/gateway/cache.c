@@ -59,7 +59,7 @@ static int same_id(const idem_key_id_t *a, const idem_key_id_t *b)
     return strcmp(a->scope, b->scope) == 0 && strcmp(a->key, b->key) == 0;
 }
 
-idem_cache_t *idem_cache_create(size_t max_entries, size_t max_bytes)
+idem_cache_t *idem__cache_create(size_t max_entries, size_t max_bytes)
 {
     if (max_entries == 0)
         return NULL;
@@ -123,7 +123,7 @@ static void drop_ent(idem_cache_t *c, struct ent *e)
     drop(c, find(c, e->h, &e->id));
 }
 
-void idem_cache_destroy(idem_cache_t *c)
+void idem__cache_destroy(idem_cache_t *c)
 {
     if (c == NULL)
         return;
@@ -134,8 +134,8 @@ void idem_cache_destroy(idem_cache_t *c)
     idem_free(c);
 }
 
-idem_err_t idem_cache_get(idem_cache_t *c, const idem_key_id_t *id, int64_t now_ms,
-                          idem_record_t *out)
+idem_err_t idem__cache_get(idem_cache_t *c, const idem_key_id_t *id, int64_t now_ms,
+                           idem_record_t *out)
 {
     memset(out, 0, sizeof *out);
     if (c == NULL)
@@ -163,7 +163,7 @@ idem_err_t idem_cache_get(idem_cache_t *c, const idem_key_id_t *id, int64_t now_
     return err;
 }
 
-void idem_cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record_t *rec)
+void idem__cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record_t *rec)
 {
     if (c == NULL || rec->state != IDEM_STATE_COMPLETED)
         return;
@@ -199,7 +199,7 @@ void idem_cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record_
     pthread_mutex_unlock(&c->mu);
 }
 
-void idem_cache_remove(idem_cache_t *c, const idem_key_id_t *id)
+void idem__cache_remove(idem_cache_t *c, const idem_key_id_t *id)
 {
     if (c == NULL)
         return;
@@ -211,7 +211,7 @@ void idem_cache_remove(idem_cache_t *c, const idem_key_id_t *id)
     pthread_mutex_unlock(&c->mu);
 }
 
-size_t idem_cache_entries(idem_cache_t *c)
+size_t idem__cache_entries(idem_cache_t *c)
 {
     if (c == NULL)
         return 0;
@@ -221,7 +221,7 @@ size_t idem_cache_entries(idem_cache_t *c)
     return n;
 }
 
-size_t idem_cache_bytes(idem_cache_t *c)
+size_t idem__cache_bytes(idem_cache_t *c)
 {
     if (c == NULL)
         return 0;

@@ -25,10 +25,10 @@
  *
  * INVARIANTS: cfg is valid at every step, even after a failure halfway:
  * every string it points to is owned by it (idem_malloc family) and every
- * count matches its array, so idem_config_cleanup can always run.
+ * count matches its array, so idem__config_cleanup can always run.
  *
  * THREADING: none; idemd loads its configuration once, before it starts any
- * thread, and afterwards only reads it (idem_config_match is read-only).
+ * thread, and afterwards only reads it (idem__config_match is read-only).
  */
 #include "gateway/config.h"
 
@@ -130,7 +130,7 @@ static int copy_strings(char **dst, size_t *ndst, char *const *src, size_t nsrc)
     return 0;
 }
 
-int idem_config_set_string(char **slot, const char *value)
+int idem__config_set_string(char **slot, const char *value)
 {
     char *copy = NULL;
     if (value != NULL && (copy = idem_strdup(value)) == NULL)
@@ -237,14 +237,14 @@ static int route_defaults(idem_route_t *r)
     memset(r, 0, sizeof *r);
     r->mode = IDEM_MODE_REQUIRED;
     if (copy_strings(r->methods, &r->n_methods, methods, 2) != 0 ||
-        idem_config_set_string(&r->path, "/") != 0) {
+        idem__config_set_string(&r->path, "/") != 0) {
         route_cleanup(r);
         return -1;
     }
     return 0;
 }
 
-int idem_config_defaults(idem_config_t *cfg)
+int idem__config_defaults(idem_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->workers = 1;
@@ -259,13 +259,13 @@ int idem_config_defaults(idem_config_t *cfg)
     cfg->max_connections = 10000;
     cfg->max_buffered_bytes = 256u * 1024 * 1024;
     policy_defaults(&cfg->defaults);
-    if (idem_config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
-        idem_config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
-        idem_config_set_string(&cfg->upstream, "http://127.0.0.1:9000") != 0 ||
-        idem_config_set_string(&cfg->store, "lmdb:./idem-data") != 0 ||
-        idem_config_set_string(&cfg->replay_header, "X-Idempotent-Replay") != 0 ||
-        idem_config_set_string(&cfg->scope_header, "Authorization") != 0 ||
-        idem_config_set_string(&cfg->log_format, "text") != 0)
+    if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
+        idem__config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
+        idem__config_set_string(&cfg->upstream, "http://127.0.0.1:9000") != 0 ||
+        idem__config_set_string(&cfg->store, "lmdb:./idem-data") != 0 ||
+        idem__config_set_string(&cfg->replay_header, "X-Idempotent-Replay") != 0 ||
+        idem__config_set_string(&cfg->scope_header, "Authorization") != 0 ||
+        idem__config_set_string(&cfg->log_format, "text") != 0)
         goto nomem;
     if (route_defaults(&cfg->routes[0]) != 0)
         goto nomem;
@@ -274,11 +274,11 @@ int idem_config_defaults(idem_config_t *cfg)
         goto nomem;
     return 0;
 nomem:
-    idem_config_cleanup(cfg);
+    idem__config_cleanup(cfg);
     return -1;
 }
 
-void idem_config_cleanup(idem_config_t *cfg)
+void idem__config_cleanup(idem_config_t *cfg)
 {
     if (cfg == NULL)
         return;
@@ -297,7 +297,7 @@ void idem_config_cleanup(idem_config_t *cfg)
 
 /* ---- addresses --------------------------------------------------------- */
 
-int idem_config_parse_addr(const char *addr, char *host, size_t hostlen, int *port)
+int idem__config_parse_addr(const char *addr, char *host, size_t hostlen, int *port)
 {
     const char *h, *hend, *p;
     if (host != NULL && hostlen > 0)
@@ -376,12 +376,12 @@ static const char *upstream_problem(const char *url, char *host, size_t hostlen,
         return "host name too long";
     memcpy(a, auth, n);
     a[n] = '\0';
-    if (idem_config_parse_addr(a, host, hostlen, port) != 0)
+    if (idem__config_parse_addr(a, host, hostlen, port) != 0)
         return "must be http://HOST:PORT (port 1-65535, IPv6 in brackets)";
     return NULL;
 }
 
-int idem_config_parse_upstream(const char *url, char *host, size_t hostlen, int *port)
+int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int *port)
 {
     if (url == NULL)
         return -1;
@@ -786,7 +786,7 @@ static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_rout
     char *norm = idem_malloc(len + 1);
     if (norm == NULL)
         return nomem(c, n, key);
-    long rc = idem_http_path_normalize(v, len, true, norm, len + 1);
+    long rc = idem__http_path_normalize(v, len, true, norm, len + 1);
     if (rc < 0) {
         idem_free(norm);
         const char *why = rc == IDEM_TARGET_E_ESCAPE  ? "has a '%' not followed by two hex digits"
@@ -892,9 +892,9 @@ static int scope_list(ctx_t *c, const yaml_node_t *n, const char *key)
         if (v == NULL)
             return -1;
         show(shown, sizeof shown, v);
-        if (idem_gw_scope_parse_source(v, &tmp[i], why, sizeof why) != 0)
+        if (idem__gw_scope_parse_source(v, &tmp[i], why, sizeof why) != 0)
             return fail(c, item, item_key, "%s: '%s'", why, shown);
-        const char *no = idem_gw_scope_unsupported(tmp[i].kind);
+        const char *no = idem__gw_scope_unsupported(tmp[i].kind);
         if (no != NULL)
             return fail(c, item, item_key, "%s: %s", shown, no);
         for (size_t j = 0; j < i; j++) {
@@ -918,7 +918,7 @@ static int rate_limit(ctx_t *c, const yaml_node_t *n, const char *key, idem_rate
     const char *v = scalar(c, n, key);
     if (v == NULL)
         return -1;
-    if (idem_rate_parse(v, out) != 0) {
+    if (idem__rate_parse(v, out) != 0) {
         show(shown, sizeof shown, v);
         return fail(c, n, key, "not a rate (N/s, N/m or N/h with N from 1 to %u, or off): '%s'",
                     IDEM_RATE_MAX_COUNT, shown);
@@ -940,7 +940,7 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
     switch (index) {
     case T_LISTEN:
     case T_ADMIN:
-        if (idem_config_parse_addr(v, host, sizeof host, &port) != 0)
+        if (idem__config_parse_addr(v, host, sizeof host, &port) != 0)
             return fail(c, n, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'",
                         shown);
         slot = index == T_LISTEN ? &cfg->listen : &cfg->admin;
@@ -971,7 +971,7 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
         break;
     default: return -1;
     }
-    if (idem_config_set_string(slot, v) != 0)
+    if (idem__config_set_string(slot, v) != 0)
         return nomem(c, n, key);
     return 0;
 }
@@ -1125,7 +1125,7 @@ static void syntax_error(const yaml_parser_t *p, const char *file, const char *b
              p->context ? p->context : "", p->context ? ")" : "");
 }
 
-int idem_config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen)
+int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen)
 {
     char dummy[8];
     if (err == NULL || errlen == 0) {
@@ -1184,7 +1184,7 @@ out:
 
 /* ---- validation and matching ------------------------------------------- */
 
-int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen)
+int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
 {
     char host[256], shown[80], lhost[256];
     int port, lport;
@@ -1196,10 +1196,10 @@ int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen)
     err[0] = '\0';
 #define BAD(...) return snprintf(err, errlen, __VA_ARGS__), -1
     show(shown, sizeof shown, cfg->listen ? cfg->listen : "");
-    if (cfg->listen == NULL || idem_config_parse_addr(cfg->listen, lhost, sizeof lhost, &lport))
+    if (cfg->listen == NULL || idem__config_parse_addr(cfg->listen, lhost, sizeof lhost, &lport))
         BAD("listen: not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'", shown);
     show(shown, sizeof shown, cfg->admin ? cfg->admin : "");
-    if (cfg->admin == NULL || idem_config_parse_addr(cfg->admin, host, sizeof host, &port))
+    if (cfg->admin == NULL || idem__config_parse_addr(cfg->admin, host, sizeof host, &port))
         BAD("admin: not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'", shown);
     if (port == lport && strcasecmp(host, lhost) == 0)
         BAD("admin: must not be the same address as listen: '%s'", shown);
@@ -1237,14 +1237,14 @@ int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen)
     return 0;
 }
 
-const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *method,
-                                      size_t method_len, const char *path, size_t path_len)
+const idem_route_t *idem__config_match(const idem_config_t *cfg, const char *method,
+                                       size_t method_len, const char *path, size_t path_len)
 {
     const char *q = memchr(path, '?', path_len);
     if (q != NULL)
         path_len = (size_t)(q - path);
     /* Only a normalised origin-form path can match: anything else is the
-     * caller's to normalise (idem_http_target_normalize) or refuse. */
+     * caller's to normalise (idem__http_target_normalize) or refuse. */
     if (path_len == 0 || path[0] != '/')
         return NULL;
     for (size_t i = 0; i < cfg->n_routes; i++) {
@@ -1255,7 +1255,7 @@ const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *meth
                         memcmp(r->methods[m], method, method_len) == 0;
         if (!method_ok)
             continue;
-        if (idem_http_path_has_prefix(path, path_len, r->path, strlen(r->path)))
+        if (idem__http_path_has_prefix(path, path_len, r->path, strlen(r->path)))
             return r;
     }
     return NULL;

@@ -1,7 +1,7 @@
 /* src/gateway/config.h - idemd's configuration: defaults, YAML file, flags.
  *
- * idem_config_defaults() fills every key with docs/protocol.md section 14's default;
- * idem_config_load_file() then overlays a YAML file, and the command line is
+ * idem__config_defaults() fills every key with docs/protocol.md section 14's default;
+ * idem__config_load_file() then overlays a YAML file, and the command line is
  * applied over that by main.c.  Every error names the file, the line and the
  * key ("idem.yaml:12: defaults.lease: not a duration: '3x'"), so a user can
  * fix it without guessing.  Unknown keys are errors: a misspelt key silently
@@ -91,10 +91,10 @@ typedef struct idem_config {
 
 /** Fill cfg with the defaults of docs/protocol.md section 14 (one route: POST, PATCH on
  * "/" required; log_format "text").  cfg need not be initialised; its strings
- * are then owned by it (replace them with idem_config_set_string, free them
- * with idem_config_cleanup).  @return 0, or -1 when out of memory (cfg is
+ * are then owned by it (replace them with idem__config_set_string, free them
+ * with idem__config_cleanup).  @return 0, or -1 when out of memory (cfg is
  * then cleaned up). */
-int idem_config_defaults(idem_config_t *cfg);
+int idem__config_defaults(idem_config_t *cfg);
 
 /** Overlay the YAML file at path on cfg (which holds defaults).  When the
  * file has `routes`, they replace the default route; each route starts from
@@ -104,36 +104,36 @@ int idem_config_defaults(idem_config_t *cfg);
  * See docs/configuration.md.
  * @param[out] err  on failure a one-line message naming file, line and key.
  * @return 0, or -1 with err set (cfg is then left valid but partly updated). */
-int idem_config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen);
+int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen);
 
 /** Check values that depend on each other (listen/admin addresses parse,
  * upstream URL is http://host:port, workers in range ...).  Run it after the
  * flags are applied: the message names the key, not where it came from.
  * @return 0, or -1 with err set ("listen: not HOST:PORT ...: 'x'"). */
-int idem_config_validate(const idem_config_t *cfg, char *err, size_t errlen);
+int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen);
 
 /** Free everything cfg owns. */
-void idem_config_cleanup(idem_config_t *cfg);
+void idem__config_cleanup(idem_config_t *cfg);
 
 /** Replace the string *slot with a copy of value. @return 0 or -1 (no memory). */
-int idem_config_set_string(char **slot, const char *value);
+int idem__config_set_string(char **slot, const char *value);
 
 /** Parse "HOST:PORT" (IPv4, [IPv6] or a name like localhost).
  * @param[out] host  NUL-terminated, hostlen bytes.  @return 0 or -1. */
-int idem_config_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
+int idem__config_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
 
 /** Parse an upstream URL "http://HOST:PORT" or "http://HOST:PORT/" (the
  * scheme case-insensitive; no https, user information, path, query or
- * fragment).  @param[out] host  as idem_config_parse_addr.  @return 0 or -1. */
-int idem_config_parse_upstream(const char *url, char *host, size_t hostlen, int *port);
+ * fragment).  @param[out] host  as idem__config_parse_addr.  @return 0 or -1. */
+int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int *port);
 
 /** The route a request matches (first match wins), or NULL (mode off).
  * @param path  the request's normalised origin-form target
- *              (idem_http_target_normalize); a query is ignored.  A route
+ *              (idem__http_target_normalize); a query is ignored.  A route
  *              matches when its prefix and the path decode to bytes of which
- *              the one begins the other (idem_http_path_has_prefix).  A path
+ *              the one begins the other (idem__http_path_has_prefix).  A path
  *              that does not begin with '/' matches nothing. */
-const idem_route_t *idem_config_match(const idem_config_t *cfg, const char *method,
-                                      size_t method_len, const char *path, size_t path_len);
+const idem_route_t *idem__config_match(const idem_config_t *cfg, const char *method,
+                                       size_t method_len, const char *path, size_t path_len);
 
 #endif /* IDEM_GATEWAY_CONFIG_H */

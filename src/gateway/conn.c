@@ -172,7 +172,7 @@ static void on_write(uv_write_t *wr, int status)
     }
 }
 
-void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
+void idem__conn_write(idem_conn_t *c, const void *p, size_t n)
 {
     if (!c || c->state == CS_CLOSED || n == 0)
         return;
@@ -194,7 +194,10 @@ void idem_conn_write(idem_conn_t *c, const void *p, size_t n)
     c->writes++;
 }
 
-size_t idem_conn_queue_size(idem_conn_t *c) { return c ? c->queued : 0; }
+size_t idem__conn_queue_size(idem_conn_t *c)
+{
+    return c ? c->queued : 0;
+}
 
 /* ---- connections --------------------------------------------------------- */
 
@@ -253,7 +256,7 @@ static void on_conn_timer(uv_timer_t *t)
     if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
         /* A head begun and not finished in time: the client hears why. */
         if (c->w != NULL)
-            idem_metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
+            idem__metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
         conn_fail(c, 408, "request-timeout",
                   "the request head did not arrive within header_timeout");
         return;
@@ -387,12 +390,12 @@ static void conn_fail_retry(idem_conn_t *c, int status, const char *type, const 
                             int64_t retry_after)
 {
     idem_buf_t out;
-    idem_buf_init(&out, 0);
+    idem__buf_init(&out, 0);
     /* Out of memory: nothing at all, rather than half an answer; the drain
      * still ends the connection. */
-    if (idem_problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
-        idem_conn_write(c, out.data, out.len);
-    idem_buf_cleanup(&out);
+    if (idem__problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
+        idem__conn_write(c, out.data, out.len);
+    idem__buf_cleanup(&out);
     conn_drain(c);
 }
 
@@ -418,7 +421,7 @@ static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, c
 static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
 {
     if (c->w != NULL) /* admin requests are not counted among idemd's */
-        idem_metrics_count(&c->w->gw->metrics, r->outcome);
+        idem__metrics_count(&c->w->gw->metrics, r->outcome);
     conn_fail(c, r->status, r->type, r->detail);
 }
 
@@ -436,7 +439,7 @@ static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t hea
     idem_http_head_state_t hs = {0};
     if (h != NULL) {
         memcpy(h->head, c->in.data, head_len);
-        if (idem_http_parse_request(&hs, h->head, head_len, IDEM_HTTP_MAX_HEAD, &h->msg) <= 0) {
+        if (idem__http_parse_request(&hs, h->head, head_len, IDEM_HTTP_MAX_HEAD, &h->msg) <= 0) {
             idem_free(h);
             h = NULL;
         }
@@ -452,7 +455,7 @@ static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t hea
         conn_timer(c, CT_NONE);
         return true;
     }
-    idem_http_body_init(&c->body, &h->msg, ADMIN_BODY_MAX);
+    idem__http_body_init(&c->body, &h->msg, ADMIN_BODY_MAX);
     c->state = CS_BODY;
     conn_timer(c, CT_BODY);
     bool invite = h->msg.expect_continue && c->in.len == 0;
@@ -464,14 +467,14 @@ static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t hea
 static bool conn_write_continue(idem_conn_t *c)
 {
     idem_buf_t out;
-    idem_buf_init(&out, 0);
+    idem__buf_init(&out, 0);
     idem_http_response_t r = {.status = 100};
-    bool ok = idem_http_write_head(&out, &r, CLOSING_REPLY) == 0;
+    bool ok = idem__http_write_head(&out, &r, CLOSING_REPLY) == 0;
     if (ok)
-        idem_conn_write(c, out.data, out.len);
+        idem__conn_write(c, out.data, out.len);
     else
         idem__conn_close(c);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
     return ok;
 }
 
@@ -535,7 +538,8 @@ static void conn_process_loop(idem_conn_t *c)
                 return;
             }
             idem_http_msg_t msg;
-            int rc = idem_http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD, &msg);
+            int rc =
+                idem__http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD, &msg);
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
                     idem__conn_close(c); /* the rest can never come */
@@ -552,7 +556,7 @@ static void conn_process_loop(idem_conn_t *c)
                 return;
             }
             if (rc < 0) {
-                idem_gw_refuse_parse(rc, &refusal);
+                idem__gw_refuse_parse(rc, &refusal);
                 conn_refuse_request(c, &refusal);
                 return;
             }
@@ -564,7 +568,7 @@ static void conn_process_loop(idem_conn_t *c)
                     return;
                 continue;
             }
-            if (!idem_gw_check_head(cfg, &msg, &refusal)) {
+            if (!idem__gw_check_head(cfg, &msg, &refusal)) {
                 conn_refuse_request(c, &refusal);
                 return;
             }
@@ -572,7 +576,7 @@ static void conn_process_loop(idem_conn_t *c)
             idem_req_t *req =
                 idem__req_create(w, c, c->in.data, head_len, msg.target.len, &target_rc);
             if (!req && target_rc != IDEM_TARGET_OK) {
-                idem_gw_refuse_target(target_rc, &refusal);
+                idem__gw_refuse_target(target_rc, &refusal);
                 conn_refuse_request(c, &refusal);
                 return;
             }
@@ -586,7 +590,7 @@ static void conn_process_loop(idem_conn_t *c)
                 c->state = CS_BUSY;
                 conn_timer(c, CT_NONE);
             } else {
-                idem_http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
+                idem__http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
                 c->state = CS_BODY;
                 conn_timer(c, CT_BODY);
                 /* A client waiting for 100 Continue is invited only once the
@@ -610,12 +614,13 @@ static void conn_process_loop(idem_conn_t *c)
             for (;;) {
                 size_t used = 0;
                 idem_slice_t data = {0};
-                rc = idem_http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used, &data);
+                rc = idem__http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used,
+                                          &data);
                 off += used;
                 if (rc == IDEM_HTTP_BODY_DATA) {
                     if (req == NULL)
                         continue; /* ADMIN: a body is read and dropped */
-                    if (idem_buf_append(&req->body, data.ptr, data.len) != 0) {
+                    if (idem__buf_append(&req->body, data.ptr, data.len) != 0) {
                         rc = IDEM_HTTP_E_BODY_TOO_LARGE;
                         break;
                     }
@@ -642,7 +647,7 @@ static void conn_process_loop(idem_conn_t *c)
             }
             if (rc < 0) {
                 idem_gw_refusal_t refusal;
-                idem_gw_refuse_body(rc, &refusal);
+                idem__gw_refuse_body(rc, &refusal);
                 if (req == NULL)
                     conn_fail(c, refusal.status, refusal.type, refusal.detail);
                 else
@@ -716,11 +721,11 @@ static void conn_admin_answer(idem_conn_t *c)
     idem__answer_init(&a);
     idem__admin_answer(c->l->admin, &h->msg, &a);
     idem_http_reply_t to = {.version_minor = h->msg.version_minor,
-                            .head = idem_slice_eq_ci(h->msg.method, "HEAD"),
+                            .head = idem__slice_eq_ci(h->msg.method, "HEAD"),
                             .keep_alive = h->msg.keep_alive && !a.close && !c->l->stopping};
     idem_free(h);
     idem_buf_t out;
-    idem_buf_init(&out, 0);
+    idem__buf_init(&out, 0);
     int rc = -1;
     if (a.status != 0) {
         idem_http_field_t type;
@@ -731,21 +736,21 @@ static void conn_admin_answer(idem_conn_t *c)
             r.fields = &type;
             r.n_fields = 1;
         }
-        rc = idem_http_write_response(&out, &r, to, a.body.data, a.body.len);
+        rc = idem__http_write_response(&out, &r, to, a.body.data, a.body.len);
         if (rc != 0) {
             to.keep_alive = false;
-            rc = idem_problem_respond(&out, 500, "internal", "the answer could not be written",
-                                      0, to);
+            rc = idem__problem_respond(&out, 500, "internal", "the answer could not be written",
+                                       0, to);
         }
     }
     idem__answer_cleanup(&a);
     if (rc != 0) {
-        idem_buf_cleanup(&out);
+        idem__buf_cleanup(&out);
         idem__conn_close(c);
         return;
     }
-    idem_conn_write(c, out.data, out.len);
-    idem_buf_cleanup(&out);
+    idem__conn_write(c, out.data, out.len);
+    idem__buf_cleanup(&out);
     idem__conn_response_done(c, to.keep_alive);
 }
 
@@ -790,15 +795,15 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
     uv_tcp_init(l->loop, t);
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         idem_buf_t out;
-        idem_buf_init(&out, 0);
-        if (idem_problem_respond(&out, 503, "overloaded",
-                                 admin ? "too many admin connections; retry"
-                                       : "too many connections (max_connections); retry",
-                                 1, CLOSING_REPLY) == 0) {
+        idem__buf_init(&out, 0);
+        if (idem__problem_respond(&out, 503, "overloaded",
+                                  admin ? "too many admin connections; retry"
+                                        : "too many connections (max_connections); retry",
+                                  1, CLOSING_REPLY) == 0) {
             uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
         }
-        idem_buf_cleanup(&out);
+        idem__buf_cleanup(&out);
     }
     uv_close((uv_handle_t *)t, on_handle_closed_free);
 }
@@ -942,8 +947,8 @@ static bool req_charge_body(idem_req_t *req)
 
 /* ---- listening ------------------------------------------------------------ */
 
-int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
-                       size_t errlen)
+int idem__listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                        size_t errlen)
 {
     struct sockaddr_storage ss;
     socklen_t sslen = sizeof(struct sockaddr_in);
@@ -980,8 +985,9 @@ int idem_listen_socket(const char *host, int port, int backlog, const char *what
     return fd;
 }
 
-int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
-                           uv_connection_cb cb, const char *what, char *err, size_t errlen)
+int idem__tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd,
+                            int backlog, uv_connection_cb cb, const char *what, char *err,
+                            size_t errlen)
 {
     int fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {

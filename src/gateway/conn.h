@@ -3,7 +3,7 @@
  *
  * conn.c owns struct idem_conn: reading, parsing and writing to a client,
  * for both kinds of listener (idem_listener_t, below).  On the public
- * listener request.c answers through idem_conn_write and hands
+ * listener request.c answers through idem__conn_write and hands
  * the connection back with idem__conn_response_done once an answer is
  * wholly queued; worker.c accepts with idem__conn_on_connection and closes
  * connections when it stops.  On the admin listener conn.c asks admin.c for
@@ -66,21 +66,22 @@ typedef struct idem_listener {
  * @param what  the flag named in a failure ("--listen").
  * @return the listening socket (close-on-exec, owned by the caller), or -1
  *         with err set ("--listen: cannot listen on H:P: address already in use"). */
-int idem_listen_socket(const char *host, int port, int backlog, const char *what, char *err,
-                       size_t errlen);
+int idem__listen_socket(const char *host, int port, int backlog, const char *what, char *err,
+                        size_t errlen);
 /** Watch a dup() of the listening socket listen_fd with tcp on loop; the
  * caller keeps listen_fd (and may close it: the dup keeps the socket open).
  * Several loops may each open the same listening socket: each connection is
  * accepted by one of them.
  * @return 0, or -1 with err set; tcp may then be initialised and must be closed. */
-int idem_tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd, int backlog,
-                           uv_connection_cb cb, const char *what, char *err, size_t errlen);
+int idem__tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int listen_fd,
+                            int backlog, uv_connection_cb cb, const char *what, char *err,
+                            size_t errlen);
 
 /* ---- connections ------------------------------------------------------------ */
 
 /** Queue bytes (copied) on the request's client; no-op if the client left. */
-void idem_conn_write(idem_conn_t *c, const void *p, size_t n);
-size_t idem_conn_queue_size(idem_conn_t *c);
+void idem__conn_write(idem_conn_t *c, const void *p, size_t n);
+size_t idem__conn_queue_size(idem_conn_t *c);
 
 /* A streamed response pauses its upstream when the client lags this much;
  * the upstream reads again once the client's queue is under half of it. */
@@ -116,7 +117,7 @@ void idem__conns_close_all(idem_listener_t *l);
 /* ---- admin.c: the admin endpoints, as conn.c calls them ------------------ */
 
 /** An answer made at once, without the store or the upstream: what an admin
- * endpoint says.  conn.c writes it with idem_http_write_response. */
+ * endpoint says.  conn.c writes it with idem__http_write_response. */
 typedef struct idem_answer {
     int status;               /* 0: none could be made (out of memory): the connection closes */
     const char *content_type; /* NULL: no Content-Type (204); a static string */

@@ -67,14 +67,14 @@ struct idem_gw {
 /** idem_store_get, counted in the metrics (every read of the store outside
  * the writer goes through here, so a test can see that a cached replay made
  * none). */
-idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
-                             idem_record_t *rec);
+idem_err_t idem__gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
+                              idem_record_t *rec);
 
 /* admin.c */
 /* admin.c */
 /** Start the admin thread, accepting on a dup() of the listening socket
- * listen_fd (idem_listen_socket; the caller keeps listen_fd). */
-int idem_admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen);
-void idem_admin_stop(idem_admin_t *a);
+ * listen_fd (idem__listen_socket; the caller keeps listen_fd). */
+int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen);
+void idem__admin_stop(idem_admin_t *a);
 
 #endif /* IDEM_GATEWAY_H */

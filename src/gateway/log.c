@@ -55,11 +55,11 @@ static void json_escape(idem_buf_t *b, const char *s, size_t n)
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
-            idem_buf_append(b, e, 2);
+            idem__buf_append(b, e, 2);
         } else if (c < 0x20 || c >= 0x7f) {
-            idem_buf_appendf(b, "\\u%04x", c);
+            idem__buf_appendf(b, "\\u%04x", c);
         } else {
-            idem_buf_append(b, &s[i], 1);
+            idem__buf_append(b, &s[i], 1);
         }
     }
 }
@@ -72,15 +72,15 @@ static void text_value(idem_buf_t *b, const char *s, size_t n)
         if (s[i] == ' ' || s[i] == '"' || s[i] == '=' || (unsigned char)s[i] < 0x21)
             plain = false;
     if (plain) {
-        idem_buf_append(b, s, n);
+        idem__buf_append(b, s, n);
         return;
     }
-    idem_buf_append(b, "\"", 1);
+    idem__buf_append(b, "\"", 1);
     json_escape(b, s, n);
-    idem_buf_append(b, "\"", 1);
+    idem__buf_append(b, "\"", 1);
 }
 
-void idem_log(idem_gw_t *gw, const char *level, const char *fmt, ...)
+void idem__log(idem_gw_t *gw, const char *level, const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;
@@ -90,21 +90,21 @@ void idem_log(idem_gw_t *gw, const char *level, const char *fmt, ...)
     char ts[40];
     timestamp(ts, sizeof ts);
     idem_buf_t b;
-    idem_buf_init(&b, 4096);
+    idem__buf_init(&b, 4096);
     if (gw && gw->log_json) {
-        idem_buf_appendf(&b, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts, level);
+        idem__buf_appendf(&b, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts, level);
         json_escape(&b, msg, strlen(msg));
-        idem_buf_append_str(&b, "\"}\n");
+        idem__buf_append_str(&b, "\"}\n");
     } else {
-        idem_buf_appendf(&b, "%s %s idemd: %s\n", ts, level, msg);
+        idem__buf_appendf(&b, "%s %s idemd: %s\n", ts, level, msg);
     }
     if (b.len && write(STDERR_FILENO, b.data, b.len) < 0) {
         /* Nothing sensible to do when stderr is gone. */
     }
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
-void idem_log_request(idem_worker_t *w, const idem_req_t *req)
+void idem__log_request(idem_worker_t *w, const idem_req_t *req)
 {
     idem_buf_t *b = &w->log;
     char ts[40];
@@ -112,45 +112,45 @@ void idem_log_request(idem_worker_t *w, const idem_req_t *req)
     /* Milliseconds with three decimals, without floating-point printing. */
     unsigned long long us = (unsigned long long)((idem_clock_mono_ns() - req->t_start_ns) / 1000);
     unsigned long long ms_int = us / 1000, ms_frac = us % 1000;
-    const char *outcome = idem_outcome_name(req->outcome);
+    const char *outcome = idem__outcome_name(req->outcome);
     size_t before = b->len;
     int rc;
     if (w->gw->log_json) {
-        rc = idem_buf_appendf(b, "{\"ts\":\"%s\",\"level\":\"info\",\"method\":\"", ts);
+        rc = idem__buf_appendf(b, "{\"ts\":\"%s\",\"level\":\"info\",\"method\":\"", ts);
         json_escape(b, req->msg.method.ptr, req->msg.method.len);
-        idem_buf_append_str(b, "\",\"path\":\"");
+        idem__buf_append_str(b, "\",\"path\":\"");
         json_escape(b, req->msg.target.ptr, req->msg.target.len);
-        idem_buf_appendf(b, "\",\"status\":%d,\"outcome\":\"%s\"", req->status, outcome);
+        idem__buf_appendf(b, "\",\"status\":%d,\"outcome\":\"%s\"", req->status, outcome);
         if (req->keyed) {
-            idem_buf_append_str(b, ",\"key\":\"");
+            idem__buf_append_str(b, ",\"key\":\"");
             json_escape(b, req->id.key, strlen(req->id.key));
-            idem_buf_appendf(b, "\",\"scope\":\"%.12s\",\"fence\":%llu", req->id.scope,
-                             (unsigned long long)req->fence);
+            idem__buf_appendf(b, "\",\"scope\":\"%.12s\",\"fence\":%llu", req->id.scope,
+                              (unsigned long long)req->fence);
         }
-        rc |= idem_buf_appendf(b, ",\"ms\":%llu.%03llu}\n", ms_int, ms_frac);
+        rc |= idem__buf_appendf(b, ",\"ms\":%llu.%03llu}\n", ms_int, ms_frac);
     } else {
-        rc = idem_buf_appendf(b, "%s info request method=%.*s path=", ts, (int)req->msg.method.len,
-                              req->msg.method.ptr);
+        rc = idem__buf_appendf(b, "%s info request method=%.*s path=", ts,
+                               (int)req->msg.method.len, req->msg.method.ptr);
         text_value(b, req->msg.target.ptr, req->msg.target.len);
-        idem_buf_appendf(b, " status=%d outcome=%s", req->status, outcome);
+        idem__buf_appendf(b, " status=%d outcome=%s", req->status, outcome);
         if (req->keyed) {
-            idem_buf_append_str(b, " key=");
+            idem__buf_append_str(b, " key=");
             text_value(b, req->id.key, strlen(req->id.key));
-            idem_buf_appendf(b, " scope=%.12s fence=%llu", req->id.scope,
-                             (unsigned long long)req->fence);
+            idem__buf_appendf(b, " scope=%.12s fence=%llu", req->id.scope,
+                              (unsigned long long)req->fence);
         }
-        rc |= idem_buf_appendf(b, " ms=%llu.%03llu\n", ms_int, ms_frac);
+        rc |= idem__buf_appendf(b, " ms=%llu.%03llu\n", ms_int, ms_frac);
     }
     if (rc != 0) {
         /* The buffer is full: drop this line rather than grow without bound. */
         b->len = before;
-        idem_log_flush(w);
+        idem__log_flush(w);
     }
     if (b->len >= LOG_FLUSH_AT)
-        idem_log_flush(w);
+        idem__log_flush(w);
 }
 
-void idem_log_flush(idem_worker_t *w)
+void idem__log_flush(idem_worker_t *w)
 {
     size_t off = 0;
     while (off < w->log.len) {
@@ -159,5 +159,5 @@ void idem_log_flush(idem_worker_t *w)
             break;
         off += (size_t)n;
     }
-    idem_buf_reset(&w->log);
+    idem__buf_reset(&w->log);
 }

@@ -132,10 +132,10 @@ static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen
 
 static int apply_flags(idem_config_t *cfg, const args_t *a, char *err, size_t errlen)
 {
-    if ((a->listen && idem_config_set_string(&cfg->listen, a->listen)) ||
-        (a->upstream && idem_config_set_string(&cfg->upstream, a->upstream)) ||
-        (a->store && idem_config_set_string(&cfg->store, a->store)) ||
-        (a->admin && idem_config_set_string(&cfg->admin, a->admin))) {
+    if ((a->listen && idem__config_set_string(&cfg->listen, a->listen)) ||
+        (a->upstream && idem__config_set_string(&cfg->upstream, a->upstream)) ||
+        (a->store && idem__config_set_string(&cfg->store, a->store)) ||
+        (a->admin && idem__config_set_string(&cfg->admin, a->admin))) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -154,7 +154,7 @@ static int apply_flags(idem_config_t *cfg, const args_t *a, char *err, size_t er
             snprintf(err, errlen, "--log-format: must be json or text: '%s'", a->log_format);
             return -1;
         }
-        if (idem_config_set_string(&cfg->log_format, a->log_format)) {
+        if (idem__config_set_string(&cfg->log_format, a->log_format)) {
             snprintf(err, errlen, "out of memory");
             return -1;
         }
@@ -175,7 +175,7 @@ static int resolve_upstream(idem_gw_t *gw, char *err, size_t errlen)
     gw->upstream_hostport[n] = '\0';
     char host[256];
     int port;
-    if (idem_config_parse_addr(gw->upstream_hostport, host, sizeof host, &port) != 0) {
+    if (idem__config_parse_addr(gw->upstream_hostport, host, sizeof host, &port) != 0) {
         snprintf(err, errlen, "--upstream: not http://HOST:PORT: '%s'", gw->cfg->upstream);
         return -1;
     }
@@ -287,38 +287,38 @@ int main(int argc, char **argv)
         return 0;
     }
     static idem_config_t cfg;
-    if (idem_config_defaults(&cfg) != 0)
+    if (idem__config_defaults(&cfg) != 0)
         return fail("out of memory");
-    if (a.config && idem_config_load_file(&cfg, a.config, err, sizeof err) != 0) {
-        idem_config_cleanup(&cfg);
+    if (a.config && idem__config_load_file(&cfg, a.config, err, sizeof err) != 0) {
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
     if (apply_flags(&cfg, &a, err, sizeof err) != 0 ||
-        idem_config_validate(&cfg, err, sizeof err) != 0) {
-        idem_config_cleanup(&cfg);
+        idem__config_validate(&cfg, err, sizeof err) != 0) {
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
     static idem_gw_t gw;
     gw.cfg = &cfg;
     gw.log_json = strcmp(cfg.log_format, "json") == 0;
     if (resolve_upstream(&gw, err, sizeof err) != 0) {
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
     if (idem_store_check_url(cfg.store, err, sizeof err) != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "store: %s", err);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(msg);
     }
     char nofile_warning[256];
     if (fit_open_files(&gw, err, sizeof err, nofile_warning, sizeof nofile_warning) != 0) {
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
     if (a.test) {
         printf("idemd: configuration OK\n");
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return 0;
     }
 
@@ -338,18 +338,18 @@ int main(int argc, char **argv)
      * descriptors are closed once they have started. */
     char host[256], ahost[256];
     int port, aport;
-    idem_config_parse_addr(cfg.listen, host, sizeof host, &port);
-    idem_config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
+    idem__config_parse_addr(cfg.listen, host, sizeof host, &port);
+    idem__config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
     int listen_fd =
-        idem_listen_socket(host, port, IDEM_LISTEN_BACKLOG, "--listen", err, sizeof err);
+        idem__listen_socket(host, port, IDEM_LISTEN_BACKLOG, "--listen", err, sizeof err);
     int admin_fd = -1;
     if (listen_fd >= 0)
-        admin_fd = idem_listen_socket(ahost, aport, IDEM_ADMIN_BACKLOG, "--admin", err,
-                                      sizeof err);
+        admin_fd = idem__listen_socket(ahost, aport, IDEM_ADMIN_BACKLOG, "--admin", err,
+                                       sizeof err);
     if (admin_fd < 0) {
         if (listen_fd >= 0)
             close(listen_fd);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
 
@@ -359,35 +359,35 @@ int main(int argc, char **argv)
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
         close(listen_fd);
         close(admin_fd);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(msg);
     }
     if (cfg.local_cache > 0) {
-        gw.cache = idem_cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
+        gw.cache = idem__cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
         if (gw.cache == NULL) {
             idem_store_close(gw.store);
             close(listen_fd);
             close(admin_fd);
-            idem_config_cleanup(&cfg);
+            idem__config_cleanup(&cfg);
             return fail("local_cache: out of memory");
         }
     }
     if (cfg.scope_rate_limit.count > 0) {
-        gw.ratelimit = idem_ratelimit_create(cfg.scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
+        gw.ratelimit = idem__ratelimit_create(cfg.scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
         if (gw.ratelimit == NULL) {
-            idem_cache_destroy(gw.cache);
+            idem__cache_destroy(gw.cache);
             idem_store_close(gw.store);
-            idem_config_cleanup(&cfg);
+            idem__config_cleanup(&cfg);
             return fail("scope_rate_limit: out of memory");
         }
     }
-    if (idem_writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
-        idem_ratelimit_destroy(gw.ratelimit);
-        idem_cache_destroy(gw.cache);
+    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
+        idem__ratelimit_destroy(gw.ratelimit);
+        idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
         close(listen_fd);
         close(admin_fd);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail("cannot start the store writer thread");
     }
     gw.nworkers = cfg.workers;
@@ -399,58 +399,59 @@ int main(int argc, char **argv)
     }
     int inited = 0;
     for (int i = 0; i < gw.nworkers && rc == 0; i++) {
-        rc = idem_worker_init(&gw.workers[i], &gw, i, listen_fd, err, sizeof err);
+        rc = idem__worker_init(&gw.workers[i], &gw, i, listen_fd, err, sizeof err);
         inited = i + 1;
     }
     idem_admin_t *admin = NULL;
     if (rc == 0)
-        rc = idem_admin_start(&gw, admin_fd, &admin, err, sizeof err);
+        rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
     close(listen_fd);
     close(admin_fd);
     if (rc != 0) {
         for (int i = 0; i < inited; i++)
-            idem_worker_cleanup(&gw.workers[i]);
+            idem__worker_cleanup(&gw.workers[i]);
         free(gw.workers);
-        idem_writer_stop(&gw.writer);
-        idem_ratelimit_destroy(gw.ratelimit);
-        idem_cache_destroy(gw.cache);
+        idem__writer_stop(&gw.writer);
+        idem__ratelimit_destroy(gw.ratelimit);
+        idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
-        idem_config_cleanup(&cfg);
+        idem__config_cleanup(&cfg);
         return fail(err);
     }
     for (int i = 0; i < gw.nworkers; i++)
-        pthread_create(&gw.workers[i].thread, NULL, idem_worker_main, &gw.workers[i]);
+        pthread_create(&gw.workers[i].thread, NULL, idem__worker_main, &gw.workers[i]);
     if (nofile_warning[0] != '\0')
-        idem_log(&gw, "warn", "%s", nofile_warning);
-    idem_log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
-             cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
+        idem__log(&gw, "warn", "%s", nofile_warning);
+    idem__log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
+              cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
 
     int sig = 0;
     for (;;) {
         sigwait(&sigs, &sig);
         if (sig != SIGHUP)
             break;
-        idem_log(&gw, "warn",
-                 "SIGHUP: reloading the configuration is not supported yet; "
-                 "ignored (restart idemd to apply a change)");
+        idem__log(&gw, "warn",
+                  "SIGHUP: reloading the configuration is not supported yet; "
+                  "ignored (restart idemd to apply a change)");
     }
-    idem_log(&gw, "info", "%s: finishing requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    idem__log(&gw, "info", "%s: finishing requests in flight",
+              sig == SIGTERM ? "SIGTERM" : "SIGINT");
     atomic_store(&gw.stopping, true);
     for (int i = 0; i < gw.nworkers; i++)
-        idem_worker_request_stop(&gw.workers[i]);
+        idem__worker_request_stop(&gw.workers[i]);
     for (int i = 0; i < gw.nworkers; i++)
         pthread_join(gw.workers[i].thread, NULL);
-    idem_admin_stop(admin);
+    idem__admin_stop(admin);
     /* The writer goes before the loops are torn down: a job it still hands
      * back (a forced shutdown) must find its worker's async handle. */
-    idem_writer_stop(&gw.writer);
+    idem__writer_stop(&gw.writer);
     for (int i = 0; i < gw.nworkers; i++)
-        idem_worker_cleanup(&gw.workers[i]);
-    idem_ratelimit_destroy(gw.ratelimit);
-    idem_cache_destroy(gw.cache);
+        idem__worker_cleanup(&gw.workers[i]);
+    idem__ratelimit_destroy(gw.ratelimit);
+    idem__cache_destroy(gw.cache);
     idem_store_close(gw.store);
     free(gw.workers);
-    idem_log(&gw, "info", "stopped");
-    idem_config_cleanup(&cfg);
+    idem__log(&gw, "info", "stopped");
+    idem__config_cleanup(&cfg);
     return 0;
 }

@@ -21,18 +21,18 @@ static const uint64_t bucket_us[IDEM_HIST_BUCKETS] = {
     5000000,
 };
 
-const char *idem_outcome_name(idem_outcome_t o)
+const char *idem__outcome_name(idem_outcome_t o)
 {
     return (unsigned)o < IDEM_OUT__COUNT ? outcome_names[o] : "unknown";
 }
 
-void idem_metrics_count(idem_metrics_t *m, idem_outcome_t o)
+void idem__metrics_count(idem_metrics_t *m, idem_outcome_t o)
 {
     if ((unsigned)o < IDEM_OUT__COUNT)
         atomic_fetch_add_explicit(&m->requests[o], 1, memory_order_relaxed);
 }
 
-void idem_hist_observe(idem_hist_t *h, uint64_t ns)
+void idem__hist_observe(idem_hist_t *h, uint64_t ns)
 {
     uint64_t us = ns / 1000;
     size_t i = 0;
@@ -45,78 +45,84 @@ void idem_hist_observe(idem_hist_t *h, uint64_t ns)
 
 static int render_hist(idem_buf_t *out, const char *name, const char *help, idem_hist_t *h)
 {
-    int rc = idem_buf_appendf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    int rc = idem__buf_appendf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (size_t i = 0; i <= IDEM_HIST_BUCKETS; i++) {
         cum += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
         if (i < IDEM_HIST_BUCKETS)
-            rc |= idem_buf_appendf(out, "%s_bucket{le=\"%g\"} %llu\n", name,
-                                   (double)bucket_us[i] / 1e6, (unsigned long long)cum);
+            rc |= idem__buf_appendf(out, "%s_bucket{le=\"%g\"} %llu\n", name,
+                                    (double)bucket_us[i] / 1e6, (unsigned long long)cum);
         else
-            rc |= idem_buf_appendf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
-                                   (unsigned long long)cum);
+            rc |= idem__buf_appendf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                                    (unsigned long long)cum);
     }
-    rc |= idem_buf_appendf(out, "%s_sum %.6f\n%s_count %llu\n", name,
-                           (double)atomic_load(&h->sum_us) / 1e6, name,
-                           (unsigned long long)atomic_load(&h->count));
+    rc |= idem__buf_appendf(out, "%s_sum %.6f\n%s_count %llu\n", name,
+                            (double)atomic_load(&h->sum_us) / 1e6, name,
+                            (unsigned long long)atomic_load(&h->count));
     return rc;
 }
 
-int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out)
+int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
 {
-    int rc = idem_buf_append_str(out, "# HELP idem_requests_total Requests by what idemd did with them.\n"
-                                      "# TYPE idem_requests_total counter\n");
+    int rc = idem__buf_append_str(out, "# HELP idem_requests_total Requests by what idemd did "
+                                       "with them.\n"
+                                       "# TYPE idem_requests_total counter\n");
     for (int i = 0; i < IDEM_OUT__COUNT; i++)
-        rc |= idem_buf_appendf(out, "idem_requests_total{outcome=\"%s\"} %llu\n", outcome_names[i],
-                               (unsigned long long)atomic_load(&m->requests[i]));
-    rc |= idem_buf_appendf(out,
-                           "# HELP idem_in_flight Requests being processed now.\n"
-                           "# TYPE idem_in_flight gauge\nidem_in_flight %lld\n",
-                           (long long)atomic_load(&m->in_flight));
-    rc |= idem_buf_appendf(out,
-                           "# HELP idem_store_batches_total Store writer transactions.\n"
-                           "# TYPE idem_store_batches_total counter\nidem_store_batches_total %llu\n"
-                           "# HELP idem_store_ops_total Operations applied by the store writer.\n"
-                           "# TYPE idem_store_ops_total counter\nidem_store_ops_total %llu\n"
-                           "# HELP idem_store_errors_total Store writer transactions that failed.\n"
-                           "# TYPE idem_store_errors_total counter\nidem_store_errors_total %llu\n",
-                           (unsigned long long)atomic_load(&m->store_batches),
-                           (unsigned long long)atomic_load(&m->store_ops),
-                           (unsigned long long)atomic_load(&m->store_errors));
-    rc |= idem_buf_appendf(out,
-                           "# HELP idem_store_gets_total Records read from the store outside the writer.\n"
-                           "# TYPE idem_store_gets_total counter\nidem_store_gets_total %llu\n"
-                           "# HELP idem_local_cache_hits_total Requests answered from local_cache.\n"
-                           "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n",
-                           (unsigned long long)atomic_load(&m->store_gets),
-                           (unsigned long long)atomic_load(&m->cache_hits));
-    rc |= idem_buf_appendf(out,
-                           "# HELP idem_connections Open client connections (with requests that "
-                           "outlived theirs), counted against max_connections.\n"
-                           "# TYPE idem_connections gauge\nidem_connections %llu\n"
-                           "# HELP idem_connections_refused_total Connections closed at once: over "
-                           "max_connections (public) or the admin listener's cap.\n"
-                           "# TYPE idem_connections_refused_total counter\n"
-                           "idem_connections_refused_total{listener=\"public\"} %llu\n"
-                           "idem_connections_refused_total{listener=\"admin\"} %llu\n"
-                           "# HELP idem_buffered_body_bytes Request body bytes held, counted "
-                           "against max_buffered_bytes.\n"
-                           "# TYPE idem_buffered_body_bytes gauge\nidem_buffered_body_bytes %llu\n",
-                           (unsigned long long)atomic_load(&m->connections),
-                           (unsigned long long)atomic_load(&m->conns_refused),
-                           (unsigned long long)atomic_load(&m->admin_conns_refused),
-                           (unsigned long long)atomic_load(&m->buffered_bytes));
-    rc |= idem_buf_appendf(out,
-                           "# HELP idem_scope_fallback_total Keyed and token requests whose scope "
-                           "source was absent, by the scope they fell back to.\n"
-                           "# TYPE idem_scope_fallback_total counter\n"
-                           "idem_scope_fallback_total{to=\"authorization\"} %llu\n"
-                           "idem_scope_fallback_total{to=\"anonymous\"} %llu\n"
-                           "# HELP idem_store_full 1 while the store refuses writes for want of room.\n"
-                           "# TYPE idem_store_full gauge\nidem_store_full %d\n",
-                           (unsigned long long)atomic_load(&m->scope_fallback_authorization),
-                           (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
-                           atomic_load(&m->store_full) ? 1 : 0);
+        rc |= idem__buf_appendf(out, "idem_requests_total{outcome=\"%s\"} %llu\n",
+                                outcome_names[i],
+                                (unsigned long long)atomic_load(&m->requests[i]));
+    rc |= idem__buf_appendf(out,
+                            "# HELP idem_in_flight Requests being processed now.\n"
+                            "# TYPE idem_in_flight gauge\nidem_in_flight %lld\n",
+                            (long long)atomic_load(&m->in_flight));
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_store_batches_total Store writer transactions.\n"
+        "# TYPE idem_store_batches_total counter\nidem_store_batches_total %llu\n"
+        "# HELP idem_store_ops_total Operations applied by the store writer.\n"
+        "# TYPE idem_store_ops_total counter\nidem_store_ops_total %llu\n"
+        "# HELP idem_store_errors_total Store writer transactions that failed.\n"
+        "# TYPE idem_store_errors_total counter\nidem_store_errors_total %llu\n",
+        (unsigned long long)atomic_load(&m->store_batches),
+        (unsigned long long)atomic_load(&m->store_ops),
+        (unsigned long long)atomic_load(&m->store_errors));
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_store_gets_total Records read from the store outside the writer.\n"
+        "# TYPE idem_store_gets_total counter\nidem_store_gets_total %llu\n"
+        "# HELP idem_local_cache_hits_total Requests answered from local_cache.\n"
+        "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n",
+        (unsigned long long)atomic_load(&m->store_gets),
+        (unsigned long long)atomic_load(&m->cache_hits));
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_connections Open client connections (with requests that "
+        "outlived theirs), counted against max_connections.\n"
+        "# TYPE idem_connections gauge\nidem_connections %llu\n"
+        "# HELP idem_connections_refused_total Connections closed at once: over "
+        "max_connections (public) or the admin listener's cap.\n"
+        "# TYPE idem_connections_refused_total counter\n"
+        "idem_connections_refused_total{listener=\"public\"} %llu\n"
+        "idem_connections_refused_total{listener=\"admin\"} %llu\n"
+        "# HELP idem_buffered_body_bytes Request body bytes held, counted "
+        "against max_buffered_bytes.\n"
+        "# TYPE idem_buffered_body_bytes gauge\nidem_buffered_body_bytes %llu\n",
+        (unsigned long long)atomic_load(&m->connections),
+        (unsigned long long)atomic_load(&m->conns_refused),
+        (unsigned long long)atomic_load(&m->admin_conns_refused),
+        (unsigned long long)atomic_load(&m->buffered_bytes));
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_scope_fallback_total Keyed and token requests whose scope "
+        "source was absent, by the scope they fell back to.\n"
+        "# TYPE idem_scope_fallback_total counter\n"
+        "idem_scope_fallback_total{to=\"authorization\"} %llu\n"
+        "idem_scope_fallback_total{to=\"anonymous\"} %llu\n"
+        "# HELP idem_store_full 1 while the store refuses writes for want of room.\n"
+        "# TYPE idem_store_full gauge\nidem_store_full %d\n",
+        (unsigned long long)atomic_load(&m->scope_fallback_authorization),
+        (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
+        atomic_load(&m->store_full) ? 1 : 0);
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

@@ -51,10 +51,10 @@ typedef struct idem_metrics {
     idem_hist_t request_latency;
 } idem_metrics_t;
 
-void idem_metrics_count(idem_metrics_t *m, idem_outcome_t o);
-void idem_hist_observe(idem_hist_t *h, uint64_t ns);
+void idem__metrics_count(idem_metrics_t *m, idem_outcome_t o);
+void idem__hist_observe(idem_hist_t *h, uint64_t ns);
 /** Render Prometheus text into out.  @return 0 or -1 (out full). */
-int idem_metrics_render(idem_metrics_t *m, idem_buf_t *out);
-const char *idem_outcome_name(idem_outcome_t o);
+int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out);
+const char *idem__outcome_name(idem_outcome_t o);
 
 #endif /* IDEM_GATEWAY_METRICS_H */

@@ -6,7 +6,7 @@
  * {"type":"urn:idem:problem:<type>","title":...,"status":N,"detail":...}.
  * The type names are part of the contract (docs/protocol.md section 10); the titles are
  * fixed per type, the detail says what happened to this request.  The
- * response around it is written by src/http's idem_http_write_response, so a
+ * response around it is written by src/http's idem__http_write_response, so a
  * problem is framed like every other answer (HEAD, HTTP/1.0 keep-alive) and
  * is never half written.
  */
@@ -50,7 +50,7 @@ static const struct {
     {"misdirected-request", "Host not served by this listener"},
 };
 
-const char *idem_problem_title(const char *type)
+const char *idem__problem_title(const char *type)
 {
     for (size_t i = 0; i < sizeof titles / sizeof titles[0]; i++)
         if (strcmp(titles[i].type, type) == 0)
@@ -58,12 +58,12 @@ const char *idem_problem_title(const char *type)
     return "Error";
 }
 
-char *idem_problem_body(int status, const char *type, const char *detail)
+char *idem__problem_body(int status, const char *type, const char *detail)
 {
     char typebuf[96];
     snprintf(typebuf, sizeof typebuf, "urn:idem:problem:%s", type);
     json_t *obj = json_pack("{s:s, s:s, s:i, s:s}", "type", typebuf, "title",
-                            idem_problem_title(type), "status", status, "detail",
+                            idem__problem_title(type), "status", status, "detail",
                             detail ? detail : "");
     if (!obj)
         return NULL;
@@ -72,10 +72,10 @@ char *idem_problem_body(int status, const char *type, const char *detail)
     return body;
 }
 
-int idem_problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
-                         int64_t retry_after, idem_http_reply_t to)
+int idem__problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
+                          int64_t retry_after, idem_http_reply_t to)
 {
-    char *body = idem_problem_body(status, type, detail);
+    char *body = idem__problem_body(status, type, detail);
     if (!body)
         return -1;
     char seconds[24];
@@ -88,7 +88,7 @@ int idem_problem_respond(idem_buf_t *out, int status, const char *type, const ch
         fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {seconds, (size_t)k}};
     }
     idem_http_response_t r = {.status = status, .fields = fields, .n_fields = n};
-    int rc = idem_http_write_response(out, &r, to, body, strlen(body));
+    int rc = idem__http_write_response(out, &r, to, body, strlen(body));
     free(body);
     return rc;
 }

@@ -3,7 +3,7 @@
  *
  * Every refusal idemd makes itself, on the public listener and on the
  * admin, is a problem; its type names are part of the contract
- * (docs/protocol.md section 10).  idem_problem_respond writes the whole
+ * (docs/protocol.md section 10).  idem__problem_respond writes the whole
  * answer through src/http's one response writer; the body alone serves an
  * answer framed elsewhere.  Nothing here knows a loop or a connection.
  */
@@ -18,10 +18,10 @@
  * alone for HEAD), all or nothing.
  * @param retry_after  seconds for a Retry-After header, or 0 for none.
  * @return 0, or -1 (out of memory, out's cap) with out unchanged. */
-int idem_problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
-                         int64_t retry_after, idem_http_reply_t to);
-const char *idem_problem_title(const char *type);
+int idem__problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
+                          int64_t retry_after, idem_http_reply_t to);
+const char *idem__problem_title(const char *type);
 /** The JSON body of a problem; free() it.  NULL when out of memory. */
-char *idem_problem_body(int status, const char *type, const char *detail);
+char *idem__problem_body(int status, const char *type, const char *detail);
 
 #endif /* IDEM_GATEWAY_PROBLEM_H */

@@ -48,7 +48,7 @@ struct idem_ratelimit {
     uint64_t seed;
 };
 
-int idem_rate_parse(const char *s, idem_rate_t *out)
+int idem__rate_parse(const char *s, idem_rate_t *out)
 {
     memset(out, 0, sizeof *out);
     if (s == NULL)
@@ -92,7 +92,7 @@ static uint64_t hash_scope(const idem_ratelimit_t *rl, const char *s)
     return h;
 }
 
-idem_ratelimit_t *idem_ratelimit_create(idem_rate_t rate, size_t max_scopes)
+idem_ratelimit_t *idem__ratelimit_create(idem_rate_t rate, size_t max_scopes)
 {
     if (rate.count == 0 || rate.period_ms <= 0 || max_scopes == 0)
         return NULL;
@@ -120,7 +120,7 @@ idem_ratelimit_t *idem_ratelimit_create(idem_rate_t rate, size_t max_scopes)
     return rl;
 }
 
-void idem_ratelimit_destroy(idem_ratelimit_t *rl)
+void idem__ratelimit_destroy(idem_ratelimit_t *rl)
 {
     if (rl == NULL)
         return;
@@ -181,8 +181,8 @@ static void make_room(idem_ratelimit_t *rl, uint64_t now_ns)
         drop(rl, rl->lru.prev);
 }
 
-bool idem_ratelimit_take(idem_ratelimit_t *rl, const char *scope, uint64_t now_ns,
-                         int64_t *retry_after_s)
+bool idem__ratelimit_take(idem_ratelimit_t *rl, const char *scope, uint64_t now_ns,
+                          int64_t *retry_after_s)
 {
     int64_t dummy;
     if (retry_after_s == NULL)
@@ -235,7 +235,7 @@ bool idem_ratelimit_take(idem_ratelimit_t *rl, const char *scope, uint64_t now_n
     return ok;
 }
 
-size_t idem_ratelimit_tracked(idem_ratelimit_t *rl)
+size_t idem__ratelimit_tracked(idem_ratelimit_t *rl)
 {
     if (rl == NULL)
         return 0;

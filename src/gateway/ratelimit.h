@@ -46,14 +46,14 @@ typedef struct idem_rate {
 
 /** Parse "N/s", "N/m" or "N/h" (N a whole number 1..IDEM_RATE_MAX_COUNT), or
  * "off".  @return 0, or -1 (out zeroed). */
-int idem_rate_parse(const char *s, idem_rate_t *out);
+int idem__rate_parse(const char *s, idem_rate_t *out);
 
 typedef struct idem_ratelimit idem_ratelimit_t;
 
 /** A limiter of rate per scope, tracking at most max_scopes scopes.
  * @return NULL when out of memory, or when rate is off or max_scopes is 0. */
-idem_ratelimit_t *idem_ratelimit_create(idem_rate_t rate, size_t max_scopes);
-void idem_ratelimit_destroy(idem_ratelimit_t *rl); /* NULL is a no-op */
+idem_ratelimit_t *idem__ratelimit_create(idem_rate_t rate, size_t max_scopes);
+void idem__ratelimit_destroy(idem_ratelimit_t *rl); /* NULL is a no-op */
 
 /** Take one request from scope's bucket at now_ns (a monotonic clock).
  * @param[out] retry_after_s  when refused: whole seconds until one request
@@ -61,10 +61,10 @@ void idem_ratelimit_destroy(idem_ratelimit_t *rl); /* NULL is a no-op */
  * @return true when the request may go on.  NULL rl allows everything;
  *         out of memory allows (the limit is a protection, not a gate that
  *         fails closed). */
-bool idem_ratelimit_take(idem_ratelimit_t *rl, const char *scope, uint64_t now_ns,
-                         int64_t *retry_after_s);
+bool idem__ratelimit_take(idem_ratelimit_t *rl, const char *scope, uint64_t now_ns,
+                          int64_t *retry_after_s);
 
 /** Scopes tracked now. */
-size_t idem_ratelimit_tracked(idem_ratelimit_t *rl);
+size_t idem__ratelimit_tracked(idem_ratelimit_t *rl);
 
 #endif /* IDEM_GATEWAY_RATELIMIT_H */

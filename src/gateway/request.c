@@ -15,16 +15,16 @@
  *       -> COMPLETE / RELEASE / HOLD through the writer (fenced)
  *       -> answer the client only once the outcome is durable.
  *
- * The store work goes through the worker (idem_worker_submit, worker.c),
+ * The store work goes through the worker (idem__worker_submit, worker.c),
  * the upstream call through the worker's upstream client (upstream.h), the
  * answer to the client through conn.c; a `mode: token` route's steps are
  * tokens.c's.  Every answer, whatever it is (a problem, a replay, the
  * upstream's response relayed or streamed, a token), is written by
- * src/http's idem_http_write_head or idem_http_write_response, all or
+ * src/http's idem__http_write_head or idem__http_write_response, all or
  * nothing: one that cannot be written becomes a 500, or the connection
  * closes, never half a head.
  *
- * A request is re-framed on its way up (idem_gw_upstream_head, in the
+ * A request is re-framed on its way up (idem__gw_upstream_head, in the
  * loop-free request_plan.c, which the fuzzer runs too): its decoded body
  * goes with a Content-Length of our own, hop-by-hop fields (Upgrade and
  * Connection among them) and Expect are dropped, any Idempotency-Fence the
@@ -87,7 +87,7 @@ void idem__req_release(idem_req_t *req, idem_hold_t h)
 void idem__req_enter(idem_req_t *req, idem_req_state_t s)
 {
     if (req->life.state < IDEM_REQ_RELAYING && s >= IDEM_REQ_RELAYING)
-        idem_metrics_count(&req_gw(req)->metrics, req->outcome);
+        idem__metrics_count(&req_gw(req)->metrics, req->outcome);
     idem__life_advance(&req->life, s);
 }
 
@@ -138,12 +138,12 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
     }
     memcpy(req->head, head, head_len);
     idem_http_head_state_t hs = {0};
-    int rc = idem_http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
+    int rc = idem__http_parse_request(&hs, req->head, head_len, IDEM_HTTP_MAX_HEAD, &req->msg);
     idem_http_target_t t;
     if (rc > 0) {
         char *norm = req->head + head_len;
         *target_rc =
-            idem_http_target_normalize(req->msg.target.ptr, req->msg.target.len, norm, tcap, &t);
+            idem__http_target_normalize(req->msg.target.ptr, req->msg.target.len, norm, tcap, &t);
         req->target = norm;
         req->target_len = t.len;
         req->path_len = t.path_len;
@@ -159,8 +159,8 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
     req->conn = c;
     req->t_start_ns = idem_clock_mono_ns();
     req->outcome = IDEM_OUT_PASSTHROUGH;
-    idem_buf_init(&req->body, w->gw->cfg->max_request_bytes);
-    idem_buf_init(&req->resp_body, 0);
+    idem__buf_init(&req->body, w->gw->cfg->max_request_bytes);
+    idem__buf_init(&req->resp_body, 0);
     idem_list_push(&w->reqs, &req->link);
     atomic_fetch_add(&w->gw->metrics.in_flight, 1);
     return req;
@@ -174,11 +174,11 @@ static bool client_keep_alive(const idem_req_t *req)
     return req->msg.keep_alive && !req->w->stopping && !idem__conn_reading_body(req->conn);
 }
 
-/* What req asks of the head of its answer (idem_http_write_head). */
+/* What req asks of the head of its answer (idem__http_write_head). */
 static idem_http_reply_t client_reply(const idem_req_t *req)
 {
     return (idem_http_reply_t){.version_minor = req->msg.version_minor,
-                               .head = idem_slice_eq_ci(req->msg.method, "HEAD"),
+                               .head = idem__slice_eq_ci(req->msg.method, "HEAD"),
                                .keep_alive = client_keep_alive(req)};
 }
 
@@ -189,7 +189,7 @@ static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
     idem__req_enter(req, IDEM_REQ_ANSWERED);
     idem_conn_t *c = req->conn;
     if (c) {
-        idem_conn_write(c, buf->data, buf->len);
+        idem__conn_write(c, buf->data, buf->len);
         idem__conn_response_done(c, client_keep_alive(req));
     }
 }
@@ -198,8 +198,8 @@ void idem__req_problem(idem_req_t *req, int status, const char *type, const char
                        int64_t retry_after)
 {
     idem_buf_t out;
-    idem_buf_init(&out, 0);
-    if (idem_problem_respond(&out, status, type, detail, retry_after, client_reply(req)) == 0) {
+    idem__buf_init(&out, 0);
+    if (idem__problem_respond(&out, status, type, detail, retry_after, client_reply(req)) == 0) {
         req_send(req, &out, status);
     } else {
         /* Out of memory: the client must not wait for an answer forever. */
@@ -208,10 +208,10 @@ void idem__req_problem(idem_req_t *req, int status, const char *type, const char
         if (req->conn)
             idem__conn_close(req->conn);
     }
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
 }
 
-/* Queue out, which idem_http_write_head/_response answered rc for, as the
+/* Queue out, which idem__http_write_head/_response answered rc for, as the
  * whole response of req.  One that could not be written (out of memory, a
  * field the writer refuses) was not written at all: a 500 goes instead, or
  * the connection closes, never half an answer. */
@@ -234,7 +234,7 @@ static void req_replay(idem_req_t *req, const idem_record_t *rec)
     size_t n = r->n_headers + 1;
     idem_http_field_t *f = n <= REPLAY_FIELDS_LOCAL ? local : calloc(n, sizeof *f);
     idem_buf_t out;
-    idem_buf_init(&out, 0);
+    idem__buf_init(&out, 0);
     int rc = -1;
     if (f != NULL) {
         for (size_t i = 0; i < r->n_headers; i++)
@@ -243,12 +243,12 @@ static void req_replay(idem_req_t *req, const idem_record_t *rec)
         f[n - 1] = (idem_http_field_t){{replay, strlen(replay)}, {"true", 4}};
         /* The standard reason phrase: a record keeps the status, not the upstream's words. */
         idem_http_response_t resp = {.status = r->status, .fields = f, .n_fields = n};
-        rc = idem_http_write_response(&out, &resp, client_reply(req), r->body, r->body_len);
+        rc = idem__http_write_response(&out, &resp, client_reply(req), r->body, r->body_len);
         if (f != local)
             free(f);
     }
     req_send_written(req, &out, rc, r->status);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
 }
 
 /* The upstream's fields that its answer to the client carries, into f (room
@@ -261,7 +261,8 @@ static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *uf = &m->fields[i];
-        if (!idem_http_is_hop_by_hop(m, uf->name) && !idem_slice_eq_ci(uf->name, "Content-Length"))
+        if (!idem__http_is_hop_by_hop(m, uf->name) &&
+            !idem__slice_eq_ci(uf->name, "Content-Length"))
             f[n++] = *uf;
     }
     if (req->bypassed)
@@ -273,7 +274,7 @@ static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
  * digits, at most 2^53).  @return whether m has one. */
 static bool upstream_length(const idem_http_msg_t *m, uint64_t *out)
 {
-    const idem_http_field_t *cl = idem_http_find(m, "Content-Length");
+    const idem_http_field_t *cl = idem__http_find(m, "Content-Length");
     if (cl == NULL || cl->value.len == 0)
         return false;
     uint64_t n = 0;
@@ -295,19 +296,19 @@ void idem__req_respond_upstream(idem_req_t *req)
                               .n_fields = relayed_fields(req, f)};
     idem_http_reply_t to = client_reply(req);
     idem_buf_t out;
-    idem_buf_init(&out, 0);
+    idem__buf_init(&out, 0);
     int rc;
     if (m->framing == IDEM_HTTP_BODY_NONE) {
         /* No body (HEAD, 1xx, 204, 304).  The answer to HEAD keeps the
          * upstream's length: it tells the size of what GET would send. */
         if (to.head && upstream_length(m, &r.content_length))
             r.framing = IDEM_HTTP_BODY_LENGTH;
-        rc = idem_http_write_head(&out, &r, to);
+        rc = idem__http_write_head(&out, &r, to);
     } else {
-        rc = idem_http_write_response(&out, &r, to, req->resp_body.data, req->resp_body.len);
+        rc = idem__http_write_response(&out, &r, to, req->resp_body.data, req->resp_body.len);
     }
     req_send_written(req, &out, rc, m->status);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
 }
 
 /* Answer as a repeat of req would be answered, from the decision on rec. */
@@ -363,8 +364,8 @@ void idem__req_store_unavailable(idem_req_t *req, const char *detail)
 
 /* ---- reading the store ------------------------------------------------------ */
 
-idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
-                             idem_record_t *rec)
+idem_err_t idem__gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
+                              idem_record_t *rec)
 {
     atomic_fetch_add_explicit(&gw->metrics.store_gets, 1, memory_order_relaxed);
     return idem_store_get(gw->store, id, now_ms, rec);
@@ -375,7 +376,7 @@ idem_err_t idem_gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now
 static void req_cache_record(idem_req_t *req, const idem_record_t *rec)
 {
     if (rec->state == IDEM_STATE_COMPLETED)
-        idem_cache_put(req_gw(req)->cache, &req->id, rec);
+        idem__cache_put(req_gw(req)->cache, &req->id, rec);
 }
 
 /* ---- the writer round trip ------------------------------------------------ */
@@ -391,7 +392,7 @@ void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb)
     job->cb = cb;
     job->data = req;
     req_hold(req, job_hold(req, job));
-    idem_worker_submit(req->w, job);
+    idem__worker_submit(req->w, job);
 }
 
 void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind)
@@ -420,8 +421,8 @@ static void on_renew_done(idem_wjob_t *job)
         req->lease_until_ms = job->op.lease_until_ms;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE &&
         req->life.state == IDEM_REQ_FORWARDING)
-        idem_log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
-                 req->id.key);
+        idem__log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
+                  req->id.key);
 }
 
 static void on_renew_timer(uv_timer_t *t)
@@ -492,7 +493,7 @@ static void req_answer_as_repeat(idem_req_t *req)
 {
     idem_record_t rec;
     int64_t now = idem_clock_now(NULL);
-    idem_err_t err = idem_gw_store_get(req_gw(req), &req->id, now, &rec);
+    idem_err_t err = idem__gw_store_get(req_gw(req), &req->id, now, &rec);
     if (err == IDEM_OK) {
         idem_decision_t d = idem_decide(&rec, req->fp, now);
         req_answer_decision(req, d, &rec);
@@ -543,9 +544,9 @@ static void on_complete_retry_timer(uv_timer_t *t)
 static void req_complete_later(idem_req_t *req, idem_err_t err)
 {
     if (!req_answered(req)) {
-        idem_log(req->w->gw, "error",
-                 "could not store the outcome of key %s: %s; retrying while the lease lasts",
-                 req->id.key, idem_strerror(err));
+        idem__log(req->w->gw, "error",
+                  "could not store the outcome of key %s: %s; retrying while the lease lasts",
+                  req->id.key, idem_strerror(err));
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
@@ -558,9 +559,10 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
         delay = COMPLETE_RETRY_MAX_MS;
     req->complete_tries++;
     if (req->w->stopping || idem_clock_now(NULL) + delay >= req->lease_until_ms) {
-        idem_log(req->w->gw, "error",
-                 "gave up storing the outcome of key %s after %d tries: it stays in progress "
-                 "until its lease ends", req->id.key, req->complete_tries);
+        idem__log(req->w->gw, "error",
+                  "gave up storing the outcome of key %s after %d tries: it stays in progress "
+                  "until its lease ends",
+                  req->id.key, req->complete_tries);
         return;
     }
     req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
@@ -576,15 +578,15 @@ static void on_outcome_stored(idem_wjob_t *job)
     if (req_answered(req)) {
         /* A late completion after a store failure: the client has its 503. */
         if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
-            idem_log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
-                     req->id.key, req->complete_tries + 1);
+            idem__log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
+                      req->id.key, req->complete_tries + 1);
             req_cache_completion(req, job);
         }
         return;
     }
     if (job->batch_err != IDEM_OK) {
-        idem_log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
-                 idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
+                  idem_strerror(job->batch_err));
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
@@ -614,7 +616,7 @@ static int req_collect_store_headers(idem_req_t *req)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (idem_http_is_hop_by_hop(m, f->name) || idem_slice_eq_ci(f->name, "Content-Length"))
+        if (idem__http_is_hop_by_hop(m, f->name) || idem__slice_eq_ci(f->name, "Content-Length"))
             continue;
         req->store_headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr, f->value.len};
     }
@@ -659,7 +661,8 @@ static void req_store_outcome(idem_req_t *req, bool retained)
 
 static void req_upstream_done(idem_req_t *req)
 {
-    idem_hist_observe(&req_gw(req)->metrics.upstream_latency, idem_clock_mono_ns() - req->t_up_ns);
+    idem__hist_observe(&req_gw(req)->metrics.upstream_latency,
+                       idem_clock_mono_ns() - req->t_up_ns);
     if (req->token_spent && is_release_status(req->policy, req->up.resp.status)) {
         idem__req_give_token_back(req);
         return;
@@ -717,8 +720,8 @@ static void on_failure_recorded(idem_wjob_t *job)
     if (job->batch_err != IDEM_OK) {
         /* The key is left in progress (a retry gets 409 until its lease
          * ends) and a hold was not written: say so rather than 502/504. */
-        idem_log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
-                 idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
+                  idem_strerror(job->batch_err));
         idem__req_store_unavailable(req,
                                     "the upstream call failed and the store could not record it");
         return;
@@ -784,10 +787,10 @@ void idem__req_start_stream(idem_req_t *req)
     if (r.framing == IDEM_HTTP_BODY_EOF)
         to.keep_alive = false;
     idem_buf_t out;
-    idem_buf_init(&out, 0);
-    if (idem_http_write_head(&out, &r, to) != 0) {
+    idem__buf_init(&out, 0);
+    if (idem__http_write_head(&out, &r, to) != 0) {
         /* Nothing went to the client yet: it hears why instead of half a head. */
-        idem_buf_cleanup(&out);
+        idem__buf_cleanup(&out);
         idem__req_abort_upstream(req);
         idem__req_problem(req, 500, "internal", "the response could not be written", 0);
         return;
@@ -796,11 +799,11 @@ void idem__req_start_stream(idem_req_t *req)
     req->stream_close = r.framing == IDEM_HTTP_BODY_EOF;
     req->status = m->status;
     idem__req_enter(req, IDEM_REQ_RELAYING);
-    idem_conn_write(c, out.data, out.len);
-    idem_buf_cleanup(&out);
+    idem__conn_write(c, out.data, out.len);
+    idem__buf_cleanup(&out);
     if (req->resp_body.len)
         req_stream_data(req, req->resp_body.data, req->resp_body.len);
-    idem_buf_cleanup(&req->resp_body);
+    idem__buf_cleanup(&req->resp_body);
     idem__upstream_req_resume(&req->up);
 }
 
@@ -811,21 +814,21 @@ static bool req_stream_data(idem_req_t *req, const char *p, size_t n)
         return false;
     if (req->stream_chunked) {
         idem_buf_t out;
-        idem_buf_init(&out, 0);
-        if (idem_http_write_chunk(&out, p, n) != 0) {
+        idem__buf_init(&out, 0);
+        if (idem__http_write_chunk(&out, p, n) != 0) {
             /* Out of memory: a chunk left out would corrupt the body, so the
              * client sees the stream cut, as when the upstream cuts it (the
              * outcome is stored already; the rest is read for no one). */
-            idem_buf_cleanup(&out);
+            idem__buf_cleanup(&out);
             idem__conn_close_when_written(c); /* lets go of req */
             return false;
         }
-        idem_conn_write(c, out.data, out.len);
-        idem_buf_cleanup(&out);
+        idem__conn_write(c, out.data, out.len);
+        idem__buf_cleanup(&out);
     } else {
-        idem_conn_write(c, p, n);
+        idem__conn_write(c, p, n);
     }
-    return idem_conn_queue_size(c) > IDEM_STREAM_HIGH_MARK;
+    return idem__conn_queue_size(c) > IDEM_STREAM_HIGH_MARK;
 }
 
 static void req_stream_end(idem_req_t *req, bool complete)
@@ -840,7 +843,7 @@ static void req_stream_end(idem_req_t *req, bool complete)
         return;
     }
     if (req->stream_chunked)
-        idem_conn_write(c, "0\r\n\r\n", 5);
+        idem__conn_write(c, "0\r\n\r\n", 5);
     idem__conn_response_done(c, client_keep_alive(req) && !req->stream_close);
 }
 
@@ -863,7 +866,7 @@ static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t 
     if (req->streaming) { /* relaying, after the outcome was stored */
         if (req_stream_data(req, p, n))
             want = IDEM_UP_BODY_PAUSE;
-    } else if (idem_buf_append(&req->resp_body, p, n) != 0) {
+    } else if (idem__buf_append(&req->resp_body, p, n) != 0) {
         want = IDEM_UP_BODY_REFUSE;
     } else if (req->resp_body.len > req->capture_limit) {
         /* Too large to keep: the rest goes straight to the client once the
@@ -917,12 +920,12 @@ void idem__req_forward(idem_req_t *req)
     req->t_up_ns = idem_clock_mono_ns();
     req->capture_limit = req->policy->max_response_bytes;
     idem_buf_t head;
-    idem_buf_init(&head, 0);
+    idem__buf_init(&head, 0);
     idem_gw_request_t rq = idem_req_view(req);
-    bool built = idem_gw_upstream_head(&head, gw->cfg, gw->upstream_hostport, &rq, req->keyed,
-                                       req->fence) == 0;
+    bool built = idem__gw_upstream_head(&head, gw->cfg, gw->upstream_hostport, &rq, req->keyed,
+                                        req->fence) == 0;
     if (!built)
-        idem_buf_cleanup(&head); /* out of memory: the call fails, nothing sent */
+        idem__buf_cleanup(&head); /* out of memory: the call fails, nothing sent */
     idem__req_enter(req, IDEM_REQ_FORWARDING);
     req_hold(req, IDEM_HOLD_UPSTREAM);
     req->up.data = req;
@@ -975,7 +978,7 @@ static void on_claim_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     if (job->batch_err != IDEM_OK) {
-        idem_log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
         idem__req_store_error(req, job->batch_err);
         return;
     }
@@ -1029,7 +1032,7 @@ static void req_lookup(idem_req_t *req)
     idem_record_t rec;
     idem_gw_t *gw = req_gw(req);
     int64_t now = idem_clock_now(NULL);
-    if (idem_cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
+    if (idem__cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
         idem_decision_t d = idem_decide(&rec, req->fp, now);
         atomic_fetch_add_explicit(&gw->metrics.cache_hits, 1, memory_order_relaxed);
         req_answer_decision(req, d, &rec);
@@ -1040,7 +1043,7 @@ static void req_lookup(idem_req_t *req)
         req_claim(req);
         return;
     }
-    idem_err_t err = idem_gw_store_get(gw, &req->id, now, &rec);
+    idem_err_t err = idem__gw_store_get(gw, &req->id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
         req_claim(req);
         return;
@@ -1075,7 +1078,7 @@ static void on_wait_timer(uv_timer_t *t)
 static int req_fingerprint(idem_req_t *req)
 {
     idem_gw_request_t rq = idem_req_view(req);
-    return idem_gw_fingerprint(req->policy, &rq, req->fp) == IDEM_OK ? 0 : -1;
+    return idem__gw_fingerprint(req->policy, &rq, req->fp) == IDEM_OK ? 0 : -1;
 }
 
 /* The caller's scope (docs/protocol.md section 3, scope.h) into out
@@ -1088,19 +1091,19 @@ bool idem__req_scope_admit(idem_req_t *req, char *out)
     const idem_config_t *cfg = gw->cfg;
     const char *dup = NULL;
     idem_scope_result_t rc =
-        idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out, &dup);
+        idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out, &dup);
     if (rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION)
         atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
                                   memory_order_relaxed);
     else if (rc == IDEM_SCOPE_FALLBACK_ANONYMOUS)
         atomic_fetch_add_explicit(&gw->metrics.scope_fallback_anonymous, 1, memory_order_relaxed);
     idem_gw_refusal_t refusal;
-    if (idem_gw_refuse_scope(rc, dup, &refusal)) {
+    if (idem__gw_refuse_scope(rc, dup, &refusal)) {
         req_refuse(req, &refusal);
         return false;
     }
     int64_t retry_after = 0;
-    if (!idem_ratelimit_take(gw->ratelimit, out, idem_clock_mono_ns(), &retry_after)) {
+    if (!idem__ratelimit_take(gw->ratelimit, out, idem_clock_mono_ns(), &retry_after)) {
         req->outcome = IDEM_OUT_RATE_LIMITED;
         idem__req_problem(req, 429, "rate-limited",
                           "this caller sent more keyed requests and token issues than "
@@ -1124,10 +1127,10 @@ void idem__req_send_json(idem_req_t *req, int status, const char *body_type, con
         f[n++] = *extra;
     idem_http_response_t r = {.status = status, .fields = f, .n_fields = n};
     idem_buf_t out;
-    idem_buf_init(&out, 0);
-    int rc = idem_http_write_response(&out, &r, client_reply(req), body, strlen(body));
+    idem__buf_init(&out, 0);
+    int rc = idem__http_write_response(&out, &r, client_reply(req), body, strlen(body));
     req_send_written(req, &out, rc, status);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
 }
 
 /* A refusal of the loop-free steps (request_plan.h) after the request was
@@ -1141,7 +1144,7 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
         idem__req_problem(req, r->status, r->type, r->detail, 0);
         return;
     }
-    char *body = idem_problem_body(r->status, r->type, r->detail);
+    char *body = idem__problem_body(r->status, r->type, r->detail);
     if (body == NULL) {
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
@@ -1151,7 +1154,7 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
     free(body);
 }
 
-/* The checks a request's head alone decides (idem_gw_classify): its route,
+/* The checks a request's head alone decides (idem__gw_classify): its route,
  * and a key or a token that is missing or malformed.  They run before the
  * body is read when the client waits for 100 Continue, else at dispatch.
  * Nothing here touches the store.  @return true when the request goes on
@@ -1161,7 +1164,7 @@ static bool req_check_head(idem_req_t *req)
     idem_gw_request_t rq = idem_req_view(req);
     idem_gw_class_t cls;
     idem_gw_refusal_t refusal;
-    bool ok = idem_gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
+    bool ok = idem__gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
     req->kind = cls.kind;
     req->route = cls.route;
     req->policy = cls.policy;
@@ -1217,8 +1220,8 @@ static void req_dispatch(idem_req_t *req)
     if (req->kind != IDEM_GW_TOKEN_ISSUE) {
         idem_gw_request_t rq = idem_req_view(req);
         idem_gw_refusal_t refusal;
-        if (!idem_gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
-                                   req->kind == IDEM_GW_KEYED, &refusal)) {
+        if (!idem__gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
+                                    req->kind == IDEM_GW_KEYED, &refusal)) {
             req_refuse(req, &refusal);
             return;
         }
@@ -1258,8 +1261,8 @@ static void req_free(idem_req_t *req)
     if (req->holds_slot)
         atomic_fetch_sub(&m->connections, 1);
     idem_free(req->head);
-    idem_buf_cleanup(&req->body);
-    idem_buf_cleanup(&req->resp_body);
+    idem__buf_cleanup(&req->body);
+    idem__buf_cleanup(&req->resp_body);
     idem__upstream_req_cleanup(&req->up);
     idem_free(req->store_headers);
     idem_free(req);
@@ -1280,10 +1283,10 @@ static void req_end(idem_req_t *req)
 {
     idem_gw_t *gw = req->w->gw;
     if (req->life.ended_in < IDEM_REQ_RELAYING)
-        idem_metrics_count(&gw->metrics, req->outcome);
-    idem_hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
+        idem__metrics_count(&gw->metrics, req->outcome);
+    idem__hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
-    idem_log_request(req->w, req);
+    idem__log_request(req->w, req);
     idem_list_remove(&req->link);
     if (req->timer_made)
         uv_close((uv_handle_t *)&req->timer, on_req_timer_closed);

@@ -53,7 +53,7 @@ struct idem_req {
     bool keyed;                   /* goes through the store */
     bool bypassed;                /* store down, forwarded anyway (on_store_error: open) */
     bool token_spent;             /* a token route's request spent its token (id names it) */
-    idem_gw_kind_t kind;          /* what the head's checks decided (idem_gw_classify) */
+    idem_gw_kind_t kind;          /* what the head's checks decided (idem__gw_classify) */
     char token[IDEM_TOKEN_LEN + 1]; /* a token route's token, as those checks parsed it */
     uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
     bool holds_slot;              /* outlived its connection: counts in max_connections */

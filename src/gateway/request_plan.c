@@ -1,11 +1,11 @@
 /* src/gateway/request_plan.c - the loop-free steps of idemd's request path,
- * and idem_gw_plan_request, which runs them all over input that is all there.
+ * and idem__gw_plan_request, which runs them all over input that is all there.
  *
  * See request_plan.h for the steps and who calls them.  Every answer idemd
  * makes before the store, and every byte of the head it sends upstream, is
  * decided here, so that conn.c and request.c (on the loop) and
  * the fuzzer and the unit tests (without one) run one code.  The order of
- * the steps in idem_gw_plan_request is conn.c's and request.c's order; a
+ * the steps in idem__gw_plan_request is conn.c's and request.c's order; a
  * change to one is a change to the other.
  */
 #include <stdio.h>
@@ -32,7 +32,7 @@ static bool is_method(const idem_http_msg_t *m, const char *name)
 
 /* ---- the head ------------------------------------------------------------ */
 
-void idem_gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r)
+void idem__gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r)
 {
     switch (parse_rc) {
     case IDEM_HTTP_E_HEAD_TOO_LARGE:
@@ -57,9 +57,9 @@ void idem_gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r)
     }
 }
 
-bool idem_gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem_gw_refusal_t *r)
+bool idem__gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem_gw_refusal_t *r)
 {
-    if (m->version_minor == 1 && idem_http_count(m, "Host") == 0) {
+    if (m->version_minor == 1 && idem__http_count(m, "Host") == 0) {
         /* RFC 9112 section 3.2: a 1.1 request without Host is refused. */
         refuse(r, 400, "bad-request", IDEM_OUT_BAD_REQUEST,
                "an HTTP/1.1 request needs a Host header");
@@ -79,14 +79,14 @@ bool idem_gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem
     return true;
 }
 
-void idem_gw_refuse_target(int target_rc, idem_gw_refusal_t *r)
+void idem__gw_refuse_target(int target_rc, idem_gw_refusal_t *r)
 {
     /* Not origin- or absolute-form, or a path with no single reading
      * (docs/protocol.md section 5): never forwarded. */
-    refuse(r, 400, "invalid-target", IDEM_OUT_BAD_REQUEST, idem_http_target_strerror(target_rc));
+    refuse(r, 400, "invalid-target", IDEM_OUT_BAD_REQUEST, idem__http_target_strerror(target_rc));
 }
 
-void idem_gw_refuse_body(int body_rc, idem_gw_refusal_t *r)
+void idem__gw_refuse_body(int body_rc, idem_gw_refusal_t *r)
 {
     if (body_rc == IDEM_HTTP_E_BODY_TOO_LARGE)
         refuse(r, 413, "request-too-large", IDEM_OUT_TOO_LARGE,
@@ -97,8 +97,8 @@ void idem_gw_refuse_body(int body_rc, idem_gw_refusal_t *r)
 
 /* ---- what the request is --------------------------------------------------- */
 
-bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, idem_gw_class_t *cls,
-                      idem_gw_refusal_t *r)
+bool idem__gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
+                       idem_gw_class_t *cls, idem_gw_refusal_t *r)
 {
     const idem_http_msg_t *m = rq->msg;
     memset(cls, 0, sizeof *cls);
@@ -115,7 +115,7 @@ bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, ide
         r->allow_post = true;
         return false;
     }
-    cls->route = idem_config_match(cfg, m->method.ptr, m->method.len, rq->target, rq->path_len);
+    cls->route = idem__config_match(cfg, m->method.ptr, m->method.len, rq->target, rq->path_len);
     cls->policy = cls->route ? &cls->route->policy : &cfg->defaults;
     if (!cls->route || cls->route->mode == IDEM_MODE_OFF) {
         cls->kind = IDEM_GW_PASS;
@@ -123,14 +123,14 @@ bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, ide
     }
     if (cls->route->mode == IDEM_MODE_TOKEN) {
         cls->kind = IDEM_GW_TOKEN;
-        size_t n = idem_http_count(m, "Idempotency-Token");
+        size_t n = idem__http_count(m, "Idempotency-Token");
         if (n == 0) {
             refuse(r, 400, "missing-token", IDEM_OUT_MISSING_TOKEN,
                    "this route requires an Idempotency-Token header from "
                    "POST " IDEM_GW_TOKENS_PATH);
             return false;
         }
-        const idem_http_field_t *tf = idem_http_find(m, "Idempotency-Token");
+        const idem_http_field_t *tf = idem__http_find(m, "Idempotency-Token");
         if (n > 1 || idem_token_parse(tf->value.ptr, tf->value.len, cls->token) != IDEM_OK) {
             cls->token[0] = '\0';
             refuse(r, 400, "invalid-token", IDEM_OUT_INVALID_TOKEN,
@@ -141,7 +141,7 @@ bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, ide
         }
         return true;
     }
-    size_t n_keys = idem_http_count(m, "Idempotency-Key");
+    size_t n_keys = idem__http_count(m, "Idempotency-Key");
     if (n_keys == 0) {
         if (cls->route->mode == IDEM_MODE_OPTIONAL) {
             cls->kind = IDEM_GW_PASS;
@@ -153,7 +153,7 @@ bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, ide
         return false;
     }
     cls->kind = IDEM_GW_KEYED;
-    const idem_http_field_t *kf = idem_http_find(m, "Idempotency-Key");
+    const idem_http_field_t *kf = idem__http_find(m, "Idempotency-Key");
     if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, cls->key) != IDEM_OK) {
         cls->key[0] = '\0';
         refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY,
@@ -165,7 +165,7 @@ bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq, ide
     return true;
 }
 
-bool idem_gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r)
+bool idem__gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r)
 {
     switch (rc) {
     case IDEM_SCOPE_FROM_SOURCES:
@@ -184,12 +184,12 @@ bool idem_gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refus
     }
 }
 
-idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *rq,
-                               uint8_t fp[IDEM_FP_LEN])
+idem_err_t idem__gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *rq,
+                                uint8_t fp[IDEM_FP_LEN])
 {
     idem_fp_header_t hdrs[IDEM_CONFIG_MAX_LIST];
     for (size_t i = 0; i < p->n_fingerprint_headers; i++) {
-        const idem_http_field_t *f = idem_http_find(rq->msg, p->fingerprint_headers[i]);
+        const idem_http_field_t *f = idem__http_find(rq->msg, p->fingerprint_headers[i]);
         hdrs[i].name = p->fingerprint_headers[i];
         hdrs[i].name_len = strlen(p->fingerprint_headers[i]);
         hdrs[i].value = f ? f->value.ptr : NULL;
@@ -224,7 +224,7 @@ static bool frames_connection(idem_slice_t name)
         "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (idem_slice_eq_ci(name, names[i]))
+        if (idem__slice_eq_ci(name, names[i]))
             return true;
     return false;
 }
@@ -241,7 +241,7 @@ static void sink_raw(head_sink_t *s, const char *p, size_t n)
 {
     s->len += n;
     if (s->out)
-        s->rc |= idem_buf_append(s->out, p, n);
+        s->rc |= idem__buf_append(s->out, p, n);
 }
 
 static void sink_field(head_sink_t *s, const char *name, size_t name_len, const char *value,
@@ -250,7 +250,7 @@ static void sink_field(head_sink_t *s, const char *name, size_t name_len, const 
     s->fields++;
     s->len += name_len + 2 + value_len + 2; /* "Name: value\r\n" */
     if (s->out)
-        s->rc |= idem_http_write_field(s->out, name, name_len, value, value_len);
+        s->rc |= idem__http_write_field(s->out, name, name_len, value, value_len);
 }
 
 static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *upstream_host,
@@ -272,19 +272,20 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
         sink_field(s, "Host", 4, rq->authority.ptr, rq->authority.len);
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        bool host = idem_slice_eq_ci(f->name, "Host");
+        bool host = idem__slice_eq_ci(f->name, "Host");
         /* A client listing Idempotency-Key, Idempotency-Token or Host in
          * Connection does not get them stripped: the upstream must see the
          * key and the token as received.  Nor the headers that named the
          * caller (docs/protocol.md section 2): the upstream must
          * authenticate the caller idemd scoped the key to. */
         bool kept =
-            idem_slice_eq_ci(f->name, "Idempotency-Key") ||
-            idem_slice_eq_ci(f->name, "Idempotency-Token") || host ||
-            idem_gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
-        if (frames_connection(f->name) || (!kept && idem_http_is_hop_by_hop(m, f->name)) ||
-            idem_slice_eq_ci(f->name, "Content-Length") || idem_slice_eq_ci(f->name, "Expect") ||
-            idem_slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
+            idem__slice_eq_ci(f->name, "Idempotency-Key") ||
+            idem__slice_eq_ci(f->name, "Idempotency-Token") || host ||
+            idem__gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
+        if (frames_connection(f->name) || (!kept && idem__http_is_hop_by_hop(m, f->name)) ||
+            idem__slice_eq_ci(f->name, "Content-Length") ||
+            idem__slice_eq_ci(f->name, "Expect") ||
+            idem__slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
             continue;
         if (host)
             has_host = true;
@@ -303,16 +304,16 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
     sink_raw(s, "\r\n", 2);
 }
 
-int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
-                          const idem_gw_request_t *rq, bool keyed, uint64_t fence)
+int idem__gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
+                           const idem_gw_request_t *rq, bool keyed, uint64_t fence)
 {
     head_sink_t s = {.out = out};
     build_head(&s, cfg, upstream_host, rq, keyed, fence);
     return s.rc ? -1 : 0;
 }
 
-bool idem_gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
-                           const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r)
+bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
+                            const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r)
 {
     head_sink_t s = {0};
     /* The longest fence there can be: the bound holds for every claim. */
@@ -355,7 +356,7 @@ static void plan_classify(const idem_config_t *cfg, idem_gw_plan_t *p, bool *ok)
 {
     idem_gw_request_t rq = plan_view(p);
     p->classified = true;
-    *ok = idem_gw_classify(cfg, &rq, &p->cls, &p->refusal);
+    *ok = idem__gw_classify(cfg, &rq, &p->cls, &p->refusal);
 }
 
 /* Decode the body that follows the head, as conn.c's conn_process_loop
@@ -363,17 +364,17 @@ static void plan_classify(const idem_config_t *cfg, idem_gw_plan_t *p, bool *ok)
 static void plan_body(const idem_config_t *cfg, idem_gw_plan_t *p, const char *in, size_t len)
 {
     idem_http_body_t b;
-    idem_http_body_init(&b, &p->msg, cfg->max_request_bytes);
+    idem__http_body_init(&b, &p->msg, cfg->max_request_bytes);
     size_t off = p->used;
     int rc;
     for (;;) {
         size_t used = 0;
         idem_slice_t data = {0};
-        rc = idem_http_body_feed(&b, in + off, len - off, &used, &data);
+        rc = idem__http_body_feed(&b, in + off, len - off, &used, &data);
         off += used;
         if (rc != IDEM_HTTP_BODY_DATA)
             break;
-        if (idem_buf_append(&p->body, data.ptr, data.len) != 0) {
+        if (idem__buf_append(&p->body, data.ptr, data.len) != 0) {
             rc = IDEM_HTTP_E_BODY_TOO_LARGE;
             break;
         }
@@ -382,26 +383,26 @@ static void plan_body(const idem_config_t *cfg, idem_gw_plan_t *p, const char *i
     p->used = off;
 }
 
-idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_host,
-                                uint64_t fence, const char *in, size_t len, idem_gw_plan_t *out)
+idem_err_t idem__gw_plan_request(const idem_config_t *cfg, const char *upstream_host,
+                                 uint64_t fence, const char *in, size_t len, idem_gw_plan_t *out)
 {
     idem_gw_plan_t *p = out;
     memset(p, 0, sizeof *p);
-    idem_buf_init(&p->body, cfg->max_request_bytes);
-    idem_buf_init(&p->upstream, 0);
+    idem__buf_init(&p->body, cfg->max_request_bytes);
+    idem__buf_init(&p->upstream, 0);
     p->target_rc = IDEM_TARGET_OK;
 
     idem_http_head_state_t hs = {0};
-    p->parse_rc = idem_http_parse_request(&hs, in, len, IDEM_HTTP_MAX_HEAD, &p->msg);
+    p->parse_rc = idem__http_parse_request(&hs, in, len, IDEM_HTTP_MAX_HEAD, &p->msg);
     if (p->parse_rc == IDEM_HTTP_INCOMPLETE)
         return IDEM_OK;
     if (p->parse_rc < 0) {
-        idem_gw_refuse_parse(p->parse_rc, &p->refusal);
+        idem__gw_refuse_parse(p->parse_rc, &p->refusal);
         return plan_refused(p, &p->refusal);
     }
     size_t head_len = (size_t)p->parse_rc;
     p->used = head_len;
-    if (!idem_gw_check_head(cfg, &p->msg, &p->refusal))
+    if (!idem__gw_check_head(cfg, &p->msg, &p->refusal))
         return plan_refused(p, &p->refusal);
     /* The normal form is never longer than the target (+2: '/' for an
      * absolute-form target without path, and the NUL). */
@@ -410,9 +411,9 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
     if (!p->target)
         return IDEM_E_NOMEM;
     p->target_rc =
-        idem_http_target_normalize(p->msg.target.ptr, p->msg.target.len, p->target, tcap, &p->t);
+        idem__http_target_normalize(p->msg.target.ptr, p->msg.target.len, p->target, tcap, &p->t);
     if (p->target_rc != IDEM_TARGET_OK) {
-        idem_gw_refuse_target(p->target_rc, &p->refusal);
+        idem__gw_refuse_target(p->target_rc, &p->refusal);
         return plan_refused(p, &p->refusal);
     }
 
@@ -433,7 +434,7 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
         if (p->body_rc == IDEM_HTTP_INCOMPLETE)
             return IDEM_OK;
         if (p->body_rc < 0) {
-            idem_gw_refuse_body(p->body_rc, &p->refusal);
+            idem__gw_refuse_body(p->body_rc, &p->refusal);
             return plan_refused(p, &p->refusal);
         }
     }
@@ -447,14 +448,14 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
     idem_gw_request_t rq = plan_view(p);
     bool keyed = p->cls.kind == IDEM_GW_KEYED;
     if (p->cls.kind != IDEM_GW_TOKEN_ISSUE &&
-        !idem_gw_upstream_fits(cfg, upstream_host, &rq, keyed, &p->refusal))
+        !idem__gw_upstream_fits(cfg, upstream_host, &rq, keyed, &p->refusal))
         return plan_refused(p, &p->refusal);
     if (p->cls.kind != IDEM_GW_PASS) {
         const char *dup = NULL;
         p->scoped = true;
-        p->scope_rc = idem_gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &p->msg,
-                                            p->scope, &dup);
-        if (idem_gw_refuse_scope(p->scope_rc, dup, &p->refusal))
+        p->scope_rc = idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &p->msg,
+                                             p->scope, &dup);
+        if (idem__gw_refuse_scope(p->scope_rc, dup, &p->refusal))
             return plan_refused(p, &p->refusal);
     }
     if (p->cls.kind == IDEM_GW_TOKEN_ISSUE) {
@@ -462,25 +463,25 @@ idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_h
         return IDEM_OK;
     }
     if (keyed) {
-        if (idem_gw_fingerprint(p->cls.policy, &rq, p->fp) != IDEM_OK) {
+        if (idem__gw_fingerprint(p->cls.policy, &rq, p->fp) != IDEM_OK) {
             idem_gw_refusal_t r;
             refuse(&r, 500, "internal", IDEM_OUT__COUNT, "out of memory");
             return plan_refused(p, &r);
         }
         p->fingerprinted = true;
     }
-    if (idem_gw_upstream_head(&p->upstream, cfg, upstream_host, &rq, keyed, fence) != 0)
+    if (idem__gw_upstream_head(&p->upstream, cfg, upstream_host, &rq, keyed, fence) != 0)
         return IDEM_E_NOMEM;
     p->verdict = IDEM_GW_FORWARD;
     return IDEM_OK;
 }
 
-void idem_gw_plan_cleanup(idem_gw_plan_t *plan)
+void idem__gw_plan_cleanup(idem_gw_plan_t *plan)
 {
     if (!plan)
         return;
     free(plan->target);
-    idem_buf_cleanup(&plan->body);
-    idem_buf_cleanup(&plan->upstream);
+    idem__buf_cleanup(&plan->body);
+    idem__buf_cleanup(&plan->upstream);
     memset(plan, 0, sizeof *plan);
 }

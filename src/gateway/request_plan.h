@@ -5,27 +5,27 @@
  * sections 2-5, 8, 10 and 11), is a row of steps, each one of the functions
  * below:
  *
- *   parse the head (src/http)            refused: 400, 431, 505  idem_gw_refuse_parse
- *   Host, CONNECT, Content-Length cap    refused: 400, 501, 413  idem_gw_check_head
- *   normalise the target (src/http)      refused: 400            idem_gw_refuse_target
+ *   parse the head (src/http)            refused: 400, 431, 505  idem__gw_refuse_parse
+ *   Host, CONNECT, Content-Length cap    refused: 400, 501, 413  idem__gw_check_head
+ *   normalise the target (src/http)      refused: 400            idem__gw_refuse_target
  *   (Expect: 100-continue and no body byte yet: classify here, before the body)
- *   decode the body (src/http)           refused: 400, 413       idem_gw_refuse_body
- *   classify: token issue, route, mode,  refused: 400, 405       idem_gw_classify
+ *   decode the body (src/http)           refused: 400, 413       idem__gw_refuse_body
+ *   classify: token issue, route, mode,  refused: 400, 405       idem__gw_classify
  *     key or token
- *   the upstream head within limits,     refused: 431            idem_gw_upstream_fits
+ *   the upstream head within limits,     refused: 431            idem__gw_upstream_fits
  *     all but token issue
- *   scope (scope.c), token kinds and     refused: 400, 500       idem_gw_refuse_scope
+ *   scope (scope.c), token kinds and     refused: 400, 500       idem__gw_refuse_scope
  *     keyed
  *   (scope_rate_limit: request.c, since it holds state)
- *   fingerprint, keyed                   refused: 500            idem_gw_fingerprint
+ *   fingerprint, keyed                   refused: 500            idem__gw_fingerprint
  *   -> the store: claim, token use or issue
- *   -> the upstream gets idem_gw_upstream_head and the decoded body.
+ *   -> the upstream gets idem__gw_upstream_head and the decoded body.
  *
  * conn.c and request.c call each step where the loop gets to it (the
  * head's checks as soon as the head is in, a large body's fingerprint in
  * the thread pool), and request.c builds what it sends with
- * idem_gw_upstream_head.
- * idem_gw_plan_request runs the same steps in the same order over input
+ * idem__gw_upstream_head.
+ * idem__gw_plan_request runs the same steps in the same order over input
  * that has all arrived, for the fuzzer (fuzz/fuzz_request_path.c) and the
  * unit tests: what it says is what idemd does, up to what only the running
  * process knows (the store's answer, max_buffered_bytes, scope_rate_limit,
@@ -72,7 +72,7 @@ typedef struct idem_gw_refusal {
 /** A request as the steps read it.  Every pointer is borrowed. */
 typedef struct idem_gw_request {
     const idem_http_msg_t *msg; /* the parsed head, as received */
-    const char *target;         /* normalised, origin-form (idem_http_target_normalize) */
+    const char *target;         /* normalised, origin-form (idem__http_target_normalize) */
     size_t target_len;
     size_t path_len;            /* target[0..path_len) is the path */
     idem_slice_t authority;     /* an absolute-form target's authority; else empty */
@@ -80,7 +80,7 @@ typedef struct idem_gw_request {
     size_t body_len;
 } idem_gw_request_t;
 
-/** What idem_gw_classify found. */
+/** What idem__gw_classify found. */
 typedef struct idem_gw_class {
     idem_gw_kind_t kind;
     const idem_route_t *route;      /* the route matched; NULL for none (off) and token issue */
@@ -92,21 +92,22 @@ typedef struct idem_gw_class {
 /** The refusal of a head the parser refused (parse_rc < 0: an IDEM_HTTP_E_*
  * code): 431 headers-too-large, 505 version-not-supported, else 400
  * bad-request.  The connection is closed after it. */
-void idem_gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r);
+void idem__gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r);
 
 /** The checks of a parsed head besides the parser's own: an HTTP/1.1
  * request needs Host (400), CONNECT opens no tunnel (501), a Content-Length
  * over max_request_bytes is 413.  @return true when the head passes; else
  * false with r filled (the connection is closed after it). */
-bool idem_gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem_gw_refusal_t *r);
+bool idem__gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m,
+                         idem_gw_refusal_t *r);
 
 /** The refusal of a target the normaliser refused (an IDEM_TARGET_E_*
  * code): 400 invalid-target, the detail saying why. */
-void idem_gw_refuse_target(int target_rc, idem_gw_refusal_t *r);
+void idem__gw_refuse_target(int target_rc, idem_gw_refusal_t *r);
 
 /** The refusal of a body the decoder refused (an IDEM_HTTP_E_* code):
  * 413 request-too-large for IDEM_HTTP_E_BODY_TOO_LARGE, else 400. */
-void idem_gw_refuse_body(int body_rc, idem_gw_refusal_t *r);
+void idem__gw_refuse_body(int body_rc, idem_gw_refusal_t *r);
 
 /** Classify a request by its head (docs/protocol.md sections 5 and 8): the
  * tokens path (any spelling that normalises to it), else the first route
@@ -119,21 +120,21 @@ void idem_gw_refuse_body(int body_rc, idem_gw_refusal_t *r);
  *                  400 missing-key or invalid-key (required route, or a key
  *                  given on an optional one).
  * @return true when the request goes on as cls->kind. */
-bool idem_gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
-                      idem_gw_class_t *cls, idem_gw_refusal_t *r);
+bool idem__gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
+                       idem_gw_class_t *cls, idem_gw_refusal_t *r);
 
-/** Whether the result of idem_gw_scope_compute refuses the request:
+/** Whether the result of idem__gw_scope_compute refuses the request:
  * AMBIGUOUS is 400 ambiguous-scope (dup names the header given twice, or
  * NULL for Authorization), NOMEM is 500.  @return true with r filled when
  * refused. */
-bool idem_gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r);
+bool idem__gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r);
 
 /** The fingerprint of a keyed request (docs/protocol.md section 4): method,
  * normalised target, the policy's fingerprint_headers, and the body (raw,
  * or canonical JSON with fingerprint_body: json).
  * @return IDEM_OK, or IDEM_E_NOMEM (fp zeroed). */
-idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *rq,
-                               uint8_t fp[IDEM_FP_LEN]);
+idem_err_t idem__gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *rq,
+                                uint8_t fp[IDEM_FP_LEN]);
 
 /** Append the head idemd sends upstream for rq (docs/protocol.md section 2)
  * to out; the decoded body (rq->body_len bytes) goes after it.  HTTP/1.1,
@@ -148,22 +149,22 @@ idem_err_t idem_gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t *
  * keyed, and Content-Length when there is a body or the client framed one.
  * @return 0, or -1 when out of memory or out's cap was reached (out may
  *         then hold part of the head). */
-int idem_gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
-                          const idem_gw_request_t *rq, bool keyed, uint64_t fence);
+int idem__gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
+                           const idem_gw_request_t *rq, bool keyed, uint64_t fence);
 
-/** Whether the head idem_gw_upstream_head makes for rq, with the longest
+/** Whether the head idem__gw_upstream_head makes for rq, with the longest
  * fence there is, keeps within idemd's own limits on a request head
  * (IDEM_HTTP_MAX_HEADERS fields, IDEM_HTTP_MAX_HEAD bytes), which the
  * fields idemd adds could otherwise pass: so an idemd, or any upstream with
  * idemd's limits, never refuses what idemd forwards after claiming its key.
  * Checked before the store.  @return true, or false with r filled (431
  * headers-too-large). */
-bool idem_gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
-                           const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r);
+bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
+                            const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r);
 
 /* ---- the whole path at once ------------------------------------------------ */
 
-/** Where idem_gw_plan_request left a request. */
+/** Where idem__gw_plan_request left a request. */
 typedef enum idem_gw_verdict {
     IDEM_GW_INCOMPLETE = 0, /* the message is not all there: idemd waits for the rest */
     IDEM_GW_REFUSED = 1,    /* idemd answers plan.refusal; nothing is forwarded, no store */
@@ -205,13 +206,13 @@ typedef struct idem_gw_plan {
  * @param upstream_host  the upstream's host:port (Host when the client sent
  *                       none).
  * @param fence          the fence a claim gave a keyed request.
- * @param[out] out       filled; release with idem_gw_plan_cleanup (also on
+ * @param[out] out       filled; release with idem__gw_plan_cleanup (also on
  *                       failure).  Its slices point into in.
  * @return IDEM_OK (out->verdict says the rest), or IDEM_E_NOMEM. */
-idem_err_t idem_gw_plan_request(const idem_config_t *cfg, const char *upstream_host, uint64_t fence,
-                                const char *in, size_t len, idem_gw_plan_t *out);
+idem_err_t idem__gw_plan_request(const idem_config_t *cfg, const char *upstream_host,
+                                 uint64_t fence, const char *in, size_t len, idem_gw_plan_t *out);
 
 /** Free what a plan owns; the plan is zeroed.  NULL does nothing. */
-void idem_gw_plan_cleanup(idem_gw_plan_t *plan);
+void idem__gw_plan_cleanup(idem_gw_plan_t *plan);
 
 #endif /* IDEM_GATEWAY_REQUEST_PLAN_H */

@@ -65,8 +65,8 @@ static bool is_claim_path(const char *s)
     return name_started;
 }
 
-int idem_gw_scope_parse_source(const char *text, idem_scope_source_t *out, char *why,
-                               size_t whylen)
+int idem__gw_scope_parse_source(const char *text, idem_scope_source_t *out, char *why,
+                                size_t whylen)
 {
     memset(out, 0, sizeof *out);
     if (text == NULL) {
@@ -127,7 +127,7 @@ int idem_gw_scope_parse_source(const char *text, idem_scope_source_t *out, char 
     return -1;
 }
 
-const char *idem_gw_scope_unsupported(idem_scope_kind_t k)
+const char *idem__gw_scope_unsupported(idem_scope_kind_t k)
 {
     switch (k) {
     case IDEM_SCOPE_SRC_JWT:
@@ -140,7 +140,7 @@ const char *idem_gw_scope_unsupported(idem_scope_kind_t k)
     }
 }
 
-void idem_gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t outlen)
+void idem__gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t outlen)
 {
     switch (s->kind) {
     case IDEM_SCOPE_SRC_AUTHORIZATION: snprintf(out, outlen, "authorization"); break;
@@ -156,7 +156,7 @@ void idem_gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t o
 
 static bool is_ws(char c) { return c == ' ' || c == '\t'; }
 
-bool idem_gw_cookie_get(const char *hdr, size_t len, const char *name, idem_slice_t *out)
+bool idem__gw_cookie_get(const char *hdr, size_t len, const char *name, idem_slice_t *out)
 {
     size_t nl = strlen(name);
     size_t i = 0;
@@ -193,8 +193,8 @@ static bool cookie_find(const idem_http_msg_t *m, const char *name, idem_slice_t
 {
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (idem_slice_eq_ci(f->name, "cookie") &&
-            idem_gw_cookie_get(f->value.ptr, f->value.len, name, out))
+        if (idem__slice_eq_ci(f->name, "cookie") &&
+            idem__gw_cookie_get(f->value.ptr, f->value.len, name, out))
             return true;
     }
     return false;
@@ -208,8 +208,12 @@ static bool source_value(const idem_scope_source_t *s, const idem_http_msg_t *m,
 {
     const idem_http_field_t *f = NULL;
     switch (s->kind) {
-    case IDEM_SCOPE_SRC_AUTHORIZATION: f = idem_http_find(m, "Authorization"); break;
-    case IDEM_SCOPE_SRC_HEADER: f = idem_http_find(m, s->name); break;
+    case IDEM_SCOPE_SRC_AUTHORIZATION:
+        f = idem__http_find(m, "Authorization");
+        break;
+    case IDEM_SCOPE_SRC_HEADER:
+        f = idem__http_find(m, s->name);
+        break;
     case IDEM_SCOPE_SRC_COOKIE:
         if (!cookie_find(m, s->name, v))
             return false;
@@ -232,7 +236,7 @@ static idem_scope_result_t hash_into(const void *p, size_t n, char *out,
 /* The default: SHA-256 of Authorization, or "anonymous". */
 static idem_scope_result_t fallback(const idem_http_msg_t *m, char *out)
 {
-    const idem_http_field_t *a = idem_http_find(m, "Authorization");
+    const idem_http_field_t *a = idem__http_find(m, "Authorization");
     if (a == NULL) {
         memcpy(out, "anonymous", sizeof "anonymous");
         return IDEM_SCOPE_FALLBACK_ANONYMOUS;
@@ -240,26 +244,26 @@ static idem_scope_result_t fallback(const idem_http_msg_t *m, char *out)
     return hash_into(a->value.ptr, a->value.len, out, IDEM_SCOPE_FALLBACK_AUTHORIZATION);
 }
 
-idem_scope_result_t idem_gw_scope_compute(const idem_scope_source_t *sources, size_t n,
-                                          const char *legacy_header, const idem_http_msg_t *m,
-                                          char *out, const char **dup)
+idem_scope_result_t
+idem__gw_scope_compute(const idem_scope_source_t *sources, size_t n, const char *legacy_header,
+                       const idem_http_msg_t *m, char *out, const char **dup)
 {
     const char *dummy;
     if (dup == NULL)
         dup = &dummy;
     *dup = NULL;
     out[0] = '\0';
-    if (idem_http_count(m, "Authorization") > 1) {
+    if (idem__http_count(m, "Authorization") > 1) {
         *dup = "Authorization";
         return IDEM_SCOPE_AMBIGUOUS;
     }
     if (n == 0) {
         /* `scope_header`, exactly as before `scope:` existed. */
-        if (idem_http_count(m, legacy_header) > 1) {
+        if (idem__http_count(m, legacy_header) > 1) {
             *dup = legacy_header;
             return IDEM_SCOPE_AMBIGUOUS;
         }
-        const idem_http_field_t *f = idem_http_find(m, legacy_header);
+        const idem_http_field_t *f = idem__http_find(m, legacy_header);
         if (f == NULL) {
             memcpy(out, "anonymous", sizeof "anonymous");
             return IDEM_SCOPE_FALLBACK_ANONYMOUS;
@@ -269,7 +273,8 @@ idem_scope_result_t idem_gw_scope_compute(const idem_scope_source_t *sources, si
     if (n > IDEM_SCOPE_MAX_SOURCES)
         n = IDEM_SCOPE_MAX_SOURCES;
     for (size_t i = 0; i < n; i++) {
-        if (sources[i].kind == IDEM_SCOPE_SRC_HEADER && idem_http_count(m, sources[i].name) > 1) {
+        if (sources[i].kind == IDEM_SCOPE_SRC_HEADER &&
+            idem__http_count(m, sources[i].name) > 1) {
             *dup = sources[i].name;
             return IDEM_SCOPE_AMBIGUOUS;
         }
@@ -301,17 +306,17 @@ idem_scope_result_t idem_gw_scope_compute(const idem_scope_source_t *sources, si
     return r;
 }
 
-bool idem_gw_scope_uses_header(const idem_scope_source_t *sources, size_t n,
-                               const char *legacy_header, idem_slice_t name)
+bool idem__gw_scope_uses_header(const idem_scope_source_t *sources, size_t n,
+                                const char *legacy_header, idem_slice_t name)
 {
-    if (idem_slice_eq_ci(name, "authorization"))
+    if (idem__slice_eq_ci(name, "authorization"))
         return true;
     if (n == 0)
-        return legacy_header != NULL && idem_slice_eq_ci(name, legacy_header);
+        return legacy_header != NULL && idem__slice_eq_ci(name, legacy_header);
     for (size_t i = 0; i < n && i < IDEM_SCOPE_MAX_SOURCES; i++) {
-        if (sources[i].kind == IDEM_SCOPE_SRC_HEADER && idem_slice_eq_ci(name, sources[i].name))
+        if (sources[i].kind == IDEM_SCOPE_SRC_HEADER && idem__slice_eq_ci(name, sources[i].name))
             return true;
-        if (sources[i].kind == IDEM_SCOPE_SRC_COOKIE && idem_slice_eq_ci(name, "cookie"))
+        if (sources[i].kind == IDEM_SCOPE_SRC_COOKIE && idem__slice_eq_ci(name, "cookie"))
             return true;
     }
     return false;

@@ -13,7 +13,7 @@
  *
  * One source: the scope is the lowercase hex SHA-256 of its value, the same
  * value `scope_header` gives.  Several: the SHA-256 of their values, each
- * framed by its length (idem_gw_scope_compute says how).  When a source is
+ * framed by its length (idem__gw_scope_compute says how).  When a source is
  * absent (or empty) the scope falls back to the default: the SHA-256 of
  * Authorization, or "anonymous" without it.  Without `scope:` the old
  * `scope_header` rule applies unchanged: the SHA-256 of that header, or
@@ -52,7 +52,7 @@ typedef struct idem_scope_source {
                                          * path ("sub", "org.id"); else "" */
 } idem_scope_source_t;
 
-/** What idem_gw_scope_compute found. */
+/** What idem__gw_scope_compute found. */
 typedef enum idem_scope_result {
     IDEM_SCOPE_FROM_SOURCES = 0,       /* every configured source was there */
     IDEM_SCOPE_FALLBACK_AUTHORIZATION, /* one was absent: the SHA-256 of Authorization */
@@ -69,16 +69,16 @@ typedef enum idem_scope_result {
  * @param[out] out  filled on success, zeroed on failure.
  * @param[out] why  on failure a phrase naming the problem.
  * @return 0, or -1. */
-int idem_gw_scope_parse_source(const char *text, idem_scope_source_t *out, char *why,
-                               size_t whylen);
+int idem__gw_scope_parse_source(const char *text, idem_scope_source_t *out, char *why,
+                                size_t whylen);
 
 /** Whether this idemd can read a source of kind k; NULL when it can, else
  * why not (a phrase for the one-line config error: jwt: and client_cert
  * come with the JWT and TLS listener work). */
-const char *idem_gw_scope_unsupported(idem_scope_kind_t k);
+const char *idem__gw_scope_unsupported(idem_scope_kind_t k);
 
 /** The source as written in the config ("cookie:session"), into out. */
-void idem_gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t outlen);
+void idem__gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t outlen);
 
 /** The caller's scope.
  * @param[in]  sources, n   the `scope:` list; n == 0 means the old rule:
@@ -101,22 +101,22 @@ void idem_gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t o
  * bytes.  The lengths always hold a NUL byte (a head is at most a few MiB),
  * and no header value can, so such a scope never equals the hash of a
  * single value, e.g. a fallback's Authorization. */
-idem_scope_result_t idem_gw_scope_compute(const idem_scope_source_t *sources, size_t n,
-                                          const char *legacy_header, const idem_http_msg_t *m,
-                                          char *out, const char **dup);
+idem_scope_result_t
+idem__gw_scope_compute(const idem_scope_source_t *sources, size_t n, const char *legacy_header,
+                       const idem_http_msg_t *m, char *out, const char **dup);
 
 /** The value of the first cookie named name (case-sensitive, RFC 6265) in the
  * Cookie header value hdr[0..len): pairs separated by ';', white space around
  * names and values ignored, a pair without '=' skipped, the value as sent
  * (quotes included).  @return whether it was found; *out points into hdr. */
-bool idem_gw_cookie_get(const char *hdr, size_t len, const char *name, idem_slice_t *out);
+bool idem__gw_cookie_get(const char *hdr, size_t len, const char *name, idem_slice_t *out);
 
 /** Whether the scope is read from a header called name (case-insensitive):
  * Authorization (the fallback), scope_header when n == 0, every header:NAME,
  * and Cookie when a cookie: source is listed.  Such a header is forwarded
  * even when the request's Connection header names it (docs/protocol.md section 2), so
  * idemd and the upstream see the same caller. */
-bool idem_gw_scope_uses_header(const idem_scope_source_t *sources, size_t n,
-                               const char *legacy_header, idem_slice_t name);
+bool idem__gw_scope_uses_header(const idem_scope_source_t *sources, size_t n,
+                                const char *legacy_header, idem_slice_t name);
 
 #endif /* IDEM_GATEWAY_SCOPE_H */

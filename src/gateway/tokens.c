@@ -24,8 +24,8 @@ static void on_token_issued(idem_wjob_t *job)
     idem_req_t *req = job->data;
     const idem_config_t *cfg = req_gw(req)->cfg;
     if (job->batch_err != IDEM_OK) {
-        idem_log(req->w->gw, "error", "store: could not issue a token: %s",
-                 idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "error", "store: could not issue a token: %s",
+                  idem_strerror(job->batch_err));
         idem__req_store_unavailable(req, job->batch_err == IDEM_E_STORE_FULL
                                              ? "the idempotency store is full"
                                              : "the idempotency store did not answer");
@@ -67,8 +67,8 @@ static void on_token_restored(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     if (job->batch_err != IDEM_OK)
-        idem_log(req->w->gw, "warn", "store: a token whose request did nothing stays used: %s",
-                 idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "warn", "store: a token whose request did nothing stays used: %s",
+                  idem_strerror(job->batch_err));
     if (req->up_result != IDEM_UP_OK)
         idem__req_answer_failure(req, req->up_result);
     else if (req->streaming)
@@ -93,7 +93,7 @@ static void on_token_used(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     if (job->batch_err != IDEM_OK) {
-        idem_log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
+        idem__log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
         idem__req_store_error(req, job->batch_err);
         return;
     }
@@ -122,7 +122,7 @@ static void on_token_used(idem_wjob_t *job)
 }
 
 /* A request on a `mode: token` route whose head carried one well-formed
- * token (req->token, idem_gw_classify): spend it atomically, then forward. */
+ * token (req->token, idem__gw_classify): spend it atomically, then forward. */
 void idem__req_spend_token(idem_req_t *req)
 {
     char scope[IDEM_SCOPE_MAX + 1];

@@ -97,7 +97,7 @@ static void on_up_closed(uv_handle_t *h)
     idem_upconn_t *u = h->data;
     if (--u->closes > 0)
         return;
-    idem_buf_cleanup(&u->out);
+    idem__buf_cleanup(&u->out);
     idem_rbuf_cleanup(&u->in);
     idem_free(u);
 }
@@ -245,8 +245,8 @@ static bool up_head(idem_upconn_t *u)
 {
     idem_upstream_req_t *ur = u->call;
     while (u->state == UP_HEAD) {
-        int rc = idem_http_parse_response(&u->hs, u->in.data, u->in.len, IDEM_HTTP_MAX_HEAD * 4,
-                                          ur->method, &ur->resp);
+        int rc = idem__http_parse_response(&u->hs, u->in.data, u->in.len, IDEM_HTTP_MAX_HEAD * 4,
+                                           ur->method, &ur->resp);
         if (rc == IDEM_HTTP_INCOMPLETE)
             return true;
         if (rc < 0) {
@@ -276,14 +276,14 @@ static bool up_head(idem_upconn_t *u)
         }
         memcpy(ur->resp_head, u->in.data, head_len);
         idem_http_head_state_t hs = {0};
-        rc = idem_http_parse_response(&hs, ur->resp_head, head_len, IDEM_HTTP_MAX_HEAD * 4,
-                                      ur->method, &ur->resp);
+        rc = idem__http_parse_response(&hs, ur->resp_head, head_len, IDEM_HTTP_MAX_HEAD * 4,
+                                       ur->method, &ur->resp);
         idem_rbuf_consume(&u->in, head_len);
         if (rc <= 0) {
             up_fail(u, IDEM_UP_BAD_RESPONSE);
             return false;
         }
-        idem_http_body_init(&u->body, &ur->resp, 0);
+        idem__http_body_init(&u->body, &ur->resp, 0);
         u->state = UP_BODY;
         if (ur->cbs->on_head) {
             ur->cbs->on_head(ur);
@@ -306,7 +306,7 @@ static void up_process(idem_upconn_t *u)
     for (;;) {
         size_t used = 0;
         idem_slice_t data = {0};
-        rc = idem_http_body_feed(&u->body, u->in.data + off, u->in.len - off, &used, &data);
+        rc = idem__http_body_feed(&u->body, u->in.data + off, u->in.len - off, &used, &data);
         off += used;
         if (rc != IDEM_HTTP_BODY_DATA)
             break;
@@ -332,7 +332,7 @@ static void up_process(idem_upconn_t *u)
     }
     idem_rbuf_consume(&u->in, off);
     if (rc == IDEM_HTTP_INCOMPLETE && u->eof_seen)
-        rc = idem_http_body_eof(&u->body); /* all delivered: the close ends it */
+        rc = idem__http_body_eof(&u->body); /* all delivered: the close ends it */
     if (rc == IDEM_HTTP_BODY_DONE) {
         /* Not while our request is still being written to it (the upstream
          * answered early): that write still owns u->wr and u->out. */
@@ -389,7 +389,7 @@ static void on_up_written(uv_write_t *wr, int status)
 {
     idem_upconn_t *u = wr->data;
     u->writing = false;
-    idem_buf_cleanup(&u->out);
+    idem__buf_cleanup(&u->out);
     if (status < 0 && u->state != UP_CLOSED) {
         /* An upstream may answer (413, say) and stop reading before the
          * body is all sent: its answer is the outcome, so keep reading.  If
@@ -500,7 +500,7 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
     } else {
         u = idem_calloc(1, sizeof *u);
         if (!u) {
-            idem_buf_cleanup(head);
+            idem__buf_cleanup(head);
             fail_later(ur, IDEM_UP_CONNECT_FAILED);
             return;
         }
@@ -513,9 +513,9 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
     }
     u->call = ur;
     ur->conn = u;
-    idem_buf_cleanup(&u->out);
+    idem__buf_cleanup(&u->out);
     u->out = *head;
-    idem_buf_init(head, 0);
+    idem__buf_init(head, 0);
     if (!fresh) {
         if (up_send(u) != 0)
             fail_later(ur, IDEM_UP_BROKEN);

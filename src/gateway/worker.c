@@ -18,7 +18,7 @@
  * upstream_timeout + 5 s closes what is left.
  *
  * THREADING: the worker's loop thread, except the done list, which the
- * writer thread fills under done_mu, and idem_worker_request_stop, which any
+ * writer thread fills under done_mu, and idem__worker_request_stop, which any
  * thread may call.
  */
 #include <pthread.h>
@@ -35,7 +35,7 @@
 
 static void on_inline_idle(uv_idle_t *h);
 
-void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
+void idem__worker_submit(idem_worker_t *w, idem_wjob_t *job)
 {
     job->worker = w;
     if (w->inline_store) {
@@ -45,7 +45,7 @@ void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job)
         uv_idle_start(&w->inline_idle, on_inline_idle);
         return;
     }
-    idem_writer_submit(&w->gw->writer, job);
+    idem__writer_submit(&w->gw->writer, job);
 }
 
 
@@ -62,7 +62,7 @@ static void run_inline(idem_worker_t *w)
             idem_list_remove(l);
             jobs[n++] = IDEM_CONTAINER(l, idem_wjob_t, link);
         }
-        idem_jobs_apply(w->gw->store, &w->gw->metrics, jobs, n);
+        idem__writer_jobs_apply(w->gw->store, &w->gw->metrics, jobs, n);
         for (size_t i = 0; i < n; i++)
             idem__req_job_done(jobs[i]);
     }
@@ -104,7 +104,7 @@ static void on_log_check(uv_check_t *h)
     if (w->inline_store)
         run_inline(w);
     if (w->log.len)
-        idem_log_flush(w);
+        idem__log_flush(w);
     if (w->stopping)
         idem__worker_maybe_exit(w);
 }
@@ -133,7 +133,8 @@ static void on_shutdown_timer(uv_timer_t *t)
     /* In-flight work took too long: close every client.  Requests still
      * waiting for their upstream keep their lease; it runs out by itself. */
     idem_worker_t *w = t->data;
-    idem_log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections", w->index);
+    idem__log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections",
+              w->index);
     idem__conns_close_all(&w->listener);
     idem_link_t *l = w->reqs.next;
     while (l != &w->reqs) {
@@ -161,10 +162,13 @@ static void on_stop_async(uv_async_t *a)
     idem__worker_maybe_exit(w);
 }
 
-void idem_worker_request_stop(idem_worker_t *w) { uv_async_send(&w->stop_async); }
+void idem__worker_request_stop(idem_worker_t *w)
+{
+    uv_async_send(&w->stop_async);
+}
 
-int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
-                     size_t errlen)
+int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
+                      size_t errlen)
 {
     memset(w, 0, sizeof *w);
     w->gw = gw;
@@ -173,7 +177,7 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
     idem_list_init(&w->reqs);
     idem_list_init(&w->inline_q);
     w->inline_store = idem_store_exec_is_cheap(gw->store);
-    idem_buf_init(&w->log, 1u << 20);
+    idem__buf_init(&w->log, 1u << 20);
     pthread_mutex_init(&w->done_mu, NULL);
     uv_loop_init(&w->loop);
     uv_async_init(&w->loop, &w->done_async, on_done_async);
@@ -193,19 +197,19 @@ int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, 
 
     idem__listener_init(&w->listener, IDEM_LISTEN_PUBLIC, gw, &w->loop);
     w->listener.w = w;
-    return idem_tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
-                                  IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
-                                  errlen);
+    return idem__tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
+                                   IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
+                                   errlen);
 }
 
-void *idem_worker_main(void *arg)
+void *idem__worker_main(void *arg)
 {
     idem_worker_t *w = arg;
     char name[16];
     snprintf(name, sizeof name, "idem-worker-%d", w->index);
     pthread_setname_np(pthread_self(), name);
     uv_run(&w->loop, UV_RUN_DEFAULT);
-    idem_log_flush(w);
+    idem__log_flush(w);
     return NULL;
 }
 
@@ -216,12 +220,12 @@ static void close_any(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-void idem_worker_cleanup(idem_worker_t *w)
+void idem__worker_cleanup(idem_worker_t *w)
 {
     uv_walk(&w->loop, close_any, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
-    idem_log_flush(w);
+    idem__log_flush(w);
     pthread_mutex_destroy(&w->done_mu);
-    idem_buf_cleanup(&w->log);
+    idem__buf_cleanup(&w->log);
 }

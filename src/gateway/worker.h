@@ -6,10 +6,10 @@
  * client and pool (upstream.h), the results the store writer hands back
  * (its done list and done_async), and its access-log buffer.  main.c makes
  * gw->nworkers of them and stops them; request.c and tokens.c queue their
- * store work through idem_worker_submit.
+ * store work through idem__worker_submit.
  *
  * THREADING: the worker's loop thread, except the done list (the writer
- * thread fills it under done_mu) and idem_worker_request_stop (any thread).
+ * thread fills it under done_mu) and idem__worker_request_stop (any thread).
  */
 #ifndef IDEM_GATEWAY_WORKER_H
 #define IDEM_GATEWAY_WORKER_H
@@ -50,15 +50,15 @@ struct idem_worker {
     pthread_t thread;
 };
 
-/** Set up worker index to accept on listen_fd (see idem_tcp_open_listener). */
-int idem_worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
-                     size_t errlen);
-void *idem_worker_main(void *arg);
+/** Set up worker index to accept on listen_fd (see idem__tcp_open_listener). */
+int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
+                      size_t errlen);
+void *idem__worker_main(void *arg);
 /** Ask a worker to stop: close its listener, finish what is in flight. */
-void idem_worker_request_stop(idem_worker_t *w);
-void idem_worker_cleanup(idem_worker_t *w);
+void idem__worker_request_stop(idem_worker_t *w);
+void idem__worker_cleanup(idem_worker_t *w);
 /** Queue a job for the writer on behalf of req's worker. */
-void idem_worker_submit(idem_worker_t *w, idem_wjob_t *job);
+void idem__worker_submit(idem_worker_t *w, idem_wjob_t *job);
 
 /** A stopping worker's loop ends once its last request and connection have. */
 void idem__worker_maybe_exit(idem_worker_t *w);

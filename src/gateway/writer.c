@@ -19,7 +19,7 @@
  * A store whose commits do not wait for the disk (memory:, lmdb with
  * sync=interval) is not worth two thread hand-offs per operation: there
  * each worker applies its own queue once per loop turn (worker.c), with
- * idem_jobs_apply below, and this thread only sweeps.
+ * idem__writer_jobs_apply below, and this thread only sweeps.
  *
  * INVARIANTS: a job is handed back exactly once; jobs are handed back in
  * the order they were applied; stop applies everything already queued.
@@ -48,15 +48,15 @@ static void hand_back(idem_wjob_t *job)
     uv_async_send(&w->done_async);
 }
 
-idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wjob_t **jobs,
-                           size_t n)
+idem_err_t idem__writer_jobs_apply(idem_store_t *store, idem_metrics_t *metrics,
+                                   idem_wjob_t **jobs, size_t n)
 {
     idem_op_t ops[IDEM_JOBS_BATCH_MAX];
     for (size_t i = 0; i < n; i++)
         ops[i] = jobs[i]->op;
     uint64_t t0 = idem_clock_mono_ns();
     idem_err_t err = idem_store_exec(store, ops, n);
-    idem_hist_observe(&metrics->store_latency, idem_clock_mono_ns() - t0);
+    idem__hist_observe(&metrics->store_latency, idem_clock_mono_ns() - t0);
     atomic_fetch_add(&metrics->store_batches, 1);
     atomic_fetch_add(&metrics->store_ops, n);
     if (err != IDEM_OK)
@@ -65,11 +65,11 @@ idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wj
         jobs[i]->op = ops[i];
         jobs[i]->batch_err = err;
     }
-    idem_store_full_note(metrics, err, ops, n);
+    idem__writer_store_full_note(metrics, err, ops, n);
     return err;
 }
 
-uint64_t idem_op_payload(const idem_op_t *op)
+uint64_t idem__writer_op_payload(const idem_op_t *op)
 {
     if (op->kind != IDEM_OP_COMPLETE || op->response == NULL)
         return 0;
@@ -79,15 +79,15 @@ uint64_t idem_op_payload(const idem_op_t *op)
     return n;
 }
 
-void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
-                          size_t n)
+void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
+                                  size_t n)
 {
     if (err == IDEM_E_STORE_FULL) {
         /* Remember the largest response that did not fit: room for less
          * does not make the store usable again. */
         uint64_t need = 0;
         for (size_t i = 0; i < n; i++) {
-            uint64_t b = idem_op_payload(&ops[i]);
+            uint64_t b = idem__writer_op_payload(&ops[i]);
             need = b > need ? b : need;
         }
         uint64_t had = atomic_load(&metrics->store_full_bytes);
@@ -106,7 +106,7 @@ void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op
         bool grew = (ops[i].kind == IDEM_OP_CLAIM && idem_decision_forwards(ops[i].decision.kind)) ||
                     ((ops[i].kind == IDEM_OP_COMPLETE || ops[i].kind == IDEM_OP_TOKEN_ISSUE) &&
                      ops[i].err == IDEM_OK);
-        if (grew && idem_op_payload(&ops[i]) >= need) {
+        if (grew && idem__writer_op_payload(&ops[i]) >= need) {
             atomic_store(&metrics->store_full, false);
             return;
         }
@@ -116,7 +116,7 @@ void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op
 /* Returns whether the store said it is full. */
 static bool apply_batch(idem_writer_t *wr, idem_wjob_t **jobs, size_t n)
 {
-    idem_err_t err = idem_jobs_apply(wr->store, wr->metrics, jobs, n);
+    idem_err_t err = idem__writer_jobs_apply(wr->store, wr->metrics, jobs, n);
     for (size_t i = 0; i < n; i++)
         hand_back(jobs[i]);
     return err == IDEM_E_STORE_FULL;
@@ -169,7 +169,7 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int idem_writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *metrics)
+int idem__writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *metrics)
 {
     memset(wr, 0, sizeof *wr);
     wr->store = store;
@@ -183,7 +183,7 @@ int idem_writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *me
     return 0;
 }
 
-void idem_writer_submit(idem_writer_t *wr, idem_wjob_t *job)
+void idem__writer_submit(idem_writer_t *wr, idem_wjob_t *job)
 {
     pthread_mutex_lock(&wr->mu);
     bool was_empty = idem_list_empty(&wr->queue);
@@ -193,7 +193,7 @@ void idem_writer_submit(idem_writer_t *wr, idem_wjob_t *job)
         pthread_cond_signal(&wr->cv);
 }
 
-void idem_writer_stop(idem_writer_t *wr)
+void idem__writer_stop(idem_writer_t *wr)
 {
     if (!wr->started)
         return;

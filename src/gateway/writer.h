@@ -2,13 +2,13 @@
  * store, and the thread that applies them in batches (writer.c).
  *
  * A job (idem_wjob_t) is one store operation, its result, and a callback
- * that runs back on the loop of the worker that queued it.  idem_jobs_apply
+ * that runs back on the loop of the worker that queued it.  idem__writer_jobs_apply
  * is where a batch meets the store: the writer thread calls it, and so does
  * a worker whose store commits cheaply (worker.c's inline queue).  Nothing
  * here knows a loop: handing a job back to its worker's loop is writer.c's.
  *
- * THREADING: idem_writer_submit from any thread; a job's callback on the
- * loop thread of job->worker; idem_jobs_apply on whichever thread applies.
+ * THREADING: idem__writer_submit from any thread; a job's callback on the
+ * loop thread of job->worker; idem__writer_jobs_apply on whichever thread applies.
  */
 #ifndef IDEM_GATEWAY_WRITER_H
 #define IDEM_GATEWAY_WRITER_H
@@ -54,23 +54,23 @@ typedef struct idem_writer {
 /** Apply n jobs (n <= IDEM_JOBS_BATCH_MAX) in one store transaction: set
  * each job's op outputs and batch_err, count the batch in metrics.
  * @return the batch's error (IDEM_OK when it committed). */
-idem_err_t idem_jobs_apply(idem_store_t *store, idem_metrics_t *metrics, idem_wjob_t **jobs,
-                           size_t n);
+idem_err_t idem__writer_jobs_apply(idem_store_t *store, idem_metrics_t *metrics,
+                                   idem_wjob_t **jobs, size_t n);
 
 /** The response bytes (body and header names and values) an op writes. */
-uint64_t idem_op_payload(const idem_op_t *op);
+uint64_t idem__writer_op_payload(const idem_op_t *op);
 /** Keep metrics->store_full up to date after a batch of ops that exec
  * answered err: set on IDEM_E_STORE_FULL (store_full_bytes: the largest
  * response payload it refused), cleared by a committed batch that added a
  * record at least that large (a claim that forwards, a completion, a token
  * issue). */
-void idem_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
-                          size_t n);
+void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
+                                  size_t n);
 
-int idem_writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
+int idem__writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
 /** Queue a job; its callback runs later on job->worker's loop. */
-void idem_writer_submit(idem_writer_t *w, idem_wjob_t *job);
+void idem__writer_submit(idem_writer_t *w, idem_wjob_t *job);
 /** Apply what is queued, then stop the thread. */
-void idem_writer_stop(idem_writer_t *w);
+void idem__writer_stop(idem_writer_t *w);
 
 #endif /* IDEM_GATEWAY_WRITER_H */

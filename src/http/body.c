@@ -61,7 +61,7 @@ static bool is_text(unsigned char c)
     return c == '\t' || (c >= 0x20 && c != 0x7f);
 }
 
-void idem_http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64_t limit)
+void idem__http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64_t limit)
 {
     memset(b, 0, sizeof *b);
     b->framing = msg->framing;
@@ -97,7 +97,7 @@ static int step(idem_http_body_t *b, unsigned char c)
     switch (b->state) {
     case C_SIZE0:
     case C_SIZE: {
-        int v = idem_http_hexval(c);
+        int v = idem__http_hexval(c);
         if (v >= 0) {
             if (b->remaining > (UINT64_MAX >> 4))
                 return S_ERR_BODY;
@@ -199,8 +199,8 @@ static int feed_chunked(idem_http_body_t *b, const char *in, size_t len, size_t 
     return IDEM_HTTP_INCOMPLETE;
 }
 
-int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
-                        idem_slice_t *data)
+int idem__http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
+                         idem_slice_t *data)
 {
     *consumed = 0;
     data->ptr = NULL;
@@ -249,7 +249,7 @@ int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t 
     return fail(b, S_ERR_BODY);
 }
 
-int idem_http_body_eof(idem_http_body_t *b)
+int idem__http_body_eof(idem_http_body_t *b)
 {
     if (b->state == S_ERR_BODY || b->state == S_ERR_SIZE)
         return fail(b, b->state);

@@ -92,29 +92,28 @@ typedef struct idem_http_head_state {
  * @param msg       filled on success; its slices point into buf.
  * @return head length (> 0) when complete, IDEM_HTTP_INCOMPLETE, or an
  *         IDEM_HTTP_E_* code. */
-int idem_http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
-                            size_t max_head, idem_http_msg_t *msg);
+int idem__http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
+                             size_t max_head, idem_http_msg_t *msg);
 
 /** Parse a response head.  request_method is the method of the request it
  * answers (HEAD responses have no body), so the framing is set correctly for
- * HEAD, 1xx, 204 and 304.  Returns as idem_http_parse_request. */
-int idem_http_parse_response(idem_http_head_state_t *st, const char *buf, size_t len,
-                             size_t max_head, idem_slice_t request_method,
-                             idem_http_msg_t *msg);
+ * HEAD, 1xx, 204 and 304.  Returns as idem__http_parse_request. */
+int idem__http_parse_response(idem_http_head_state_t *st, const char *buf, size_t len,
+                              size_t max_head, idem_slice_t request_method, idem_http_msg_t *msg);
 
 /** The first field named name (case-insensitive), or NULL. */
-const idem_http_field_t *idem_http_find(const idem_http_msg_t *msg, const char *name);
+const idem_http_field_t *idem__http_find(const idem_http_msg_t *msg, const char *name);
 
 /** How many fields are named name. */
-size_t idem_http_count(const idem_http_msg_t *msg, const char *name);
+size_t idem__http_count(const idem_http_msg_t *msg, const char *name);
 
 /** Case-insensitive equality of a slice and a NUL-terminated string. */
-bool idem_slice_eq_ci(idem_slice_t s, const char *str);
+bool idem__slice_eq_ci(idem_slice_t s, const char *str);
 
 /** Whether name is a hop-by-hop header (Connection, Keep-Alive, Proxy-*,
  * TE, Trailer, Transfer-Encoding, Upgrade) or one listed in the message's
  * Connection header (msg may be NULL: then only the fixed list). */
-bool idem_http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name);
+bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name);
 
 /* ---- bodies ------------------------------------------------------------ */
 
@@ -135,36 +134,36 @@ typedef struct idem_http_body {
 
 /** Start decoding the body of msg, refusing more than limit decoded bytes
  * (0: no limit). */
-void idem_http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64_t limit);
+void idem__http_body_init(idem_http_body_t *b, const idem_http_msg_t *msg, uint64_t limit);
 
 /** Feed input.  Consumes a prefix of in (*consumed bytes) and returns
  * IDEM_HTTP_BODY_DATA with *data pointing into in, IDEM_HTTP_BODY_DONE when
  * the body ended, IDEM_HTTP_INCOMPLETE when all input was consumed without
  * data or end, or IDEM_HTTP_E_BODY / IDEM_HTTP_E_BODY_TOO_LARGE.  Call again
  * with the rest of the input until it returns INCOMPLETE or DONE.  For EOF
- * framing call idem_http_body_eof when the connection closes. */
-int idem_http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
-                        idem_slice_t *data);
+ * framing call idem__http_body_eof when the connection closes. */
+int idem__http_body_feed(idem_http_body_t *b, const char *in, size_t len, size_t *consumed,
+                         idem_slice_t *data);
 
 /** The connection closed: IDEM_HTTP_BODY_DONE for EOF framing (and for a
  * body that was already complete), else IDEM_HTTP_E_BODY (the message was cut
  * short), or the error the decoder already returned. */
-int idem_http_body_eof(idem_http_body_t *b);
+int idem__http_body_eof(idem_http_body_t *b);
 
 /* ---- targets (target.c) -------------------------------------------------- */
 
 /** The value of a hex digit, or -1. */
-int idem_http_hexval(int c);
+int idem__http_hexval(int c);
 
 /** Percent-decode s[0..n) into out (cap bytes, NUL-terminated).  '+' stays '+'.
  * @return the decoded length, or -1 on a bad escape, a decoded NUL, or when
  * it does not fit. */
-long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap);
+long idem__http_pct_decode(const char *s, size_t n, char *out, size_t cap);
 
 /** The value of parameter name in the query q[0..n) (after '?'),
- * percent-decoded into out as idem_http_pct_decode does.
+ * percent-decoded into out as idem__http_pct_decode does.
  * @return its length, -2 when absent, -1 when it does not decode. */
-long idem_http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap);
+long idem__http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap);
 
 /* ---- normal targets (target.c; docs/protocol.md section 5) ---------------- */
 
@@ -198,7 +197,7 @@ typedef struct idem_http_target {
  *                it is not checked for being "." or "..".
  * @return the length written, or an IDEM_TARGET_E_* code.  The output is
  *         never longer than the input, so cap = n + 1 always fits. */
-long idem_http_path_normalize(const char *in, size_t n, bool prefix, char *out, size_t cap);
+long idem__http_path_normalize(const char *in, size_t n, bool prefix, char *out, size_t cap);
 
 /** Normalise the request target in[0..n) into out (cap bytes,
  * NUL-terminated) as origin-form: the normalised path (from an
@@ -206,16 +205,16 @@ long idem_http_path_normalize(const char *in, size_t n, bool prefix, char *out, 
  * the query as received.  Scheme and authority are checked, not copied.
  * @param t  filled on success; its authority points into in.
  * @return IDEM_TARGET_OK, or an IDEM_TARGET_E_* code.  cap = n + 2 always fits. */
-int idem_http_target_normalize(const char *in, size_t n, char *out, size_t cap,
-                               idem_http_target_t *t);
+int idem__http_target_normalize(const char *in, size_t n, char *out, size_t cap,
+                                idem_http_target_t *t);
 
 /** Whether the normalised path path[0..n) begins with the normalised prefix
  * prefix[0..plen), comparing the bytes they decode to (so "%3A" and ":"
  * are alike).  plen == 0 is true. */
-bool idem_http_path_has_prefix(const char *path, size_t n, const char *prefix, size_t plen);
+bool idem__http_path_has_prefix(const char *path, size_t n, const char *prefix, size_t plen);
 
 /** A sentence saying what an IDEM_TARGET_E_* code refused. */
-const char *idem_http_target_strerror(int rc);
+const char *idem__http_target_strerror(int rc);
 
 /* ---- writing ----------------------------------------------------------- */
 
@@ -227,38 +226,38 @@ typedef struct idem_buf {
     size_t max;   /* never grows past this; 0 = no cap */
 } idem_buf_t;
 
-void idem_buf_init(idem_buf_t *b, size_t max);
-void idem_buf_cleanup(idem_buf_t *b);
-void idem_buf_reset(idem_buf_t *b);      /* len = 0, keeps memory */
+void idem__buf_init(idem_buf_t *b, size_t max);
+void idem__buf_cleanup(idem_buf_t *b);
+void idem__buf_reset(idem_buf_t *b); /* len = 0, keeps memory */
 /** Append; returns 0, or -1 when it would pass max or memory ran out (the
  * buffer is left as it was). */
-int idem_buf_append(idem_buf_t *b, const void *p, size_t n);
-int idem_buf_append_str(idem_buf_t *b, const char *s);
-int idem_buf_appendf(idem_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int idem__buf_append(idem_buf_t *b, const void *p, size_t n);
+int idem__buf_append_str(idem_buf_t *b, const char *s);
+int idem__buf_appendf(idem_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /** Remove the first n bytes. */
-void idem_buf_consume(idem_buf_t *b, size_t n);
+void idem__buf_consume(idem_buf_t *b, size_t n);
 
 /** Append "HTTP/1.1 <status> <reason>\r\n"; -1 also for a status outside
  * 100..999. */
-int idem_http_write_status(idem_buf_t *b, int status);
+int idem__http_write_status(idem_buf_t *b, int status);
 /** Append "Name: value\r\n"; -1 also when name is not a non-empty token or
  * value holds CR, LF or NUL (no header injection), buffer unchanged. */
-int idem_http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
-                          size_t value_len);
+int idem__http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
+                           size_t value_len);
 /** Append one chunk of chunked coding (nothing for n == 0). */
-int idem_http_write_chunk(idem_buf_t *b, const void *data, size_t n);
+int idem__http_write_chunk(idem_buf_t *b, const void *data, size_t n);
 /** Append the last chunk "0\r\n\r\n". */
-int idem_http_write_last_chunk(idem_buf_t *b);
+int idem__http_write_last_chunk(idem_buf_t *b);
 /** The standard reason phrase of status ("OK"), or "Unknown". */
-const char *idem_http_reason(int status);
+const char *idem__http_reason(int status);
 
 /* ---- responses (writer.c) ------------------------------------------------ */
 
 /** A response's head as idemd sends it: everything but the fields that frame
- * it, which idem_http_write_head derives from framing and the request. */
+ * it, which idem__http_write_head derives from framing and the request. */
 typedef struct idem_http_response {
     int status;                      /* 100..999 */
-    idem_slice_t reason;             /* ptr NULL: idem_http_reason(status); else as given
+    idem_slice_t reason;             /* ptr NULL: idem__http_reason(status); else as given
                                         (a relayed upstream's; may be empty) */
     const idem_http_field_t *fields; /* the caller's fields, written in order; none may be
                                         Content-Length, Transfer-Encoding or Connection */
@@ -277,7 +276,7 @@ typedef struct idem_http_reply {
 
 /** Whether a response with status has no body whatever its request
  * (1xx, 204, 304: RFC 9110 sections 6.4.1, 15.3.5, 15.4.5). */
-bool idem_http_status_bodiless(int status);
+bool idem__http_status_bodiless(int status);
 
 /** Append the whole head of a response, blank line included, to b:
  *
@@ -292,7 +291,7 @@ bool idem_http_status_bodiless(int status);
  * A 1xx, 204 or 304 response gets no framing field whatever framing says;
  * a 1xx (interim) response gets no Connection field either.  A HEAD request
  * gets the framing fields the body would have had; what follows the head is
- * the caller's business (idem_http_write_response sends no body then).
+ * the caller's business (idem__http_write_response sends no body then).
  *
  * All or nothing: on any error b is left exactly as it was (never a head
  * without its final blank line).
@@ -301,14 +300,14 @@ bool idem_http_status_bodiless(int status);
  *         framing field (Content-Length, Transfer-Encoding, Connection),
  *         framing is CHUNKED for an HTTP/1.0 client or EOF with keep_alive,
  *         or b cannot hold it (its cap, out of memory). */
-int idem_http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to);
+int idem__http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to);
 
 /** Append a whole response framed by its body's length: the head of r with
  * framing LENGTH and content_length n (r's own framing and content_length
  * are not read), then body[0..n) unless the response has none (a HEAD
- * request, 1xx, 204, 304).  All or nothing, as idem_http_write_head, whose
+ * request, 1xx, 204, 304).  All or nothing, as idem__http_write_head, whose
  * errors it returns. */
-int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
-                             const void *body, size_t n);
+int idem__http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
+                              const void *body, size_t n);
 
 #endif /* IDEM_HTTP_H */

@@ -67,7 +67,7 @@ static bool slices_eq_ci(idem_slice_t a, idem_slice_t b)
     return true;
 }
 
-bool idem_slice_eq_ci(idem_slice_t s, const char *str)
+bool idem__slice_eq_ci(idem_slice_t s, const char *str)
 {
     return slices_eq_ci(s, (idem_slice_t){str, strlen(str)});
 }
@@ -103,43 +103,43 @@ static bool list_has(idem_slice_t value, const char *token)
     const char *p = value.ptr;
     idem_slice_t e;
     while (next_elem(&p, value.ptr + value.len, &e))
-        if (idem_slice_eq_ci(e, token))
+        if (idem__slice_eq_ci(e, token))
             return true;
     return false;
 }
 
-const idem_http_field_t *idem_http_find(const idem_http_msg_t *msg, const char *name)
+const idem_http_field_t *idem__http_find(const idem_http_msg_t *msg, const char *name)
 {
     for (size_t i = 0; i < msg->n_fields; i++)
-        if (idem_slice_eq_ci(msg->fields[i].name, name))
+        if (idem__slice_eq_ci(msg->fields[i].name, name))
             return &msg->fields[i];
     return NULL;
 }
 
-size_t idem_http_count(const idem_http_msg_t *msg, const char *name)
+size_t idem__http_count(const idem_http_msg_t *msg, const char *name)
 {
     size_t n = 0;
     for (size_t i = 0; i < msg->n_fields; i++)
-        if (idem_slice_eq_ci(msg->fields[i].name, name))
+        if (idem__slice_eq_ci(msg->fields[i].name, name))
             n++;
     return n;
 }
 
-bool idem_http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
+bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
 {
     static const char *const fixed[] = {
         "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        if (idem_slice_eq_ci(name, fixed[i]))
+        if (idem__slice_eq_ci(name, fixed[i]))
             return true;
-    if (name.len >= 6 && idem_slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-"))
+    if (name.len >= 6 && idem__slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-"))
         return true;
     if (msg == NULL)
         return false;
     for (size_t i = 0; i < msg->n_fields; i++) {
         const idem_http_field_t *f = &msg->fields[i];
-        if (!idem_slice_eq_ci(f->name, "connection"))
+        if (!idem__slice_eq_ci(f->name, "connection"))
             continue;
         const char *p = f->value.ptr;
         idem_slice_t e;
@@ -356,20 +356,20 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
 
     for (size_t i = 0; i < msg->n_fields; i++) {
         const idem_http_field_t *f = &msg->fields[i];
-        if (idem_slice_eq_ci(f->name, "content-length")) {
+        if (idem__slice_eq_ci(f->name, "content-length")) {
             cl = f;
             n_cl++;
-        } else if (idem_slice_eq_ci(f->name, "transfer-encoding")) {
+        } else if (idem__slice_eq_ci(f->name, "transfer-encoding")) {
             te = f;
             n_te++;
-        } else if (idem_slice_eq_ci(f->name, "connection")) {
+        } else if (idem__slice_eq_ci(f->name, "connection")) {
             close |= list_has(f->value, "close");
             keep |= list_has(f->value, "keep-alive");
-        } else if (idem_slice_eq_ci(f->name, "expect")) {
-            expect |= idem_slice_eq_ci(f->value, "100-continue");
-        } else if (idem_slice_eq_ci(f->name, "upgrade")) {
+        } else if (idem__slice_eq_ci(f->name, "expect")) {
+            expect |= idem__slice_eq_ci(f->value, "100-continue");
+        } else if (idem__slice_eq_ci(f->name, "upgrade")) {
             upgrade = true;
-        } else if (idem_slice_eq_ci(f->name, "host")) {
+        } else if (idem__slice_eq_ci(f->name, "host")) {
             n_host++;
         }
     }
@@ -380,7 +380,7 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
     idem_http_framing_t framing;
     if (n_te > 0) {
         if (n_cl > 0 || msg->version_minor == 0 || n_te > 1 ||
-            !idem_slice_eq_ci(te->value, "chunked"))
+            !idem__slice_eq_ci(te->value, "chunked"))
             return IDEM_HTTP_E_SMUGGLE;
         framing = IDEM_HTTP_BODY_CHUNKED;
     } else if (n_cl > 0) {
@@ -391,7 +391,7 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
         framing = is_request ? IDEM_HTTP_BODY_NONE : IDEM_HTTP_BODY_EOF;
     }
     if (!is_request && (msg->status < 200 || msg->status == 204 || msg->status == 304 ||
-                        idem_slice_eq_ci(request_method, "HEAD")))
+                        idem__slice_eq_ci(request_method, "HEAD")))
         framing = IDEM_HTTP_BODY_NONE;
 
     msg->framing = framing;
@@ -457,15 +457,14 @@ static int parse(idem_http_head_state_t *st, const char *buf, size_t len, size_t
     return IDEM_HTTP_INCOMPLETE;
 }
 
-int idem_http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
-                            size_t max_head, idem_http_msg_t *msg)
+int idem__http_parse_request(idem_http_head_state_t *st, const char *buf, size_t len,
+                             size_t max_head, idem_http_msg_t *msg)
 {
     return parse(st, buf, len, max_head, true, (idem_slice_t){"", 0}, msg);
 }
 
-int idem_http_parse_response(idem_http_head_state_t *st, const char *buf, size_t len,
-                             size_t max_head, idem_slice_t request_method,
-                             idem_http_msg_t *msg)
+int idem__http_parse_response(idem_http_head_state_t *st, const char *buf, size_t len,
+                              size_t max_head, idem_slice_t request_method, idem_http_msg_t *msg)
 {
     return parse(st, buf, len, max_head, false, request_method, msg);
 }

@@ -21,10 +21,10 @@
  * The query is kept as received: its meaning is the application's.
  *
  * Route prefixes are compared on the decoded bytes of both sides
- * (idem_http_path_has_prefix), so `/a:b` and `/a%3Ab`, which an upstream
+ * (idem__http_path_has_prefix), so `/a:b` and `/a%3Ab`, which an upstream
  * that decodes reads alike, fall under the same route.
  *
- * Decoding (idem_http_pct_decode, idem_http_query_param) serves the admin
+ * Decoding (idem__http_pct_decode, idem__http_query_param) serves the admin
  * listener (keys in /keys/{key}?scope=S) and the demo upstream
  * (/count?key=K).  A '+' is a plus sign: form encoding is not URL encoding,
  * and keys may hold '+'.  Decoding refuses a bad escape, a decoded NUL (keys
@@ -37,7 +37,7 @@
 
 #include "http/http.h"
 
-int idem_http_hexval(int c)
+int idem__http_hexval(int c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -48,7 +48,7 @@ int idem_http_hexval(int c)
     return -1;
 }
 
-long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap)
+long idem__http_pct_decode(const char *s, size_t n, char *out, size_t cap)
 {
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -56,8 +56,8 @@ long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap)
         if (ch == '%') {
             if (i + 2 >= n)
                 return -1;
-            int hi = idem_http_hexval((unsigned char)s[i + 1]);
-            int lo = idem_http_hexval((unsigned char)s[i + 2]);
+            int hi = idem__http_hexval((unsigned char)s[i + 1]);
+            int lo = idem__http_hexval((unsigned char)s[i + 2]);
             if (hi < 0 || lo < 0)
                 return -1;
             ch = (char)(hi * 16 + lo);
@@ -73,7 +73,7 @@ long idem_http_pct_decode(const char *s, size_t n, char *out, size_t cap)
     return (long)k;
 }
 
-long idem_http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap)
+long idem__http_query_param(const char *q, size_t n, const char *name, char *out, size_t cap)
 {
     size_t nl = strlen(name);
     size_t i = 0;
@@ -82,7 +82,7 @@ long idem_http_query_param(const char *q, size_t n, const char *name, char *out,
         while (j < n && q[j] != '&')
             j++;
         if (j - i > nl && memcmp(q + i, name, nl) == 0 && q[i + nl] == '=')
-            return idem_http_pct_decode(q + i + nl + 1, j - i - nl - 1, out, cap);
+            return idem__http_pct_decode(q + i + nl + 1, j - i - nl - 1, out, cap);
         i = j + 1;
     }
     return -2;
@@ -118,7 +118,7 @@ static bool is_dot_segment(const char *out, size_t from, size_t to)
     return (n == 1 && out[from] == '.') || (n == 2 && out[from] == '.' && out[from + 1] == '.');
 }
 
-long idem_http_path_normalize(const char *in, size_t n, bool prefix, char *out, size_t cap)
+long idem__http_path_normalize(const char *in, size_t n, bool prefix, char *out, size_t cap)
 {
     static const char hex[] = "0123456789ABCDEF";
     if (n == 0 || in[0] != '/')
@@ -132,8 +132,8 @@ long idem_http_path_normalize(const char *in, size_t n, bool prefix, char *out, 
         if (c == '%') {
             if (n - i < 3)
                 return IDEM_TARGET_E_ESCAPE;
-            int hi = idem_http_hexval((unsigned char)in[i + 1]);
-            int lo = idem_http_hexval((unsigned char)in[i + 2]);
+            int hi = idem__http_hexval((unsigned char)in[i + 1]);
+            int lo = idem__http_hexval((unsigned char)in[i + 2]);
             if (hi < 0 || lo < 0)
                 return IDEM_TARGET_E_ESCAPE;
             unsigned char v = (unsigned char)(hi * 16 + lo);
@@ -209,8 +209,8 @@ static bool authority_ok(const char *s, size_t n)
     return true;
 }
 
-int idem_http_target_normalize(const char *in, size_t n, char *out, size_t cap,
-                               idem_http_target_t *t)
+int idem__http_target_normalize(const char *in, size_t n, char *out, size_t cap,
+                                idem_http_target_t *t)
 {
     memset(t, 0, sizeof *t);
     size_t p = 0;
@@ -246,7 +246,7 @@ int idem_http_target_normalize(const char *in, size_t n, char *out, size_t cap,
         out[1] = '\0';
         plen = 1;
     } else {
-        plen = idem_http_path_normalize(in + p, q - p, false, out, cap);
+        plen = idem__http_path_normalize(in + p, q - p, false, out, cap);
         if (plen < 0)
             return (int)plen;
     }
@@ -270,8 +270,8 @@ static unsigned char next_decoded(const char *s, size_t n, size_t *i)
 {
     unsigned char c = (unsigned char)s[*i];
     if (c == '%' && n - *i >= 3) {
-        int hi = idem_http_hexval((unsigned char)s[*i + 1]);
-        int lo = idem_http_hexval((unsigned char)s[*i + 2]);
+        int hi = idem__http_hexval((unsigned char)s[*i + 1]);
+        int lo = idem__http_hexval((unsigned char)s[*i + 2]);
         if (hi >= 0 && lo >= 0) {
             *i += 3;
             return (unsigned char)(hi * 16 + lo);
@@ -281,7 +281,7 @@ static unsigned char next_decoded(const char *s, size_t n, size_t *i)
     return c;
 }
 
-bool idem_http_path_has_prefix(const char *path, size_t n, const char *prefix, size_t plen)
+bool idem__http_path_has_prefix(const char *path, size_t n, const char *prefix, size_t plen)
 {
     size_t i = 0, j = 0;
     while (j < plen) {
@@ -293,7 +293,7 @@ bool idem_http_path_has_prefix(const char *path, size_t n, const char *prefix, s
     return true;
 }
 
-const char *idem_http_target_strerror(int rc)
+const char *idem__http_target_strerror(int rc)
 {
     switch (rc) {
     case IDEM_TARGET_OK:

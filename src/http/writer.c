@@ -10,7 +10,7 @@
  * not tokens and values or reasons containing CR, LF or NUL, so data from a
  * client or an upstream can never inject a header line.
  *
- * idem_http_write_head is the one place a response head is written: every
+ * idem__http_write_head is the one place a response head is written: every
  * answer idemd sends (its own problems and JSON, a replay, a relayed
  * upstream response, a streamed one, 100 Continue, the admin endpoints)
  * goes through it.  It owns the fields that frame a message and say what
@@ -37,7 +37,7 @@
 
 #define MIN_ALLOC 256
 
-void idem_buf_init(idem_buf_t *b, size_t max)
+void idem__buf_init(idem_buf_t *b, size_t max)
 {
     b->data = NULL;
     b->len = 0;
@@ -45,7 +45,7 @@ void idem_buf_init(idem_buf_t *b, size_t max)
     b->max = max;
 }
 
-void idem_buf_cleanup(idem_buf_t *b)
+void idem__buf_cleanup(idem_buf_t *b)
 {
     free(b->data);
     b->data = NULL;
@@ -53,7 +53,7 @@ void idem_buf_cleanup(idem_buf_t *b)
     b->cap = 0;
 }
 
-void idem_buf_reset(idem_buf_t *b)
+void idem__buf_reset(idem_buf_t *b)
 {
     b->len = 0;
 }
@@ -82,7 +82,7 @@ static int reserve(idem_buf_t *b, size_t n)
     return 0;
 }
 
-int idem_buf_append(idem_buf_t *b, const void *p, size_t n)
+int idem__buf_append(idem_buf_t *b, const void *p, size_t n)
 {
     if (n == 0)
         return 0;
@@ -93,12 +93,12 @@ int idem_buf_append(idem_buf_t *b, const void *p, size_t n)
     return 0;
 }
 
-int idem_buf_append_str(idem_buf_t *b, const char *s)
+int idem__buf_append_str(idem_buf_t *b, const char *s)
 {
-    return idem_buf_append(b, s, strlen(s));
+    return idem__buf_append(b, s, strlen(s));
 }
 
-int idem_buf_appendf(idem_buf_t *b, const char *fmt, ...)
+int idem__buf_appendf(idem_buf_t *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -115,7 +115,7 @@ int idem_buf_appendf(idem_buf_t *b, const char *fmt, ...)
     return 0;
 }
 
-void idem_buf_consume(idem_buf_t *b, size_t n)
+void idem__buf_consume(idem_buf_t *b, size_t n)
 {
     if (n >= b->len) {
         b->len = 0;
@@ -132,15 +132,15 @@ static bool is_tchar(unsigned char c)
     return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
-int idem_http_write_status(idem_buf_t *b, int status)
+int idem__http_write_status(idem_buf_t *b, int status)
 {
     if (status < 100 || status > 999)
         return -1;
-    return idem_buf_appendf(b, "HTTP/1.1 %d %s\r\n", status, idem_http_reason(status));
+    return idem__buf_appendf(b, "HTTP/1.1 %d %s\r\n", status, idem__http_reason(status));
 }
 
-int idem_http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
-                          size_t value_len)
+int idem__http_write_field(idem_buf_t *b, const char *name, size_t name_len, const char *value,
+                           size_t value_len)
 {
     if (name_len == 0)
         return -1;
@@ -167,7 +167,7 @@ int idem_http_write_field(idem_buf_t *b, const char *name, size_t name_len, cons
     return 0;
 }
 
-int idem_http_write_chunk(idem_buf_t *b, const void *data, size_t n)
+int idem__http_write_chunk(idem_buf_t *b, const void *data, size_t n)
 {
     if (n == 0)
         return 0;
@@ -184,9 +184,9 @@ int idem_http_write_chunk(idem_buf_t *b, const void *data, size_t n)
     return 0;
 }
 
-int idem_http_write_last_chunk(idem_buf_t *b)
+int idem__http_write_last_chunk(idem_buf_t *b)
 {
-    return idem_buf_append(b, "0\r\n\r\n", 5);
+    return idem__buf_append(b, "0\r\n\r\n", 5);
 }
 
 /* ---- whole response heads ---------------------------------------------- */
@@ -217,13 +217,13 @@ static bool slice_is(idem_slice_t s, const char *lower)
     return true;
 }
 
-bool idem_http_status_bodiless(int status)
+bool idem__http_status_bodiless(int status)
 {
     return (status >= 100 && status < 200) || status == 204 || status == 304;
 }
 
 /* A head checked and measured, ready to be copied: what
- * idem_http_write_head decided, so that copying cannot fail. */
+ * idem__http_write_head decided, so that copying cannot fail. */
 typedef struct {
     idem_slice_t reason;
     char length[48];       /* "Content-Length: n\r\n", or empty */
@@ -239,7 +239,7 @@ static int plan_head(const idem_http_response_t *r, idem_http_reply_t to, head_p
         return -1;
     p->reason = r->reason;
     if (p->reason.ptr == NULL) {
-        const char *std = idem_http_reason(r->status);
+        const char *std = idem__http_reason(r->status);
         p->reason = (idem_slice_t){std, strlen(std)};
     } else if (p->reason.len > SIZE_MAX / 4 || !value_ok(p->reason.ptr, p->reason.len)) {
         return -1;
@@ -264,8 +264,8 @@ static int plan_head(const idem_http_response_t *r, idem_http_reply_t to, head_p
         size += name.len + value.len + 4; /* ": " and CRLF */
     }
     bool interim = r->status < 200;
-    idem_http_framing_t framing = idem_http_status_bodiless(r->status) ? IDEM_HTTP_BODY_NONE
-                                                                       : r->framing;
+    idem_http_framing_t framing =
+        idem__http_status_bodiless(r->status) ? IDEM_HTTP_BODY_NONE : r->framing;
     if (framing == IDEM_HTTP_BODY_CHUNKED && to.version_minor == 0)
         return -1; /* HTTP/1.0 has no chunked coding (RFC 9112 section 7) */
     if (framing == IDEM_HTTP_BODY_EOF && to.keep_alive)
@@ -332,7 +332,7 @@ static void emit_head(char *dst, const idem_http_response_t *r, const head_plan_
     memcpy(o, "\r\n", 2);
 }
 
-int idem_http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to)
+int idem__http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to)
 {
     head_plan_t p;
     if (plan_head(r, to, &p) != 0 || reserve(b, p.size) != 0)
@@ -342,8 +342,8 @@ int idem_http_write_head(idem_buf_t *b, const idem_http_response_t *r, idem_http
     return 0;
 }
 
-int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
-                             const void *body, size_t n)
+int idem__http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_http_reply_t to,
+                              const void *body, size_t n)
 {
     idem_http_response_t framed = *r;
     framed.framing = IDEM_HTTP_BODY_LENGTH;
@@ -351,7 +351,7 @@ int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_
     head_plan_t p;
     if (plan_head(&framed, to, &p) != 0)
         return -1;
-    if (to.head || idem_http_status_bodiless(r->status))
+    if (to.head || idem__http_status_bodiless(r->status))
         n = 0;
     if (n > SIZE_MAX - p.size || reserve(b, p.size + n) != 0)
         return -1;
@@ -362,7 +362,7 @@ int idem_http_write_response(idem_buf_t *b, const idem_http_response_t *r, idem_
     return 0;
 }
 
-const char *idem_http_reason(int status)
+const char *idem__http_reason(int status)
 {
     switch (status) {
     case 100: return "Continue";

@@ -25,12 +25,12 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/idem.yaml", dir);
     err[0] = '\0';
-    cr_assert_eq(idem_config_defaults(&cfg), 0);
+    cr_assert_eq(idem__config_defaults(&cfg), 0);
 }
 
 static void teardown(void)
 {
-    idem_config_cleanup(&cfg);
+    idem__config_cleanup(&cfg);
     unlink(path);
     rmdir(dir);
 }
@@ -48,7 +48,7 @@ static void write_file(const char *text)
 static int load(const char *text)
 {
     write_file(text);
-    return idem_config_load_file(&cfg, path, err, sizeof err);
+    return idem__config_load_file(&cfg, path, err, sizeof err);
 }
 
 /* Load text, expect failure with exactly "<path>:<line>: <rest>". */
@@ -115,7 +115,7 @@ Test(config, default_route_is_post_patch_on_root_required)
 
 Test(config, defaults_are_valid)
 {
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
 }
 
 Test(config, defaults_fail_cleanly_when_memory_runs_out)
@@ -123,7 +123,7 @@ Test(config, defaults_fail_cleanly_when_memory_runs_out)
     static idem_config_t c2;
     for (long n = 1;; n++) {
         idem_alloc_fail_after(n);
-        int rc = idem_config_defaults(&c2);
+        int rc = idem__config_defaults(&c2);
         idem_alloc_fail_after(0);
         if (rc == 0)
             break;
@@ -132,7 +132,7 @@ Test(config, defaults_fail_cleanly_when_memory_runs_out)
         cr_assert_eq(c2.n_routes, 0);
         cr_assert_lt(n, 100);
     }
-    idem_config_cleanup(&c2);
+    idem__config_cleanup(&c2);
 }
 
 /* ---- files that load ----------------------------------------------------- */
@@ -203,7 +203,7 @@ Test(config, full_file_sets_every_top_level_key)
     cr_assert_eq(cfg.local_cache, 5000);
     cr_assert_eq(cfg.token_ttl_ms, 120000);
     cr_assert_str_eq(cfg.log_format, "json");
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
 }
 
 Test(config, full_file_sets_every_defaults_key)
@@ -253,7 +253,7 @@ Test(config, empty_routes_list_leaves_no_route)
 {
     cr_assert_eq(load("routes: []\n"), 0, "%s", err);
     cr_assert_eq(cfg.n_routes, 0);
-    cr_assert_null(idem_config_match(&cfg, "POST", 4, "/x", 2));
+    cr_assert_null(idem__config_match(&cfg, "POST", 4, "/x", 2));
 }
 
 Test(config, route_without_methods_path_or_mode_takes_the_default_route_values)
@@ -363,15 +363,15 @@ Test(config, load_fails_cleanly_when_memory_runs_out)
     write_file(full_file);
     for (long n = 1;; n++) {
         idem_alloc_fail_after(n);
-        int rc = idem_config_load_file(&cfg, path, err, sizeof err);
+        int rc = idem__config_load_file(&cfg, path, err, sizeof err);
         idem_alloc_fail_after(0);
         if (rc == 0)
             break;
         cr_assert(strstr(err, "out of memory") != NULL, "%s", err);
         cr_assert_lt(n, 1000);
         /* cfg must stay valid: start over from a fresh one (ASan checks leaks) */
-        idem_config_cleanup(&cfg);
-        cr_assert_eq(idem_config_defaults(&cfg), 0);
+        idem__config_cleanup(&cfg);
+        cr_assert_eq(idem__config_defaults(&cfg), 0);
     }
     cr_assert_eq(cfg.n_routes, 2);
 }
@@ -608,7 +608,7 @@ Test(config, second_document_is_refused)
 Test(config, missing_file_is_reported_with_strerror)
 {
     char want[256];
-    cr_assert_eq(idem_config_load_file(&cfg, path, err, sizeof err), -1);
+    cr_assert_eq(idem__config_load_file(&cfg, path, err, sizeof err), -1);
     snprintf(want, sizeof want, "%s: cannot read: No such file or directory", path);
     cr_assert_str_eq(err, want);
 }
@@ -630,13 +630,13 @@ Test(config, parse_addr_accepts_ipv4_ipv6_and_names)
 {
     char host[64];
     int port;
-    cr_assert_eq(idem_config_parse_addr("127.0.0.1:8080", host, sizeof host, &port), 0);
+    cr_assert_eq(idem__config_parse_addr("127.0.0.1:8080", host, sizeof host, &port), 0);
     cr_assert_str_eq(host, "127.0.0.1");
     cr_assert_eq(port, 8080);
-    cr_assert_eq(idem_config_parse_addr("[::1]:1", host, sizeof host, &port), 0);
+    cr_assert_eq(idem__config_parse_addr("[::1]:1", host, sizeof host, &port), 0);
     cr_assert_str_eq(host, "::1");
     cr_assert_eq(port, 1);
-    cr_assert_eq(idem_config_parse_addr("localhost:65535", host, sizeof host, &port), 0);
+    cr_assert_eq(idem__config_parse_addr("localhost:65535", host, sizeof host, &port), 0);
     cr_assert_str_eq(host, "localhost");
     cr_assert_eq(port, 65535);
 }
@@ -648,7 +648,7 @@ Test(config, parse_addr_refuses_bad_ports)
     const char *bad[] = {"localhost", "localhost:", "localhost:0", "localhost:65536",
                          "localhost:80x", "localhost:+80", "localhost:000080"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-        cr_assert_eq(idem_config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
+        cr_assert_eq(idem__config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
 }
 
 Test(config, parse_addr_refuses_bad_hosts)
@@ -658,7 +658,7 @@ Test(config, parse_addr_refuses_bad_hosts)
     const char *bad[] = {":80", "::1:80", "[::1]80", "[zz]:80", "[]:80", "a b:80",
                          "999.1.1.1:80", "[::1:80"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        cr_assert_eq(idem_config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
+        cr_assert_eq(idem__config_parse_addr(bad[i], host, sizeof host, &port), -1, "%s", bad[i]);
         cr_assert_str_eq(host, "");
         cr_assert_eq(port, 0);
     }
@@ -668,45 +668,45 @@ Test(config, parse_addr_refuses_a_host_longer_than_the_buffer)
 {
     char host[5];
     int port;
-    cr_assert_eq(idem_config_parse_addr("abcd:80", host, sizeof host, &port), 0);
-    cr_assert_eq(idem_config_parse_addr("abcde:80", host, sizeof host, &port), -1);
+    cr_assert_eq(idem__config_parse_addr("abcd:80", host, sizeof host, &port), 0);
+    cr_assert_eq(idem__config_parse_addr("abcde:80", host, sizeof host, &port), -1);
 }
 
 Test(config, parse_upstream_takes_host_and_port)
 {
     char host[64];
     int port;
-    cr_assert_eq(idem_config_parse_upstream("HTTP://[::1]:9000/", host, sizeof host, &port), 0);
+    cr_assert_eq(idem__config_parse_upstream("HTTP://[::1]:9000/", host, sizeof host, &port), 0);
     cr_assert_str_eq(host, "::1");
     cr_assert_eq(port, 9000);
-    cr_assert_eq(idem_config_parse_upstream("http://api:80/v1", host, sizeof host, &port), -1);
-    cr_assert_eq(idem_config_parse_upstream("http://api", host, sizeof host, &port), -1);
+    cr_assert_eq(idem__config_parse_upstream("http://api:80/v1", host, sizeof host, &port), -1);
+    cr_assert_eq(idem__config_parse_upstream("http://api", host, sizeof host, &port), -1);
 }
 
 /* ---- validate ------------------------------------------------------------ */
 
 static void expect_invalid(const char *want_prefix)
 {
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), -1);
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), -1);
     cr_assert(strncmp(err, want_prefix, strlen(want_prefix)) == 0, "got '%s', want '%s...'", err,
               want_prefix);
 }
 
 Test(config, validate_refuses_a_bad_listen_address)
 {
-    idem_config_set_string(&cfg.listen, "8080");
+    idem__config_set_string(&cfg.listen, "8080");
     expect_invalid("listen: not HOST:PORT");
 }
 
 Test(config, validate_refuses_a_bad_admin_address)
 {
-    idem_config_set_string(&cfg.admin, "[::1]");
+    idem__config_set_string(&cfg.admin, "[::1]");
     expect_invalid("admin: not HOST:PORT");
 }
 
 Test(config, validate_refuses_admin_on_the_listen_address)
 {
-    idem_config_set_string(&cfg.admin, cfg.listen);
+    idem__config_set_string(&cfg.admin, cfg.listen);
     expect_invalid("admin: must not be the same address as listen");
 }
 
@@ -715,29 +715,29 @@ Test(config, validate_refuses_upstreams_other_than_http_host_port)
     const char *bad[] = {"https://a:1", "ftp://a:1", "http://a", "http://a:1/x", "http://a:1?q",
                          "http://u@a:1", "a:1", ""};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        idem_config_set_string(&cfg.upstream, bad[i]);
+        idem__config_set_string(&cfg.upstream, bad[i]);
         expect_invalid("upstream: ");
     }
 }
 
 Test(config, validate_accepts_upstream_with_a_trailing_slash)
 {
-    idem_config_set_string(&cfg.upstream, "http://[::1]:9000/");
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    idem__config_set_string(&cfg.upstream, "http://[::1]:9000/");
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
 }
 
 Test(config, validate_refuses_an_empty_store)
 {
-    idem_config_set_string(&cfg.store, "");
+    idem__config_set_string(&cfg.store, "");
     expect_invalid("store: must not be empty");
 }
 
 Test(config, validate_refuses_bad_header_names)
 {
-    idem_config_set_string(&cfg.replay_header, "X-Replay:");
+    idem__config_set_string(&cfg.replay_header, "X-Replay:");
     expect_invalid("replay_header: not a header name");
-    idem_config_set_string(&cfg.replay_header, "X-Replay");
-    idem_config_set_string(&cfg.scope_header, "");
+    idem__config_set_string(&cfg.replay_header, "X-Replay");
+    idem__config_set_string(&cfg.scope_header, "");
     expect_invalid("scope_header: not a header name");
 }
 
@@ -749,7 +749,7 @@ Test(config, validate_refuses_workers_out_of_range)
 
 Test(config, validate_refuses_an_unknown_log_format)
 {
-    idem_config_set_string(&cfg.log_format, "xml");
+    idem__config_set_string(&cfg.log_format, "xml");
     expect_invalid("log_format: must be one of json, text");
 }
 
@@ -786,7 +786,7 @@ Test(config, limits_file_sets_every_limit_key)
     cr_assert_str_eq(cfg.admin_hosts[1], "10.0.0.7");
     cr_assert_str_eq(cfg.admin_hosts[2], "[fd00::1]");
     cr_assert_str_eq(cfg.admin_hosts[3], "mgmt_host");
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
 }
 
 Test(config, zero_timeouts_are_refused)
@@ -834,7 +834,7 @@ Test(config, validate_refuses_a_body_budget_below_one_body)
     cfg.max_buffered_bytes = 2047;
     expect_invalid("max_buffered_bytes: must be at least max_request_bytes (2048 bytes)");
     cfg.max_buffered_bytes = 2048;
-    cr_assert_eq(idem_config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
 }
 
 Test(config, validate_refuses_max_connections_out_of_range)
@@ -847,7 +847,7 @@ Test(config, validate_refuses_max_connections_out_of_range)
 
 static const idem_route_t *match(const char *method, const char *target)
 {
-    return idem_config_match(&cfg, method, strlen(method), target, strlen(target));
+    return idem__config_match(&cfg, method, strlen(method), target, strlen(target));
 }
 
 Test(config, default_route_matches_post_and_patch_only)
@@ -895,7 +895,7 @@ Test(config, query_string_is_not_part_of_the_path)
 
 Test(config, only_a_normalised_origin_form_path_matches)
 {
-    /* The server normalises every target first (idem_http_target_normalize);
+    /* The server normalises every target first (idem__http_target_normalize);
      * what is left here never matches by accident. */
     cr_assert_eq(load("routes:\n  - {methods: [POST], path: /}\n"), 0, "%s", err);
     cr_assert_null(match("POST", "http://example.com/a/1?x"));
@@ -952,8 +952,8 @@ Test(config, route_path_that_no_request_can_have_is_refused)
 Test(config, method_length_is_respected)
 {
     /* the method slice is not NUL-terminated in a request buffer */
-    cr_assert_null(idem_config_match(&cfg, "POSTX", 5, "/", 1));
-    cr_assert_not_null(idem_config_match(&cfg, "POSTX", 4, "/", 1));
+    cr_assert_null(idem__config_match(&cfg, "POSTX", 5, "/", 1));
+    cr_assert_not_null(idem__config_match(&cfg, "POSTX", 4, "/", 1));
 }
 
 /* ---- scope sources and scope_rate_limit ------------------------------------ */

@@ -31,7 +31,7 @@ static int decode_n(idem_http_body_t *b, const char *in, size_t len, size_t piec
             avail = (piece == 0 || len - avail < piece) ? len : avail + piece;
         size_t c = 0;
         idem_slice_t d;
-        int rc = idem_http_body_feed(b, in + off, avail - off, &c, &d);
+        int rc = idem__http_body_feed(b, in + off, avail - off, &c, &d);
         cr_assert_leq(c, avail - off);
         off += c;
         if (rc == IDEM_HTTP_BODY_DATA) {
@@ -56,7 +56,7 @@ static int chunked(const char *in, uint64_t limit, char *out, size_t *out_len, s
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, limit);
+    idem__http_body_init(&b, &m, limit);
     return decode_n(&b, in, strlen(in), 0, out, out_len, used);
 }
 
@@ -87,10 +87,10 @@ Test(http_body, none_is_done_at_once)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_NONE, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c = 99;
     idem_slice_t d;
-    cr_expect_eq(idem_http_body_feed(&b, "GET", 3, &c, &d), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_feed(&b, "GET", 3, &c, &d), IDEM_HTTP_BODY_DONE);
     cr_expect_eq(c, 0);
 }
 
@@ -98,15 +98,15 @@ Test(http_body, length_takes_exactly_its_bytes)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_LENGTH, 5);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     const char *in = "helloGET / HTTP/1.1";
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, in, strlen(in), &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_assert_eq(idem__http_body_feed(&b, in, strlen(in), &c, &d), IDEM_HTTP_BODY_DATA);
     cr_expect_eq(c, 5);
     cr_expect_eq(d.ptr, in);
     cr_expect_eq(d.len, 5);
-    cr_expect_eq(idem_http_body_feed(&b, in + 5, strlen(in) - 5, &c, &d), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_feed(&b, in + 5, strlen(in) - 5, &c, &d), IDEM_HTTP_BODY_DONE);
     cr_expect_eq(c, 0);
 }
 
@@ -116,7 +116,7 @@ Test(http_body, length_in_pieces)
     for (size_t piece = 1; piece <= 10; piece++) {
         idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_LENGTH, 10);
         idem_http_body_t b;
-        idem_http_body_init(&b, &m, 0);
+        idem__http_body_init(&b, &m, 0);
         char out[16];
         size_t n, used;
         cr_assert_eq(decode_n(&b, in, 10, piece, out, &n, &used), IDEM_HTTP_BODY_DONE);
@@ -129,65 +129,65 @@ Test(http_body, length_incomplete_then_eof_is_error)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_LENGTH, 5);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, "hel", 3, &c, &d), IDEM_HTTP_BODY_DATA);
-    cr_expect_eq(idem_http_body_feed(&b, "", 0, &c, &d), IDEM_HTTP_INCOMPLETE);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_E_BODY);
+    cr_assert_eq(idem__http_body_feed(&b, "hel", 3, &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_expect_eq(idem__http_body_feed(&b, "", 0, &c, &d), IDEM_HTTP_INCOMPLETE);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_E_BODY);
 }
 
 Test(http_body, length_zero_is_done)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_LENGTH, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_expect_eq(idem_http_body_feed(&b, "x", 1, &c, &d), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_feed(&b, "x", 1, &c, &d), IDEM_HTTP_BODY_DONE);
     cr_expect_eq(c, 0);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_BODY_DONE);
 }
 
 Test(http_body, length_over_limit_refused)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_LENGTH, 11);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 10);
+    idem__http_body_init(&b, &m, 10);
     size_t c;
     idem_slice_t d;
-    cr_expect_eq(idem_http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_E_BODY_TOO_LARGE);
+    cr_expect_eq(idem__http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_E_BODY_TOO_LARGE);
     m = msg_framed(IDEM_HTTP_BODY_LENGTH, 10);
-    idem_http_body_init(&b, &m, 10);
-    cr_expect_eq(idem_http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
+    idem__http_body_init(&b, &m, 10);
+    cr_expect_eq(idem__http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
 }
 
 Test(http_body, eof_framing_until_close)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_EOF, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_assert_eq(idem__http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
     cr_expect_eq(c, 3);
     cr_expect_eq(d.len, 3);
-    cr_assert_eq(idem_http_body_feed(&b, "", 0, &c, &d), IDEM_HTTP_INCOMPLETE);
-    cr_assert_eq(idem_http_body_feed(&b, "de", 2, &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_assert_eq(idem__http_body_feed(&b, "", 0, &c, &d), IDEM_HTTP_INCOMPLETE);
+    cr_assert_eq(idem__http_body_feed(&b, "de", 2, &c, &d), IDEM_HTTP_BODY_DATA);
     cr_expect_eq(b.total, 5);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_BODY_DONE);
 }
 
 Test(http_body, eof_framing_over_limit_refused)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_EOF, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 4);
+    idem__http_body_init(&b, &m, 4);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
-    cr_expect_eq(idem_http_body_feed(&b, "de", 2, &c, &d), IDEM_HTTP_E_BODY_TOO_LARGE);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_E_BODY_TOO_LARGE);
+    cr_assert_eq(idem__http_body_feed(&b, "abc", 3, &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_expect_eq(idem__http_body_feed(&b, "de", 2, &c, &d), IDEM_HTTP_E_BODY_TOO_LARGE);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_E_BODY_TOO_LARGE);
 }
 
 /* ---- chunked ----------------------------------------------------------- */
@@ -331,39 +331,39 @@ Test(http_body, errors_are_sticky)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, "z", 1, &c, &d), IDEM_HTTP_E_BODY);
-    cr_expect_eq(idem_http_body_feed(&b, "0\r\n\r\n", 5, &c, &d), IDEM_HTTP_E_BODY);
+    cr_assert_eq(idem__http_body_feed(&b, "z", 1, &c, &d), IDEM_HTTP_E_BODY);
+    cr_expect_eq(idem__http_body_feed(&b, "0\r\n\r\n", 5, &c, &d), IDEM_HTTP_E_BODY);
     cr_expect_eq(c, 0);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_E_BODY);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_E_BODY);
 }
 
 Test(http_body, done_is_sticky)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, "0\r\n\r\n", 5, &c, &d), IDEM_HTTP_BODY_DONE);
+    cr_assert_eq(idem__http_body_feed(&b, "0\r\n\r\n", 5, &c, &d), IDEM_HTTP_BODY_DONE);
     cr_expect_eq(c, 5);
-    cr_expect_eq(idem_http_body_feed(&b, "4\r\n", 3, &c, &d), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_feed(&b, "4\r\n", 3, &c, &d), IDEM_HTTP_BODY_DONE);
     cr_expect_eq(c, 0);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_BODY_DONE);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_BODY_DONE);
 }
 
 Test(http_body, chunked_cut_short_is_error_at_eof)
 {
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     char out[16];
     size_t n;
     cr_assert_eq(decode_n(&b, "4\r\nWi", 5, 0, out, &n, NULL), IDEM_HTTP_INCOMPLETE);
     cr_expect_eq(n, 2);
-    cr_expect_eq(idem_http_body_eof(&b), IDEM_HTTP_E_BODY);
+    cr_expect_eq(idem__http_body_eof(&b), IDEM_HTTP_E_BODY);
 }
 
 Test(http_body, chunked_every_piece_size)
@@ -381,7 +381,7 @@ Test(http_body, chunked_every_piece_size)
         for (size_t piece = 1; piece <= len; piece++) {
             idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
             idem_http_body_t b;
-            idem_http_body_init(&b, &m, 0);
+            idem__http_body_init(&b, &m, 0);
             char out[64];
             size_t n, used;
             cr_assert_eq(decode_n(&b, cases[k].in, len, piece, out, &n, &used),
@@ -403,10 +403,10 @@ Test(http_body, chunked_large_chunk_not_copied)
     memcpy(in + (size_t)h + size, "\r\n0\r\n\r\n", 8);
     idem_http_msg_t m = msg_framed(IDEM_HTTP_BODY_CHUNKED, 0);
     idem_http_body_t b;
-    idem_http_body_init(&b, &m, 0);
+    idem__http_body_init(&b, &m, 0);
     size_t c;
     idem_slice_t d;
-    cr_assert_eq(idem_http_body_feed(&b, in, strlen(in), &c, &d), IDEM_HTTP_BODY_DATA);
+    cr_assert_eq(idem__http_body_feed(&b, in, strlen(in), &c, &d), IDEM_HTTP_BODY_DATA);
     cr_expect_eq(d.ptr, in + h);
     cr_expect_eq(d.len, size);
     cr_expect_eq(c, (size_t)h + size);

@@ -15,7 +15,7 @@ static idem_http_msg_t msg;
 static int req_n(const char *s, size_t n)
 {
     idem_http_head_state_t st = {0};
-    return idem_http_parse_request(&st, s, n, IDEM_HTTP_MAX_HEAD, &msg);
+    return idem__http_parse_request(&st, s, n, IDEM_HTTP_MAX_HEAD, &msg);
 }
 
 static int req(const char *s)
@@ -26,8 +26,8 @@ static int req(const char *s)
 static int resp_to(const char *s, const char *method)
 {
     idem_http_head_state_t st = {0};
-    return idem_http_parse_response(&st, s, strlen(s), IDEM_HTTP_MAX_HEAD,
-                                    (idem_slice_t){method, strlen(method)}, &msg);
+    return idem__http_parse_response(&st, s, strlen(s), IDEM_HTTP_MAX_HEAD,
+                                     (idem_slice_t){method, strlen(method)}, &msg);
 }
 
 static int resp(const char *s)
@@ -244,20 +244,20 @@ Test(http_parser, second_host_refused)
 Test(http_parser, find_and_count_ignore_case)
 {
     cr_assert_gt(req("GET / HTTP/1.1\r\nX-Tag: 1\r\nx-tag: 2\r\nOther: 3\r\n\r\n"), 0);
-    const idem_http_field_t *f = idem_http_find(&msg, "X-TAG");
+    const idem_http_field_t *f = idem__http_find(&msg, "X-TAG");
     cr_assert_not_null(f);
     cr_expect(slice_is(f->value, "1"));
-    cr_expect_eq(idem_http_count(&msg, "x-Tag"), 2);
-    cr_expect_eq(idem_http_count(&msg, "missing"), 0);
-    cr_expect_null(idem_http_find(&msg, "missing"));
+    cr_expect_eq(idem__http_count(&msg, "x-Tag"), 2);
+    cr_expect_eq(idem__http_count(&msg, "missing"), 0);
+    cr_expect_null(idem__http_find(&msg, "missing"));
 }
 
 Test(http_parser, slice_eq_ci)
 {
     const char *s = "Content-LENGTH";
-    cr_expect(idem_slice_eq_ci((idem_slice_t){s, strlen(s)}, "content-length"));
-    cr_expect_not(idem_slice_eq_ci((idem_slice_t){s, 7}, "content-length"));
-    cr_expect(idem_slice_eq_ci((idem_slice_t){s, 0}, ""));
+    cr_expect(idem__slice_eq_ci((idem_slice_t){s, strlen(s)}, "content-length"));
+    cr_expect_not(idem__slice_eq_ci((idem_slice_t){s, 7}, "content-length"));
+    cr_expect(idem__slice_eq_ci((idem_slice_t){s, 0}, ""));
 }
 
 /* ---- limits ------------------------------------------------------------ */
@@ -305,9 +305,9 @@ Test(http_parser, caller_limit_honoured)
     const char *s = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
     idem_http_head_state_t st = {0};
     size_t n = strlen(s);
-    cr_expect_eq(idem_http_parse_request(&st, s, n, n - 1, &msg), IDEM_HTTP_E_HEAD_TOO_LARGE);
+    cr_expect_eq(idem__http_parse_request(&st, s, n, n - 1, &msg), IDEM_HTTP_E_HEAD_TOO_LARGE);
     st = (idem_http_head_state_t){0};
-    cr_expect_eq(idem_http_parse_request(&st, s, n, n, &msg), (int)n);
+    cr_expect_eq(idem__http_parse_request(&st, s, n, n, &msg), (int)n);
 }
 
 /* A head with n fields. */
@@ -490,7 +490,7 @@ Test(http_parser, upgrade_flag)
 
 static bool hop(const char *name)
 {
-    return idem_http_is_hop_by_hop(&msg, (idem_slice_t){name, strlen(name)});
+    return idem__http_is_hop_by_hop(&msg, (idem_slice_t){name, strlen(name)});
 }
 
 Test(http_parser, hop_by_hop_fixed_names)
@@ -517,8 +517,8 @@ Test(http_parser, hop_by_hop_connection_listed)
     cr_expect(hop("X-Other"));
     cr_expect_not(hop("X-Secre"));
     cr_expect_not(hop("X-Public"));
-    cr_expect(idem_http_is_hop_by_hop(NULL, (idem_slice_t){"TE", 2}));
-    cr_expect_not(idem_http_is_hop_by_hop(NULL, (idem_slice_t){"X-Secret", 8}));
+    cr_expect(idem__http_is_hop_by_hop(NULL, (idem_slice_t){"TE", 2}));
+    cr_expect_not(idem__http_is_hop_by_hop(NULL, (idem_slice_t){"X-Secret", 8}));
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -626,11 +626,11 @@ Test(http_parser, search_resumes_where_it_left_off)
 {
     char *s = head_of(4000);
     idem_http_head_state_t st = {0};
-    cr_assert_eq(idem_http_parse_request(&st, s, 3000, IDEM_HTTP_MAX_HEAD, &msg),
+    cr_assert_eq(idem__http_parse_request(&st, s, 3000, IDEM_HTTP_MAX_HEAD, &msg),
                  IDEM_HTTP_INCOMPLETE);
     cr_expect_geq(st.scanned, 2990, "scanned %zu", st.scanned);
     cr_expect_leq(st.scanned, 3000);
-    cr_expect_eq(idem_http_parse_request(&st, s, 4000, IDEM_HTTP_MAX_HEAD, &msg), 4000);
+    cr_expect_eq(idem__http_parse_request(&st, s, 4000, IDEM_HTTP_MAX_HEAD, &msg), 4000);
     free(s);
 }
 
@@ -640,9 +640,9 @@ Test(http_parser, byte_by_byte_equals_whole)
     size_t head = strlen(s) - 3;
     idem_http_head_state_t st = {0};
     for (size_t i = 0; i < head; i++)
-        cr_assert_eq(idem_http_parse_request(&st, s, i, IDEM_HTTP_MAX_HEAD, &msg),
+        cr_assert_eq(idem__http_parse_request(&st, s, i, IDEM_HTTP_MAX_HEAD, &msg),
                      IDEM_HTTP_INCOMPLETE, "prefix %zu", i);
-    cr_assert_eq(idem_http_parse_request(&st, s, head, IDEM_HTTP_MAX_HEAD, &msg), (int)head);
+    cr_assert_eq(idem__http_parse_request(&st, s, head, IDEM_HTTP_MAX_HEAD, &msg), (int)head);
     cr_expect(slice_is(msg.fields[1].value, "v"));
     cr_expect_eq(msg.content_length, 3);
 }
@@ -653,7 +653,7 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
                   char *out, size_t *out_len, size_t *used)
 {
     idem_http_body_t b;
-    idem_http_body_init(&b, m, 0);
+    idem__http_body_init(&b, m, 0);
     size_t off = 0, avail = 0;
     *out_len = 0;
     for (;;) {
@@ -661,7 +661,7 @@ static int decode(const idem_http_msg_t *m, const char *in, size_t len, size_t p
             avail = (piece == 0 || len - avail < piece) ? len : avail + piece;
         size_t c = 0;
         idem_slice_t d;
-        int rc = idem_http_body_feed(&b, in + off, avail - off, &c, &d);
+        int rc = idem__http_body_feed(&b, in + off, avail - off, &c, &d);
         cr_assert_leq(c, avail - off);
         off += c;
         if (rc == IDEM_HTTP_BODY_DATA) {
@@ -704,7 +704,7 @@ Test(http_parser, every_split_point_same_result)
         size_t len = strlen(s);
         idem_http_msg_t ref;
         idem_http_head_state_t st = {0};
-        int head = idem_http_parse_request(&st, s, len, IDEM_HTTP_MAX_HEAD, &ref);
+        int head = idem__http_parse_request(&st, s, len, IDEM_HTTP_MAX_HEAD, &ref);
         cr_assert_gt(head, 0, "message %zu", w);
         char out[128];
         size_t out_len = 0, used = 0;
@@ -719,12 +719,12 @@ Test(http_parser, every_split_point_same_result)
 
         for (size_t i = 0; i <= len; i++) {
             st = (idem_http_head_state_t){0};
-            int rc = idem_http_parse_request(&st, s, i, IDEM_HTTP_MAX_HEAD, &msg);
+            int rc = idem__http_parse_request(&st, s, i, IDEM_HTTP_MAX_HEAD, &msg);
             if (i < (size_t)head)
                 cr_assert_eq(rc, IDEM_HTTP_INCOMPLETE, "message %zu split %zu", w, i);
             else
                 cr_assert_eq(rc, head, "message %zu split %zu", w, i);
-            cr_assert_eq(idem_http_parse_request(&st, s, len, IDEM_HTTP_MAX_HEAD, &msg), head);
+            cr_assert_eq(idem__http_parse_request(&st, s, len, IDEM_HTTP_MAX_HEAD, &msg), head);
             cr_assert_eq(msg.n_fields, ref.n_fields);
             cr_assert_eq(msg.framing, ref.framing);
             cr_assert_eq(msg.content_length, ref.content_length);
@@ -751,7 +751,7 @@ Test(http_parser, every_split_point_same_result)
             /* the pipelined second request parses from where the first ended */
             st = (idem_http_head_state_t){0};
             size_t at = wholes[w].next;
-            int rc = idem_http_parse_request(&st, s + at, len - at, IDEM_HTTP_MAX_HEAD, &msg);
+            int rc = idem__http_parse_request(&st, s + at, len - at, IDEM_HTTP_MAX_HEAD, &msg);
             cr_assert_gt(rc, 0, "second of message %zu", w);
             cr_expect_eq(msg.method.ptr, s + at);
             cr_expect(slice_is(msg.target, "/b"));

@@ -11,42 +11,42 @@
 
 Test(http_target, hex_digits)
 {
-    cr_expect_eq(idem_http_hexval('0'), 0);
-    cr_expect_eq(idem_http_hexval('9'), 9);
-    cr_expect_eq(idem_http_hexval('a'), 10);
-    cr_expect_eq(idem_http_hexval('F'), 15);
-    cr_expect_eq(idem_http_hexval('g'), -1);
-    cr_expect_eq(idem_http_hexval(' '), -1);
+    cr_expect_eq(idem__http_hexval('0'), 0);
+    cr_expect_eq(idem__http_hexval('9'), 9);
+    cr_expect_eq(idem__http_hexval('a'), 10);
+    cr_expect_eq(idem__http_hexval('F'), 15);
+    cr_expect_eq(idem__http_hexval('g'), -1);
+    cr_expect_eq(idem__http_hexval(' '), -1);
 }
 
 Test(http_target, decodes_escapes_and_keeps_plus)
 {
     char out[32];
     const char *in = "a%20b%2Fc+d%25";
-    cr_assert_eq(idem_http_pct_decode(in, strlen(in), out, sizeof out), 8);
+    cr_assert_eq(idem__http_pct_decode(in, strlen(in), out, sizeof out), 8);
     cr_expect_str_eq(out, "a b/c+d%");
 }
 
 Test(http_target, refuses_bad_escapes_nul_and_overflow)
 {
     char out[4];
-    cr_expect_eq(idem_http_pct_decode("%2", 2, out, sizeof out), -1);
-    cr_expect_eq(idem_http_pct_decode("%zz", 3, out, sizeof out), -1);
-    cr_expect_eq(idem_http_pct_decode("a%00", 4, out, sizeof out), -1);
-    cr_expect_eq(idem_http_pct_decode("abcd", 4, out, sizeof out), -1, "no room for the NUL");
-    cr_expect_eq(idem_http_pct_decode("abc", 3, out, sizeof out), 3);
-    cr_expect_eq(idem_http_pct_decode("", 0, out, 0), -1);
+    cr_expect_eq(idem__http_pct_decode("%2", 2, out, sizeof out), -1);
+    cr_expect_eq(idem__http_pct_decode("%zz", 3, out, sizeof out), -1);
+    cr_expect_eq(idem__http_pct_decode("a%00", 4, out, sizeof out), -1);
+    cr_expect_eq(idem__http_pct_decode("abcd", 4, out, sizeof out), -1, "no room for the NUL");
+    cr_expect_eq(idem__http_pct_decode("abc", 3, out, sizeof out), 3);
+    cr_expect_eq(idem__http_pct_decode("", 0, out, 0), -1);
 }
 
 Test(http_target, finds_the_named_parameter_only)
 {
     char out[32];
     const char *q = "xscope=1&scope=anonymous&scope=2";
-    cr_assert_eq(idem_http_query_param(q, strlen(q), "scope", out, sizeof out), 9);
+    cr_assert_eq(idem__http_query_param(q, strlen(q), "scope", out, sizeof out), 9);
     cr_expect_str_eq(out, "anonymous");
-    cr_expect_eq(idem_http_query_param(q, strlen(q), "key", out, sizeof out), -2);
-    cr_expect_eq(idem_http_query_param("key=%G1", 7, "key", out, sizeof out), -1);
-    cr_expect_eq(idem_http_query_param("key", 3, "key", out, sizeof out), -2, "no '=': absent");
+    cr_expect_eq(idem__http_query_param(q, strlen(q), "key", out, sizeof out), -2);
+    cr_expect_eq(idem__http_query_param("key=%G1", 7, "key", out, sizeof out), -1);
+    cr_expect_eq(idem__http_query_param("key", 3, "key", out, sizeof out), -2, "no '=': absent");
 }
 
 /* ---- normalisation ---------------------------------------------------------- */
@@ -58,14 +58,14 @@ static idem_http_target_t tg;
 static int norm(const char *target)
 {
     memset(out, 0x5a, sizeof out);
-    return idem_http_target_normalize(target, strlen(target), out, sizeof out, &tg);
+    return idem__http_target_normalize(target, strlen(target), out, sizeof out, &tg);
 }
 
 /* target normalises to want (origin-form), with path_len up to the '?'. */
 static void norm_is(const char *target, const char *want)
 {
     int rc = norm(target);
-    cr_assert_eq(rc, IDEM_TARGET_OK, "%s: %s", target, idem_http_target_strerror(rc));
+    cr_assert_eq(rc, IDEM_TARGET_OK, "%s: %s", target, idem__http_target_strerror(rc));
     cr_expect_eq(tg.len, strlen(want), "%s: length %zu", target, tg.len);
     cr_expect_str_eq(out, want, "%s", target);
     const char *q = strchr(want, '?');
@@ -75,7 +75,7 @@ static void norm_is(const char *target, const char *want)
 static void norm_fails(const char *target, int code)
 {
     int rc = norm(target);
-    cr_expect_eq(rc, code, "%s: got %d (%s), want %d", target, rc, idem_http_target_strerror(rc),
+    cr_expect_eq(rc, code, "%s: got %d (%s), want %d", target, rc, idem__http_target_strerror(rc),
                  code);
 }
 
@@ -219,19 +219,19 @@ Test(http_target, too_small_an_output_is_refused_and_n_plus_2_always_fits)
 {
     char small[4];
     idem_http_target_t t;
-    cr_expect_eq(idem_http_target_normalize("/abcd", 5, small, sizeof small, &t),
+    cr_expect_eq(idem__http_target_normalize("/abcd", 5, small, sizeof small, &t),
                  IDEM_TARGET_E_SPACE);
-    cr_expect_eq(idem_http_target_normalize("/a?bcd", 6, small, sizeof small, &t),
+    cr_expect_eq(idem__http_target_normalize("/a?bcd", 6, small, sizeof small, &t),
                  IDEM_TARGET_E_SPACE);
-    cr_expect_eq(idem_http_target_normalize("/%C3", 4, small, sizeof small, &t),
+    cr_expect_eq(idem__http_target_normalize("/%C3", 4, small, sizeof small, &t),
                  IDEM_TARGET_E_SPACE);
-    cr_expect_eq(idem_http_target_normalize("/abc", 4, small, 0, &t), IDEM_TARGET_E_SPACE);
+    cr_expect_eq(idem__http_target_normalize("/abc", 4, small, 0, &t), IDEM_TARGET_E_SPACE);
     const char *fits[] = {"/", "/%41", "/%c3", "/a?b", "http://h", "http://h?q", "/a%2e"};
     for (size_t i = 0; i < sizeof fits / sizeof *fits; i++) {
         size_t n = strlen(fits[i]);
         char buf[32];
-        cr_expect_eq(idem_http_target_normalize(fits[i], n, buf, n + 2, &t), IDEM_TARGET_OK, "%s",
-                     fits[i]);
+        cr_expect_eq(idem__http_target_normalize(fits[i], n, buf, n + 2, &t), IDEM_TARGET_OK,
+                     "%s", fits[i]);
     }
 }
 
@@ -251,7 +251,7 @@ static size_t decode_all(const char *p, size_t n, char *dst)
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (p[i] == '%' && i + 2 < n) {
-            dst[k++] = (char)(idem_http_hexval(p[i + 1]) * 16 + idem_http_hexval(p[i + 2]));
+            dst[k++] = (char)(idem__http_hexval(p[i + 1]) * 16 + idem__http_hexval(p[i + 2]));
             i += 2;
         } else {
             dst[k++] = p[i];
@@ -287,13 +287,13 @@ Test(http_target, normal_forms_are_fixed_points_without_ambiguity)
         }
         target[n] = '\0';
         idem_http_target_t t, t2;
-        if (idem_http_target_normalize(target, n, out, sizeof out, &t) != IDEM_TARGET_OK)
+        if (idem__http_target_normalize(target, n, out, sizeof out, &t) != IDEM_TARGET_OK)
             continue;
         accepted++;
         cr_assert_leq(t.len, n, "%s", target);
         cr_assert_eq(out[t.len], '\0');
         cr_assert_eq(out[0], '/', "%s", target);
-        cr_assert_eq(idem_http_target_normalize(out, t.len, again, sizeof again, &t2),
+        cr_assert_eq(idem__http_target_normalize(out, t.len, again, sizeof again, &t2),
                      IDEM_TARGET_OK, "%s -> %s", target, out);
         cr_assert_eq(t2.len, t.len, "%s -> %s -> %s", target, out, again);
         cr_assert(memcmp(out, again, t.len) == 0, "%s -> %s -> %s", target, out, again);
@@ -302,7 +302,7 @@ Test(http_target, normal_forms_are_fixed_points_without_ambiguity)
             cr_assert(c != '\\' && c != ';' && c != '#', "%s -> %s", target, out);
             if (c == '%') {
                 cr_assert(i + 2 < t.path_len, "%s -> %s", target, out);
-                int v = idem_http_hexval(out[i + 1]) * 16 + idem_http_hexval(out[i + 2]);
+                int v = idem__http_hexval(out[i + 1]) * 16 + idem__http_hexval(out[i + 2]);
                 cr_assert(strchr("0123456789ABCDEF", out[i + 1]) &&
                               strchr("0123456789ABCDEF", out[i + 2]),
                           "%s -> %s", target, out);
@@ -320,7 +320,7 @@ Test(http_target, normal_forms_are_fixed_points_without_ambiguity)
         cr_assert_null(strstr(dec, "/../"), "%s -> %s", target, out);
         cr_assert(!(dn >= 2 && strcmp(dec + dn - 2, "/.") == 0), "%s -> %s", target, out);
         cr_assert(!(dn >= 3 && strcmp(dec + dn - 3, "/..") == 0), "%s -> %s", target, out);
-        cr_assert(idem_http_path_has_prefix(out, t.path_len, out, t.path_len));
+        cr_assert(idem__http_path_has_prefix(out, t.path_len, out, t.path_len));
     }
     cr_expect_gt(accepted, 1000, "the random targets must exercise the accepting side too");
 }
@@ -329,7 +329,7 @@ Test(http_target, normal_forms_are_fixed_points_without_ambiguity)
 
 static long prefix_norm(const char *p)
 {
-    return idem_http_path_normalize(p, strlen(p), true, out, sizeof out);
+    return idem__http_path_normalize(p, strlen(p), true, out, sizeof out);
 }
 
 Test(http_target, a_prefix_may_end_inside_a_segment)
@@ -349,12 +349,12 @@ Test(http_target, a_prefix_may_end_inside_a_segment)
     cr_expect_eq(prefix_norm("/a%"), IDEM_TARGET_E_ESCAPE);
     cr_expect_eq(prefix_norm("pay"), IDEM_TARGET_E_FORM);
     cr_expect_eq(prefix_norm(""), IDEM_TARGET_E_FORM);
-    cr_expect_eq(idem_http_path_normalize("/", 1, false, out, 1), IDEM_TARGET_E_SPACE);
+    cr_expect_eq(idem__http_path_normalize("/", 1, false, out, 1), IDEM_TARGET_E_SPACE);
 }
 
 static bool has_prefix(const char *path, const char *prefix)
 {
-    return idem_http_path_has_prefix(path, strlen(path), prefix, strlen(prefix));
+    return idem__http_path_has_prefix(path, strlen(path), prefix, strlen(prefix));
 }
 
 Test(http_target, prefixes_compare_decoded_bytes)

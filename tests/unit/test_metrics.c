@@ -13,9 +13,9 @@
 static char *render(idem_metrics_t *m)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 1u << 20);
-    cr_assert_eq(idem_metrics_render(m, &b), 0);
-    cr_assert(idem_buf_append(&b, "", 1) == 0);
+    idem__buf_init(&b, 1u << 20);
+    cr_assert_eq(idem__metrics_render(m, &b), 0);
+    cr_assert(idem__buf_append(&b, "", 1) == 0);
     return b.data; /* freed by the test */
 }
 
@@ -36,9 +36,9 @@ Test(metrics, counts_each_outcome_under_its_label)
 {
     static idem_metrics_t m;
     memset(&m, 0, sizeof m);
-    idem_metrics_count(&m, IDEM_OUT_NEW);
-    idem_metrics_count(&m, IDEM_OUT_NEW);
-    idem_metrics_count(&m, IDEM_OUT_REPLAY);
+    idem__metrics_count(&m, IDEM_OUT_NEW);
+    idem__metrics_count(&m, IDEM_OUT_NEW);
+    idem__metrics_count(&m, IDEM_OUT_REPLAY);
     char *t = render(&m);
     cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\"}"), 2);
     cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"replay\"}"), 1);
@@ -57,9 +57,9 @@ Test(metrics, histograms_are_cumulative)
 {
     static idem_metrics_t m;
     memset(&m, 0, sizeof m);
-    idem_hist_observe(&m.upstream_latency, 50 * 1000ull);        /* 50 us */
-    idem_hist_observe(&m.upstream_latency, 3 * 1000 * 1000ull);  /* 3 ms */
-    idem_hist_observe(&m.upstream_latency, 60ull * 1000 * 1000 * 1000); /* 60 s */
+    idem__hist_observe(&m.upstream_latency, 50 * 1000ull);               /* 50 us */
+    idem__hist_observe(&m.upstream_latency, 3 * 1000 * 1000ull);         /* 3 ms */
+    idem__hist_observe(&m.upstream_latency, 60ull * 1000 * 1000 * 1000); /* 60 s */
     char *t = render(&m);
     cr_expect_eq(value_of(t, "idem_upstream_duration_seconds_bucket{le=\"0.0001\"}"), 1);
     cr_expect_eq(value_of(t, "idem_upstream_duration_seconds_bucket{le=\"0.005\"}"), 2);
@@ -72,6 +72,6 @@ Test(metrics, histograms_are_cumulative)
 
 Test(metrics, names_outcomes)
 {
-    cr_expect_str_eq(idem_outcome_name(IDEM_OUT_IN_FLIGHT), "in_flight");
-    cr_expect_str_eq(idem_outcome_name((idem_outcome_t)9999), "unknown");
+    cr_expect_str_eq(idem__outcome_name(IDEM_OUT_IN_FLIGHT), "in_flight");
+    cr_expect_str_eq(idem__outcome_name((idem_outcome_t)9999), "unknown");
 }

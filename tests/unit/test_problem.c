@@ -17,8 +17,8 @@ static const idem_http_reply_t CLOSE = {.version_minor = 1, .keep_alive = false}
 static json_t *parse_problem(const idem_buf_t *b, idem_http_msg_t *msg)
 {
     idem_http_head_state_t hs = {0};
-    int rc = idem_http_parse_response(&hs, b->data, b->len, IDEM_HTTP_MAX_HEAD,
-                                      (idem_slice_t){"POST", 4}, msg);
+    int rc = idem__http_parse_response(&hs, b->data, b->len, IDEM_HTTP_MAX_HEAD,
+                                       (idem_slice_t){"POST", 4}, msg);
     cr_assert_gt(rc, 0, "not a whole response head: %d", rc);
     cr_assert_eq(msg->framing, IDEM_HTTP_BODY_LENGTH);
     cr_assert_eq(msg->content_length, b->len - (size_t)rc, "Content-Length does not match");
@@ -31,63 +31,64 @@ static json_t *parse_problem(const idem_buf_t *b, idem_http_msg_t *msg)
 Test(problem, body_has_the_four_members)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_respond(&b, 422, "key-reused", "used before", 0, KEEP), 0);
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 422, "key-reused", "used before", 0, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_eq(m.status, 422);
     cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "urn:idem:problem:key-reused");
     cr_expect_str_eq(json_string_value(json_object_get(j, "title")),
-                     idem_problem_title("key-reused"));
+                     idem__problem_title("key-reused"));
     cr_expect_eq(json_integer_value(json_object_get(j, "status")), 422);
     cr_expect_str_eq(json_string_value(json_object_get(j, "detail")), "used before");
-    const idem_http_field_t *ct = idem_http_find(&m, "Content-Type");
+    const idem_http_field_t *ct = idem__http_find(&m, "Content-Type");
     cr_assert_not_null(ct);
     cr_expect_eq(ct->value.len, strlen("application/problem+json"));
     cr_expect(memcmp(ct->value.ptr, "application/problem+json", ct->value.len) == 0);
-    cr_expect_null(idem_http_find(&m, "Retry-After"));
+    cr_expect_null(idem__http_find(&m, "Retry-After"));
     cr_expect(m.keep_alive, "a problem answer keeps the connection unless told to close");
     json_decref(j);
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
 Test(problem, retry_after_in_whole_seconds)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_respond(&b, 409, "in-flight", "busy", 7, KEEP), 0);
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 7, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
-    const idem_http_field_t *ra = idem_http_find(&m, "Retry-After");
+    const idem_http_field_t *ra = idem__http_find(&m, "Retry-After");
     cr_assert_not_null(ra);
     cr_expect_eq(ra->value.len, 1);
     cr_expect_eq(ra->value.ptr[0], '7');
     json_decref(j);
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
 Test(problem, close_says_connection_close)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_respond(&b, 400, "bad-request", "x", 0, CLOSE), 0);
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, CLOSE), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_not(m.keep_alive);
     json_decref(j);
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
 Test(problem, detail_with_quotes_stays_valid_json)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 0);
-    cr_assert_eq(idem_problem_respond(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, KEEP), 0);
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, KEEP),
+                 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_str_eq(json_string_value(json_object_get(j, "detail")), "bad \"key\" \\ here\n");
     json_decref(j);
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
 Test(problem, every_spec_type_has_its_own_title)
@@ -98,16 +99,16 @@ Test(problem, every_spec_type_has_its_own_title)
         "request-too-large", "headers-too-large", "bad-request",
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        cr_expect_str_neq(idem_problem_title(types[i]), "Error", "%s has no title", types[i]);
+        cr_expect_str_neq(idem__problem_title(types[i]), "Error", "%s has no title", types[i]);
 }
 
 Test(problem, a_full_buffer_is_an_error_not_a_truncated_answer)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 64);
-    cr_expect_eq(idem_problem_respond(&b, 503, "store-unavailable", "down", 1, KEEP), -1);
+    idem__buf_init(&b, 64);
+    cr_expect_eq(idem__problem_respond(&b, 503, "store-unavailable", "down", 1, KEEP), -1);
     cr_expect_eq(b.len, 0, "nothing of a refused answer is left in the buffer");
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }
 
 /* Each cap short of the whole answer leaves what was queued before intact. */
@@ -115,51 +116,52 @@ Test(problem, refused_under_any_cap_leaves_the_buffer_as_it_was)
 {
     idem_http_reply_t to = {.version_minor = 1, .keep_alive = true};
     idem_buf_t full;
-    idem_buf_init(&full, 0);
-    cr_assert_eq(idem_problem_respond(&full, 409, "in-flight", "busy", 3, to), 0);
+    idem__buf_init(&full, 0);
+    cr_assert_eq(idem__problem_respond(&full, 409, "in-flight", "busy", 3, to), 0);
     for (size_t cap = 5; cap < full.len + 5; cap++) {
         idem_buf_t b;
-        idem_buf_init(&b, cap);
-        cr_assert_eq(idem_buf_append(&b, "prior", 5), 0);
-        cr_expect_eq(idem_problem_respond(&b, 409, "in-flight", "busy", 3, to), -1, "cap %zu", cap);
+        idem__buf_init(&b, cap);
+        cr_assert_eq(idem__buf_append(&b, "prior", 5), 0);
+        cr_expect_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 3, to), -1, "cap %zu",
+                     cap);
         cr_expect_eq(b.len, 5, "cap %zu", cap);
         cr_expect_eq(memcmp(b.data, "prior", 5), 0);
-        idem_buf_cleanup(&b);
+        idem__buf_cleanup(&b);
     }
-    idem_buf_cleanup(&full);
+    idem__buf_cleanup(&full);
 }
 
 Test(problem, answer_to_head_is_the_head_alone)
 {
     idem_buf_t b, get;
-    idem_buf_init(&b, 0);
-    idem_buf_init(&get, 0);
+    idem__buf_init(&b, 0);
+    idem__buf_init(&get, 0);
     idem_http_reply_t head = {.version_minor = 1, .head = true, .keep_alive = true};
     idem_http_reply_t plain = {.version_minor = 1, .keep_alive = true};
-    cr_assert_eq(idem_problem_respond(&b, 404, "not-found", "nothing here", 0, head), 0);
-    cr_assert_eq(idem_problem_respond(&get, 404, "not-found", "nothing here", 0, plain), 0);
+    cr_assert_eq(idem__problem_respond(&b, 404, "not-found", "nothing here", 0, head), 0);
+    cr_assert_eq(idem__problem_respond(&get, 404, "not-found", "nothing here", 0, plain), 0);
     idem_http_head_state_t hs = {0};
     idem_http_msg_t m;
-    int rc = idem_http_parse_response(&hs, b.data, b.len, IDEM_HTTP_MAX_HEAD,
-                                      (idem_slice_t){"HEAD", 4}, &m);
+    int rc = idem__http_parse_response(&hs, b.data, b.len, IDEM_HTTP_MAX_HEAD,
+                                       (idem_slice_t){"HEAD", 4}, &m);
     cr_assert_eq((size_t)rc, b.len, "a HEAD answer is its head and nothing after");
-    const idem_http_field_t *cl = idem_http_find(&m, "Content-Length");
+    const idem_http_field_t *cl = idem__http_find(&m, "Content-Length");
     cr_assert_not_null(cl, "HEAD still says how long the body would be");
     cr_expect_eq(b.len, (size_t)rc);
     cr_expect_eq(memcmp(b.data, get.data, b.len), 0, "the same head as the GET answer's");
     idem_http_msg_t gm;
     json_t *j = parse_problem(&get, &gm);
     json_decref(j);
-    idem_buf_cleanup(&b);
-    idem_buf_cleanup(&get);
+    idem__buf_cleanup(&b);
+    idem__buf_cleanup(&get);
 }
 
 Test(problem, http10_kept_alive_is_told_so)
 {
     idem_buf_t b;
-    idem_buf_init(&b, 0);
+    idem__buf_init(&b, 0);
     idem_http_reply_t to = {.version_minor = 0, .keep_alive = true};
-    cr_assert_eq(idem_problem_respond(&b, 400, "bad-request", "x", 0, to), 0);
+    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, to), 0);
     cr_expect_not_null(memmem(b.data, b.len, "\r\nConnection: keep-alive\r\n", 26));
-    idem_buf_cleanup(&b);
+    idem__buf_cleanup(&b);
 }

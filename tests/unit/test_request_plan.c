@@ -28,14 +28,14 @@ static void setup(void)
     snprintf(dir, sizeof dir, "/tmp/idem-plan-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/idem.yaml", dir);
-    cr_assert_eq(idem_config_defaults(&cfg), 0);
+    cr_assert_eq(idem__config_defaults(&cfg), 0);
     memset(&plan, 0, sizeof plan);
 }
 
 static void teardown(void)
 {
-    idem_gw_plan_cleanup(&plan);
-    idem_config_cleanup(&cfg);
+    idem__gw_plan_cleanup(&plan);
+    idem__config_cleanup(&cfg);
     unlink(path);
     rmdir(dir);
 }
@@ -50,14 +50,14 @@ static void config(const char *yaml)
     cr_assert_not_null(f);
     cr_assert_eq(fwrite(yaml, 1, strlen(yaml), f), strlen(yaml));
     fclose(f);
-    cr_assert_eq(idem_config_load_file(&cfg, path, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__config_load_file(&cfg, path, err, sizeof err), 0, "%s", err);
 }
 
 /* Plan the request text (NUL-terminated; n bytes when given). */
 static idem_gw_plan_t *run_n(const char *text, size_t n, uint64_t fence)
 {
-    idem_gw_plan_cleanup(&plan);
-    cr_assert_eq(idem_gw_plan_request(&cfg, UP, fence, text, n, &plan), IDEM_OK);
+    idem__gw_plan_cleanup(&plan);
+    cr_assert_eq(idem__gw_plan_request(&cfg, UP, fence, text, n, &plan), IDEM_OK);
     return &plan;
 }
 static idem_gw_plan_t *run(const char *text) { return run_n(text, strlen(text), 1); }
@@ -257,22 +257,22 @@ Test(request_plan, upstream_head_built_on_its_own)
                                "Content-Length: 2\r\n\r\n";
     idem_http_msg_t m;
     idem_http_head_state_t hs = {0};
-    cr_assert_eq(idem_http_parse_request(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD, &m),
+    cr_assert_eq(idem__http_parse_request(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD, &m),
                  (int)sizeof head - 1);
     idem_gw_request_t rq = {.msg = &m, .target = "/o", .target_len = 2, .path_len = 2,
                             .body = (const uint8_t *)"{}", .body_len = 2};
     idem_buf_t out;
-    idem_buf_init(&out, 0);
-    cr_assert_eq(idem_gw_upstream_head(&out, &cfg, UP, &rq, true, 7), 0);
+    idem__buf_init(&out, 0);
+    cr_assert_eq(idem__gw_upstream_head(&out, &cfg, UP, &rq, true, 7), 0);
     cr_expect_eq(out.len, strlen("PATCH /o HTTP/1.1\r\nhost: h\r\nIdempotency-Fence: 7\r\n"
                                  "Content-Length: 2\r\n\r\n"));
     cr_expect_eq(memcmp(out.data, "PATCH /o HTTP/1.1\r\nhost: h\r\nIdempotency-Fence: 7\r\n"
                                   "Content-Length: 2\r\n\r\n", out.len), 0);
-    idem_buf_cleanup(&out);
+    idem__buf_cleanup(&out);
     /* A cap it cannot fit in is a failure, never a head cut short silently. */
-    idem_buf_init(&out, 20);
-    cr_expect_eq(idem_gw_upstream_head(&out, &cfg, UP, &rq, true, 7), -1);
-    idem_buf_cleanup(&out);
+    idem__buf_init(&out, 20);
+    cr_expect_eq(idem__gw_upstream_head(&out, &cfg, UP, &rq, true, 7), -1);
+    idem__buf_cleanup(&out);
 }
 
 /* ---- refusals ------------------------------------------------------------- */
@@ -454,8 +454,8 @@ Test(request_plan, incomplete_and_pipelined)
 
 Test(request_plan, cleanup_of_null_and_twice)
 {
-    idem_gw_plan_cleanup(NULL);
+    idem__gw_plan_cleanup(NULL);
     run("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
-    idem_gw_plan_cleanup(&plan);
-    idem_gw_plan_cleanup(&plan);
+    idem__gw_plan_cleanup(&plan);
+    idem__gw_plan_cleanup(&plan);
 }

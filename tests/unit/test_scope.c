@@ -19,7 +19,7 @@ static const idem_http_msg_t *req(const char *const *lines, size_t n)
     idem_http_head_state_t st;
     memset(&st, 0, sizeof st);
     memset(&msg, 0, sizeof msg);
-    cr_assert_gt(idem_http_parse_request(&st, head, o, IDEM_HTTP_MAX_HEAD, &msg), 0);
+    cr_assert_gt(idem__http_parse_request(&st, head, o, IDEM_HTTP_MAX_HEAD, &msg), 0);
     return &msg;
 }
 #define REQ(...) req((const char *const[]){__VA_ARGS__}, sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
@@ -29,7 +29,7 @@ static idem_scope_source_t src(const char *text)
 {
     idem_scope_source_t s;
     char why[160];
-    cr_assert_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), 0, "%s: %s", text, why);
+    cr_assert_eq(idem__gw_scope_parse_source(text, &s, why, sizeof why), 0, "%s: %s", text, why);
     return s;
 }
 
@@ -68,7 +68,7 @@ Test(scope, parse_refuses_what_is_not_a_source)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         idem_scope_source_t s;
         char why[160] = "";
-        cr_expect_eq(idem_gw_scope_parse_source(bad[i], &s, why, sizeof why), -1, "%s", bad[i]);
+        cr_expect_eq(idem__gw_scope_parse_source(bad[i], &s, why, sizeof why), -1, "%s", bad[i]);
         cr_expect_neq(why[0], '\0', "%s", bad[i]);
     }
 }
@@ -81,20 +81,21 @@ Test(scope, parse_refuses_a_name_over_the_limit)
     memcpy(text, "header:", 7);
     memset(text + 7, 'a', IDEM_SCOPE_NAME_MAX);
     text[7 + IDEM_SCOPE_NAME_MAX] = '\0';
-    cr_expect_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), 0);
+    cr_expect_eq(idem__gw_scope_parse_source(text, &s, why, sizeof why), 0);
     text[7 + IDEM_SCOPE_NAME_MAX] = 'a';
     text[8 + IDEM_SCOPE_NAME_MAX] = '\0';
-    cr_expect_eq(idem_gw_scope_parse_source(text, &s, why, sizeof why), -1);
+    cr_expect_eq(idem__gw_scope_parse_source(text, &s, why, sizeof why), -1);
 }
 
 Test(scope, jwt_and_client_cert_are_not_supported_yet)
 {
-    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_AUTHORIZATION));
-    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_HEADER));
-    cr_expect_null(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_COOKIE));
-    cr_expect_not_null(strstr(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_JWT), "not supported yet"));
+    cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_AUTHORIZATION));
+    cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_HEADER));
+    cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_COOKIE));
     cr_expect_not_null(
-        strstr(idem_gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT), "not supported yet"));
+        strstr(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_JWT), "not supported yet"));
+    cr_expect_not_null(
+        strstr(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT), "not supported yet"));
 }
 
 Test(scope, source_text_is_what_was_written)
@@ -104,7 +105,7 @@ Test(scope, source_text_is_what_was_written)
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         idem_scope_source_t s = src(texts[i]);
         char out[200];
-        idem_gw_scope_source_text(&s, out, sizeof out);
+        idem__gw_scope_source_text(&s, out, sizeof out);
         cr_expect_str_eq(out, texts[i]);
     }
 }
@@ -115,7 +116,7 @@ static const char *cookie(const char *hdr, const char *name)
 {
     static char v[256];
     idem_slice_t s;
-    if (!idem_gw_cookie_get(hdr, strlen(hdr), name, &s))
+    if (!idem__gw_cookie_get(hdr, strlen(hdr), name, &s))
         return NULL;
     snprintf(v, sizeof v, "%.*s", (int)s.len, s.ptr);
     return v;
@@ -156,26 +157,26 @@ Test(scope, cookie_pairs_without_equals_are_skipped)
 Test(scope, legacy_rule_is_the_old_one)
 {
     char out[IDEM_SCOPE_MAX + 1], want[65];
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization", NOREQ(), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization", NOREQ(), out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
     sha("Bearer a", want);
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"),
-                                       out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"),
+                                        out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
     /* scope_header: X-Api-Key ignores Authorization, and without it is anonymous. */
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("Authorization: Bearer a"), out,
-                                       NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("Authorization: Bearer a"), out,
+                                        NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
     sha("k1", want);
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("x-api-key: k1"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("x-api-key: k1"), out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
     /* An empty value is hashed, as before. */
     sha("", want);
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key:"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key:"), out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -184,15 +185,15 @@ Test(scope, one_source_gives_the_values_of_scope_header)
 {
     char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("authorization");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"),
-                                       a, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"), a,
+                                        NULL),
                  IDEM_SCOPE_FROM_SOURCES);
-    idem_gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"), b, NULL);
+    idem__gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"), b, NULL);
     cr_expect_str_eq(a, b);
     s = src("header:X-User");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User: u1"), a, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User: u1"), a, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
-    idem_gw_scope_compute(NULL, 0, "X-User", REQ("X-User: u1"), b, NULL);
+    idem__gw_scope_compute(NULL, 0, "X-User", REQ("X-User: u1"), b, NULL);
     cr_expect_str_eq(a, b);
 }
 
@@ -201,8 +202,8 @@ Test(scope, cookie_source_hashes_the_cookie_value)
     char out[IDEM_SCOPE_MAX + 1], want[65];
     idem_scope_source_t s = src("cookie:sid");
     sha("alice-session", want);
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
-                                       REQ("Cookie: theme=dark; sid=alice-session"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Cookie: theme=dark; sid=alice-session"), out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -212,9 +213,9 @@ Test(scope, cookie_headers_are_read_in_order_first_wins)
     char out[IDEM_SCOPE_MAX + 1], want[65];
     idem_scope_source_t s = src("cookie:sid");
     sha("one", want);
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
-                                       REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
-                                       out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
+                                        out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -224,12 +225,12 @@ Test(scope, absent_source_falls_back_to_authorization_then_anonymous)
     char out[IDEM_SCOPE_MAX + 1], want[65];
     idem_scope_source_t s = src("cookie:sid");
     sha("Bearer a", want);
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
-                                       REQ("Authorization: Bearer a", "Cookie: other=1"), out,
-                                       NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Authorization: Bearer a", "Cookie: other=1"), out,
+                                        NULL),
                  IDEM_SCOPE_FALLBACK_AUTHORIZATION);
     cr_expect_str_eq(out, want);
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", NOREQ(), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
 }
@@ -238,10 +239,10 @@ Test(scope, empty_source_value_counts_as_absent)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("cookie:sid");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid="), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid="), out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     s = src("header:X-User");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User:"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User:"), out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
 }
@@ -253,8 +254,8 @@ Test(scope, several_sources_hash_their_length_framed_values)
     /* "\0\0\0\x02" "o1" "\0\0\0\x03" "abc" */
     const char framed[] = {0, 0, 0, 2, 'o', '1', 0, 0, 0, 3, 'a', 'b', 'c'};
     idem_sha256_hex(framed, sizeof framed, want);
-    cr_expect_eq(idem_gw_scope_compute(s, 2, "Authorization",
-                                       REQ("X-Org: o1", "Cookie: sid=abc"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization",
+                                        REQ("X-Org: o1", "Cookie: sid=abc"), out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -263,8 +264,8 @@ Test(scope, framing_keeps_value_boundaries_apart)
 {
     char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s[2] = {src("header:X-A"), src("header:X-B")};
-    idem_gw_scope_compute(s, 2, "Authorization", REQ("X-A: ab", "X-B: c"), a, NULL);
-    idem_gw_scope_compute(s, 2, "Authorization", REQ("X-A: a", "X-B: bc"), b, NULL);
+    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: ab", "X-B: c"), a, NULL);
+    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: a", "X-B: bc"), b, NULL);
     cr_expect_str_neq(a, b);
 }
 
@@ -272,7 +273,7 @@ Test(scope, one_of_several_absent_falls_back)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s[2] = {src("header:X-Org"), src("cookie:sid")};
-    cr_expect_eq(idem_gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
 }
 
@@ -281,14 +282,15 @@ Test(scope, authorization_twice_is_ambiguous)
     char out[IDEM_SCOPE_MAX + 1];
     const char *dup = NULL;
     idem_scope_source_t s = src("cookie:sid");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization",
-                                       REQ("Authorization: a", "Cookie: sid=1", "Authorization: b"),
-                                       out, &dup),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Authorization: a", "Cookie: sid=1",
+                                            "Authorization: b"),
+                                        out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "Authorization");
     cr_expect_str_eq(out, "");
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "Authorization",
-                                       REQ("Authorization: a", "authorization: a"), out, &dup),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization",
+                                        REQ("Authorization: a", "authorization: a"), out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
 }
 
@@ -297,12 +299,12 @@ Test(scope, source_header_twice_is_ambiguous)
     char out[IDEM_SCOPE_MAX + 1];
     const char *dup = NULL;
     idem_scope_source_t s = src("header:X-User");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("X-User: a", "x-user: b"),
-                                       out, &dup),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User: a", "x-user: b"),
+                                        out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "X-User");
-    cr_expect_eq(idem_gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key: a", "X-Api-Key: a"),
-                                       out, &dup),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key: a", "X-Api-Key: a"),
+                                        out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "X-Api-Key");
 }
@@ -311,8 +313,8 @@ Test(scope, cookie_header_twice_is_not_ambiguous)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("cookie:sid");
-    cr_expect_eq(idem_gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: a=1", "Cookie: sid=2"),
-                                       out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Cookie: a=1", "Cookie: sid=2"), out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
 }
 
@@ -320,7 +322,7 @@ Test(scope, cookie_header_twice_is_not_ambiguous)
 
 static bool uses(const idem_scope_source_t *s, size_t n, const char *legacy, const char *name)
 {
-    return idem_gw_scope_uses_header(s, n, legacy, (idem_slice_t){name, strlen(name)});
+    return idem__gw_scope_uses_header(s, n, legacy, (idem_slice_t){name, strlen(name)});
 }
 
 Test(scope, headers_the_scope_reads_are_known)

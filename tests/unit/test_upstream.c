@@ -289,15 +289,15 @@ static void start(fix_t *f, idem_upstream_req_t *ur, rec_t *r, const char *head,
     memset(ur, 0, sizeof *ur);
     ur->data = r;
     idem_buf_t h;
-    idem_buf_init(&h, 0);
-    cr_assert_eq(idem_buf_append_str(&h, head), 0);
+    idem__buf_init(&h, 0);
+    cr_assert_eq(idem__buf_append_str(&h, head), 0);
     const char *sp = strchr(head, ' ');
     idem_slice_t method = {head, (size_t)(sp - head)};
     r->inside_call = true;
     idem__upstream_req_start(&f->client, ur, &cbs, &h, body, body ? strlen(body) : 0, method);
     r->inside_call = false;
     cr_assert_eq(h.len, 0, "the head is taken by the call");
-    idem_buf_cleanup(&h);
+    idem__buf_cleanup(&h);
     cr_assert_eq(r->n, 0, "a callback ran inside idem__upstream_req_start");
     cr_assert(idem__upstream_req_active(ur));
 }
