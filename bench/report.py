@@ -35,6 +35,10 @@ ROWS = [
     ("idemd-replay-pg", "idemd replay, PostgreSQL"),
     ("express-new", "express-idempotency new key"),
     ("express-replay", "express-idempotency replay"),
+    # BENCH_BASE_BUILD: another build's idemd, measured in the same run.
+    ("base-new-always", "base idemd new key, sync=always"),
+    ("base-new-interval", "base idemd new key, sync=interval"),
+    ("base-replay", "base idemd replay"),
 ]
 
 # idemd against express-idempotency: (idemd row, express row, path).  The

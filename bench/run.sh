@@ -71,6 +71,11 @@
 #                         request) [map]
 #   BENCH_ROWS            comma-separated row names to measure; all of them when
 #                         empty [all]
+#   BENCH_BASE_BUILD      another build directory (an older idemd, say): its idemd runs
+#                         beside this one on copies of the same preloaded store, and
+#                         rows base-new-always, base-new-interval and base-replay,
+#                         interleaved with the others, measure it in the same run, so
+#                         before and after share one nginx and one machine's load [none]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -94,6 +99,7 @@ BENCH_PRELOAD_SERVER=${BENCH_PRELOAD_SERVER:-100000}
 BENCH_EXPRESS=${BENCH_EXPRESS:-1}
 BENCH_EXPRESS_ADAPTER=${BENCH_EXPRESS_ADAPTER:-map}
 BENCH_ROWS=${BENCH_ROWS:-all}
+BENCH_BASE_BUILD=${BENCH_BASE_BUILD:-}
 export BENCH_STRICT=${BENCH_STRICT:-0}
 
 # Messages go to fd 9, a copy of the original stderr: a trap that fires
@@ -117,7 +123,8 @@ done
   die "BENCH_EXPRESS_ADAPTER must be map or default, not '$BENCH_EXPRESS_ADAPTER'"
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
-          idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay)
+          idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay
+          base-new-always base-new-interval base-replay)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
   IFS=, read -r -a _rows <<<"$BENCH_ROWS"
   for _r in "${_rows[@]}"; do
@@ -139,6 +146,12 @@ fi
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
 PRELOAD_BIN=$IDEM_BUILD/bench/idem-preload
+BASE_IDEMD=
+if [[ -n $BENCH_BASE_BUILD ]]; then
+  case $BENCH_BASE_BUILD in /*) ;; *) BENCH_BASE_BUILD=$ROOT/$BENCH_BASE_BUILD ;; esac
+  BASE_IDEMD=$BENCH_BASE_BUILD/idemd
+  [[ -x $BASE_IDEMD ]] || die "BENCH_BASE_BUILD: $BASE_IDEMD is missing"
+fi
 LUA=$ROOT/bench/post.lua
 
 for t in nginx wrk curl python3 timeout; do
@@ -207,11 +220,12 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Thirteen distinct free loopback ports (held open together while picked).
+# Seventeen distinct free loopback ports (held open together while picked).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
-  IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT < <(python3 - <<'PY'
+  IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
+  BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(13)]
+socks = [socket.socket() for _ in range(17)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -401,6 +415,13 @@ if ((BENCH_PRELOAD > 0)); then
   mkdir -p "$INTERVAL_DIR"
   chmod 700 "$INTERVAL_DIR"
   cp "$ALWAYS_DIR/data.mdb" "$INTERVAL_DIR/data.mdb"
+  if [[ -n $BASE_IDEMD ]]; then
+    for d in "$WORK/store-base-always" "$WORK/store-base-interval"; do
+      mkdir -p "$d"
+      chmod 700 "$d"
+      cp "$ALWAYS_DIR/data.mdb" "$d/data.mdb"
+    done
+  fi
   say "preloaded in ${preload_secs}s; data.mdb $(du -h --apparent-size "$ALWAYS_DIR/data.mdb" | cut -f1)"
 fi
 write_meta preload_seconds="$preload_secs" \
@@ -421,9 +442,10 @@ start_idemd() {
   local name=$1 port=$2 aport=$3 url=$4 log=/dev/null
   local args=(--config "$WORK/idemd.yaml" --listen "127.0.0.1:$port" --admin "127.0.0.1:$aport"
               --upstream "http://127.0.0.1:$UP_PORT" --store "$url" --workers "$BENCH_WORKERS")
-  timeout 30 "$IDEMD" -t "${args[@]}" >/dev/null || die "idemd -t refused the bench configuration"
+  local bin=${IDEMD_BIN:-$IDEMD}
+  timeout 30 "$bin" -t "${args[@]}" >/dev/null || die "idemd -t refused the bench configuration"
   [[ $BENCH_LOG == 1 ]] && log=$WORK/$name.idemd.log
-  "$IDEMD" "${args[@]}" 2>"$log" &
+  "$bin" "${args[@]}" 2>"$log" &
   IDEMD_PID=$!
   PIDS+=("$IDEMD_PID")
   if ! wait_http "http://127.0.0.1:$aport/readyz" "$IDEMD_PID" 60; then
@@ -472,6 +494,21 @@ check_key "$IDEM_I_URL" "$RUNID-check-interval"
 # The replay row's key: completed once here, replayed by every request after.
 REPLAY_KEY=$RUNID-replay
 check_key "$IDEM_A_URL" "$REPLAY_KEY"
+if [[ -n $BASE_IDEMD ]]; then
+  BASE_A_URL=http://127.0.0.1:$BASE_A_PORT/
+  BASE_I_URL=http://127.0.0.1:$BASE_I_PORT/
+  IDEMD_BIN=$BASE_IDEMD start_idemd base-always "$BASE_A_PORT" "$BASE_A_ADMIN" \
+    "lmdb:$WORK/store-base-always?sync=always&map_size=$BENCH_MAP_SIZE"
+  BASE_ALWAYS_PID=$IDEMD_PID
+  IDEMD_BIN=$BASE_IDEMD start_idemd base-interval "$BASE_I_PORT" "$BASE_I_ADMIN" \
+    "lmdb:$WORK/store-base-interval?sync=interval&map_size=$BENCH_MAP_SIZE"
+  BASE_INTERVAL_PID=$IDEMD_PID
+  check_key "$BASE_A_URL" "$RUNID-check-base-always"
+  check_key "$BASE_I_URL" "$RUNID-check-base-interval"
+  check_key "$BASE_A_URL" "$REPLAY_KEY"
+  write_meta base_idemd="$BASE_IDEMD ($("$BASE_IDEMD" --version 2>/dev/null || echo '?'))"
+  say "base build: idemd sync=always :$BASE_A_PORT, sync=interval :$BASE_I_PORT ($BASE_IDEMD)"
+fi
 
 # ---- Redis and PostgreSQL --------------------------------------------------------------
 
@@ -551,6 +588,14 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   want_row idemd-new-always && measure idemd-new-always "$r" "$IDEM_A_URL" unique "$RUNID-a$r" "$ADMIN_A_URL"
   want_row idemd-new-interval && measure idemd-new-interval "$r" "$IDEM_I_URL" unique "$RUNID-i$r" "$ADMIN_I_URL"
   want_row idemd-replay && measure idemd-replay "$r" "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ADMIN_A_URL"
+  if [[ -n $BASE_IDEMD ]]; then
+    want_row base-new-always &&
+      measure base-new-always "$r" "$BASE_A_URL" unique "$RUNID-ba$r" "http://127.0.0.1:$BASE_A_ADMIN"
+    want_row base-new-interval &&
+      measure base-new-interval "$r" "$BASE_I_URL" unique "$RUNID-bi$r" "http://127.0.0.1:$BASE_I_ADMIN"
+    want_row base-replay &&
+      measure base-replay "$r" "$BASE_A_URL" fixed "$REPLAY_KEY" "http://127.0.0.1:$BASE_A_ADMIN"
+  fi
   if [[ $BENCH_SERVER_STORES == 1 ]]; then
     want_row idemd-new-redis &&
       measure idemd-new-redis "$r" "$IDEM_R_URL" unique "$RUNID-r$r" "http://127.0.0.1:$ADMIN_R_PORT"
@@ -575,6 +620,10 @@ fi
 
 stop_idemd idemd-always "$ALWAYS_PID"
 stop_idemd idemd-interval "$INTERVAL_PID"
+if [[ -n $BASE_IDEMD ]]; then
+  stop_idemd base-always "$BASE_ALWAYS_PID"
+  stop_idemd base-interval "$BASE_INTERVAL_PID"
+fi
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-redis "$REDIS_PID"
   stop_idemd idemd-pg "$PG_PID"
