@@ -402,6 +402,10 @@ int main(int argc, char **argv)
         rc = idem__worker_init(&gw.workers[i], &gw, i, listen_fd, err, sizeof err);
         inited = i + 1;
     }
+    /* Before the admin listener answers: whoever sees /healthz answer can
+     * read the warning already. */
+    if (rc == 0 && nofile_warning[0] != '\0')
+        idem__log(&gw, "warn", "%s", nofile_warning);
     idem_admin_t *admin = NULL;
     if (rc == 0)
         rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
@@ -420,8 +424,6 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < gw.nworkers; i++)
         pthread_create(&gw.workers[i].thread, NULL, idem__worker_main, &gw.workers[i]);
-    if (nofile_warning[0] != '\0')
-        idem__log(&gw, "warn", "%s", nofile_warning);
     idem__log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
               cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
 
