@@ -659,33 +659,28 @@ static void req_store_outcome(idem_req_t *req, bool retained)
 }
 
 
-static void req_upstream_done(idem_req_t *req)
+/* The upstream answered: whole (captured within the limit), or its head
+ * came with a body over the capture limit, to be streamed after a
+ * body-less completion. */
+static void req_upstream_answered(idem_req_t *req, bool whole)
 {
-    idem__hist_observe(&req_gw(req)->metrics.upstream_latency,
-                       idem_clock_mono_ns() - req->t_up_ns);
+    if (whole)
+        idem__hist_observe(&req_gw(req)->metrics.upstream_latency,
+                           idem_clock_mono_ns() - req->t_up_ns);
+    else
+        req->streaming = true;
     if (req->token_spent && is_release_status(req->policy, req->up.resp.status)) {
         idem__req_give_token_back(req);
         return;
     }
     if (!req->keyed) {
-        idem__req_respond_upstream(req);
+        if (whole)
+            idem__req_respond_upstream(req);
+        else
+            idem__req_start_stream(req);
         return;
     }
-    req_store_outcome(req, true);
-}
-
-static void req_upstream_overflow(idem_req_t *req)
-{
-    req->streaming = true;
-    if (req->token_spent && is_release_status(req->policy, req->up.resp.status)) {
-        idem__req_give_token_back(req);
-        return;
-    }
-    if (!req->keyed) {
-        idem__req_start_stream(req);
-        return;
-    }
-    req_store_outcome(req, false);
+    req_store_outcome(req, whole);
 }
 
 /* The answer to a request whose upstream call failed (docs/protocol.md section 7). */
@@ -872,7 +867,7 @@ static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t 
         /* Too large to keep: the rest goes straight to the client once the
          * outcome is recorded; no timeout runs meanwhile. */
         idem__upstream_req_pause(ur);
-        req_upstream_overflow(req);
+        req_upstream_answered(req, false);
         want = IDEM_UP_BODY_PAUSE;
     }
     idem__req_release(req, IDEM_HOLD_CALL);
@@ -885,7 +880,7 @@ static void on_up_done(idem_upstream_req_t *ur)
     if (req->streaming)
         req_stream_end(req, true);
     else
-        req_upstream_done(req);
+        req_upstream_answered(req, true);
     idem__req_release(req, IDEM_HOLD_UPSTREAM);
 }
 
