@@ -5,7 +5,7 @@
 MESON_OPTS ?=
 FUZZ_SECONDS ?= 60
 # make test builds every part, so that every part is tested.
-TEST_FEATURES = -Dtests=enabled -Dredis=enabled -Dpostgres=enabled -Dsqlite=enabled
+TEST_FEATURES = -Dtests=enabled -Drocksdb=enabled -Dredis=enabled -Dpostgres=enabled -Dsqlite=enabled
 
 # meson_tree DIR OPTIONS: set DIR up with OPTIONS, or apply them to the DIR
 # that is there; meson's own messages are shown when it fails.

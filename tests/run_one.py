@@ -22,7 +22,7 @@ sanitizer report in the output (AddressSanitizer, UBSan's "runtime error:",
 a leak with a frame of ours) is one more failure even when COMMAND said it
 passed: Criterion keeps its verdict when a forked worker leaks.
 
---store chooses the store of the black-box suite (IDEM_BB_STORE): lmdb,
+--store chooses the store of the black-box suite (IDEM_BB_STORE): lmdb, rocksdb,
 memory, redis (the server of $IDEM_TEST_REDIS_URL) or postgres
 ($IDEM_TEST_PG_URL).
 

@@ -617,6 +617,7 @@ static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t m
             break;
         }
         visited++;
+        atomic_fetch_add_explicit(&idem__store_sweep_visits, 1, memory_order_relaxed);
         if (idem_record_decode_head(v.mv_data, v.mv_size, &head) == IDEM_OK &&
             head.expires_at_ms <= now_ms) {
             if ((rc = IO(mdb_cursor_del(c, 0))) != 0)

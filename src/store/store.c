@@ -1,9 +1,10 @@
 /* src/store/store.c - the one store API over every backend.
  *
  * idem_store_open picks a backend by the URL's scheme from a table (one line
- * per scheme: "memory:", "lmdb:", "redis:", "redis+sentinel:", "postgres:",
- * "postgresql:") and hands it the rest of the URL.  Redis and PostgreSQL are
- * optional parts of the build (meson_options.txt): a scheme whose backend
+ * per scheme: "memory:", "lmdb:", "rocksdb:", "redis:", "redis+sentinel:",
+ * "postgres:", "postgresql:") and hands it the rest of the URL.  RocksDB,
+ * Redis and PostgreSQL are optional parts of the build (meson_options.txt):
+ * a scheme whose backend
  * was left out is still known by name, so its URL is refused with a sentence
  * saying so rather than as an unknown scheme.  Every other public function
  * checks its arguments once here and calls through the backend's vtable, so
@@ -41,6 +42,9 @@
 static const struct idem_store_ops *const backends[] = {
     &idem__store_memory_ops,
     &idem__store_lmdb_ops,
+#if IDEM_HAVE_ROCKSDB
+    &idem__store_rocksdb_ops,
+#endif
 #if IDEM_HAVE_REDIS
     &idem__store_redis_ops,
     &idem__store_redis_sentinel_ops,
@@ -54,17 +58,20 @@ static const struct idem_store_ops *const backends[] = {
 /* The schemes of the backends this build left out, and the meson option
  * that builds each. */
 static const struct {
-    const char *scheme, *name, *library, *option;
+    const char *scheme, *form, *name, *library, *option;
 } absent_backends[] = {
+#if !IDEM_HAVE_ROCKSDB
+    {"rocksdb", ":", "RocksDB", "librocksdb", "rocksdb"},
+#endif
 #if !IDEM_HAVE_REDIS
-    {"redis", "Redis", "hiredis", "redis"},
-    {"redis+sentinel", "Redis", "hiredis", "redis"},
+    {"redis", "://", "Redis", "hiredis", "redis"},
+    {"redis+sentinel", "://", "Redis", "hiredis", "redis"},
 #endif
 #if !IDEM_HAVE_POSTGRES
-    {"postgres", "PostgreSQL", "libpq", "postgres"},
-    {"postgresql", "PostgreSQL", "libpq", "postgres"},
+    {"postgres", "://", "PostgreSQL", "libpq", "postgres"},
+    {"postgresql", "://", "PostgreSQL", "libpq", "postgres"},
 #endif
-    {NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 #define SCHEME_MAX 32
@@ -155,6 +162,7 @@ int idem__store_next_opt(const char **query, char *name, char *value, char *errb
 
 /* ---- I/O fault injection (store_impl.h) ----------------------------------- */
 
+atomic_ulong idem__store_sweep_visits;
 atomic_int idem__store_io_armed;
 static atomic_int io_sticky;     /* every I/O after the nth fails too */
 static atomic_long io_left;      /* I/Os still allowed before the fault */
@@ -380,7 +388,7 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
     const char *colon = strchr(url, ':');
     if (colon == NULL || colon == url || colon - url > SCHEME_MAX) {
         idem__store_errbuf(errbuf, errlen,
-                           "store URL \"%.64s\" has no scheme (expected lmdb:PATH, redis://, "
+                           "store URL \"%.64s\" has no scheme (expected lmdb:PATH, rocksdb:PATH, redis://, "
                            "redis+sentinel://, postgres:// or memory:)",
                            url);
         return IDEM_E_INVAL;
@@ -401,16 +409,17 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
         if (strlen(absent_backends[i].scheme) == sl &&
             memcmp(absent_backends[i].scheme, url, sl) == 0) {
             idem__store_errbuf(errbuf, errlen,
-                               "%.*s:// URLs need the %s store, which this build of idem left "
+                               "%.*s%s URLs need the %s store, which this build of idem left "
                                "out (built without %s; rebuild with it, or meson -D%s=enabled)",
-                               (int)sl, url, absent_backends[i].name, absent_backends[i].library,
+                               (int)sl, url, absent_backends[i].form, absent_backends[i].name,
+                               absent_backends[i].library,
                                absent_backends[i].option);
             return IDEM_E_UNSUPPORTED;
         }
     }
     idem__store_errbuf(errbuf, errlen,
-                       "unknown store scheme \"%.*s\" (this build knows lmdb:%s%s and memory:)",
-                       (int)sl, url,
+                       "unknown store scheme \"%.*s\" (this build knows lmdb:%s%s%s and memory:)",
+                       (int)sl, url, IDEM_HAVE_ROCKSDB ? ", rocksdb:" : "",
                        IDEM_HAVE_REDIS ? ", redis://, redis+sentinel://" : "",
                        IDEM_HAVE_POSTGRES ? ", postgres://, postgresql://" : "");
     return IDEM_E_INVAL;

@@ -78,6 +78,7 @@ struct idem_store {
 /* The backends store.c knows (one per file). */
 extern const struct idem_store_ops idem__store_memory_ops;
 extern const struct idem_store_ops idem__store_lmdb_ops;
+extern const struct idem_store_ops idem__store_rocksdb_ops;        /* rocksdb: */
 extern const struct idem_store_ops idem__store_redis_ops;          /* redis:// */
 extern const struct idem_store_ops idem__store_redis_sentinel_ops; /* redis+sentinel:// */
 extern const struct idem_store_ops idem__store_postgres_ops, idem__store_postgresql_ops;
@@ -151,6 +152,12 @@ typedef enum idem__store_action {
  * claimed by nobody else, so its owner may still finish it. */
 idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t cur_len,
                                        idem_record_t *next);
+
+/* How many records the sweeps of every embedded store (lmdb:, rocksdb:)
+ * have read since the process started: a test of expiry order checks
+ * that a sweep reads the records that leave and no live one.  Relaxed
+ * increments; tests only read it. */
+extern atomic_ulong idem__store_sweep_visits;
 
 /* ---- I/O fault injection (tests only) ----------------------------------
  *

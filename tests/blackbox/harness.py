@@ -14,6 +14,7 @@ it signals and looks at its exit status, as docs/protocol.md describes.
 Environment:
   IDEMD          path of the idemd binary (default <repo>/build/idemd)
   IDEM_BB_STORE  "lmdb" (default): lmdb:<tmpdir>/data for each test;
+                 "rocksdb": rocksdb:<tmpdir>/data for each test;
                  "memory": memory:;  anything else is used as the store URL
                  as given (e.g. redis://127.0.0.1:6379/0), shared by all tests,
                  which is safe because every test uses fresh random keys.
@@ -133,8 +134,13 @@ def store_is_persistent():
 
 
 def store_is_shared():
-    """Whether two idemd processes can share the store (lmdb dir, redis, postgres)."""
-    return not STORE.startswith("memory")
+    """Whether two idemd processes can share the store (lmdb dir, redis, postgres;
+    a rocksdb directory admits one process)."""
+    return not STORE.startswith("memory") and not store_is_rocksdb()
+
+
+def store_is_rocksdb():
+    return STORE == "rocksdb" or STORE.startswith("rocksdb:")
 
 
 def store_is_lmdb():
@@ -680,6 +686,8 @@ class Upstream:
 def store_url_for(tmpdir, name="data"):
     if STORE == "lmdb":
         return "lmdb:%s" % os.path.join(tmpdir, name)
+    if STORE == "rocksdb":
+        return "rocksdb:%s" % os.path.join(tmpdir, name)
     if STORE == "memory":
         return "memory:"
     return STORE

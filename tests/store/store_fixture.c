@@ -204,6 +204,13 @@ void fx_setup_lmdb(void)
     fx_open();
 }
 
+void fx_setup_rocksdb(void)
+{
+    fx_mkdtemp(fx_dir, sizeof fx_dir, "lock-test");
+    snprintf(fx_url, sizeof fx_url, "rocksdb:%s", fx_dir);
+    fx_open();
+}
+
 /* A network store: the URL in $var with param=<a name of this test's own>. */
 static void fx_setup_network(const char *var, const char *param, char *name, size_t name_len,
                              const char *head, const char *tail)

@@ -9,7 +9,7 @@
  * Criterion thread; the fx_ calls below them fail the test instead.
  *
  * BACKEND_CASE(suite, name) { ... } defines one Criterion test per backend
- * (suite_memory, _lmdb, _redis, _postgres), each with a fresh empty store in
+ * (suite_memory, _lmdb, _rocksdb, _redis, _postgres), each with a fresh empty store in
  * `st`.  Redis deletes a record at its expires_at by the wall clock, so those
  * setups move T0 to a few seconds after the real time; until a setup moves
  * it, T0 is a fixed date (the conformance suite's memory: and lmdb:).
@@ -100,7 +100,7 @@ void fx_t0_from_clock(void);
 extern idem_store_t *st;        /* the test's store */
 extern int64_t fx_t0;           /* the cases' time */
 extern char fx_url[256];        /* st's URL */
-extern char fx_dir[64];         /* lmdb's directory, or "" */
+extern char fx_dir[64];         /* lmdb's or rocksdb's directory, or "" */
 extern char fx_redis_prefix[64]; /* this test's Redis keys, or "" */
 extern char fx_pg_table[64];    /* this test's table, or "" */
 
@@ -110,6 +110,7 @@ extern char fx_pg_table[64];    /* this test's table, or "" */
  * clock) and the one teardown (closes st, deletes what the setup made). */
 void fx_setup_memory(void);
 void fx_setup_lmdb(void);
+void fx_setup_rocksdb(void);
 void fx_setup_redis(void);
 void fx_setup_postgres(void);
 void fx_teardown(void);
@@ -134,6 +135,7 @@ void fx_run_threads(int n, void *(*fn)(void *));
     static void name##_case(void);          \
     FX_TEST_FOR(suite, memory, name)        \
     FX_TEST_FOR(suite, lmdb, name)          \
+    FX_TEST_FOR(suite, rocksdb, name)       \
     FX_TEST_FOR(suite, redis, name)         \
     FX_TEST_FOR(suite, postgres, name)      \
     static void name##_case(void)

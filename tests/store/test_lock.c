@@ -1,7 +1,7 @@
 /* tests/store/test_lock.c - locks with a lease and a fencing token, on every
  * backend (src/store/lock.c).
  *
- * Each BACKEND_CASE runs against memory:, lmdb:, Redis and PostgreSQL
+ * Each BACKEND_CASE runs against memory:, lmdb:, rocksdb:, Redis and PostgreSQL
  * (store_fixture.h).  Time is passed to every call, so leases run out by
  * adding to T0; only the watchdog cases run on the real clock.  The fencing
  * demo protects a real resource: a row in a SQLite file that takes a write

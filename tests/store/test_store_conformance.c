@@ -80,6 +80,13 @@ static void setup_lmdb(void)
     open_store();
 }
 
+static void setup_rocksdb(void)
+{
+    make_dir();
+    snprintf(url, sizeof url, "rocksdb:%s/db", dir);
+    open_store();
+}
+
 /* ---- Redis fixtures: the server of $IDEM_TEST_REDIS_URL -------------------- */
 
 static char redis_prefix[64]; /* this test's keys; deleted at exit */
@@ -126,6 +133,7 @@ static void teardown(void)
 #define BACKENDS(X, name) \
     X(memory, name)       \
     X(lmdb, name)         \
+    X(rocksdb, name)      \
     X(redis, name)        \
     X(postgres, name)
 
@@ -1280,6 +1288,224 @@ Test(store_lmdb, sweep_resumes_across_a_reopened_handle, .init = setup_lmdb, .fi
         total += removed;
     }
     cr_expect_eq(total, 100);
+}
+
+/* ---- the embedded stores: expiry order ----------------------------------------
+ *
+ * lmdb: and rocksdb: keep an expiry index beside the records, and a sweep
+ * walks it from the oldest entry: records leave in the order of their
+ * expires_at, and a sweep reads exactly the records that leave, never a
+ * live one (idem__store_sweep_visits counts the records sweeps read). */
+
+#define EMBEDDED_CASE(name)                                                        \
+    static void name##_case(void);                                                 \
+    Test(store_rocksdb, name, .init = setup_rocksdb, .fini = teardown)             \
+    {                                                                              \
+        name##_case();                                                             \
+    }                                                                              \
+    static void name##_case(void)
+
+static unsigned long visits(void)
+{
+    return atomic_load(&idem__store_sweep_visits);
+}
+
+/* Whether key's record is there at T0 (its expiry not yet reached). */
+static int present(const char *key)
+{
+    idem_record_t rec;
+    idem_err_t rc = get(key, T0, &rec);
+    idem_record_cleanup(&rec);
+    cr_assert(rc == IDEM_OK || rc == IDEM_E_NOTFOUND, "get %s: %s", key, idem_err_name(rc));
+    return rc == IDEM_OK;
+}
+
+EMBEDDED_CASE(sweep_reads_no_live_record)
+{
+    char key[32];
+    idem_op_t ops[250];
+    for (int i = 0; i < 250; i++) {
+        snprintf(key, sizeof key, "k-%03d", i);
+        ops[i] = claim_op(key, 1, T0);
+        /* every fifth expires at T0 + 1..50; the others live a day */
+        ops[i].expires_at_ms = i % 5 == 0 ? T0 + 1 + i / 5 : T0 + TTL;
+    }
+    cr_assert_eq(idem_store_exec(st, ops, 250), IDEM_OK);
+    size_t removed;
+    unsigned long v0 = visits();
+    cr_assert_eq(idem_store_sweep(st, T0 + 50, 10000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 50);
+    cr_expect_eq(visits() - v0, 50, "the sweep read %lu records for 50 expired",
+                 visits() - v0);
+    v0 = visits();
+    cr_assert_eq(idem_store_sweep(st, T0 + 50, 10000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 0);
+    cr_expect_eq(visits() - v0, 0, "a sweep with nothing expired read %lu records",
+                 visits() - v0);
+    for (int i = 0; i < 250; i++) {
+        snprintf(key, sizeof key, "k-%03d", i);
+        cr_expect_eq(present(key), i % 5 != 0, "%s", key);
+    }
+}
+
+EMBEDDED_CASE(records_leave_in_expiry_order)
+{
+    /* Key names sort against expiry order, so a scan in key order would
+     * take the youngest first. */
+    enum { N = 60, STEP = 7 };
+    char key[32];
+    idem_op_t ops[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "o-%03d", i);
+        ops[i] = claim_op(key, 1, T0);
+        ops[i].expires_at_ms = T0 + 1 + (N - 1 - i) * 10; /* o-059 first */
+    }
+    cr_assert_eq(idem_store_exec(st, ops, N), IDEM_OK);
+    size_t gone = 0, removed;
+    while (gone < N) {
+        cr_assert_eq(idem_store_sweep(st, T0 + 100000, STEP, &removed), IDEM_OK);
+        cr_assert(removed > 0 && removed <= STEP, "removed %zu", removed);
+        gone += removed;
+        for (int i = 0; i < N; i++) {
+            snprintf(key, sizeof key, "o-%03d", i);
+            /* the gone ones are exactly the `gone` earliest expiries */
+            cr_expect_eq(present(key), (size_t)(N - 1 - i) >= gone, "%s after %zu", key, gone);
+        }
+    }
+}
+
+EMBEDDED_CASE(overwrite_and_delete_move_the_index)
+{
+    /* Completing with a later expiry, renewing past it, releasing and
+     * deleting each leave no index entry behind that a sweep would read. */
+    claim("c", 1, T0);
+    cr_assert_eq(complete("c", 1, T0 + 1000), IDEM_OK);
+    claim("r", 1, T0);
+    idem_key_id_t r = kid("r"), d = kid("d"), c = kid("c");
+    cr_assert_eq(idem_store_release(st, &r, 1), IDEM_OK);
+    claim("d", 1, T0);
+    cr_assert_eq(idem_store_delete(st, &d), IDEM_OK);
+    claim("n", 1, T0); /* expires at T0 + TTL */
+    idem_key_id_t n = kid("n");
+    cr_assert_eq(idem_store_renew(st, &n, 1, T0 + 2 * TTL), IDEM_OK);
+    size_t removed;
+    unsigned long v0 = visits();
+    cr_assert_eq(idem_store_sweep(st, T0 + TTL, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1); /* c, at T0 + 1000 */
+    cr_expect_eq(visits() - v0, 1);
+    idem_record_t rec;
+    cr_expect_eq(idem_store_get(st, &c, T0, &rec), IDEM_E_NOTFOUND);
+    cr_expect_eq(idem_store_get(st, &n, T0, &rec), IDEM_OK);
+    idem_record_cleanup(&rec);
+    cr_assert_eq(idem_store_sweep(st, T0 + 2 * TTL, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1); /* n, at its renewed lease end */
+}
+
+EMBEDDED_CASE(a_record_indexed_below_the_last_sweep_still_leaves)
+{
+    size_t removed;
+    claim("late", 1, T0);
+    cr_assert_eq(idem_store_sweep(st, T0 + 500, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 0);
+    /* a completion whose retention ended before the sweep's time */
+    cr_assert_eq(complete("late", 1, T0 + 100), IDEM_OK);
+    cr_assert_eq(idem_store_sweep(st, T0 + 500, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 1);
+}
+
+EMBEDDED_CASE(index_survives_close_and_reopen)
+{
+    char key[32];
+    idem_op_t ops[20];
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof key, "p-%02d", i);
+        ops[i] = claim_op(key, 1, T0);
+        ops[i].expires_at_ms = T0 + 1 + i;
+    }
+    cr_assert_eq(idem_store_exec(st, ops, 20), IDEM_OK);
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    size_t removed;
+    unsigned long v0 = visits();
+    cr_assert_eq(idem_store_sweep(st, T0 + 10, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 10);
+    cr_expect_eq(visits() - v0, 10);
+}
+
+/* ---- RocksDB only ------------------------------------------------------------ */
+
+Test(store, bad_rocksdb_urls_are_inval_with_a_message)
+{
+    expect_bad_url("rocksdb:");
+    expect_bad_url("rocksdb:?sync=always");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?sync=sometimes");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?cache_size=lots");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?cache_size=1KiB");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?cache_size=1TiB");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?write_buffer_size=2GiB");
+    expect_bad_url("rocksdb:/tmp/idem-never-created?map_size=1GiB");
+    struct stat sb;
+    cr_expect_neq(stat("/tmp/idem-never-created", &sb), 0, "a bad URL created its directory");
+}
+
+Test(store_rocksdb, is_named_rocksdb, .init = setup_rocksdb, .fini = teardown)
+{
+    cr_expect_str_eq(idem_store_name(st), "rocksdb");
+}
+
+Test(store_rocksdb, data_survives_close_and_reopen, .init = setup_rocksdb, .fini = teardown)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    claim("open", 1, T0);
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+Test(store_rocksdb, a_second_open_of_the_directory_is_refused, .init = setup_rocksdb,
+     .fini = teardown)
+{
+    char err[512] = "";
+    idem_store_t *s = NULL;
+    cr_expect_eq(idem_store_open(url, &s, err, sizeof err), IDEM_E_IO);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "lock") != NULL || strstr(err, "LOCK") != NULL, "message: %s", err);
+    cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM); /* the first still works */
+}
+
+Test(store_rocksdb, sync_interval_works_and_flushes_at_close, .init = setup_rocksdb,
+     .fini = teardown)
+{
+    char u[PATH_MAX + 64];
+    snprintf(u, sizeof u, "rocksdb:%s/interval?sync=interval&cache_size=4MiB", dir);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    cr_expect(idem_store_exec_is_cheap(s));
+    cr_expect_eq(claim_on(s, "k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    idem_store_close(s);
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    cr_expect_eq(claim_on(s, "k", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(idem_store_ping(s), IDEM_OK);
+    idem_store_close(s);
+}
+
+Test(store_rocksdb, directory_that_cannot_be_made_is_io, .init = setup_rocksdb,
+     .fini = teardown)
+{
+    char u[PATH_MAX + 64], err[256] = "";
+    idem_store_t *s = NULL;
+    snprintf(u, sizeof u, "rocksdb:%s/missing/deeper", dir);
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_IO);
+    cr_expect_null(s);
+    cr_expect_neq(err[0], '\0');
 }
 
 /* ---- Redis only ------------------------------------------------------------ */

@@ -77,9 +77,9 @@
 #define RUNS_MAX 3000   /* n beyond this: the scenario never stops hitting faults */
 #define RECOVER_MS 8000 /* the longest a network store may stay down after disarm */
 
-enum backend { B_memory, B_lmdb, B_redis, B_postgres };
+enum backend { B_memory, B_lmdb, B_redis, B_postgres, B_rocksdb };
 enum fault { F_alloc, F_io, F_io_sticky };
-static const char *const backend_name[] = {"memory", "lmdb", "redis", "postgres"};
+static const char *const backend_name[] = {"memory", "lmdb", "redis", "postgres", "rocksdb"};
 static const char *const fault_name[] = {"alloc", "io", "io_sticky"};
 
 /* ---- checks ------------------------------------------------------------------
@@ -525,6 +525,14 @@ static void backend_url(enum backend be, int fresh, char *url, size_t len)
             atexit(lmdb_cleanup);
         snprintf(url, len, "lmdb:%s", lmdb_dir);
         return;
+    case B_rocksdb:
+        lmdb_cleanup(); /* a directory per run, as lmdb's */
+        CHECK(fx_make_dir(lmdb_dir, sizeof lmdb_dir, "faults") == 0, "mkdtemp: %s",
+              strerror(errno));
+        if (!lmdb_atexit++)
+            atexit(lmdb_cleanup);
+        snprintf(url, len, "rocksdb:%s", lmdb_dir);
+        return;
     case B_redis:
         base = env_url("IDEM_TEST_REDIS_URL");
         if (redis_prefix[0] == '\0') {
@@ -782,6 +790,7 @@ static void run_job(enum backend be, const struct scenario *sc, enum fault kind)
 #define FOR_BACKENDS(sc, kind)         \
     FAULT_TEST(memory, sc, kind)       \
     FAULT_TEST(lmdb, sc, kind)         \
+    FAULT_TEST(rocksdb, sc, kind)      \
     FAULT_TEST(redis, sc, kind)        \
     FAULT_TEST(postgres, sc, kind)
 

@@ -1,0 +1,757 @@
+/* src/store/rocksdb.c - the embedded store that grows with its data ("rocksdb:PATH").
+ *
+ * A RocksDB database in directory PATH (created if missing) through
+ * RocksDB's C API, with two column families:
+ *
+ *   "default"  scope '\0' key -> the encoded record (src/core/record.c),
+ *              the same bytes LMDB and memory: keep;
+ *   "expiry"   BE64(expires_at_ms, sign bit flipped) || scope '\0' key ->
+ *              empty: the expiry index, in expiry order.
+ *
+ * Every record write, overwrite or delete changes the index in the same
+ * WriteBatch, so the two never disagree after a crash.  sweep walks the
+ * index from its oldest entry up to now and deletes what it finds, so it
+ * never reads a live record and its cost is the number of records that
+ * leave, not the size of the store.  An index entry whose record is gone or
+ * carries another expires_at (a record that did not decode when it was
+ * overwritten) is simply dropped.  The sweep starts at a floor (the oldest
+ * expires_at that can still be indexed), so it does not step again over
+ * the delete tombstones of what it already removed; an exec that indexes a
+ * record below the floor lowers it after its write.
+ *
+ * A compaction filter that drops expired records was considered and left
+ * out: the time of a record is the caller's (tests and the gateway pass it
+ * in), a fenced op may still finish a record past expires_at that nobody
+ * else claimed, and a record dropped behind the index's back would leave
+ * the index to clean up anyway.  The index is the one way records leave.
+ *
+ * Exec.  RocksDB has no read-modify-write transaction in its plain API, so
+ * exec serialises the decisions itself: concurrent exec calls queue, and one
+ * of them (the leader) takes the whole queue, reads each key through a
+ * WriteBatchWithIndex (so a later op of the group sees what an earlier one
+ * wrote), lets idem__store_apply decide, and writes the batch at once,
+ * atomically; the others wait for its write.  That is the group commit: one
+ * WAL fsync for everything that queued while the last one ran.  Reads (get,
+ * ping) never wait for the leader: RocksDB reads see the last write.
+ *
+ * Durability.  sync=always (default): the WriteBatch is written with
+ * sync=true, so the WAL is fsynced before exec returns.  sync=interval:
+ * written without sync (a crash of the process loses nothing: the WAL is in
+ * the kernel), and a flusher thread fsyncs the WAL every 100 ms and at
+ * close, so a power loss loses up to 100 ms, as LMDB's interval mode.
+ *
+ * Memory is bounded by options: one LRU block cache (cache_size, default
+ * 32 MiB) holds data, index and filter blocks of both column families, and
+ * each column family keeps at most two memtables of write_buffer_size
+ * (default 16 MiB).  Open replays at most the WAL behind those memtables,
+ * never scans the data, so it is fast at any size.
+ *
+ * One process per directory: RocksDB locks PATH/LOCK, and a second open of
+ * the same directory, in this process or another, fails (IDEM_E_IO, the
+ * RocksDB text in the error).  Several idemd sharing one directory need
+ * lmdb:.
+ *
+ * Errors: a full disk (RocksDB's NoSpace, "No space left on device") is
+ * IDEM_E_STORE_FULL; any other write error IDEM_E_IO; a read error
+ * IDEM_E_STORE_DOWN; the RocksDB text goes to idem_store_errstr.
+ *
+ * THREADING: get and ping from any thread at any time; exec from any
+ * thread, queued under qlock with one leader at a time; sweep under
+ * sweep_lock, and its writes are plain RocksDB writes (each a check of the
+ * record it deletes made inside the leader's lock, see sweep).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <rocksdb/c.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "idem/alloc.h"
+#include "idem/units.h"
+#include "store/store_impl.h"
+
+#define DEFAULT_CACHE (32ull << 20)
+#define MIN_CACHE (1ull << 20)
+#define MAX_CACHE (64ull << 30)
+#define DEFAULT_WBUF (16ull << 20)
+#define MIN_WBUF (1ull << 20)
+#define MAX_WBUF (1ull << 30)
+#define FLUSH_INTERVAL_NS 100000000L
+#define GROUP_MAX_OPS 10000 /* ops in one group past the first batch */
+#define IXKEY_MAX (8 + IDEM_STORE_KEY_MAX)
+
+/* A caller's batch waiting for the group commit (lives on its stack). */
+struct job {
+    struct job *next;
+    idem_op_t *ops;
+    size_t n;
+    int done;          /* set by the leader, under qlock */
+    idem_err_t result; /* the write's outcome */
+    char errstr[200];  /* its detail, for the caller's idem_store_errstr */
+};
+
+struct rocks_store {
+    struct idem_store base; /* first: a rocks_store is an idem_store */
+    rocksdb_t *db;
+    rocksdb_options_t *opts;     /* the DB's and the records family's */
+    rocksdb_options_t *ix_opts;  /* the expiry family's */
+    rocksdb_block_based_table_options_t *table;
+    rocksdb_cache_t *cache;
+    rocksdb_column_family_handle_t *cf_rec, *cf_ix;
+    rocksdb_writeoptions_t *wopts; /* sync per the URL */
+    rocksdb_readoptions_t *ropts;
+    int nosync;
+    /* the group commit queue */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    struct job *qhead, **qtail;
+    int leading; /* a leader is writing; guarded by qlock */
+    /* the sweep */
+    pthread_mutex_t sweep_lock;
+    _Atomic int64_t floor; /* no index entry below this expires_at */
+    /* the flusher (nosync only) */
+    pthread_t flusher;
+    pthread_mutex_t flock;
+    pthread_cond_t fcond;
+    int stopping;           /* guarded by flock */
+    atomic_int sync_failed; /* the last background WAL fsync failed */
+};
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static idem_err_t fail(struct rocks_store *s, const char *what, char *err, idem_err_t other)
+{
+    idem_err_t code = other;
+    if (err != NULL && (strstr(err, "No space left") != NULL || strstr(err, "NoSpace") != NULL))
+        code = IDEM_E_STORE_FULL;
+    idem__store_seterr(&s->base, "rocksdb %s: %s", what, err != NULL ? err : "failed");
+    rocksdb_free(err);
+    return code;
+}
+
+/* Fault injection (store_impl.h): each call into RocksDB that reads or
+ * writes may fail as an I/O error would; this makes *errp such an error. */
+static bool injected(char **errp)
+{
+    if (!idem__store_io_fault())
+        return false;
+    static const char msg[] = "IO error: injected";
+    char *e = malloc(sizeof msg); /* rocksdb_free is free() */
+    if (e != NULL)
+        memcpy(e, msg, sizeof msg);
+    *errp = e;
+    return true;
+}
+
+/* expires_at as 8 bytes that sort as the signed number does. */
+static void put_be64(uint8_t *p, int64_t v)
+{
+    uint64_t u = (uint64_t)v ^ (1ull << 63);
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (uint8_t)u;
+        u >>= 8;
+    }
+}
+
+static int64_t get_be64(const uint8_t *p)
+{
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u = (u << 8) | p[i];
+    return (int64_t)(u ^ (1ull << 63));
+}
+
+static size_t ix_key(uint8_t *buf, int64_t expires_at, const char *key, size_t klen)
+{
+    put_be64(buf, expires_at);
+    memcpy(buf + 8, key, klen);
+    return 8 + klen;
+}
+
+/* Lower the sweep floor to at most v. */
+static void lower_floor(struct rocks_store *s, int64_t v)
+{
+    int64_t f = atomic_load(&s->floor);
+    while (v < f && !atomic_compare_exchange_weak(&s->floor, &f, v))
+        ;
+}
+
+/* ---- the flusher (sync=interval) ---------------------------------------- */
+
+static void *flusher_main(void *arg)
+{
+    struct rocks_store *s = arg;
+    struct timespec at;
+
+    pthread_mutex_lock(&s->flock);
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    while (!s->stopping) {
+        at.tv_nsec += FLUSH_INTERVAL_NS;
+        if (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        while (!s->stopping && pthread_cond_timedwait(&s->fcond, &s->flock, &at) != ETIMEDOUT)
+            ;
+        pthread_mutex_unlock(&s->flock);
+        char *err = NULL;
+        rocksdb_flush_wal(s->db, 1, &err);
+        atomic_store(&s->sync_failed, err != NULL);
+        rocksdb_free(err);
+        pthread_mutex_lock(&s->flock);
+    }
+    pthread_mutex_unlock(&s->flock);
+    return NULL;
+}
+
+static int flusher_start(struct rocks_store *s)
+{
+    pthread_condattr_t ca;
+
+    pthread_mutex_init(&s->flock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->fcond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0) {
+        pthread_cond_destroy(&s->fcond);
+        pthread_mutex_destroy(&s->flock);
+        return -1;
+    }
+    return 0;
+}
+
+static void flusher_stop(struct rocks_store *s)
+{
+    pthread_mutex_lock(&s->flock);
+    s->stopping = 1;
+    pthread_cond_signal(&s->fcond);
+    pthread_mutex_unlock(&s->flock);
+    pthread_join(s->flusher, NULL);
+    pthread_cond_destroy(&s->fcond);
+    pthread_mutex_destroy(&s->flock);
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+struct opts {
+    int nosync;
+    uint64_t cache_size;
+    uint64_t write_buffer_size;
+};
+
+static int size_opt(const char *name, const char *value, uint64_t lo, uint64_t hi,
+                    const char *range, uint64_t *out, char *errbuf, size_t errlen)
+{
+    uint64_t v;
+    if (idem_parse_size(value, &v) != IDEM_OK || v < lo || v > hi) {
+        idem__store_errbuf(errbuf, errlen, "rocksdb store option %s=%s: expected a size %s",
+                           name, value, range);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, size_t errlen)
+{
+    char name[IDEM_STORE_OPT_MAX + 1], value[IDEM_STORE_OPT_MAX + 1];
+    int r;
+
+    o->nosync = 0;
+    o->cache_size = DEFAULT_CACHE;
+    o->write_buffer_size = DEFAULT_WBUF;
+    while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
+        if (strcmp(name, "sync") == 0) {
+            if (strcmp(value, "always") == 0) {
+                o->nosync = 0;
+            } else if (strcmp(value, "interval") == 0) {
+                o->nosync = 1;
+            } else {
+                idem__store_errbuf(errbuf, errlen,
+                                   "rocksdb store option sync=%s: expected always or interval",
+                                   value);
+                return IDEM_E_INVAL;
+            }
+        } else if (strcmp(name, "cache_size") == 0) {
+            if (size_opt(name, value, MIN_CACHE, MAX_CACHE, "from 1MiB to 64GiB, e.g. 32MiB",
+                         &o->cache_size, errbuf, errlen) != 0)
+                return IDEM_E_INVAL;
+        } else if (strcmp(name, "write_buffer_size") == 0) {
+            if (size_opt(name, value, MIN_WBUF, MAX_WBUF, "from 1MiB to 1GiB, e.g. 16MiB",
+                         &o->write_buffer_size, errbuf, errlen) != 0)
+                return IDEM_E_INVAL;
+        } else {
+            idem__store_errbuf(errbuf, errlen,
+                               "unknown option \"%s\" for store rocksdb: (known: sync, "
+                               "cache_size, write_buffer_size)",
+                               name);
+            return IDEM_E_INVAL;
+        }
+    }
+    return r < 0 ? IDEM_E_INVAL : IDEM_OK;
+}
+
+static void destroy_parts(struct rocks_store *s)
+{
+    if (s->cf_rec != NULL)
+        rocksdb_column_family_handle_destroy(s->cf_rec);
+    if (s->cf_ix != NULL)
+        rocksdb_column_family_handle_destroy(s->cf_ix);
+    if (s->db != NULL)
+        rocksdb_close(s->db);
+    if (s->opts != NULL)
+        rocksdb_options_destroy(s->opts);
+    if (s->ix_opts != NULL)
+        rocksdb_options_destroy(s->ix_opts);
+    if (s->table != NULL)
+        rocksdb_block_based_options_destroy(s->table);
+    if (s->cache != NULL)
+        rocksdb_cache_destroy(s->cache);
+    if (s->wopts != NULL)
+        rocksdb_writeoptions_destroy(s->wopts);
+    if (s->ropts != NULL)
+        rocksdb_readoptions_destroy(s->ropts);
+}
+
+static void common_options(rocksdb_options_t *o, const struct opts *u,
+                           rocksdb_block_based_table_options_t *table)
+{
+    rocksdb_options_set_write_buffer_size(o, (size_t)u->write_buffer_size);
+    rocksdb_options_set_max_write_buffer_number(o, 2);
+    rocksdb_options_set_block_based_table_factory(o, table);
+    rocksdb_options_set_level_compaction_dynamic_level_bytes(o, 1);
+}
+
+static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    size_t path_len;
+    const char *query;
+    char dir[PATH_MAX];
+    struct opts o;
+
+    idem__store_split(rest, &path_len, &query);
+    if (path_len == 0) {
+        idem__store_errbuf(errbuf, errlen, "store URL rocksdb: needs a directory (rocksdb:PATH)");
+        return IDEM_E_INVAL;
+    }
+    if (path_len >= sizeof dir) {
+        idem__store_errbuf(errbuf, errlen, "rocksdb store path is longer than %d bytes",
+                           PATH_MAX - 1);
+        return IDEM_E_INVAL;
+    }
+    memcpy(dir, rest, path_len);
+    dir[path_len] = '\0';
+    idem_err_t err = parse_opts(query, &o, errbuf, errlen);
+    if (err != IDEM_OK)
+        return err;
+    if (out == NULL)
+        return IDEM_OK; /* idem_store_check_url: the URL is good */
+
+    struct rocks_store *s = idem_calloc(1, sizeof *s);
+    if (s == NULL)
+        return IDEM_E_NOMEM;
+    s->base.ops = &idem__store_rocksdb_ops;
+    s->base.exec_is_cheap = o.nosync != 0;
+    s->base.reads_are_local = true;
+    s->nosync = o.nosync;
+    s->qtail = &s->qhead;
+    atomic_init(&s->floor, INT64_MIN);
+    atomic_init(&s->sync_failed, 0);
+
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        idem__store_errbuf(errbuf, errlen, "rocksdb store: cannot create directory %s: %s", dir,
+                           strerror(errno));
+        idem_free(s);
+        return IDEM_E_IO;
+    }
+
+    s->cache = rocksdb_cache_create_lru((size_t)o.cache_size);
+    s->table = rocksdb_block_based_options_create();
+    rocksdb_block_based_options_set_block_cache(s->table, s->cache);
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks(s->table, 1);
+    rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(s->table, 1);
+    rocksdb_block_based_options_set_filter_policy(s->table, rocksdb_filterpolicy_create_bloom(10));
+    s->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(s->opts, 1);
+    rocksdb_options_set_create_missing_column_families(s->opts, 1);
+    rocksdb_options_set_max_background_jobs(s->opts, 2);
+    rocksdb_options_set_max_open_files(s->opts, 1000);
+    rocksdb_options_set_max_total_wal_size(s->opts, 4 * o.write_buffer_size);
+    rocksdb_options_set_keep_log_file_num(s->opts, 2);
+    rocksdb_options_set_max_log_file_size(s->opts, 4 << 20);
+    rocksdb_options_set_info_log_level(s->opts, 3); /* errors only in PATH/LOG */
+    common_options(s->opts, &o, s->table);
+    s->ix_opts = rocksdb_options_create();
+    common_options(s->ix_opts, &o, s->table);
+    s->wopts = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(s->wopts, o.nosync ? 0 : 1);
+    s->ropts = rocksdb_readoptions_create();
+
+    const char *names[2] = {"default", "expiry"};
+    const rocksdb_options_t *cfo[2] = {s->opts, s->ix_opts};
+    rocksdb_column_family_handle_t *cfh[2] = {NULL, NULL};
+    char *rerr = NULL;
+    if (!injected(&rerr))
+        s->db = rocksdb_open_column_families(s->opts, dir, 2, names, cfo, cfh, &rerr);
+    if (rerr != NULL || s->db == NULL) {
+        idem__store_errbuf(errbuf, errlen, "rocksdb store %s: %s", dir,
+                           rerr != NULL ? rerr : "cannot open");
+        err = rerr != NULL && strstr(rerr, "No space left") != NULL ? IDEM_E_STORE_FULL
+                                                                    : IDEM_E_IO;
+        rocksdb_free(rerr);
+        s->cf_rec = cfh[0];
+        s->cf_ix = cfh[1];
+        destroy_parts(s);
+        idem_free(s);
+        return err;
+    }
+    s->cf_rec = cfh[0];
+    s->cf_ix = cfh[1];
+    if (o.nosync && flusher_start(s) != 0) {
+        idem__store_errbuf(errbuf, errlen, "rocksdb store %s: cannot start the flusher thread",
+                           dir);
+        destroy_parts(s);
+        idem_free(s);
+        return IDEM_E_NOMEM;
+    }
+    pthread_mutex_init(&s->qlock, NULL);
+    pthread_cond_init(&s->qcond, NULL);
+    pthread_mutex_init(&s->sweep_lock, NULL);
+    *out = &s->base;
+    return IDEM_OK;
+}
+
+static void rocks_close(idem_store_t *base)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    if (s->nosync) {
+        flusher_stop(s);
+        char *err = NULL;
+        rocksdb_flush_wal(s->db, 1, &err); /* the last 100 ms */
+        rocksdb_free(err);
+    }
+    destroy_parts(s);
+    pthread_cond_destroy(&s->qcond);
+    pthread_mutex_destroy(&s->qlock);
+    pthread_mutex_destroy(&s->sweep_lock);
+    idem_free(s);
+}
+
+/* ---- exec ----------------------------------------------------------------- */
+
+/* Apply one caller's ops into wb; IDEM_OK or what stops the whole group.
+ * *low is lowered to the least expires_at indexed. */
+static idem_err_t apply_ops(struct rocks_store *s, rocksdb_writebatch_wi_t *wb, idem_op_t *ops,
+                            size_t n, int64_t *low, uint8_t **encp, size_t *capp)
+{
+    uint8_t *enc = *encp;
+    size_t enc_cap = *capp;
+    char key[IDEM_STORE_KEY_MAX];
+    uint8_t ix[IXKEY_MAX];
+    idem_record_t next, head;
+
+    for (size_t i = 0; i < n; i++) {
+        idem_op_t *op = &ops[i];
+        if (op->err != IDEM_OK)
+            continue;
+        size_t klen = idem__store_key(&op->id, key), vlen = 0;
+        char *err = NULL, *cur = NULL;
+        if (!injected(&err))
+            cur = rocksdb_writebatch_wi_get_from_batch_and_db_cf(wb, s->db, s->ropts, s->cf_rec,
+                                                                 key, klen, &vlen, &err);
+        if (err != NULL)
+            return fail(s, "get", err, IDEM_E_IO);
+        int have_old = cur != NULL &&
+                       idem_record_decode_head((const uint8_t *)cur, vlen, &head) == IDEM_OK;
+        int64_t old_exp = have_old ? head.expires_at_ms : 0;
+        idem__store_action_t act = idem__store_apply(op, (const uint8_t *)cur, vlen, &next);
+        if (act == IDEM__STORE_PUT) {
+            size_t need = idem_record_encoded_size(&next);
+            if (need > enc_cap) {
+                uint8_t *p = idem_realloc(enc, need);
+                if (p == NULL) { /* the whole group fails: nothing is written */
+                    rocksdb_free(cur);
+                    idem__store_seterr(&s->base, "rocksdb: out of memory encoding a record");
+                    return IDEM_E_NOMEM;
+                }
+                *encp = enc = p;
+                *capp = enc_cap = need;
+            }
+            idem_record_encode_into(&next, enc);
+            rocksdb_writebatch_wi_put_cf(wb, s->cf_rec, key, klen, (const char *)enc, need);
+            if (!have_old || old_exp != next.expires_at_ms) {
+                if (have_old)
+                    rocksdb_writebatch_wi_delete_cf(wb, s->cf_ix,
+                                                    (const char *)ix, ix_key(ix, old_exp, key, klen));
+                rocksdb_writebatch_wi_put_cf(wb, s->cf_ix, (const char *)ix,
+                                             ix_key(ix, next.expires_at_ms, key, klen), "", 0);
+                if (next.expires_at_ms < *low)
+                    *low = next.expires_at_ms;
+            }
+        } else if (act == IDEM__STORE_DEL) {
+            rocksdb_writebatch_wi_delete_cf(wb, s->cf_rec, key, klen);
+            if (have_old)
+                rocksdb_writebatch_wi_delete_cf(wb, s->cf_ix, (const char *)ix,
+                                                ix_key(ix, old_exp, key, klen));
+        }
+        rocksdb_free(cur);
+    }
+    return IDEM_OK;
+}
+
+/* One WriteBatch over every job of the list. */
+static idem_err_t run_jobs(struct rocks_store *s, struct job *jobs)
+{
+    rocksdb_writebatch_wi_t *wb = rocksdb_writebatch_wi_create(0, 1);
+    int64_t low = INT64_MAX;
+    idem_err_t err = IDEM_OK;
+    uint8_t *enc = NULL; /* the encoding buffer, grown as records need */
+    size_t enc_cap = 0;
+
+    if (wb == NULL)
+        return IDEM_E_NOMEM;
+    for (struct job *j = jobs; j != NULL && err == IDEM_OK; j = j->next)
+        err = apply_ops(s, wb, j->ops, j->n, &low, &enc, &enc_cap);
+    idem_free(enc);
+    if (err == IDEM_OK && rocksdb_writebatch_wi_count(wb) > 0) {
+        char *werr = NULL;
+        if (!injected(&werr))
+            rocksdb_write_writebatch_wi(s->db, s->wopts, wb, &werr);
+        if (werr != NULL)
+            err = fail(s, "write", werr, IDEM_E_IO);
+        else if (low != INT64_MAX)
+            lower_floor(s, low); /* after the write: see the file's comment */
+    }
+    rocksdb_writebatch_wi_destroy(wb);
+    return err;
+}
+
+/* Group commit, as lmdb.c's: callers queue their batch; whoever finds no
+ * leader becomes it, takes the queue (up to GROUP_MAX_OPS ops), writes it
+ * as one batch with one WAL fsync, and wakes the others. */
+static idem_err_t rocks_exec(idem_store_t *base, idem_op_t *ops, size_t n)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    struct job me = {.ops = ops, .n = n};
+
+    pthread_mutex_lock(&s->qlock);
+    *s->qtail = &me;
+    s->qtail = &me.next;
+    while (!me.done) {
+        if (s->leading) {
+            pthread_cond_wait(&s->qcond, &s->qlock);
+            continue;
+        }
+        s->leading = 1;
+        struct job *first = s->qhead, *last = first;
+        size_t total = first->n;
+        while (last->next != NULL && total + last->next->n <= GROUP_MAX_OPS) {
+            last = last->next;
+            total += last->n;
+        }
+        s->qhead = last->next;
+        if (s->qhead == NULL)
+            s->qtail = &s->qhead;
+        last->next = NULL;
+        pthread_mutex_unlock(&s->qlock);
+
+        idem_err_t err = run_jobs(s, first);
+
+        pthread_mutex_lock(&s->qlock);
+        for (struct job *j = first; j != NULL; j = j->next) {
+            j->result = err;
+            if (err != IDEM_OK)
+                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            j->done = 1;
+        }
+        s->leading = 0;
+        pthread_cond_broadcast(&s->qcond);
+    }
+    pthread_mutex_unlock(&s->qlock);
+    if (me.result != IDEM_OK)
+        idem__store_seterr(base, "%s", me.errstr);
+    return me.result;
+}
+
+/* ---- reads ------------------------------------------------------------------ */
+
+static idem_err_t rocks_get(idem_store_t *base, const idem_key_id_t *id, int64_t now_ms,
+                            idem_record_t *rec)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    char key[IDEM_STORE_KEY_MAX];
+    size_t klen = idem__store_key(id, key), vlen;
+    char *err = NULL;
+    rocksdb_pinnableslice_t *v = NULL;
+
+    if (!injected(&err))
+        v = rocksdb_get_pinned_cf(s->db, s->ropts, s->cf_rec, key, klen, &err);
+    if (err != NULL) {
+        fail(s, "get", err, IDEM_E_STORE_DOWN);
+        return IDEM_E_STORE_DOWN;
+    }
+    if (v == NULL)
+        return IDEM_E_NOTFOUND;
+    const char *p = rocksdb_pinnableslice_value(v, &vlen);
+    idem_err_t rc = idem_record_decode((const uint8_t *)p, vlen, rec);
+    rocksdb_pinnableslice_destroy(v);
+    if (rc == IDEM_OK && rec->expires_at_ms <= now_ms) {
+        idem_record_cleanup(rec);
+        rc = IDEM_E_NOTFOUND;
+    }
+    return rc;
+}
+
+static idem_err_t rocks_ping(idem_store_t *base)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    char *err = NULL;
+    rocksdb_pinnableslice_t *v = NULL;
+
+    if (!injected(&err))
+        v = rocksdb_get_pinned_cf(s->db, s->ropts, s->cf_ix, "", 0, &err);
+    rocksdb_pinnableslice_destroy(v);
+    if (err != NULL) {
+        fail(s, "ping", err, IDEM_E_STORE_DOWN);
+        return IDEM_E_STORE_DOWN;
+    }
+    if (atomic_load(&s->sync_failed)) {
+        idem__store_seterr(base, "rocksdb: the background WAL fsync failed");
+        return IDEM_E_STORE_DOWN;
+    }
+    return IDEM_OK;
+}
+
+/* ---- the sweep -------------------------------------------------------------- */
+
+/* Delete up to max records whose expires_at <= now_ms, oldest first, reading
+ * only the expiry index and the records it names.  The check of each record
+ * and its delete run as an exec does, under the leader role (qlock's
+ * `leading`), so no exec can overwrite a record between the sweep's read
+ * and its delete. */
+static idem_err_t sweep_step(struct rocks_store *s, int64_t now_ms, size_t max, size_t *removed,
+                             int *more)
+{
+    uint8_t lo[8], hi[8];
+    int64_t floor0 = atomic_load(&s->floor), last = floor0;
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    idem_err_t err = IDEM_OK;
+    size_t gone = 0, seen = 0;
+    char *rerr = NULL;
+
+    *more = 0;
+    put_be64(lo, floor0);
+    put_be64(hi, now_ms == INT64_MAX ? now_ms : now_ms + 1);
+    rocksdb_readoptions_set_iterate_lower_bound(ro, (const char *)lo, sizeof lo);
+    rocksdb_readoptions_set_iterate_upper_bound(ro, (const char *)hi, sizeof hi);
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->db, ro, s->cf_ix);
+    if (injected(&rerr)) {
+        err = fail(s, "sweeping", rerr, IDEM_E_IO);
+        goto out;
+    }
+    rocksdb_iter_seek(it, (const char *)lo, sizeof lo);
+    while (rocksdb_iter_valid(it)) {
+        if (seen == max) {
+            *more = 1;
+            break;
+        }
+        size_t ilen;
+        const char *ik = rocksdb_iter_key(it, &ilen);
+        if (ilen < 8 || ilen - 8 > IDEM_STORE_KEY_MAX) {
+            rocksdb_writebatch_delete_cf(wb, s->cf_ix, ik, ilen); /* not ours */
+            rocksdb_iter_next(it);
+            continue;
+        }
+        int64_t ts = get_be64((const uint8_t *)ik);
+        last = ts;
+        seen++;
+        atomic_fetch_add_explicit(&idem__store_sweep_visits, 1, memory_order_relaxed);
+        rocksdb_pinnableslice_t *v = NULL;
+        if (!injected(&rerr))
+            v = rocksdb_get_pinned_cf(s->db, s->ropts, s->cf_rec, ik + 8, ilen - 8, &rerr);
+        if (rerr != NULL) {
+            err = fail(s, "sweeping", rerr, IDEM_E_IO);
+            goto out;
+        }
+        idem_record_t head;
+        size_t vlen = 0;
+        const char *val = v != NULL ? rocksdb_pinnableslice_value(v, &vlen) : NULL;
+        if (val != NULL && idem_record_decode_head((const uint8_t *)val, vlen, &head) == IDEM_OK &&
+            head.expires_at_ms == ts) {
+            rocksdb_writebatch_delete_cf(wb, s->cf_rec, ik + 8, ilen - 8);
+            gone++;
+        }
+        rocksdb_pinnableslice_destroy(v);
+        rocksdb_writebatch_delete_cf(wb, s->cf_ix, ik, ilen); /* stale or done */
+        rocksdb_iter_next(it);
+    }
+    rocksdb_iter_get_error(it, &rerr);
+    if (rerr != NULL) {
+        err = fail(s, "sweeping", rerr, IDEM_E_IO);
+        goto out;
+    }
+    if (rocksdb_writebatch_count(wb) > 0) {
+        if (!injected(&rerr))
+            rocksdb_write(s->db, s->wopts, wb, &rerr);
+        if (rerr != NULL) {
+            err = fail(s, "sweep write", rerr, IDEM_E_IO);
+            goto out;
+        }
+    }
+    /* Everything below `last` is gone now (or below now, when the index
+     * ran out): raise the floor unless an exec lowered it meanwhile. */
+    int64_t nf = *more ? last : (now_ms == INT64_MAX ? now_ms : now_ms + 1);
+    if (nf > floor0)
+        atomic_compare_exchange_strong(&s->floor, &floor0, nf);
+    *removed = gone;
+out:
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    rocksdb_writebatch_destroy(wb);
+    return err;
+}
+
+static idem_err_t rocks_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    int more;
+    idem_err_t err;
+
+    *removed = 0;
+    pthread_mutex_lock(&s->sweep_lock);
+    /* Take the leader role so that no exec decides on a record between
+     * the sweep's check of it and its delete. */
+    pthread_mutex_lock(&s->qlock);
+    while (s->leading)
+        pthread_cond_wait(&s->qcond, &s->qlock);
+    s->leading = 1;
+    pthread_mutex_unlock(&s->qlock);
+
+    err = sweep_step(s, now_ms, max, removed, &more);
+
+    pthread_mutex_lock(&s->qlock);
+    s->leading = 0;
+    pthread_cond_broadcast(&s->qcond);
+    pthread_mutex_unlock(&s->qlock);
+    pthread_mutex_unlock(&s->sweep_lock);
+    return err;
+}
+
+const struct idem_store_ops idem__store_rocksdb_ops = {
+    .name = "rocksdb",
+    .scheme = "rocksdb",
+    .open = rocks_open,
+    .close = rocks_close,
+    .exec = rocks_exec,
+    .get = rocks_get,
+    .sweep = rocks_sweep,
+    .ping = rocks_ping,
+};
