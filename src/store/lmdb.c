@@ -1,8 +1,10 @@
 /* src/store/lmdb.c - the embedded, durable store ("lmdb:PATH").
  *
  * An LMDB environment in directory PATH (created, mode 0700, if missing)
- * with one named database, "records", mapping scope '\0' key to the encoded
- * record (src/core/record.c).  Every exec is one LMDB write transaction:
+ * with two named databases: "records", mapping scope '\0' key to the
+ * encoded record (src/core/record.c), and "expiry", the expiry index:
+ * BE64(expires_at_ms, sign bit flipped) || scope '\0' key -> empty, changed
+ * in the same transaction as every record write, overwrite and delete.  Every exec is one LMDB write transaction:
  * for each op it reads the current value, lets idem__store_apply decide
  * (the same code the memory store runs), and writes the new value in place
  * with MDB_RESERVE, so the claim path allocates nothing.  LMDB allows one
@@ -33,9 +35,18 @@
  * lock file coordinates them, and open runs mdb_reader_check to free the
  * reader slots of processes that died.  All sharers should use one map_size.
  *
- * Retention.  get treats a record past expires_at as absent; sweep deletes
- * such records in bounded steps, scanning with a cursor from where the last
- * call stopped (a key saved in the handle) and wrapping around at the end.
+ * Retention.  get treats a record past expires_at as absent; sweep walks
+ * the expiry index from its first (oldest) entry up to now and deletes each
+ * record it names, in bounded steps: records leave in expiry order and a
+ * sweep never reads a live record, whatever the size of the store.  An
+ * entry whose record is gone or carries another expires_at (a value that
+ * did not decode when it was overwritten) is dropped alone.  A directory
+ * written before the index existed gets it built once, at open.
+ *
+ * Headroom: a transaction that makes the trees larger is refused as
+ * MDB_MAP_FULL while they hold all but 1/128 of the map (at least 8
+ * pages), so deletes and the sweep always find the fresh pages LMDB's
+ * copy-on-write needs, and a full store can always give space back.
  *
  * Errors: MDB_MAP_FULL is IDEM_E_STORE_FULL (the transaction is aborted,
  * reads go on working); a full reader table or a panic is IDEM_E_STORE_DOWN;
@@ -68,6 +79,7 @@
 #define MAX_READERS 512
 #define FLUSH_INTERVAL_NS 100000000L
 #define DB_NAME "records"
+#define RESERVE_MIN_PAGES 16 /* kept free for deletes in a full map (run_jobs) */
 #define GROUP_MAX_OPS 10000 /* ops in one group-commit transaction, past the first batch */
 
 /* A caller's batch waiting for the group commit (lives on its stack). */
@@ -89,7 +101,10 @@ struct env {
     int refs;     /* handles using it; guarded by registry_lock */
     int nosync;   /* opened with sync=interval (MDB_NOSYNC) */
     MDB_env *env;
-    MDB_dbi dbi;
+    MDB_dbi dbi;    /* records */
+    MDB_dbi ix_dbi; /* the expiry index */
+    size_t map_pages;     /* the map's size in pages */
+    size_t reserve_pages; /* kept free for deletes: see run_jobs */
     /* the flusher (nosync only) */
     pthread_t flusher;
     pthread_mutex_t flock;
@@ -107,10 +122,31 @@ struct env {
 struct lmdb_store {
     struct idem_store base; /* first: an lmdb_store is an idem_store */
     struct env *e;
-    pthread_mutex_t sweep_lock;
-    char sweep_key[IDEM_STORE_KEY_MAX]; /* where the next sweep starts */
-    size_t sweep_klen;                  /* 0: from the first record */
+    pthread_mutex_t sweep_lock; /* one sweep at a time per handle */
 };
+
+#define IX_DB_NAME "expiry"
+#define IXKEY_MAX (8 + IDEM_STORE_KEY_MAX)
+
+/* expires_at as 8 bytes that sort as the signed number does. */
+static size_t ix_key(uint8_t *buf, int64_t expires_at, const void *key, size_t klen)
+{
+    uint64_t u = (uint64_t)expires_at ^ (1ull << 63);
+    for (int i = 7; i >= 0; i--) {
+        buf[i] = (uint8_t)u;
+        u >>= 8;
+    }
+    memcpy(buf + 8, key, klen);
+    return 8 + klen;
+}
+
+static int64_t ix_time(const uint8_t *p)
+{
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u = (u << 8) | p[i];
+    return (int64_t)(u ^ (1ull << 63));
+}
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct env *registry;
@@ -260,6 +296,30 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     return r < 0 ? IDEM_E_INVAL : IDEM_OK;
 }
 
+/* Index every record of dbi in ix (a directory written before the index). */
+static int build_index(MDB_txn *txn, MDB_dbi dbi, MDB_dbi ix)
+{
+    MDB_cursor *c;
+    MDB_val k, v;
+    idem_record_t head;
+    uint8_t buf[IXKEY_MAX];
+    int rc = mdb_cursor_open(txn, dbi, &c);
+
+    if (rc != 0)
+        return rc;
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size > IDEM_STORE_KEY_MAX ||
+            idem_record_decode_head(v.mv_data, v.mv_size, &head) != IDEM_OK)
+            continue; /* not ours, or corrupt: a delete still removes it */
+        MDB_val ik = {ix_key(buf, head.expires_at_ms, k.mv_data, k.mv_size), buf}, iv = {0, ""};
+        if ((rc = mdb_put(txn, ix, &ik, &iv, 0)) != 0)
+            break;
+    }
+    mdb_cursor_close(c);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
 /* Open a new environment in dir (registry_lock held). */
 static idem_err_t env_create(const char *dir, const struct stat *st, const struct opts *o,
                              struct env **out, char *errbuf, size_t errlen)
@@ -283,7 +343,7 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
         goto fail;
     }
     if ((rc = mdb_env_set_maxreaders(e->env, MAX_READERS)) != 0 ||
-        (rc = mdb_env_set_maxdbs(e->env, 2)) != 0 ||
+        (rc = mdb_env_set_maxdbs(e->env, 3)) != 0 ||
         (rc = mdb_env_set_mapsize(e->env, (size_t)o->map_size)) != 0) {
         what = "configuring the environment";
         goto fail;
@@ -305,10 +365,28 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
         what = "mdb_dbi_open";
         goto fail;
     }
+    rc = IO(mdb_dbi_open(txn, IX_DB_NAME, 0, &e->ix_dbi));
+    if (rc == MDB_NOTFOUND) { /* a store from before the index: build it once */
+        if ((rc = IO(mdb_dbi_open(txn, IX_DB_NAME, MDB_CREATE, &e->ix_dbi))) == 0)
+            rc = build_index(txn, e->dbi, e->ix_dbi);
+    }
+    if (rc != 0) {
+        mdb_txn_abort(txn);
+        what = "opening the expiry index";
+        goto fail;
+    }
     if ((rc = txn_commit(txn)) != 0) {
         what = "creating the records database";
         goto fail;
     }
+    MDB_envinfo info;
+    MDB_stat est;
+    if (mdb_env_info(e->env, &info) == 0 && mdb_env_stat(e->env, &est) == 0 && est.ms_psize > 0)
+        e->map_pages = info.me_mapsize / est.ms_psize;
+    else
+        e->map_pages = (size_t)(o->map_size / 4096);
+    e->reserve_pages = e->map_pages / 64 > RESERVE_MIN_PAGES ? e->map_pages / 64
+                                                              : RESERVE_MIN_PAGES;
     if (o->nosync && flusher_start(e) != 0) {
         idem__store_errbuf(errbuf, errlen, "lmdb store %s: cannot start the flusher thread",
                            dir);
@@ -437,11 +515,39 @@ static void lmdb_close(idem_store_t *base)
 
 /* ---- the ops ------------------------------------------------------------- */
 
+/* Move key's index entry from old_exp (have_old) to new_exp (have_new). */
+static int reindex(MDB_txn *txn, MDB_dbi ix, const char *key, size_t klen, int have_old,
+                   int64_t old_exp, int have_new, int64_t new_exp, const char **what)
+{
+    uint8_t buf[IXKEY_MAX];
+    int rc;
+
+    if (have_old && have_new && old_exp == new_exp)
+        return 0;
+    if (have_old) {
+        MDB_val ik = {ix_key(buf, old_exp, key, klen), buf};
+        rc = IO(mdb_del(txn, ix, &ik, NULL));
+        if (rc != 0 && rc != MDB_NOTFOUND) {
+            *what = "mdb_del (expiry index)";
+            return rc;
+        }
+    }
+    if (have_new) {
+        MDB_val ik = {ix_key(buf, new_exp, key, klen), buf}, iv = {0, ""};
+        if ((rc = IO(mdb_put(txn, ix, &ik, &iv, 0))) != 0) {
+            *what = "mdb_put (expiry index)";
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Apply one caller's ops inside txn; 0 or the LMDB code that stops the txn. */
-static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const char **what)
+static int apply_ops(MDB_txn *txn, MDB_dbi dbi, MDB_dbi ix, idem_op_t *ops, size_t n,
+                     const char **what)
 {
     char key[IDEM_STORE_KEY_MAX];
-    idem_record_t next;
+    idem_record_t next, head;
     int rc;
 
     for (size_t i = 0; i < n; i++) {
@@ -455,10 +561,16 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
             return rc;
         }
         const uint8_t *cur = rc == 0 ? v.mv_data : NULL;
+        int have_old = cur != NULL && idem_record_decode_head(cur, v.mv_size, &head) == IDEM_OK;
+        int64_t old_exp = have_old ? head.expires_at_ms : 0;
         switch (idem__store_apply(op, cur, rc == 0 ? v.mv_size : 0, &next)) {
         case IDEM__STORE_KEEP:
             break;
         case IDEM__STORE_PUT: {
+            /* The index first: MDB_RESERVE's space is valid until the next write. */
+            if ((rc = reindex(txn, ix, key, k.mv_size, have_old, old_exp, 1, next.expires_at_ms,
+                              what)) != 0)
+                return rc;
             MDB_val nv = {idem_record_encoded_size(&next), NULL};
             if ((rc = IO(mdb_put(txn, dbi, &k, &nv, MDB_RESERVE))) != 0) {
                 *what = "mdb_put";
@@ -468,6 +580,8 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
             break;
         }
         case IDEM__STORE_DEL:
+            if ((rc = reindex(txn, ix, key, k.mv_size, have_old, old_exp, 0, 0, what)) != 0)
+                return rc;
             if ((rc = IO(mdb_del(txn, dbi, &k, NULL))) != 0) {
                 *what = "mdb_del";
                 return rc;
@@ -478,7 +592,28 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, idem_op_t *ops, size_t n, const 
     return 0;
 }
 
-/* One write transaction over every job of the list. */
+/* Pages the trees hold in txn's view (records, index, the main and free
+ * databases): what the data takes, without the free list. */
+static size_t used_pages(MDB_txn *txn, const struct env *e)
+{
+    MDB_dbi dbis[4] = {0 /* FREE_DBI */, 1 /* MAIN_DBI */, e->dbi, e->ix_dbi};
+    size_t used = 2; /* the meta pages */
+    for (int i = 0; i < 4; i++) {
+        MDB_stat st;
+        if (mdb_stat(txn, dbis[i], &st) == 0)
+            used += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+    }
+    return used;
+}
+
+/* One write transaction over every job of the list.
+ *
+ * Headroom: even a delete needs fresh pages in LMDB (copy-on-write of the
+ * path to the leaf, in the records and in the index), so a map filled to
+ * the last page could not free anything.  A transaction that makes the
+ * trees larger is therefore refused (MDB_MAP_FULL) when they would leave
+ * fewer than reserve_pages of the map free; one that does not grow them
+ * (deletes, a release, the sweep) may use the reserve. */
 static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
 {
     MDB_txn *txn;
@@ -487,11 +622,17 @@ static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
 
     if ((rc = begin(s, 0, &txn)) != 0)
         return fail(s, "mdb_txn_begin", rc);
+    size_t before = used_pages(txn, s->e);
     for (struct job *j = jobs; j != NULL; j = j->next) {
-        if ((rc = apply_ops(txn, s->e->dbi, j->ops, j->n, &what)) != 0) {
+        if ((rc = apply_ops(txn, s->e->dbi, s->e->ix_dbi, j->ops, j->n, &what)) != 0) {
             mdb_txn_abort(txn);
             return fail(s, what, rc);
         }
+    }
+    size_t after = used_pages(txn, s->e);
+    if (after > before && after + s->e->reserve_pages > s->e->map_pages) {
+        mdb_txn_abort(txn);
+        return fail(s, "keeping the reserve for deletes", MDB_MAP_FULL);
     }
     if ((rc = txn_commit(txn)) != 0)
         return fail(s, "mdb_txn_commit", rc);
@@ -579,17 +720,17 @@ static idem_err_t lmdb_get(idem_store_t *base, const idem_key_id_t *id, int64_t 
     return err;
 }
 
-/* One sweep transaction: visit up to max records from the saved position,
- * delete at most max_del expired ones.  Returns the LMDB code. */
+/* One sweep transaction: walk the expiry index from its first entry, up
+ * to max entries with expires_at <= now_ms, deleting at most max_del
+ * records.  Returns the LMDB code; *removed the records deleted. */
 static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t max_del,
                       size_t *removed, const char **whatp)
 {
     MDB_txn *txn;
     MDB_cursor *c;
-    MDB_val k, v;
+    MDB_val k, v, rk, rv;
     idem_record_t head;
-    char at[IDEM_STORE_KEY_MAX]; /* the position after this call */
-    size_t at_len = 0, visited = 0, gone = 0;
+    size_t seen = 0, gone = 0, dels = 0;
     const char *what = "mdb_cursor_open";
     int rc;
 
@@ -598,47 +739,48 @@ static int sweep_once(struct lmdb_store *s, int64_t now_ms, size_t max, size_t m
         *whatp = "mdb_txn_begin";
         return rc;
     }
-    if ((rc = IO(mdb_cursor_open(txn, s->e->dbi, &c))) != 0)
+    if ((rc = IO(mdb_cursor_open(txn, s->e->ix_dbi, &c))) != 0)
         goto abort;
     what = "sweeping";
-    if (s->sweep_klen > 0) {
-        k.mv_data = s->sweep_key;
-        k.mv_size = s->sweep_klen;
-        rc = IO(mdb_cursor_get(c, &k, &v, MDB_SET_RANGE));
-    } else {
-        rc = IO(mdb_cursor_get(c, &k, &v, MDB_FIRST));
-    }
-    while (rc == 0) {
-        if (visited == max || gone == max_del) {
-            if (k.mv_size <= sizeof at) { /* longer: not ours; start over next time */
-                memcpy(at, k.mv_data, k.mv_size);
-                at_len = k.mv_size;
-            }
-            break;
-        }
-        visited++;
-        atomic_fetch_add_explicit(&idem__store_sweep_visits, 1, memory_order_relaxed);
-        if (idem_record_decode_head(v.mv_data, v.mv_size, &head) == IDEM_OK &&
-            head.expires_at_ms <= now_ms) {
-            if ((rc = IO(mdb_cursor_del(c, 0))) != 0)
+    rc = IO(mdb_cursor_get(c, &k, &v, MDB_FIRST));
+    while (rc == 0 && seen < max && dels < max_del) {
+        if (k.mv_size < 8 || k.mv_size - 8 > IDEM_STORE_KEY_MAX) {
+            rc = IO(mdb_cursor_del(c, 0)); /* not an entry of ours */
+        } else {
+            if (ix_time(k.mv_data) > now_ms)
+                break; /* the rest is live */
+            seen++;
+            atomic_fetch_add_explicit(&idem__store_sweep_visits, 1, memory_order_relaxed);
+            rk.mv_data = (uint8_t *)k.mv_data + 8;
+            rk.mv_size = k.mv_size - 8;
+            rc = IO(mdb_get(txn, s->e->dbi, &rk, &rv));
+            if (rc == 0 && idem_record_decode_head(rv.mv_data, rv.mv_size, &head) == IDEM_OK &&
+                head.expires_at_ms == ix_time(k.mv_data)) {
+                /* rk points into the index page: delete the record first. */
+                if ((rc = IO(mdb_del(txn, s->e->dbi, &rk, NULL))) != 0)
+                    goto abort;
+                gone++;
+            } else if (rc != 0 && rc != MDB_NOTFOUND) {
                 goto abort;
-            gone++;
+            }
+            dels++;
+            rc = IO(mdb_cursor_del(c, 0));
         }
-        /* After a delete the cursor already rests on the next record, and
+        if (rc != 0)
+            goto abort;
+        /* After a delete the cursor already rests on the next entry, and
          * LMDB's MDB_NEXT returns that one rather than skipping it. */
         rc = IO(mdb_cursor_get(c, &k, &v, MDB_NEXT));
     }
     if (rc != 0 && rc != MDB_NOTFOUND)
         goto abort;
     mdb_cursor_close(c);
-    if (gone == 0) {
+    if (dels == 0) {
         mdb_txn_abort(txn); /* nothing written: no commit, no fsync */
     } else if ((rc = txn_commit(txn)) != 0) {
         *whatp = "mdb_txn_commit";
         return rc;
     }
-    memcpy(s->sweep_key, at, at_len);
-    s->sweep_klen = at_len; /* 0 at the end: wrap around */
     *removed = gone;
     return 0;
 
