@@ -38,6 +38,10 @@
 #define WRITER_BATCH_MAX IDEM_JOBS_BATCH_MAX
 #define SWEEP_EVERY_MS 1000
 #define SWEEP_STEP 2000
+/* Steps one tick may take while each removes a full SWEEP_STEP: the
+ * embedded stores sweep from an expiry index, so a step costs the records
+ * that leave, and 2,000 a second would fall behind a busy gateway. */
+#define SWEEP_ROUNDS_MAX 16
 
 static void hand_back(idem_wjob_t *job)
 {
@@ -145,8 +149,12 @@ static void *writer_main(void *arg)
         if (now - last_sweep >= SWEEP_EVERY_MS && !wr->stopping) {
             last_sweep = now;
             pthread_mutex_unlock(&wr->mu);
-            size_t removed = 0;
-            (void)idem_store_sweep(wr->store, now, SWEEP_STEP, &removed);
+            size_t removed = SWEEP_STEP;
+            for (int r = 0; r < SWEEP_ROUNDS_MAX && removed == SWEEP_STEP; r++) {
+                removed = 0;
+                if (idem_store_sweep(wr->store, now, SWEEP_STEP, &removed) != IDEM_OK)
+                    break;
+            }
             pthread_mutex_lock(&wr->mu);
         }
         if (idem_list_empty(&wr->queue)) {
