@@ -54,6 +54,8 @@
 #   BENCH_ROUNDS          measured runs per row, interleaved; the median is reported [3]
 #   BENCH_PRELOAD         completed keys written to the store first; 0 skips [1000000]
 #   BENCH_MAP_SIZE        LMDB map_size of the stores [4GiB]
+#   BENCH_EMBEDDED        the engine of the embedded rows (idemd-new-always,
+#                         -interval, idemd-replay): lmdb or rocksdb [lmdb]
 #   BENCH_WORKERS         idemd --workers [1]
 #   BENCH_PROFILE         1: after the rounds, one more run per idemd row under perf
 #                         stat and perf record (not measured), and print where idemd's
@@ -89,6 +91,7 @@ BENCH_WARMUP=${BENCH_WARMUP:-2}
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_PRELOAD=${BENCH_PRELOAD:-1000000}
 BENCH_MAP_SIZE=${BENCH_MAP_SIZE:-4GiB}
+BENCH_EMBEDDED=${BENCH_EMBEDDED:-lmdb}
 BENCH_WORKERS=${BENCH_WORKERS:-1}
 BENCH_PROFILE=${BENCH_PROFILE:-0}
 BENCH_LOG=${BENCH_LOG:-0}
@@ -119,6 +122,8 @@ done
 ((BENCH_WARMUP <= 600)) || die "BENCH_WARMUP must be at most 600"
 ((BENCH_ROUNDS >= 1 && BENCH_ROUNDS <= 20)) || die "BENCH_ROUNDS must be 1..20"
 ((BENCH_WORKERS >= 1 && BENCH_WORKERS <= 64)) || die "BENCH_WORKERS must be 1..64"
+[[ $BENCH_EMBEDDED == lmdb || $BENCH_EMBEDDED == rocksdb ]] ||
+  die "BENCH_EMBEDDED must be lmdb or rocksdb, not '$BENCH_EMBEDDED'"
 [[ $BENCH_EXPRESS_ADAPTER == map || $BENCH_EXPRESS_ADAPTER == default ]] ||
   die "BENCH_EXPRESS_ADAPTER must be map or default, not '$BENCH_EXPRESS_ADAPTER'"
 
@@ -365,7 +370,7 @@ BENCH_META_IDEMD="$IDEMD ($("$IDEMD" --version 2>/dev/null || echo '?'))"
 BENCH_META_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 BENCH_META_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)
 export IDEM_BUILD BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS \
-  BENCH_PRELOAD BENCH_MAP_SIZE BENCH_WORKERS
+  BENCH_PRELOAD BENCH_MAP_SIZE BENCH_WORKERS BENCH_EMBEDDED
 write_meta() { # extra JSON fields as NAME=VALUE... (strings)
   python3 - "$WORK/meta.json" "$@" <<'PY'
 import json, os, sys
@@ -380,6 +385,7 @@ meta = {
     "warmup_seconds": int(e["BENCH_WARMUP"]), "rounds": int(e["BENCH_ROUNDS"]),
     "preload": int(e["BENCH_PRELOAD"]), "map_size": e["BENCH_MAP_SIZE"],
     "workers": int(e["BENCH_WORKERS"]), "data_fs": e["BENCH_META_FS"],
+    "embedded": e["BENCH_EMBEDDED"],
     "loadavg_at_start": e["BENCH_META_LOAD"],
 }
 if os.path.exists(path):
@@ -401,31 +407,41 @@ say "work dir $WORK ($data_fs); nginx upstream :$UP_PORT, proxy :$PROXY_PORT;" \
 
 ALWAYS_DIR=$WORK/store-always
 INTERVAL_DIR=$WORK/store-interval
+# embedded_url DIR SYNC: the URL of the embedded rows' store in DIR.
+embedded_url() {
+  if [[ $BENCH_EMBEDDED == rocksdb ]]; then
+    echo "rocksdb:$1?sync=$2"
+  else
+    echo "lmdb:$1?sync=$2&map_size=$BENCH_MAP_SIZE"
+  fi
+}
 preload_secs=0
 if ((BENCH_PRELOAD > 0)); then
   say "preloading $BENCH_PRELOAD completed keys ($PRELOAD_BIN)"
   t0=$(date +%s.%N)
   timeout --kill-after=5 "${BENCH_PRELOAD_TIMEOUT:-1800}" "$PRELOAD_BIN" \
-    "lmdb:$ALWAYS_DIR?sync=interval&map_size=$BENCH_MAP_SIZE" "$BENCH_PRELOAD" \
+    "$(embedded_url "$ALWAYS_DIR" interval)" "$BENCH_PRELOAD" \
     >"$WORK/preload.log" 2>&1 || die "idem-preload failed: $(tail -5 "$WORK/preload.log")"
   t1=$(date +%s.%N)
   preload_secs=$(python3 -c "print(round($t1 - $t0, 1))")
-  # The sync=interval process gets a copy of the same store (LMDB is closed
-  # now; the lock file is re-created on open).
-  mkdir -p "$INTERVAL_DIR"
-  chmod 700 "$INTERVAL_DIR"
-  cp "$ALWAYS_DIR/data.mdb" "$INTERVAL_DIR/data.mdb"
-  if [[ -n $BASE_IDEMD ]]; then
-    for d in "$WORK/store-base-always" "$WORK/store-base-interval"; do
+  # The sync=interval process gets a copy of the same store (the store is
+  # closed now; LMDB re-creates its lock file on open, RocksDB its LOCK), and
+  # so does each process of BENCH_BASE_BUILD.
+  copies=("$INTERVAL_DIR")
+  [[ -n $BASE_IDEMD ]] && copies+=("$WORK/store-base-always" "$WORK/store-base-interval")
+  for d in "${copies[@]}"; do
+    if [[ $BENCH_EMBEDDED == rocksdb ]]; then
+      cp -a "$ALWAYS_DIR" "$d"
+    else
       mkdir -p "$d"
       chmod 700 "$d"
       cp "$ALWAYS_DIR/data.mdb" "$d/data.mdb"
-    done
-  fi
-  say "preloaded in ${preload_secs}s; data.mdb $(du -h --apparent-size "$ALWAYS_DIR/data.mdb" | cut -f1)"
+    fi
+  done
+  say "preloaded in ${preload_secs}s ($BENCH_EMBEDDED); store $(du -sh --apparent-size "$ALWAYS_DIR" | cut -f1)"
 fi
 write_meta preload_seconds="$preload_secs" \
-  store_bytes="$(stat -c %s "$ALWAYS_DIR/data.mdb" 2>/dev/null || echo 0)"
+  store_bytes="$(du -sb --apparent-size "$ALWAYS_DIR" 2>/dev/null | cut -f1 || echo 0)"
 
 # ---- idemd --------------------------------------------------------------------------
 
@@ -485,9 +501,9 @@ IDEM_A_URL=http://127.0.0.1:$IDEM_A_PORT/
 IDEM_I_URL=http://127.0.0.1:$IDEM_I_PORT/
 ADMIN_A_URL=http://127.0.0.1:$ADMIN_A_PORT
 ADMIN_I_URL=http://127.0.0.1:$ADMIN_I_PORT
-start_idemd idemd-always "$IDEM_A_PORT" "$ADMIN_A_PORT" "lmdb:$ALWAYS_DIR?sync=always&map_size=$BENCH_MAP_SIZE"
+start_idemd idemd-always "$IDEM_A_PORT" "$ADMIN_A_PORT" "$(embedded_url "$ALWAYS_DIR" always)"
 ALWAYS_PID=$IDEMD_PID
-start_idemd idemd-interval "$IDEM_I_PORT" "$ADMIN_I_PORT" "lmdb:$INTERVAL_DIR?sync=interval&map_size=$BENCH_MAP_SIZE"
+start_idemd idemd-interval "$IDEM_I_PORT" "$ADMIN_I_PORT" "$(embedded_url "$INTERVAL_DIR" interval)"
 INTERVAL_PID=$IDEMD_PID
 check_key "$IDEM_A_URL" "$RUNID-check-always"
 check_key "$IDEM_I_URL" "$RUNID-check-interval"
@@ -498,10 +514,10 @@ if [[ -n $BASE_IDEMD ]]; then
   BASE_A_URL=http://127.0.0.1:$BASE_A_PORT/
   BASE_I_URL=http://127.0.0.1:$BASE_I_PORT/
   IDEMD_BIN=$BASE_IDEMD start_idemd base-always "$BASE_A_PORT" "$BASE_A_ADMIN" \
-    "lmdb:$WORK/store-base-always?sync=always&map_size=$BENCH_MAP_SIZE"
+    "$(embedded_url "$WORK/store-base-always" always)"
   BASE_ALWAYS_PID=$IDEMD_PID
   IDEMD_BIN=$BASE_IDEMD start_idemd base-interval "$BASE_I_PORT" "$BASE_I_ADMIN" \
-    "lmdb:$WORK/store-base-interval?sync=interval&map_size=$BENCH_MAP_SIZE"
+    "$(embedded_url "$WORK/store-base-interval" interval)"
   BASE_INTERVAL_PID=$IDEMD_PID
   check_key "$BASE_A_URL" "$RUNID-check-base-always"
   check_key "$BASE_I_URL" "$RUNID-check-base-interval"
