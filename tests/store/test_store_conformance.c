@@ -1268,6 +1268,47 @@ Test(store_lmdb, corrupt_value_is_corrupt_and_can_be_deleted, .init = setup_lmdb
     cr_expect_eq(claim("bad", 1, T0).kind, IDEM_DECIDE_CLAIM);
 }
 
+static int present(const char *key); /* below, with the expiry cases */
+
+Test(store_lmdb, a_directory_without_the_index_gets_it_at_open, .init = setup_lmdb,
+     .fini = teardown)
+{
+    /* A store written before the expiry index: records only. */
+    idem_store_close(st);
+    st = NULL;
+    fx_rm_tree(dir);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 2);
+    cr_assert_eq(mdb_env_open(env, dir, 0, 0600), 0);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "records", MDB_CREATE, &dbi), 0);
+    for (int i = 0; i < 10; i++) {
+        idem_record_t rec = {.state = IDEM_STATE_COMPLETED, .fence = 1,
+                             .expires_at_ms = T0 + 100 - i, .response = resp};
+        uint8_t buf[512];
+        cr_assert_leq(idem_record_encoded_size(&rec), sizeof buf);
+        idem_record_encode_into(&rec, buf);
+        char k[IDEM_STORE_KEY_MAX];
+        size_t kl = (size_t)snprintf(k, sizeof k, "anonymous%cold-%d", 0, i);
+        MDB_val mk = {kl, k}, mv = {idem_record_encoded_size(&rec), buf};
+        cr_assert_eq(mdb_put(txn, dbi, &mk, &mv, 0), 0);
+    }
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+
+    open_store();
+    size_t removed;
+    cr_assert_eq(idem_store_sweep(st, T0 + 95, 1000, &removed), IDEM_OK);
+    cr_expect_eq(removed, 5); /* old-5 .. old-9: expires_at T0 + 95 .. T0 + 91 */
+    cr_expect(present("old-0"));
+    cr_expect(present("old-4"));
+    cr_expect(!present("old-5"));
+}
+
 Test(store_lmdb, sweep_resumes_across_a_reopened_handle, .init = setup_lmdb, .fini = teardown)
 {
     /* A fresh handle starts at the beginning and still finds everything. */
