@@ -371,10 +371,26 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
         return IDEM_E_IO;
     }
 
-    s->cache = rocksdb_cache_create_lru((size_t)o.cache_size);
+    /* 16 shards: an LRU shard smaller than a block would drop it at once. */
+    rocksdb_lru_cache_options_t *lru = rocksdb_lru_cache_options_create();
+    rocksdb_lru_cache_options_set_capacity(lru, (size_t)o.cache_size);
+    rocksdb_lru_cache_options_set_num_shard_bits(lru, 4);
+    s->cache = rocksdb_cache_create_lru_opts(lru);
+    rocksdb_lru_cache_options_destroy(lru);
     s->table = rocksdb_block_based_options_create();
     rocksdb_block_based_options_set_block_cache(s->table, s->cache);
+    /* Index and filter blocks live in the cache, cut in 4 KiB partitions
+     * (a two-level index over them, pinned), so the memory they take is
+     * bounded by cache_size however large the store grows, and a look-up
+     * reads one partition, not a whole SST's filter. */
+    rocksdb_block_based_options_set_format_version(s->table, 5);
+    rocksdb_block_based_options_set_index_type(
+        s->table, rocksdb_block_based_table_index_type_two_level_index_search);
+    rocksdb_block_based_options_set_partition_filters(s->table, 1);
+    rocksdb_block_based_options_set_metadata_block_size(s->table, 4096);
     rocksdb_block_based_options_set_cache_index_and_filter_blocks(s->table, 1);
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(s->table, 1);
+    rocksdb_block_based_options_set_pin_top_level_index_and_filter(s->table, 1);
     rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(s->table, 1);
     rocksdb_block_based_options_set_filter_policy(s->table, rocksdb_filterpolicy_create_bloom(10));
     s->opts = rocksdb_options_create();
