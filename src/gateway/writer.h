@@ -38,15 +38,31 @@ struct idem_wjob {
     idem_link_t link;
 };
 
+/* Writer threads on a network store: batches in flight at once (writer.c). */
+#define IDEM_WRITER_NET_INFLIGHT 4
+/* Jobs queued behind a batch in flight before another batch may start. */
+#define IDEM_WRITER_SPLIT_MIN 16
+
 typedef struct idem_writer {
     idem_store_t *store;
     idem_metrics_t *metrics;
-    pthread_t thread;
+    pthread_t threads[IDEM_WRITER_NET_INFLIGHT];
+    size_t n_threads;
+    size_t idle;             /* writer threads waiting for work */
+    size_t inflight;         /* batches being applied */
+    size_t queued;           /* jobs in queue */
+    size_t split_min;        /* jobs queued before a second batch goes in flight */
+    pthread_t sweeper;
+    bool sweeper_started;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;       /* work queued, or stopping */
+    pthread_cond_t sweep_cv; /* sweep now, or stopping (monotonic clock) */
     idem_link_t queue;
+    bool sweep_now;          /* a batch found the store full */
     bool stopping;
     bool started;
+    _Atomic uint64_t sweep_rounds;  /* sweeper rounds run */
+    _Atomic uint64_t sweep_removed; /* records they removed */
 } idem_writer_t;
 
 #define IDEM_JOBS_BATCH_MAX 256
@@ -67,6 +83,9 @@ uint64_t idem__writer_op_payload(const idem_op_t *op);
 void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
                                   size_t n);
 
+/** How many writer threads idem__writer_start runs for store: several for a
+ * network store (batches in flight), else one. */
+size_t idem__writer_threads_for(const idem_store_t *store);
 int idem__writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
 /** Queue a job; its callback runs later on job->worker's loop. */
 void idem__writer_submit(idem_writer_t *w, idem_wjob_t *job);
