@@ -36,8 +36,8 @@
  * when the completion is queued may now be applied after it, and is then
  * refused (IDEM_E_FENCE on a completed record), which request.c ignores
  * once it has stopped renewing.  A local store with synchronous commits
- * (lmdb sync=always) keeps one thread: it group-commits inside the store,
- * and a second thread would only split its batches.
+ * (lmdb or rocksdb, sync=always) keeps one thread: it group-commits
+ * inside the store, and a second thread would only split its batches.
  *
  * The sweeper has a thread of its own, so that a long round never holds up
  * a batch: once a second (sooner when a batch found the store full, or the
@@ -261,7 +261,8 @@ size_t idem__writer_threads_for(const idem_store_t *store)
      * store with synchronous commits group-commits inside the store, and a
      * store whose exec is cheap is applied on the worker loops (worker.c):
      * one thread is enough there. */
-    (void)store;
+    if (!idem_store_exec_is_cheap(store) && !idem_store_reads_are_local(store))
+        return IDEM_WRITER_NET_INFLIGHT;
     return 1;
 }
 
