@@ -91,9 +91,12 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
         "# HELP idem_store_gets_total Records read from the store outside the writer.\n"
         "# TYPE idem_store_gets_total counter\nidem_store_gets_total %llu\n"
         "# HELP idem_local_cache_hits_total Requests answered from local_cache.\n"
-        "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n",
+        "# TYPE idem_local_cache_hits_total counter\nidem_local_cache_hits_total %llu\n"
+        "# HELP idem_store_swept_total Expired records the sweeper removed.\n"
+        "# TYPE idem_store_swept_total counter\nidem_store_swept_total %llu\n",
         (unsigned long long)atomic_load(&m->store_gets),
-        (unsigned long long)atomic_load(&m->cache_hits));
+        (unsigned long long)atomic_load(&m->cache_hits),
+        (unsigned long long)atomic_load(&m->store_swept));
     rc |= idem__buf_appendf(
         out,
         "# HELP idem_connections Open client connections (with requests that "

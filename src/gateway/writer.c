@@ -242,8 +242,7 @@ static void *sweeper_main(void *arg)
         pthread_mutex_unlock(&wr->mu);
         idem_sweep_result_t res;
         idem__sweep_round(wr->store, idem_clock_now(NULL), &lim, &res);
-        atomic_fetch_add(&wr->sweep_rounds, 1);
-        atomic_fetch_add(&wr->sweep_removed, res.removed);
+        atomic_fetch_add(&wr->metrics->store_swept, res.removed);
         /* Behind: go again after a pause as long as the round (the
          * sweeper takes at most half of the time); else once a second. */
         wait_ms = res.behind ? SWEEP_BUDGET_MS : SWEEP_EVERY_MS;

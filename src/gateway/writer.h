@@ -61,8 +61,6 @@ typedef struct idem_writer {
     bool sweep_now;          /* a batch found the store full */
     bool stopping;
     bool started;
-    _Atomic uint64_t sweep_rounds;  /* sweeper rounds run */
-    _Atomic uint64_t sweep_removed; /* records they removed */
 } idem_writer_t;
 
 #define IDEM_JOBS_BATCH_MAX 256

@@ -114,6 +114,8 @@ class Sweeper(h.IdemTestCase):
                             "row found room)" % in_a_row)
             in_a_row = 0
             time.sleep(0.2)
+        # The room was the sweeper's, and /metrics counts what it removed.
+        self.assertGreater(h.metric_sum(d.counted_metrics(), "idem_store_swept_total"), 0)
 
 
 class LocalCache(h.IdemTestCase):
