@@ -116,6 +116,24 @@ IDEM_EXTERN idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, siz
 /** Whether the store answers now: IDEM_OK or IDEM_E_STORE_DOWN. */
 IDEM_EXTERN idem_err_t idem_store_ping(idem_store_t *store);
 
+/** The room of a store on this machine's disk (lmdb:, rocksdb:). */
+typedef struct idem_store_space {
+    /** Bytes the store's files take on disk now. */
+    uint64_t used_bytes;
+    /** Bytes of new data the store can still take before it refuses new
+     * records as IDEM_E_STORE_FULL: the smaller of what the filesystem has
+     * free and what the store's own limit (LMDB's map) leaves, less the
+     * room kept for deletes.  0 when full. */
+    uint64_t free_bytes;
+} idem_store_space_t;
+
+/** How much room the store has left, for a metric and a warning before it
+ * runs out.  Cheap (a statvfs and a few reads); any thread.
+ * @return IDEM_OK; IDEM_E_UNSUPPORTED for stores whose room is a server's
+ *         (redis://, postgres://) or memory's (memory:); IDEM_E_IO when the
+ *         filesystem cannot be asked. */
+IDEM_EXTERN idem_err_t idem_store_space(idem_store_t *store, idem_store_space_t *out);
+
 /** Whether idem_store_exec returns without waiting for a disk flush or a
  * network round trip (memory:, lmdb with sync=interval), so that a caller
  * may run it on a latency-sensitive thread.  False when store is NULL. */

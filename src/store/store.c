@@ -504,6 +504,14 @@ idem_err_t idem_store_ping(idem_store_t *store)
     return store == NULL ? IDEM_E_INVAL : store->ops->ping(store);
 }
 
+idem_err_t idem_store_space(idem_store_t *store, idem_store_space_t *out)
+{
+    if (store == NULL || out == NULL)
+        return IDEM_E_INVAL;
+    memset(out, 0, sizeof *out);
+    return store->ops->space == NULL ? IDEM_E_UNSUPPORTED : store->ops->space(store, out);
+}
+
 bool idem_store_exec_is_cheap(const idem_store_t *store)
 {
     return store != NULL && store->exec_is_cheap;

@@ -58,6 +58,9 @@ struct idem_store_ops {
                       idem_record_t *rec);
     idem_err_t (*sweep)(idem_store_t *store, int64_t now_ms, size_t max, size_t *removed);
     idem_err_t (*ping)(idem_store_t *store);
+    /* Optional: the room left on disk (idem_store_space); NULL is
+     * IDEM_E_UNSUPPORTED. */
+    idem_err_t (*space)(idem_store_t *store, idem_store_space_t *out);
     /* Optional: the backend keeps its own error text (e.g. a client
      * library's); NULL means the text set with idem__store_seterr. */
     const char *(*errstr)(idem_store_t *store);
