@@ -19,6 +19,10 @@
  * batch them into one exec, and concurrent exec calls on one environment
  * are group-committed here: they queue, and one of them (the leader) runs
  * the whole queue as one transaction while the others wait for its commit.
+ * (Letting the next group begin while the last one synced its meta page,
+ * MDB_NOMETASYNC and mdb_env_sync outside the writer lock, was measured and
+ * lost: a separate fdatasync costs more than LMDB's O_DSYNC meta write;
+ * docs/stores.md.)
  * sync=interval opens the environment with MDB_NOSYNC, and a flusher thread
  * calls mdb_env_sync every 100 ms and once at close: a crash of the process loses nothing, a power loss loses
  * up to the last 100 ms.  MDB_WRITEMAP is not used; docs/stores.md has the
@@ -65,7 +69,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,13 +79,17 @@
 #include "idem/units.h"
 #include "store/store_impl.h"
 
-#define DEFAULT_MAP_SIZE (1ull << 30)
+#define AUTO_MAP_MIN (1ull << 30) /* map_size=auto never maps less */
 #define MIN_MAP_SIZE (64ull << 10)
 #define MAX_MAP_SIZE (1ull << 44) /* 16 TiB: beyond that, a typo */
 #define MAX_READERS 512
 #define FLUSH_INTERVAL_NS 100000000L
 #define DB_NAME "records"
 #define RESERVE_MIN_PAGES 16 /* kept free for deletes in a full map (run_jobs) */
+#define DISK_RESERVE (64ull << 20) /* kept free on the filesystem for deletes */
+#define DISK_CHECK_NS 100000000L    /* statvfs at most this often on the commit path */
+#define DEFAULT_MAX_RESIDENT (128ull << 20)
+#define MAX_MAX_RESIDENT (1ull << 40)
 #define GROUP_MAX_OPS 10000 /* ops in one group-commit transaction, past the first batch */
 
 /* A caller's batch waiting for the group commit (lives on its stack). */
@@ -105,6 +115,15 @@ struct env {
     MDB_dbi ix_dbi; /* the expiry index */
     size_t map_pages;     /* the map's size in pages */
     size_t reserve_pages; /* kept free for deletes: see run_jobs */
+    size_t psize;         /* LMDB's page size */
+    char dir[PATH_MAX];   /* for statvfs */
+    char data_path[PATH_MAX + 16]; /* dir/data.mdb */
+    _Atomic int64_t disk_checked_ns; /* when disk_free was last read (monotonic) */
+    _Atomic uint64_t disk_free;      /* bytes free to us on the filesystem */
+    /* RSS: the map's address in this process and the resident budget */
+    uintptr_t map_addr;
+    size_t map_len;
+    uint64_t max_resident; /* 0: never hand pages back */
     /* the flusher (nosync only) */
     pthread_t flusher;
     pthread_mutex_t flock;
@@ -157,6 +176,8 @@ static idem_err_t fail(struct lmdb_store *s, const char *what, int rc)
     idem__store_seterr(&s->base, "lmdb %s: %s", what, mdb_strerror(rc));
     switch (rc) {
     case MDB_MAP_FULL:
+    case ENOSPC:
+    case EDQUOT:
         return IDEM_E_STORE_FULL;
     case MDB_READERS_FULL:
     case MDB_MAP_RESIZED:
@@ -250,7 +271,8 @@ static void flusher_stop(struct env *e)
 
 struct opts {
     int nosync;
-    uint64_t map_size;
+    uint64_t map_size; /* 0: auto, the filesystem's size */
+    uint64_t max_resident;
 };
 
 static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, size_t errlen)
@@ -259,7 +281,8 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     int r;
 
     o->nosync = 0;
-    o->map_size = DEFAULT_MAP_SIZE;
+    o->map_size = 0;
+    o->max_resident = DEFAULT_MAX_RESIDENT;
     while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
         if (strcmp(name, "sync") == 0) {
             if (strcmp(value, "always") == 0) {
@@ -272,13 +295,25 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
                                    value);
                 return IDEM_E_INVAL;
             }
+        } else if (strcmp(name, "map_size") == 0 && strcmp(value, "auto") == 0) {
+            o->map_size = 0;
+        } else if (strcmp(name, "max_resident") == 0) {
+            uint64_t size;
+            if (idem_parse_size(value, &size) != IDEM_OK || size > MAX_MAX_RESIDENT) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "lmdb store option max_resident=%s: expected a size up to "
+                                   "1TiB, e.g. 128MiB (0: never)",
+                                   value);
+                return IDEM_E_INVAL;
+            }
+            o->max_resident = size;
         } else if (strcmp(name, "map_size") == 0) {
             uint64_t size;
             if (idem_parse_size(value, &size) != IDEM_OK || size < MIN_MAP_SIZE ||
                 size > MAX_MAP_SIZE) {
                 idem__store_errbuf(errbuf, errlen,
-                                   "lmdb store option map_size=%s: expected a size from "
-                                   "64KiB to 16TiB, e.g. 1GiB",
+                                   "lmdb store option map_size=%s: expected auto or a size "
+                                   "from 64KiB to 16TiB, e.g. 1GiB",
                                    value);
                 return IDEM_E_INVAL;
             }
@@ -288,12 +323,96 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
             o->map_size = (size + ps - 1) / ps * ps;
         } else {
             idem__store_errbuf(errbuf, errlen,
-                               "unknown option \"%s\" for store lmdb: (known: sync, map_size)",
+                               "unknown option \"%s\" for store lmdb: (known: sync, map_size, "
+                               "max_resident)",
                                name);
             return IDEM_E_INVAL;
         }
     }
     return r < 0 ? IDEM_E_INVAL : IDEM_OK;
+}
+
+/* ---- room and memory ---------------------------------------------------- */
+
+/* Where LMDB mapped data.mdb in this process: the /proc/self/maps line of
+ * that file at offset 0 (LMDB's public API does not tell the address).
+ * Not found (no /proc): the map is never trimmed. */
+static void find_map(struct env *e)
+{
+    struct stat st;
+    char line[PATH_MAX + 128];
+    FILE *f;
+
+    if (stat(e->data_path, &st) != 0 || (f = fopen("/proc/self/maps", "re")) == NULL)
+        return;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long start, end, off, ino;
+        unsigned dmaj, dmin;
+        if (sscanf(line, "%lx-%lx %*4s %lx %x:%x %lu", &start, &end, &off, &dmaj, &dmin, &ino) ==
+                6 &&
+            off == 0 && ino == (unsigned long)st.st_ino && end > start) {
+            e->map_addr = (uintptr_t)start;
+            e->map_len = (size_t)(end - start);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Bytes free to this process on the store's filesystem; read with statvfs
+ * at most every DISK_CHECK_NS (fresh: now), else the last figure. */
+static uint64_t disk_free(struct env *e, int fresh)
+{
+    int64_t now = mono_ns();
+    if (fresh || now - atomic_load(&e->disk_checked_ns) >= DISK_CHECK_NS) {
+        struct statvfs v;
+        if (statvfs(e->dir, &v) == 0)
+            atomic_store(&e->disk_free, (uint64_t)v.f_bavail * v.f_frsize);
+        atomic_store(&e->disk_checked_ns, now);
+    }
+    return atomic_load(&e->disk_free);
+}
+
+/* Pages in data.mdb as of the last commit (its high-water mark). */
+static size_t file_pages(struct env *e)
+{
+    MDB_envinfo info;
+    return mdb_env_info(e->env, &info) == 0 ? (size_t)info.me_last_pgno + 1 : 0;
+}
+
+/* Hand the map's pages back to the kernel when this process holds more
+ * than max_resident of file pages.  Reading a random key touches a page of
+ * the map, and a touched page stays in the process's RSS until the process
+ * lets it go, so replays of random keys over a store of 10M records would
+ * grow the RSS to the whole file (gigabytes) although the pages are the
+ * kernel's page cache, shared and clean.  MADV_DONTNEED on this read-only
+ * shared file mapping drops only the process's mappings: the pages stay
+ * cached, the next read maps them again (a minor fault), and a reader in
+ * another thread that touches one meanwhile just faults it back in.  Runs
+ * from the sweep (once a second in idemd). */
+static void trim_resident(struct env *e)
+{
+    if (e->max_resident == 0 || e->map_addr == 0)
+        return;
+    FILE *f = fopen("/proc/self/statm", "re");
+    unsigned long size, resident, shared;
+    int got = f != NULL && fscanf(f, "%lu %lu %lu", &size, &resident, &shared) == 3;
+    if (f != NULL)
+        fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    if (!got || page <= 0 || (uint64_t)shared * (uint64_t)page <= e->max_resident)
+        return;
+    size_t len = file_pages(e) * e->psize;
+    if (len == 0 || len > e->map_len)
+        len = e->map_len;
+    (void)madvise((void *)e->map_addr, len, MADV_DONTNEED);
 }
 
 /* Index every record of dbi in ix (a directory written before the index). */
@@ -338,21 +457,45 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     atomic_init(&e->sync_failed, 0);
     e->qtail = &e->qhead;
 
-    if ((rc = mdb_env_create(&e->env)) != 0) {
-        what = "mdb_env_create";
-        goto fail;
-    }
-    if ((rc = mdb_env_set_maxreaders(e->env, MAX_READERS)) != 0 ||
-        (rc = mdb_env_set_maxdbs(e->env, 3)) != 0 ||
-        (rc = mdb_env_set_mapsize(e->env, (size_t)o->map_size)) != 0) {
-        what = "configuring the environment";
-        goto fail;
+    snprintf(e->dir, sizeof e->dir, "%s", dir);
+    snprintf(e->data_path, sizeof e->data_path, "%s/data.mdb", dir);
+    e->max_resident = o->max_resident;
+    /* map_size=auto: the filesystem's size, so the store grows on disk as
+     * records arrive, up to what the disk holds (the file is as large as
+     * what was written, never the map).  Where the address space is
+     * limited (ulimit -v), the map halves until it fits. */
+    uint64_t map = o->map_size;
+    if (map == 0) {
+        struct statvfs v;
+        map = statvfs(dir, &v) == 0 ? (uint64_t)v.f_blocks * v.f_frsize : AUTO_MAP_MIN;
+        map = map < AUTO_MAP_MIN ? AUTO_MAP_MIN : map > MAX_MAP_SIZE ? MAX_MAP_SIZE : map;
+        map &= ~(uint64_t)(64 * 1024 - 1);
     }
     /* No MDB_WRITEMAP: see docs/stores.md (a full disk would be SIGBUS). */
     unsigned flags = MDB_NOTLS | (o->nosync ? MDB_NOSYNC : 0);
-    if ((rc = IO(mdb_env_open(e->env, dir, flags, 0600))) != 0) {
-        what = "mdb_env_open";
-        goto fail;
+    for (;;) {
+        if ((rc = mdb_env_create(&e->env)) != 0) {
+            what = "mdb_env_create";
+            goto fail;
+        }
+        if ((rc = mdb_env_set_maxreaders(e->env, MAX_READERS)) != 0 ||
+            (rc = mdb_env_set_maxdbs(e->env, 3)) != 0 ||
+            (rc = mdb_env_set_mapsize(e->env, (size_t)map)) != 0) {
+            what = "configuring the environment";
+            goto fail;
+        }
+        rc = IO(mdb_env_open(e->env, dir, flags, 0600));
+        if (rc == ENOMEM && o->map_size == 0 && map / 2 >= AUTO_MAP_MIN) {
+            mdb_env_close(e->env);
+            e->env = NULL;
+            map /= 2;
+            continue;
+        }
+        if (rc != 0) {
+            what = "mdb_env_open";
+            goto fail;
+        }
+        break;
     }
     int dead = 0;
     mdb_reader_check(e->env, &dead); /* free slots of dead processes; best effort */
@@ -381,10 +524,9 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     }
     MDB_envinfo info;
     MDB_stat est;
-    if (mdb_env_info(e->env, &info) == 0 && mdb_env_stat(e->env, &est) == 0 && est.ms_psize > 0)
-        e->map_pages = info.me_mapsize / est.ms_psize;
-    else
-        e->map_pages = (size_t)(o->map_size / 4096);
+    e->psize = mdb_env_stat(e->env, &est) == 0 && est.ms_psize > 0 ? est.ms_psize : 4096;
+    e->map_pages = (size_t)((mdb_env_info(e->env, &info) == 0 ? info.me_mapsize : map) / e->psize);
+    find_map(e);
     e->reserve_pages = e->map_pages / 64 > RESERVE_MIN_PAGES ? e->map_pages / 64
                                                               : RESERVE_MIN_PAGES;
     if (o->nosync && flusher_start(e) != 0) {
@@ -634,6 +776,16 @@ static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
         mdb_txn_abort(txn);
         return fail(s, "keeping the reserve for deletes", MDB_MAP_FULL);
     }
+    /* The same on the filesystem: once the file's free pages run low, it
+     * grows only while DISK_RESERVE stays free on the disk (a write that
+     * found the disk full would fail anyway, ENOSPC, but then the deletes
+     * would find no room either). */
+    size_t slack = (size_t)(DISK_RESERVE / s->e->psize);
+    if (after > before && after + slack > file_pages(s->e) &&
+        disk_free(s->e, 0) < DISK_RESERVE) {
+        mdb_txn_abort(txn);
+        return fail(s, "keeping room on the disk for deletes", MDB_MAP_FULL);
+    }
     if ((rc = txn_commit(txn)) != 0)
         return fail(s, "mdb_txn_commit", rc);
     return IDEM_OK;
@@ -821,10 +973,11 @@ static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, siz
             total += gone;
             break;
         }
-        if (rc != MDB_MAP_FULL)
+        if (rc != MDB_MAP_FULL && rc != ENOSPC && rc != EDQUOT)
             break;
     }
     pthread_mutex_unlock(&s->sweep_lock);
+    trim_resident(s->e);
     *removed = total;
     return rc == 0 ? IDEM_OK : fail(s, what, rc);
 }
@@ -847,6 +1000,37 @@ static idem_err_t lmdb_ping(idem_store_t *base)
     return IDEM_OK;
 }
 
+/* The room left: the smaller of what the map and what the disk allow, each
+ * less its reserve for deletes; the file's free pages count on the disk's
+ * side, since LMDB reuses them before it grows the file. */
+static idem_err_t lmdb_space(idem_store_t *base, idem_store_space_t *out)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    struct env *e = s->e;
+    struct stat st;
+    MDB_txn *txn;
+
+    if (stat(e->data_path, &st) != 0) {
+        idem__store_seterr(base, "lmdb: stat %s: %s", e->data_path, strerror(errno));
+        return IDEM_E_IO;
+    }
+    int rc = begin(s, MDB_RDONLY, &txn);
+    if (rc != 0)
+        return fail(s, "mdb_txn_begin", rc);
+    size_t used = used_pages(txn, e);
+    mdb_txn_abort(txn);
+    size_t in_file = file_pages(e);
+    uint64_t dfree = disk_free(e, 1);
+    uint64_t on_disk = (in_file > used ? (uint64_t)(in_file - used) * e->psize : 0) +
+                       (dfree > DISK_RESERVE ? dfree - DISK_RESERVE : 0);
+    uint64_t in_map = e->map_pages > used + e->reserve_pages
+                          ? (uint64_t)(e->map_pages - used - e->reserve_pages) * e->psize
+                          : 0;
+    out->used_bytes = (uint64_t)st.st_blocks * 512u;
+    out->free_bytes = on_disk < in_map ? on_disk : in_map;
+    return IDEM_OK;
+}
+
 const struct idem_store_ops idem__store_lmdb_ops = {
     .name = "lmdb",
     .scheme = "lmdb",
@@ -856,4 +1040,5 @@ const struct idem_store_ops idem__store_lmdb_ops = {
     .get = lmdb_get,
     .sweep = lmdb_sweep,
     .ping = lmdb_ping,
+    .space = lmdb_space,
 };

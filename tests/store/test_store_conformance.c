@@ -34,6 +34,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1212,6 +1213,146 @@ Test(store_lmdb, sweep_of_a_full_map_gives_the_space_back, .init = setup_lmdb,
     for (int i = 0; i < stored / 2; i++) {
         snprintf(key, sizeof key, "again-%d", i);
         cr_expect_eq(claim_on(s, key, 1, T0 + TTL + 2).kind, IDEM_DECIDE_CLAIM, "%s", key);
+    }
+    idem_store_close(s);
+}
+
+/* The room left (idem_store_space): what the map and the disk allow.  A
+ * store filled until it refuses says it has (almost) nothing left; after
+ * the sweep it has room again. */
+Test(store_lmdb, space_says_how_much_room_is_left, .init = setup_lmdb, .fini = teardown)
+{
+    char u[PATH_MAX + 64], key[32];
+    snprintf(u, sizeof u, "lmdb:%s/room?map_size=1MiB", dir);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    idem_store_space_t sp;
+    cr_assert_eq(idem_store_space(s, &sp), IDEM_OK, "%s", idem_store_errstr(s));
+    cr_expect_gt(sp.used_bytes, 0);
+    cr_expect(sp.free_bytes > 512 * 1024 && sp.free_bytes < 1024 * 1024, "free %llu of a 1 MiB map",
+              (unsigned long long)sp.free_bytes);
+    uint64_t empty_free = sp.free_bytes;
+
+    static uint8_t body[2000];
+    memset(body, 'r', sizeof body);
+    idem_response_t r = {200, NULL, 0, body, sizeof body};
+    idem_err_t rc = IDEM_OK;
+    for (int i = 0; i < 100000 && rc == IDEM_OK; i++) {
+        snprintf(key, sizeof key, "room-%d", i);
+        idem_op_t ops[2] = {claim_op(key, 1, T0)};
+        ops[1].kind = IDEM_OP_COMPLETE;
+        ops[1].id = ops[0].id;
+        ops[1].fence = 1;
+        ops[1].response = &r;
+        ops[1].expires_at_ms = T0 + TTL;
+        rc = idem_store_exec(s, ops, 2);
+    }
+    cr_assert_eq(rc, IDEM_E_STORE_FULL, "%s", idem_err_name(rc));
+    cr_assert_eq(idem_store_space(s, &sp), IDEM_OK);
+    /* less than the refused batch needed: a record and a few pages of path */
+    cr_expect_lt(sp.free_bytes, 64 * 1024, "free %llu after a refusal",
+                 (unsigned long long)sp.free_bytes);
+    size_t removed;
+    cr_assert_eq(idem_store_sweep(s, T0 + TTL + 1, 1000000, &removed), IDEM_OK);
+    cr_assert_gt(removed, 0);
+    cr_assert_eq(idem_store_space(s, &sp), IDEM_OK);
+    cr_expect_gt(sp.free_bytes, empty_free / 2, "free %llu after the sweep",
+                 (unsigned long long)sp.free_bytes);
+    idem_store_close(s);
+    /* The network and memory stores have no disk of their own to tell of. */
+    idem_store_t *m;
+    cr_assert_eq(idem_store_open("memory:", &m, NULL, 0), IDEM_OK);
+    cr_expect_eq(idem_store_space(m, &sp), IDEM_E_UNSUPPORTED);
+    idem_store_close(m);
+    cr_expect_eq(idem_store_space(NULL, &sp), IDEM_E_INVAL);
+}
+
+/* Without map_size the map is the filesystem's size (it was 1 GiB): the
+ * store grows with its data up to what the disk holds, and the room it
+ * reports is the disk's, less the reserve. */
+Test(store_lmdb, default_map_grows_to_what_the_disk_holds, .init = setup_lmdb, .fini = teardown)
+{
+    struct statvfs v;
+    cr_assert_eq(statvfs(dir, &v), 0);
+    uint64_t disk_free = (uint64_t)v.f_bavail * v.f_frsize;
+    if (disk_free < (3ull << 30))
+        cr_skip_test("the filesystem of %s has less than 3 GiB free", dir);
+    idem_store_space_t sp;
+    cr_assert_eq(idem_store_space(st, &sp), IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_gt(sp.free_bytes, 2ull << 30, "free %llu: the map is not the disk's size",
+                 (unsigned long long)sp.free_bytes);
+    cr_expect_leq(sp.free_bytes, disk_free + (1ull << 20));
+    /* the file is as large as what was written, not the map */
+    cr_expect_lt(sp.used_bytes, 16ull << 20, "used %llu", (unsigned long long)sp.used_bytes);
+}
+
+/* The pages of the map this process holds (its RSS), from /proc/self/smaps:
+ * the Rss of the mapping of path. */
+static uint64_t mapped_rss(const char *path)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert(f != NULL);
+    char line[PATH_MAX + 256];
+    int in = 0;
+    uint64_t total = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long a, b;
+        unsigned long long kb;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2)
+            in = strstr(line, path) != NULL; /* a mapping's first line */
+        else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1)
+            total += kb * 1024;
+    }
+    fclose(f);
+    return total;
+}
+
+/* Reading touches pages of the map, which stay in the RSS; above
+ * max_resident the sweep hands them back (they stay in the page cache). */
+Test(store_lmdb, sweep_hands_back_the_pages_reads_touched, .init = setup_lmdb, .fini = teardown)
+{
+    char u[PATH_MAX + 64], key[32], data[PATH_MAX + 32];
+    snprintf(u, sizeof u, "lmdb:%s/rss?max_resident=1MiB", dir);
+    snprintf(data, sizeof data, "%s/rss/data.mdb", dir);
+    idem_store_t *s;
+    cr_assert_eq(idem_store_open(u, &s, NULL, 0), IDEM_OK);
+    static uint8_t body[3000];
+    memset(body, 'm', sizeof body);
+    idem_response_t r = {200, NULL, 0, body, sizeof body};
+    enum { N = 4000, B = 100 };
+    for (int i = 0; i < N; i += B) {
+        idem_op_t ops[2 * B];
+        for (int j = 0; j < B; j++) {
+            snprintf(key, sizeof key, "rss-%d", i + j);
+            ops[2 * j] = claim_op(key, 1, T0);
+            ops[2 * j + 1] = (idem_op_t){.kind = IDEM_OP_COMPLETE, .id = ops[2 * j].id,
+                                         .fence = 1, .response = &r,
+                                         .expires_at_ms = T0 + TTL};
+        }
+        cr_assert_eq(idem_store_exec(s, ops, 2 * B), IDEM_OK, "%s", idem_store_errstr(s));
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "rss-%d", i);
+        idem_key_id_t id = kid(key);
+        idem_record_t rec;
+        cr_assert_eq(idem_store_get(s, &id, T0, &rec), IDEM_OK);
+        idem_record_cleanup(&rec);
+    }
+    uint64_t before = mapped_rss(data);
+    cr_assert_gt(before, 8ull << 20, "reading %d records of 3 KB mapped only %llu bytes", N,
+                 (unsigned long long)before);
+    size_t removed;
+    cr_assert_eq(idem_store_sweep(s, T0, 1000, &removed), IDEM_OK);
+    uint64_t after = mapped_rss(data);
+    cr_expect_lt(after, 1ull << 20, "after the sweep the map still holds %llu bytes (was %llu)",
+                 (unsigned long long)after, (unsigned long long)before);
+    /* and every record still reads back */
+    for (int i = 0; i < N; i += 97) {
+        snprintf(key, sizeof key, "rss-%d", i);
+        idem_key_id_t id = kid(key);
+        idem_record_t rec;
+        cr_expect_eq(idem_store_get(s, &id, T0, &rec), IDEM_OK, "%s", key);
+        idem_record_cleanup(&rec);
     }
     idem_store_close(s);
 }
