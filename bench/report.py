@@ -13,6 +13,13 @@ ratios of idemd to express-idempotency (new key and replay), and writes
 everything, every round's raw wrk output included, to
 RESULTS_DIR/bench-<UTC time>.json (and latest.json).
 
+The steady-state row (idemd-steady) is not a round of the table: run.sh
+leaves idemd-steady.samples (a sample every 10 s: the store's bytes on
+disk, new keys and swept records from /metrics, requests answered, RSS) and
+idemd-steady.wrk.  This script prints the samples as their own table and
+judges them (steady_verdict: the size must stay flat after the first TTL);
+a store that grew is a "not met" line like a missed target.
+
 Usage: report.py WORKDIR RESULTS_DIR.  Exit status 0, or 1 when
 BENCH_STRICT=1 and a target was missed or a row had errors.  Python stdlib
 only.
@@ -64,6 +71,21 @@ TARGETS = {
     "idemd-new-redis": (0.7, None),
     "idemd-new-pg": (0.4, None),
 }
+
+# The steady-state verdict.  After the first key_ttl the sweeper removes
+# keys as fast as they come, so the store's size must stop growing; but a
+# store's size moves in steps (RocksDB flushes memtables and compacts, an
+# LMDB file grows until its free pages are reused), so single samples are
+# not compared.  The reference is the largest size among the samples from
+# key_ttl to key_ttl + STEADY_WINDOW seconds; the end is the largest among
+# the samples of the run's last STEADY_WINDOW seconds that come after that
+# window.  Flat: end <= reference + max(STEADY_GROWTH of it, STEADY_SLACK).
+# A store that keeps every key grows by about the first TTL's size every
+# TTL, so over the default 180 s with key_ttl 10s it ends many times over
+# the bound; a slow leak of more than 10 % in the run is caught too.
+STEADY_WINDOW = 20
+STEADY_GROWTH = 0.10
+STEADY_SLACK = 4 << 20
 
 UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 
@@ -141,6 +163,67 @@ def summarise_delta(d):
         if cnt:
             res["%s_mean_ms" % h] = round(tot / cnt * 1e3, 3)
     return res
+
+
+def read_steady(work, meta):
+    """The steady-state samples and wrk figures, judged; None without the row."""
+    path = os.path.join(work, "idemd-steady.samples")
+    if not os.path.exists(path):
+        return None
+    names = ("seconds", "bytes_on_disk", "bytes_apparent", "new", "swept", "answered", "rss_kib")
+    samples = []
+    with open(path) as f:
+        for line in f.read().splitlines()[1:]:
+            parts = line.split("\t")
+            if len(parts) != len(names):
+                continue
+            smp = dict(zip(names, [float(parts[0])] + [int(p) for p in parts[1:]]))
+            smp["records"] = smp["new"] - smp["swept"]
+            samples.append(smp)
+    ttl = int(meta.get("steady_ttl_seconds", 10))
+    st = {"ttl": meta.get("steady_ttl"), "ttl_seconds": ttl, "seconds": meta.get("steady_seconds"),
+          "store": meta.get("steady_store"), "embedded": meta.get("embedded", "lmdb"),
+          "samples": samples}
+    wpath = os.path.join(work, "idemd-steady.wrk")
+    if os.path.exists(wpath):
+        with open(wpath) as f:
+            raw = f.read()
+        st["wrk"] = {**parse_wrk(raw), "wrk_output": raw}
+    st["verdict"] = steady_verdict(samples, ttl)
+    return st
+
+
+def steady_verdict(samples, ttl):
+    """Flat when the end's largest size is within the bound of the reference's."""
+    v = {"rule": "largest size on disk in the last %ds <= largest from key_ttl to key_ttl + %ds"
+                 " + max(%d%%, %d MiB)" % (STEADY_WINDOW, STEADY_WINDOW, STEADY_GROWTH * 100,
+                                           STEADY_SLACK >> 20)}
+    ref = [s for s in samples if ttl <= s["seconds"] <= ttl + STEADY_WINDOW]
+    last = samples[-1]["seconds"] if samples else 0
+    end = [s for s in samples if s["seconds"] > ttl + STEADY_WINDOW and s["seconds"] >= last - STEADY_WINDOW]
+    if not ref or not end:
+        v.update(flat=None, why="no sample after key_ttl + %ds (the run must last at least key_ttl + %ds)"
+                 % (STEADY_WINDOW, STEADY_WINDOW + 10))
+        return v
+    ref_b = max(s["bytes_on_disk"] for s in ref)
+    end_b = max(s["bytes_on_disk"] for s in end)
+    limit = ref_b + max(ref_b * STEADY_GROWTH, STEADY_SLACK)
+    v.update(reference_seconds=[ref[0]["seconds"], ref[-1]["seconds"]], reference_bytes=ref_b,
+             end_seconds=[end[0]["seconds"], end[-1]["seconds"]], end_bytes=end_b,
+             limit_bytes=int(limit), growth=(end_b - ref_b) / ref_b if ref_b else None,
+             flat=end_b <= limit)
+    return v
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "-"
+    return "%.1f MiB" % (n / 1048576.0) if n >= 1048576 else "%d KiB" % (n // 1024)
+
+
+def fmt_span(ab):
+    """[a, b] seconds as "40s" or "10-30s"."""
+    return "%.0fs" % ab[0] if round(ab[0]) == round(ab[1]) else "%.0f-%.0fs" % (ab[0], ab[1])
 
 
 def median(values):
@@ -301,6 +384,42 @@ def main():
                 v["path"], by[v["idemd_row"]]["label"], v["rps_ratio"],
                 fmt_ms(v["idemd_p99_ms"]), fmt_ms(v["express_p99_ms"]),
                 ("  target >=1.0x %s" % ("MET" if v["met"] else "MISSED")) if v["target"] else ""))
+    steady = read_steady(work, meta)
+    if steady:
+        print()
+        w = steady.get("wrk") or {}
+        print("steady state, key_ttl %s: %s sync=interval, a fresh store, wrk -c%s for %ss: "
+              "%s req/s, p99 %s" % (steady["ttl"], steady["embedded"], meta.get("connections"),
+                                    steady["seconds"], "%.0f" % w["rps"] if w.get("rps") else "-",
+                                    fmt_ms(w.get("p99_ms"))))
+        hdr = "%8s %12s %10s %10s %10s %11s %9s" % ("t", "on disk", "records", "new", "swept",
+                                                   "answered", "RSS")
+        print(hdr)
+        print("-" * len(hdr))
+        for smp in steady["samples"]:
+            print("%7.0fs %12s %10d %10d %10d %11d %9s" % (
+                smp["seconds"], fmt_bytes(smp["bytes_on_disk"]), smp["records"], smp["new"],
+                smp["swept"], smp["answered"], fmt_bytes(smp["rss_kib"] * 1024)))
+        v = steady["verdict"]
+        if v["flat"] is None:
+            line = "no verdict: %s" % v["why"]
+            missed.append("steady state: " + line)
+        else:
+            line = "%s: at most %s at %s against %s at %s (%+.1f%%; limit %s)" % (
+                "FLAT" if v["flat"] else "GREW", fmt_bytes(v["end_bytes"]), fmt_span(v["end_seconds"]),
+                fmt_bytes(v["reference_bytes"]), fmt_span(v["reference_seconds"]),
+                (v["growth"] or 0) * 100, fmt_bytes(v["limit_bytes"]))
+            if not v["flat"]:
+                missed.append("steady state: the store grew after the first TTL, " + line)
+        print("verdict: %s" % line)
+        print("  (rule: %s)" % v["rule"])
+        errs = (w.get("non_2xx_3xx") or 0) + sum((w.get("socket_errors") or {}).values())
+        if errs:
+            missed.append("steady state: %d non-2xx answers, socket errors %s"
+                          % (w.get("non_2xx_3xx") or 0, w.get("socket_errors")))
+        if not steady.get("wrk") or not w.get("rps"):
+            missed.append("steady state: no wrk summary")
+
     if missed:
         print()
         print("not met / errors:")
@@ -310,6 +429,8 @@ def main():
     os.makedirs(results_dir, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     doc = {"meta": meta, "rows": rows, "versus_express": versus_express, "not_met": missed}
+    if steady:
+        doc["steady"] = steady
     out = os.path.join(results_dir, "bench-%s.json" % stamp)
     for p in (out, os.path.join(results_dir, "latest.json")):
         with open(p, "w") as f:

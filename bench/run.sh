@@ -23,6 +23,14 @@
 #   express-replay      the same app, one completed key: every request a replay
 #   The express rows are skipped with BENCH_EXPRESS=0; bench/express's
 #   dependencies are installed there with `npm ci` when missing.
+#   idemd-steady        after the rounds, not interleaved: new keys at full
+#                       speed for BENCH_STEADY_SECONDS against an idemd of its
+#                       own on a FRESH embedded store (BENCH_EMBEDDED, sync=interval)
+#                       with key_ttl BENCH_STEADY_TTL; every 10 s the store's size
+#                       on disk, its records (new keys - swept, from /metrics),
+#                       requests answered and idemd's RSS.  The report prints
+#                       the samples and whether the size stayed flat after the
+#                       first TTL (bench/README.md states the rule).
 # BENCH_ROWS (a comma-separated list of the row names above) measures only
 # those rows; a server (Redis, PostgreSQL, the Express app) that no chosen
 # row needs is not started.
@@ -73,6 +81,8 @@
 #                         request) [map]
 #   BENCH_ROWS            comma-separated row names to measure; all of them when
 #                         empty [all]
+#   BENCH_STEADY_SECONDS  length of the idemd-steady run, at least TTL + 30 [180]
+#   BENCH_STEADY_TTL      key_ttl of the idemd-steady run: N s or N m [10s]
 #   BENCH_BASE_BUILD      another build directory (an older idemd, say): its idemd runs
 #                         beside this one on copies of the same preloaded store, and
 #                         rows base-new-always, base-new-interval and base-replay,
@@ -103,6 +113,8 @@ BENCH_EXPRESS=${BENCH_EXPRESS:-1}
 BENCH_EXPRESS_ADAPTER=${BENCH_EXPRESS_ADAPTER:-map}
 BENCH_ROWS=${BENCH_ROWS:-all}
 BENCH_BASE_BUILD=${BENCH_BASE_BUILD:-}
+BENCH_STEADY_SECONDS=${BENCH_STEADY_SECONDS:-180}
+BENCH_STEADY_TTL=${BENCH_STEADY_TTL:-10s}
 export BENCH_STRICT=${BENCH_STRICT:-0}
 
 # Messages go to fd 9, a copy of the original stderr: a trap that fires
@@ -112,7 +124,7 @@ say() { printf 'bench: %s\n' "$*" >&9; }
 die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
 
 for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
-  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS; do
+  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS BENCH_STEADY_SECONDS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
 done
 ((BENCH_SECONDS >= 1 && BENCH_SECONDS <= 3600)) || die "BENCH_SECONDS must be 1..3600"
@@ -126,10 +138,21 @@ done
   die "BENCH_EMBEDDED must be lmdb or rocksdb, not '$BENCH_EMBEDDED'"
 [[ $BENCH_EXPRESS_ADAPTER == map || $BENCH_EXPRESS_ADAPTER == default ]] ||
   die "BENCH_EXPRESS_ADAPTER must be map or default, not '$BENCH_EXPRESS_ADAPTER'"
+# The steady row's key_ttl, written into idemd's configuration as it is, and
+# in seconds for the verdict (report.py compares the sizes of TTL..TTL + 20 s
+# with those of the run's last 20 s after that).
+if [[ $BENCH_STEADY_TTL =~ ^([0-9]{1,5})(s|m)$ ]]; then
+  STEADY_TTL_SECONDS=$((10#${BASH_REMATCH[1]}))
+  [[ ${BASH_REMATCH[2]} == m ]] && STEADY_TTL_SECONDS=$((STEADY_TTL_SECONDS * 60))
+else
+  die "BENCH_STEADY_TTL must be whole seconds or minutes (10s, 2m), not '$BENCH_STEADY_TTL'"
+fi
+((STEADY_TTL_SECONDS >= 1 && STEADY_TTL_SECONDS <= 3600)) || die "BENCH_STEADY_TTL must be 1s..60m"
+((BENCH_STEADY_SECONDS <= 86400)) || die "BENCH_STEADY_SECONDS must be at most 86400"
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
           idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay
-          base-new-always base-new-interval base-replay)
+          base-new-always base-new-interval base-replay idemd-steady)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
   IFS=, read -r -a _rows <<<"$BENCH_ROWS"
   for _r in "${_rows[@]}"; do
@@ -147,6 +170,22 @@ fi
 if [[ $BENCH_EXPRESS == 1 ]] && ! want_row express-new && ! want_row express-replay; then
   BENCH_EXPRESS=0
 fi
+# The preloaded embedded stores and their two idemd processes (and the base
+# build's) serve these rows only; without them there is nothing to preload.
+EMBEDDED_ROWS=0
+for _r in idemd-new-always idemd-new-interval idemd-replay base-new-always base-new-interval base-replay; do
+  want_row "$_r" && EMBEDDED_ROWS=1
+done
+if ((EMBEDDED_ROWS == 0)); then
+  BENCH_PRELOAD=0
+  BENCH_PROFILE=0
+fi
+STEADY=0
+want_row idemd-steady && STEADY=1
+if ((STEADY == 1 && BENCH_STEADY_SECONDS < STEADY_TTL_SECONDS + 30)); then
+  die "BENCH_STEADY_SECONDS must be at least BENCH_STEADY_TTL + 30 ($((STEADY_TTL_SECONDS + 30))): the" \
+    "sizes of TTL..TTL + 20 s are compared with a later one"
+fi
 
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
@@ -156,6 +195,7 @@ if [[ -n $BENCH_BASE_BUILD ]]; then
   case $BENCH_BASE_BUILD in /*) ;; *) BENCH_BASE_BUILD=$ROOT/$BENCH_BASE_BUILD ;; esac
   BASE_IDEMD=$BENCH_BASE_BUILD/idemd
   [[ -x $BASE_IDEMD ]] || die "BENCH_BASE_BUILD: $BASE_IDEMD is missing"
+  ((EMBEDDED_ROWS == 1)) || BASE_IDEMD=  # no base row chosen: not started
 fi
 LUA=$ROOT/bench/post.lua
 
@@ -225,12 +265,12 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Seventeen distinct free loopback ports (held open together while picked).
+# Nineteen distinct free loopback ports (held open together while picked).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
-  BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN < <(python3 - <<'PY'
+  BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(17)]
+socks = [socket.socket() for _ in range(19)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -370,7 +410,8 @@ BENCH_META_IDEMD="$IDEMD ($("$IDEMD" --version 2>/dev/null || echo '?'))"
 BENCH_META_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 BENCH_META_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)
 export IDEM_BUILD BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS \
-  BENCH_PRELOAD BENCH_MAP_SIZE BENCH_WORKERS BENCH_EMBEDDED
+  BENCH_PRELOAD BENCH_MAP_SIZE BENCH_WORKERS BENCH_EMBEDDED BENCH_STEADY_SECONDS BENCH_STEADY_TTL \
+  STEADY_TTL_SECONDS
 write_meta() { # extra JSON fields as NAME=VALUE... (strings)
   python3 - "$WORK/meta.json" "$@" <<'PY'
 import json, os, sys
@@ -386,6 +427,8 @@ meta = {
     "preload": int(e["BENCH_PRELOAD"]), "map_size": e["BENCH_MAP_SIZE"],
     "workers": int(e["BENCH_WORKERS"]), "data_fs": e["BENCH_META_FS"],
     "embedded": e["BENCH_EMBEDDED"],
+    "steady_seconds": int(e["BENCH_STEADY_SECONDS"]), "steady_ttl": e["BENCH_STEADY_TTL"],
+    "steady_ttl_seconds": int(e["STEADY_TTL_SECONDS"]),
     "loadavg_at_start": e["BENCH_META_LOAD"],
 }
 if os.path.exists(path):
@@ -400,8 +443,8 @@ PY
 }
 write_meta
 
-say "work dir $WORK ($data_fs); nginx upstream :$UP_PORT, proxy :$PROXY_PORT;" \
-    "idemd sync=always :$IDEM_A_PORT (admin :$ADMIN_A_PORT), sync=interval :$IDEM_I_PORT (admin :$ADMIN_I_PORT)"
+say "work dir $WORK ($data_fs); nginx upstream :$UP_PORT, proxy :$PROXY_PORT$( ((EMBEDDED_ROWS == 0)) ||
+    echo "; idemd sync=always :$IDEM_A_PORT (admin :$ADMIN_A_PORT), sync=interval :$IDEM_I_PORT (admin :$ADMIN_I_PORT)")"
 
 # ---- the stores -------------------------------------------------------------------
 
@@ -456,7 +499,7 @@ EOF
 # start_idemd NAME PORT ADMIN_PORT STORE_URL: sets IDEMD_PID.
 start_idemd() {
   local name=$1 port=$2 aport=$3 url=$4 log=/dev/null
-  local args=(--config "$WORK/idemd.yaml" --listen "127.0.0.1:$port" --admin "127.0.0.1:$aport"
+  local args=(--config "${IDEMD_CONFIG:-$WORK/idemd.yaml}" --listen "127.0.0.1:$port" --admin "127.0.0.1:$aport"
               --upstream "http://127.0.0.1:$UP_PORT" --store "$url" --workers "$BENCH_WORKERS")
   local bin=${IDEMD_BIN:-$IDEMD}
   timeout 30 "$bin" -t "${args[@]}" >/dev/null || die "idemd -t refused the bench configuration"
@@ -501,15 +544,17 @@ IDEM_A_URL=http://127.0.0.1:$IDEM_A_PORT/
 IDEM_I_URL=http://127.0.0.1:$IDEM_I_PORT/
 ADMIN_A_URL=http://127.0.0.1:$ADMIN_A_PORT
 ADMIN_I_URL=http://127.0.0.1:$ADMIN_I_PORT
-start_idemd idemd-always "$IDEM_A_PORT" "$ADMIN_A_PORT" "$(embedded_url "$ALWAYS_DIR" always)"
-ALWAYS_PID=$IDEMD_PID
-start_idemd idemd-interval "$IDEM_I_PORT" "$ADMIN_I_PORT" "$(embedded_url "$INTERVAL_DIR" interval)"
-INTERVAL_PID=$IDEMD_PID
-check_key "$IDEM_A_URL" "$RUNID-check-always"
-check_key "$IDEM_I_URL" "$RUNID-check-interval"
-# The replay row's key: completed once here, replayed by every request after.
+# The replay rows' key: completed once here, replayed by every request after.
 REPLAY_KEY=$RUNID-replay
-check_key "$IDEM_A_URL" "$REPLAY_KEY"
+if ((EMBEDDED_ROWS == 1)); then
+  start_idemd idemd-always "$IDEM_A_PORT" "$ADMIN_A_PORT" "$(embedded_url "$ALWAYS_DIR" always)"
+  ALWAYS_PID=$IDEMD_PID
+  start_idemd idemd-interval "$IDEM_I_PORT" "$ADMIN_I_PORT" "$(embedded_url "$INTERVAL_DIR" interval)"
+  INTERVAL_PID=$IDEMD_PID
+  check_key "$IDEM_A_URL" "$RUNID-check-always"
+  check_key "$IDEM_I_URL" "$RUNID-check-interval"
+  check_key "$IDEM_A_URL" "$REPLAY_KEY"
+fi
 if [[ -n $BASE_IDEMD ]]; then
   BASE_A_URL=http://127.0.0.1:$BASE_A_PORT/
   BASE_I_URL=http://127.0.0.1:$BASE_I_PORT/
@@ -634,8 +679,10 @@ if [[ $BENCH_PROFILE == 1 ]]; then
   profile idemd-replay "$IDEM_A_URL" fixed "$REPLAY_KEY" "$ALWAYS_PID"
 fi
 
-stop_idemd idemd-always "$ALWAYS_PID"
-stop_idemd idemd-interval "$INTERVAL_PID"
+if ((EMBEDDED_ROWS == 1)); then
+  stop_idemd idemd-always "$ALWAYS_PID"
+  stop_idemd idemd-interval "$INTERVAL_PID"
+fi
 if [[ -n $BASE_IDEMD ]]; then
   stop_idemd base-always "$BASE_ALWAYS_PID"
   stop_idemd base-interval "$BASE_INTERVAL_PID"
@@ -649,6 +696,90 @@ if [[ $BENCH_EXPRESS == 1 ]]; then
   write_meta express_rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$EXPRESS_PID/status" 2>/dev/null || echo 0)"
   stop_pid "$EXPRESS_PID"
   forget_pid "$EXPRESS_PID"
+fi
+
+# ---- the steady state ------------------------------------------------------------------
+#
+# After the rounds and with every other idemd stopped, so that nothing else
+# competes with it: one idemd on a fresh embedded store (sync=interval: new
+# keys at full speed, not at the disk's flush rate) with key_ttl
+# BENCH_STEADY_TTL, one wrk run of BENCH_STEADY_SECONDS, and a sample every
+# 10 s (and one when wrk ends) into $WORK/idemd-steady.samples, one line each:
+#   elapsed seconds, bytes allocated on disk (du -B1 of the store directory:
+#   blocks, so a sparse file counts what it uses), its apparent size (du -b),
+#   idem_requests_total{outcome="new"}, idem_store_swept_total, the sum of
+#   idem_requests_total over outcomes (requests answered), idemd's VmRSS in KiB.
+# Records in the store are about new - swept (a key that was never completed
+# expires too, and is swept as one).  report.py judges the samples.
+
+# steady_sample ELAPSED: one line of samples (and a line for the user).
+steady_sample() {
+  local t=$1 alloc apparent m new swept answered rss
+  alloc=$(du -s -B1 "$STEADY_DIR" 2>/dev/null | cut -f1) || alloc=0
+  apparent=$(du -s -b "$STEADY_DIR" 2>/dev/null | cut -f1) || apparent=0
+  m=$(curl -sf --max-time 5 "$STEADY_ADMIN/metrics") ||
+    die "idemd-steady: cannot read $STEADY_ADMIN/metrics at ${t}s (did idemd die?)"
+  read -r new swept answered < <(awk '
+    $1 == "idem_requests_total{outcome=\"new\"}" { n = $2 }
+    $1 == "idem_store_swept_total" { s = $2 }
+    $1 ~ /^idem_requests_total\{/ { a += $2 }
+    END { printf "%d %d %d\n", n, s, a }' <<<"$m")
+  rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$STEADY_PID/status" 2>/dev/null || echo 0)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "${alloc:-0}" "${apparent:-0}" "$new" "$swept" \
+    "$answered" "${rss:-0}" >>"$WORK/idemd-steady.samples"
+  say "steady $(printf '%6ss' "$t")  on disk $((${alloc:-0} / 1024)) KiB, records ~$((new - swept))" \
+    "(new $new, swept $swept), answered $answered, RSS $((${rss:-0} / 1024)) MiB"
+}
+
+if ((STEADY == 1)); then
+  STEADY_DIR=$WORK/store-steady
+  STEADY_URL=http://127.0.0.1:$IDEM_S_PORT/
+  STEADY_ADMIN=http://127.0.0.1:$ADMIN_S_PORT
+  cat >"$WORK/idemd-steady.yaml" <<EOF
+# bench/run.sh, the steady-state row: every POST needs a key, kept $BENCH_STEADY_TTL.
+defaults:
+  key_ttl: $BENCH_STEADY_TTL
+routes:
+  - methods: [POST]
+    path: /
+    mode: required
+EOF
+  IDEMD_CONFIG=$WORK/idemd-steady.yaml start_idemd idemd-steady "$IDEM_S_PORT" "$ADMIN_S_PORT" \
+    "$(embedded_url "$STEADY_DIR" interval)"
+  STEADY_PID=$IDEMD_PID
+  check_key "$STEADY_URL" "$RUNID-check-steady"
+  write_meta steady_store="$(embedded_url "<dir>" interval)"
+  say "steady state: $BENCH_EMBEDDED sync=interval, fresh store, key_ttl $BENCH_STEADY_TTL," \
+    "wrk -c$BENCH_CONNECTIONS for ${BENCH_STEADY_SECONDS}s, a sample every 10 s"
+  printf 'seconds\tbytes_on_disk\tbytes_apparent\tnew\tswept\tanswered\trss_kib\n' \
+    >"$WORK/idemd-steady.samples"
+  # timeout itself in the background (not wrk_cmd's subshell), so that the
+  # EXIT trap's SIGTERM reaches it and it passes the signal on to wrk.
+  timeout --kill-after=5 $((BENCH_STEADY_SECONDS + 60)) \
+    wrk -t"$BENCH_THREADS" -c"$BENCH_CONNECTIONS" -d"${BENCH_STEADY_SECONDS}s" --timeout 10s --latency \
+    -s "$LUA" "$STEADY_URL" -- unique "$RUNID-s" >"$WORK/idemd-steady.wrk" 2>&1 &
+  steady_wrk=$!
+  PIDS+=("$steady_wrk")
+  t0=${EPOCHREALTIME/./}
+  steady_sample 0
+  for ((k = 1; k * 10 < BENCH_STEADY_SECONDS; k++)); do
+    # Sleep to the next 10 s mark (µs since t0), or stop if wrk ended early.
+    while :; do
+      kill -0 "$steady_wrk" 2>/dev/null || break 2
+      left=$((t0 + k * 10000000 - ${EPOCHREALTIME/./}))
+      ((left > 0)) || break
+      ((left > 500000)) && left=500000
+      sleep "$(printf '0.%06d' "$left")"
+    done
+    steady_sample $((k * 10))
+  done
+  rc=0
+  wait "$steady_wrk" || rc=$?
+  forget_pid "$steady_wrk"
+  ((rc == 0)) || die "idemd-steady: wrk failed (status $rc): $(tail -3 "$WORK/idemd-steady.wrk")"
+  now=${EPOCHREALTIME/./}
+  steady_sample "$(( (now - t0) / 1000000 )).$(( (now - t0) / 100000 % 10 ))"
+  stop_idemd idemd-steady "$STEADY_PID"
 fi
 
 # ---- the report ------------------------------------------------------------------------
