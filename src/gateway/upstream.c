@@ -169,15 +169,6 @@ static void on_defer_idle(uv_idle_t *h)
 
 /* ---- the idle pool ---------------------------------------------------------- */
 
-static void on_idle_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    idem_upconn_t *u = s->data;
-    /* An idle connection has nothing to say: any byte or EOF ends it. */
-    if (nread != 0)
-        up_close(u);
-}
-
 static void on_up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     idem_upconn_t *u = h->data;
@@ -207,8 +198,11 @@ static void up_to_pool(idem_upconn_t *u)
     u->state = UP_IDLE;
     idem_list_push(&c->idle, &u->link);
     c->n_idle++;
-    up_read_stop(u);
-    u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_idle_read) == 0;
+    /* An idle connection keeps reading (on_up_read closes it at any byte
+     * or EOF): one read callback for both states, so that a connection
+     * going to the pool and back costs no epoll_ctl. */
+    u->paused = false;
+    up_read_start(u);
     uv_timer_start(&u->timer, on_up_idle_timeout, IDEM_UPSTREAM_IDLE_MS, 0);
 }
 
@@ -352,6 +346,11 @@ static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     idem_upconn_t *u = s->data;
     if (nread == 0)
         return;
+    if (u->state == UP_IDLE) {
+        /* An idle connection has nothing to say: any byte or EOF ends it. */
+        up_close(u);
+        return;
+    }
     if (nread < 0) {
         if (u->state == UP_BODY && nread == UV_EOF && u->body.framing == IDEM_HTTP_BODY_EOF &&
             !u->paused) {
@@ -416,8 +415,7 @@ static int up_send(idem_upconn_t *u)
         return -1;
     u->writing = true;
     uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
-    up_read_stop(u);
-    up_read_start(u);
+    up_read_start(u); /* a pooled connection reads already */
     return 0;
 }
 
@@ -496,7 +494,6 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
         c->n_idle--;
         u = IDEM_CONTAINER(l, idem_upconn_t, link);
         uv_timer_stop(&u->timer);
-        up_read_stop(u);
     } else {
         u = idem_calloc(1, sizeof *u);
         if (!u) {
