@@ -506,9 +506,10 @@ idem_err_t idem_store_ping(idem_store_t *store)
 
 idem_err_t idem_store_space(idem_store_t *store, idem_store_space_t *out)
 {
+    if (out != NULL)
+        memset(out, 0, sizeof *out); /* zero on every failure too */
     if (store == NULL || out == NULL)
         return IDEM_E_INVAL;
-    memset(out, 0, sizeof *out);
     return store->ops->space == NULL ? IDEM_E_UNSUPPORTED : store->ops->space(store, out);
 }
 

@@ -951,7 +951,20 @@ Test(store, null_store_calls_are_safe)
     cr_expect_eq(idem_store_sweep(NULL, T0, 10, &removed), IDEM_E_INVAL);
     cr_expect_eq(removed, 0);
     cr_expect_eq(idem_store_ping(NULL), IDEM_E_INVAL);
+    idem_store_space_t sp = {1, 1};
+    cr_expect_eq(idem_store_space(NULL, &sp), IDEM_E_INVAL);
+    cr_expect_eq(sp.used_bytes, 0);
+    cr_expect_eq(sp.free_bytes, 0);
     idem_store_close(NULL);
+}
+
+Test(store_memory, has_no_disk_to_report, .init = setup_memory, .fini = teardown)
+{
+    idem_store_space_t sp = {1, 1};
+    cr_expect_eq(idem_store_space(st, &sp), IDEM_E_UNSUPPORTED);
+    cr_expect_eq(sp.used_bytes, 0);
+    cr_expect_eq(sp.free_bytes, 0);
+    cr_expect_eq(idem_store_space(st, NULL), IDEM_E_INVAL);
 }
 
 Test(store_memory, is_named_memory, .init = setup_memory, .fini = teardown)
