@@ -51,16 +51,38 @@
  * RocksDB text in the error).  Several idemd sharing one directory need
  * lmdb:.
  *
+ * Room on disk.  RocksDB writes until the disk is full, and then it is
+ * stuck: a full disk fails the WAL write and stops flushes and compactions,
+ * and compaction is the only way deletes give space back.  So the store
+ * refuses new records itself while the filesystem has room left:
+ * free_bytes (idem_store_space) is what statvfs says is available to us
+ * minus a reserve of max(min_free, used / 32), and while it is 0 a
+ * caller's batch that would add a record or make one larger fails with
+ * IDEM_E_STORE_FULL (that batch alone; the rest of its group commits).
+ * Renewals, releases, holds, deletes and the sweep still go through, and
+ * the reserve is room for compactions to write their output before they
+ * delete their input.  used_bytes is the sum of st_blocks of the regular
+ * files in PATH (SSTs, WAL with its preallocation, MANIFEST, LOG): what
+ * the store takes on the disk, obsolete files not yet deleted included.
+ * The exec path measures at most once a second (SPACE_TTL_NS), only when
+ * a batch grows the store, and never waits for another thread measuring;
+ * within that second up to a second's writes can go in, which the
+ * reserve covers.
+ *
  * Errors: a full disk (RocksDB's NoSpace, "No space left on device") is
- * IDEM_E_STORE_FULL; any other write error IDEM_E_IO; a read error
- * IDEM_E_STORE_DOWN; the RocksDB text goes to idem_store_errstr.
+ * IDEM_E_STORE_FULL, as is a growing batch while free_bytes is 0; any
+ * other write error IDEM_E_IO; a read error IDEM_E_STORE_DOWN; the RocksDB
+ * text goes to idem_store_errstr.
  *
  * THREADING: get and ping from any thread at any time; exec from any
  * thread, queued under qlock with one leader at a time; sweep under
  * sweep_lock, and its writes are plain RocksDB writes (each a check of the
- * record it deletes made inside the leader's lock, see sweep).
+ * record it deletes made inside the leader's lock, see sweep); space from
+ * any thread, measuring under space_lock, its last answer in atomics.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <rocksdb/c.h>
@@ -69,9 +91,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
 #include "idem/alloc.h"
+#include "idem/clock.h"
 #include "idem/units.h"
 #include "store/store_impl.h"
 
@@ -84,6 +108,14 @@
 #define FLUSH_INTERVAL_NS 100000000L
 #define GROUP_MAX_OPS 10000 /* ops in one group past the first batch */
 #define IXKEY_MAX (8 + IDEM_STORE_KEY_MAX)
+/* The room kept on the filesystem for compaction and deletes: at least
+ * min_free (default below), and used / SPACE_RESERVE_DIV of a large store,
+ * since a compaction writes its output before it deletes its input (at 51
+ * GB used that is RocksDB's default max_compaction_bytes, 1.6 GB). */
+#define DEFAULT_MIN_FREE (256ull << 20)
+#define MAX_MIN_FREE (1ull << 44) /* 16 TiB: beyond that, a typo */
+#define SPACE_RESERVE_DIV 32
+#define SPACE_TTL_NS 1000000000ull /* the exec path measures at most this often */
 
 /* A caller's batch waiting for the group commit (lives on its stack). */
 struct job {
@@ -91,6 +123,7 @@ struct job {
     idem_op_t *ops;
     size_t n;
     int done;          /* set by the leader, under qlock */
+    int refused;       /* refused alone for want of room (run_jobs) */
     idem_err_t result; /* the write's outcome */
     char errstr[200];  /* its detail, for the caller's idem_store_errstr */
 };
@@ -106,6 +139,14 @@ struct rocks_store {
     rocksdb_writeoptions_t *wopts; /* sync per the URL */
     rocksdb_readoptions_t *ropts;
     int nosync;
+    char dir[PATH_MAX]; /* PATH, for the room on disk */
+    uint64_t min_free;  /* the URL's min_free: the least reserve */
+    /* The room on disk: the last measure, read by exec without a lock. */
+    pthread_mutex_t space_lock;      /* one measure at a time */
+    _Atomic uint64_t space_at_ns;    /* monotonic time of the last measure; 0: never */
+    atomic_bool space_full;          /* it found free_bytes 0 */
+    _Atomic uint64_t space_avail;    /* what the filesystem had for us then */
+    _Atomic uint64_t space_reserve;  /* and the reserve (for the error text) */
     /* the group commit queue */
     pthread_mutex_t qlock;
     pthread_cond_t qcond;
@@ -243,6 +284,7 @@ struct opts {
     int nosync;
     uint64_t cache_size;
     uint64_t write_buffer_size;
+    uint64_t min_free;
 };
 
 static int size_opt(const char *name, const char *value, uint64_t lo, uint64_t hi,
@@ -266,6 +308,7 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     o->nosync = 0;
     o->cache_size = DEFAULT_CACHE;
     o->write_buffer_size = DEFAULT_WBUF;
+    o->min_free = DEFAULT_MIN_FREE;
     while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
         if (strcmp(name, "sync") == 0) {
             if (strcmp(value, "always") == 0) {
@@ -286,10 +329,14 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
             if (size_opt(name, value, MIN_WBUF, MAX_WBUF, "from 1MiB to 1GiB, e.g. 16MiB",
                          &o->write_buffer_size, errbuf, errlen) != 0)
                 return IDEM_E_INVAL;
+        } else if (strcmp(name, "min_free") == 0) {
+            if (size_opt(name, value, 0, MAX_MIN_FREE, "from 0 to 16384GiB, e.g. 1GiB",
+                         &o->min_free, errbuf, errlen) != 0)
+                return IDEM_E_INVAL;
         } else {
             idem__store_errbuf(errbuf, errlen,
                                "unknown option \"%s\" for store rocksdb: (known: sync, "
-                               "cache_size, write_buffer_size)",
+                               "cache_size, write_buffer_size, min_free)",
                                name);
             return IDEM_E_INVAL;
         }
@@ -360,6 +407,12 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
     s->base.exec_is_cheap = o.nosync != 0;
     s->base.reads_are_local = true;
     s->nosync = o.nosync;
+    s->min_free = o.min_free;
+    memcpy(s->dir, dir, path_len + 1);
+    atomic_init(&s->space_at_ns, 0);
+    atomic_init(&s->space_full, false);
+    atomic_init(&s->space_avail, 0);
+    atomic_init(&s->space_reserve, 0);
     s->qtail = &s->qhead;
     atomic_init(&s->floor, INT64_MIN);
     atomic_init(&s->sync_failed, 0);
@@ -439,6 +492,7 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     pthread_mutex_init(&s->sweep_lock, NULL);
+    pthread_mutex_init(&s->space_lock, NULL);
     *out = &s->base;
     return IDEM_OK;
 }
@@ -456,15 +510,85 @@ static void rocks_close(idem_store_t *base)
     pthread_cond_destroy(&s->qcond);
     pthread_mutex_destroy(&s->qlock);
     pthread_mutex_destroy(&s->sweep_lock);
+    pthread_mutex_destroy(&s->space_lock);
     idem_free(s);
+}
+
+/* ---- room on disk ----------------------------------------------------------- */
+
+/* Measure the store's files and the room of its filesystem into out, and
+ * keep the verdict for exec (space_lock held).  A file that a compaction
+ * deletes between readdir and fstatat is simply not counted. */
+static idem_err_t measure(struct rocks_store *s, idem_store_space_t *out)
+{
+    uint64_t used = 0;
+    DIR *d = opendir(s->dir);
+    if (d == NULL) {
+        idem__store_seterr(&s->base, "rocksdb: cannot read directory %s: %s", s->dir,
+                           strerror(errno));
+        return IDEM_E_IO;
+    }
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            used += (uint64_t)st.st_blocks * 512u;
+    }
+    closedir(d);
+    struct statvfs vfs;
+    if (statvfs(s->dir, &vfs) != 0) {
+        idem__store_seterr(&s->base, "rocksdb: statvfs %s: %s", s->dir, strerror(errno));
+        return IDEM_E_IO;
+    }
+    uint64_t frsize = vfs.f_frsize != 0 ? vfs.f_frsize : vfs.f_bsize;
+    uint64_t avail = frsize != 0 && (uint64_t)vfs.f_bavail > UINT64_MAX / frsize
+                         ? UINT64_MAX
+                         : (uint64_t)vfs.f_bavail * frsize;
+    uint64_t reserve = used / SPACE_RESERVE_DIV > s->min_free ? used / SPACE_RESERVE_DIV
+                                                              : s->min_free;
+    out->used_bytes = used;
+    out->free_bytes = avail > reserve ? avail - reserve : 0;
+    atomic_store(&s->space_avail, avail);
+    atomic_store(&s->space_reserve, reserve);
+    atomic_store(&s->space_full, out->free_bytes == 0);
+    return IDEM_OK;
+}
+
+static idem_err_t rocks_space(idem_store_t *base, idem_store_space_t *out)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    pthread_mutex_lock(&s->space_lock);
+    idem_err_t err = measure(s, out);
+    if (err == IDEM_OK)
+        atomic_store(&s->space_at_ns, idem_clock_mono_ns());
+    pthread_mutex_unlock(&s->space_lock);
+    return err;
+}
+
+/* Whether a batch that grows the store must be refused: the last measure
+ * found no room.  Measures again when that one is older than SPACE_TTL_NS,
+ * unless another thread is measuring right now (then the last one stands).
+ * A filesystem that cannot be asked refuses nothing: the write itself then
+ * says whether the disk took it. */
+static bool no_room(struct rocks_store *s)
+{
+    uint64_t now = idem_clock_mono_ns(), at = atomic_load(&s->space_at_ns);
+    if ((at == 0 || now - at >= SPACE_TTL_NS) && pthread_mutex_trylock(&s->space_lock) == 0) {
+        idem_store_space_t sp;
+        if (measure(s, &sp) != IDEM_OK)
+            atomic_store(&s->space_full, false);
+        atomic_store(&s->space_at_ns, now != 0 ? now : 1);
+        pthread_mutex_unlock(&s->space_lock);
+    }
+    return atomic_load(&s->space_full);
 }
 
 /* ---- exec ----------------------------------------------------------------- */
 
 /* Apply one caller's ops into wb; IDEM_OK or what stops the whole group.
- * *low is lowered to the least expires_at indexed. */
+ * *low is lowered to the least expires_at indexed; *grew is set when an op
+ * adds a record or makes one larger. */
 static idem_err_t apply_ops(struct rocks_store *s, rocksdb_writebatch_wi_t *wb, idem_op_t *ops,
-                            size_t n, int64_t *low, uint8_t **encp, size_t *capp)
+                            size_t n, int64_t *low, uint8_t **encp, size_t *capp, bool *grew)
 {
     uint8_t *enc = *encp;
     size_t enc_cap = *capp;
@@ -500,6 +624,8 @@ static idem_err_t apply_ops(struct rocks_store *s, rocksdb_writebatch_wi_t *wb, 
                 *capp = enc_cap = need;
             }
             idem_record_encode_into(&next, enc);
+            if (cur == NULL || need > vlen)
+                *grew = true;
             rocksdb_writebatch_wi_put_cf(wb, s->cf_rec, key, klen, (const char *)enc, need);
             if (!have_old || old_exp != next.expires_at_ms) {
                 if (have_old)
@@ -521,7 +647,11 @@ static idem_err_t apply_ops(struct rocks_store *s, rocksdb_writebatch_wi_t *wb, 
     return IDEM_OK;
 }
 
-/* One WriteBatch over every job of the list. */
+/* One WriteBatch over every job of the list.  A job that grows the store
+ * while there is no room is taken back out of the batch (a save point
+ * before each job) and marked refused, with IDEM_E_STORE_FULL as its
+ * result; the later jobs never see its writes.  The return value is the
+ * outcome of the others. */
 static idem_err_t run_jobs(struct rocks_store *s, struct job *jobs)
 {
     rocksdb_writebatch_wi_t *wb = rocksdb_writebatch_wi_create(0, 1);
@@ -532,8 +662,26 @@ static idem_err_t run_jobs(struct rocks_store *s, struct job *jobs)
 
     if (wb == NULL)
         return IDEM_E_NOMEM;
-    for (struct job *j = jobs; j != NULL && err == IDEM_OK; j = j->next)
-        err = apply_ops(s, wb, j->ops, j->n, &low, &enc, &enc_cap);
+    for (struct job *j = jobs; j != NULL && err == IDEM_OK; j = j->next) {
+        bool grew = false;
+        rocksdb_writebatch_wi_set_save_point(wb);
+        err = apply_ops(s, wb, j->ops, j->n, &low, &enc, &enc_cap, &grew);
+        if (err != IDEM_OK || !grew || !no_room(s))
+            continue;
+        char *rerr = NULL;
+        rocksdb_writebatch_wi_rollback_to_save_point(wb, &rerr);
+        if (rerr != NULL) {
+            err = fail(s, "rollback", rerr, IDEM_E_IO);
+            break;
+        }
+        j->refused = 1;
+        j->result = IDEM_E_STORE_FULL;
+        snprintf(j->errstr, sizeof j->errstr,
+                 "rocksdb: no room for new records: the filesystem has %llu MiB free, and "
+                 "%llu MiB are kept for compaction and deletes (min_free, or 1/%d of the store)",
+                 (unsigned long long)(atomic_load(&s->space_avail) >> 20),
+                 (unsigned long long)(atomic_load(&s->space_reserve) >> 20), SPACE_RESERVE_DIV);
+    }
     idem_free(enc);
     if (err == IDEM_OK && rocksdb_writebatch_wi_count(wb) > 0) {
         char *werr = NULL;
@@ -581,9 +729,11 @@ static idem_err_t rocks_exec(idem_store_t *base, idem_op_t *ops, size_t n)
 
         pthread_mutex_lock(&s->qlock);
         for (struct job *j = first; j != NULL; j = j->next) {
-            j->result = err;
-            if (err != IDEM_OK)
-                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            if (!j->refused) { /* a refused job has its own result */
+                j->result = err;
+                if (err != IDEM_OK)
+                    snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            }
             j->done = 1;
         }
         s->leading = 0;
@@ -770,4 +920,5 @@ const struct idem_store_ops idem__store_rocksdb_ops = {
     .get = rocks_get,
     .sweep = rocks_sweep,
     .ping = rocks_ping,
+    .space = rocks_space,
 };
