@@ -382,7 +382,7 @@ int main(int argc, char **argv)
             return fail("scope_rate_limit: out of memory");
         }
     }
-    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics) != 0) {
+    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw) != 0) {
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);

@@ -126,6 +126,16 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
         (unsigned long long)atomic_load(&m->scope_fallback_authorization),
         (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
         atomic_load(&m->store_full) ? 1 : 0);
+    if (atomic_load(&m->store_space_known))
+        rc |= idem__buf_appendf(
+            out,
+            "# HELP idem_store_used_bytes Bytes the embedded store's files take on disk.\n"
+            "# TYPE idem_store_used_bytes gauge\nidem_store_used_bytes %llu\n"
+            "# HELP idem_store_free_bytes Bytes of new records the embedded store can still "
+            "take; 0: it refuses new records.\n"
+            "# TYPE idem_store_free_bytes gauge\nidem_store_free_bytes %llu\n",
+            (unsigned long long)atomic_load(&m->store_used_bytes),
+            (unsigned long long)atomic_load(&m->store_free_bytes));
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

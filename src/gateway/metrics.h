@@ -47,6 +47,11 @@ typedef struct idem_metrics {
     _Atomic bool store_full;          /* the store refused a write for want of room, and
                                        * none as large has succeeded since (readyz) */
     _Atomic uint64_t store_full_bytes; /* the largest response payload it refused */
+    /* The store's room on disk (space.c), as the sweeper last saw it;
+     * rendered only once known (never for stores that cannot say). */
+    _Atomic bool store_space_known;
+    _Atomic uint64_t store_used_bytes;
+    _Atomic uint64_t store_free_bytes;
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;

@@ -48,7 +48,10 @@
  *
  * Every batch also tells metrics.store_full whether the store refused it for
  * want of room, which /readyz reports (admin.c probes the store while it is
- * set, so the flag cannot outlive the condition).
+ * set, so the flag cannot outlive the condition).  The sweeper thread also
+ * asks the store for its room on disk, once a second (SPACE_EVERY_MS, and
+ * at its start), for the gauges and the log lines of space.c: a thread
+ * that already wakes once a second and never holds a request up.
  *
  * A store whose commits do not wait for the disk (memory:, lmdb with
  * sync=interval) is not worth two thread hand-offs per operation: there
@@ -68,6 +71,8 @@
 #include <time.h>
 
 #include "gateway/gateway.h"
+#include "gateway/log.h"
+#include "gateway/space.h"
 #include "gateway/sweep.h"
 #include "gateway/worker.h"
 #include "gateway/writer.h"
@@ -78,6 +83,7 @@
 #define SWEEP_STEP 2000     /* records one sweep call may remove */
 #define SWEEP_STEPS_MAX 64  /* calls in one round: 128,000 records */
 #define SWEEP_BUDGET_MS 500 /* and at most this long */
+#define SPACE_EVERY_MS 1000 /* the store's room is asked at most this often */
 
 static void hand_back(idem_wjob_t *job)
 {
@@ -213,8 +219,19 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+/* Ask the store for its room if a second has passed, and log a change. */
+static void look_at_space(idem_writer_t *wr)
+{
+    idem_space_note_t note;
+    idem__space_look(&wr->space, wr->store, wr->metrics, idem_clock_mono_ns(),
+                     (uint64_t)SPACE_EVERY_MS * 1000000u, &note);
+    if (note.level != NULL)
+        idem__log(wr->gw, note.level, "%s", note.line);
+}
+
 /* The sweeper thread: a paced round (sweep.c) once a second, sooner when a
- * batch found the store full or the last round stopped at its limits. */
+ * batch found the store full or the last round stopped at its limits; and
+ * the store's room, at start and then once a second. */
 static void *sweeper_main(void *arg)
 {
     idem_writer_t *wr = arg;
@@ -222,6 +239,7 @@ static void *sweeper_main(void *arg)
     const idem_sweep_limits_t lim = {SWEEP_STEP, SWEEP_STEPS_MAX,
                                      (uint64_t)SWEEP_BUDGET_MS * 1000000u};
     int64_t wait_ms = SWEEP_EVERY_MS;
+    look_at_space(wr);
     pthread_mutex_lock(&wr->mu);
     for (;;) {
         struct timespec until;
@@ -243,6 +261,7 @@ static void *sweeper_main(void *arg)
         idem_sweep_result_t res;
         idem__sweep_round(wr->store, idem_clock_now(NULL), &lim, &res);
         atomic_fetch_add(&wr->metrics->store_swept, res.removed);
+        look_at_space(wr);
         /* Behind: go again after a pause as long as the round (the
          * sweeper takes at most half of the time); else once a second. */
         wait_ms = res.behind ? SWEEP_BUDGET_MS : SWEEP_EVERY_MS;
@@ -280,12 +299,14 @@ static void stop_threads(idem_writer_t *wr)
     wr->sweeper_started = false;
 }
 
-int idem__writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *metrics)
+int idem__writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *metrics,
+                       idem_gw_t *gw)
 {
     pthread_condattr_t ca;
     memset(wr, 0, sizeof *wr);
     wr->store = store;
     wr->metrics = metrics;
+    wr->gw = gw;
     idem_list_init(&wr->queue);
     pthread_mutex_init(&wr->mu, NULL);
     pthread_cond_init(&wr->cv, NULL);

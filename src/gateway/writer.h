@@ -20,8 +20,10 @@
 
 #include "gateway/list.h"
 #include "gateway/metrics.h"
+#include "gateway/space.h"
 #include "idem/store.h"
 
+typedef struct idem_gw idem_gw_t;
 typedef struct idem_worker idem_worker_t;
 typedef struct idem_wjob idem_wjob_t;
 
@@ -46,6 +48,8 @@ struct idem_wjob {
 typedef struct idem_writer {
     idem_store_t *store;
     idem_metrics_t *metrics;
+    idem_gw_t *gw;            /* for the sweeper's log lines (idem__log); may be NULL */
+    idem_space_watch_t space; /* the store's room; the sweeper thread's own */
     pthread_t threads[IDEM_WRITER_NET_INFLIGHT];
     size_t n_threads;
     size_t idle;             /* writer threads waiting for work */
@@ -84,7 +88,10 @@ void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const
 /** How many writer threads idem__writer_start runs for store: several for a
  * network store (batches in flight), else one. */
 size_t idem__writer_threads_for(const idem_store_t *store);
-int idem__writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics);
+/** Start the writer and sweeper threads; gw is where the sweeper logs (see
+ * space.h), NULL for plain text lines. */
+int idem__writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics,
+                       idem_gw_t *gw);
 /** Queue a job; its callback runs later on job->worker's loop. */
 void idem__writer_submit(idem_writer_t *w, idem_wjob_t *job);
 /** Apply what is queued, then stop the thread. */
