@@ -272,19 +272,33 @@ static void handle_healthz(idem_admin_t *admin, const idem_http_msg_t *m, idem_a
     answer_json(a, 200, "application/json", "{\"status\":\"ok\"}");
 }
 
-/* GET /readyz: the store answers and has room. */
+/* GET /readyz: the store answers and has room.  Room is asked of the
+ * store first (idem_store_space: a statvfs and a few reads, no write), so
+ * an embedded store that says it has none left is 503 before any request
+ * was refused; then, while a write was refused for want of room, the
+ * probe asks by writing (probe_room), which every store can answer. */
 static void handle_readyz(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     idem_gw_t *gw = admin->gw;
     (void)m;
     idem_err_t err = idem_store_ping(gw->store);
-    if (err == IDEM_OK && atomic_load(&gw->metrics.store_full)) {
+    idem_store_space_t sp;
+    bool no_room = err == IDEM_OK && idem_store_space(gw->store, &sp) == IDEM_OK &&
+                   sp.free_bytes == 0;
+    if (no_room) {
+        err = IDEM_E_STORE_FULL;
+    } else if (err == IDEM_OK && atomic_load(&gw->metrics.store_full)) {
         err = probe_room(gw);
         if (err == IDEM_OK)
             atomic_store(&gw->metrics.store_full, false);
     }
     if (err == IDEM_OK)
         answer_json(a, 200, "application/json", "{\"status\":\"ready\"}");
+    else if (no_room)
+        answer_problem(a, 503, "store-full",
+                       "the store's disk has no room left for new records "
+                       "(idem_store_free_bytes is 0): keyed requests and token issues get 503 "
+                       "until records expire, keys are deleted or the disk grows");
     else if (err == IDEM_E_STORE_FULL)
         answer_problem(a, 503, "store-full",
                        "the store has no room for new records: keyed requests and token "

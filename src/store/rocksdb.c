@@ -142,11 +142,11 @@ struct rocks_store {
     char dir[PATH_MAX]; /* PATH, for the room on disk */
     uint64_t min_free;  /* the URL's min_free: the least reserve */
     /* The room on disk: the last measure, read by exec without a lock. */
-    pthread_mutex_t space_lock;      /* one measure at a time */
-    _Atomic uint64_t space_at_ns;    /* monotonic time of the last measure; 0: never */
-    atomic_bool space_full;          /* it found free_bytes 0 */
-    _Atomic uint64_t space_avail;    /* what the filesystem had for us then */
-    _Atomic uint64_t space_reserve;  /* and the reserve (for the error text) */
+    pthread_mutex_t space_lock;     /* one measure at a time */
+    _Atomic uint64_t space_at_ns;   /* monotonic time of the last measure; 0: never */
+    atomic_bool space_full;         /* it found free_bytes 0 */
+    _Atomic uint64_t space_avail;   /* what the filesystem had for us then */
+    _Atomic uint64_t space_reserve; /* and the reserve (for the error text) */
     /* the group commit queue */
     pthread_mutex_t qlock;
     pthread_cond_t qcond;
@@ -543,8 +543,8 @@ static idem_err_t measure(struct rocks_store *s, idem_store_space_t *out)
     uint64_t avail = frsize != 0 && (uint64_t)vfs.f_bavail > UINT64_MAX / frsize
                          ? UINT64_MAX
                          : (uint64_t)vfs.f_bavail * frsize;
-    uint64_t reserve = used / SPACE_RESERVE_DIV > s->min_free ? used / SPACE_RESERVE_DIV
-                                                              : s->min_free;
+    uint64_t reserve =
+        used / SPACE_RESERVE_DIV > s->min_free ? used / SPACE_RESERVE_DIV : s->min_free;
     out->used_bytes = used;
     out->free_bytes = avail > reserve ? avail - reserve : 0;
     atomic_store(&s->space_avail, avail);
