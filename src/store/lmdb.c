@@ -47,10 +47,19 @@
  * did not decode when it was overwritten) is dropped alone.  A directory
  * written before the index existed gets it built once, at open.
  *
- * Headroom: a transaction that makes the trees larger is refused as
- * MDB_MAP_FULL while they hold all but 1/128 of the map (at least 8
- * pages), so deletes and the sweep always find the fresh pages LMDB's
- * copy-on-write needs, and a full store can always give space back.
+ * Headroom: a transaction that grows the store (more pages or more
+ * records) is refused as MDB_MAP_FULL while the trees hold all but 1/64 of
+ * the map (at least 16 pages), or when it would leave less than min_free
+ * (default 256 MiB) of room on the disk (the file's free pages plus the
+ * filesystem's free bytes), so deletes and the sweep always find the
+ * fresh pages LMDB's copy-on-write needs, and a full store can always give
+ * space back.  In a group refused so, each batch runs alone, so those that
+ * do not grow the store still commit.  The map defaults to the
+ * filesystem's size (map_size=auto), so the disk is the limit.
+ *
+ * Memory: reads touch pages of the map, which count in the process's RSS
+ * until it lets them go; above max_resident the sweep hands them back
+ * (trim_resident).  idem_store_space reports the room left (lmdb_space).
  *
  * Errors: MDB_MAP_FULL is IDEM_E_STORE_FULL (the transaction is aborted,
  * reads go on working); a full reader table or a panic is IDEM_E_STORE_DOWN;
@@ -86,7 +95,8 @@
 #define FLUSH_INTERVAL_NS 100000000L
 #define DB_NAME "records"
 #define RESERVE_MIN_PAGES 16 /* kept free for deletes in a full map (run_jobs) */
-#define DISK_RESERVE (64ull << 20) /* kept free on the filesystem for deletes */
+#define DEFAULT_MIN_FREE (256ull << 20) /* room kept on the disk for deletes */
+#define MAX_MIN_FREE (1ull << 44)        /* 16 TiB: beyond that, a typo */
 #define DISK_CHECK_NS 100000000L    /* statvfs at most this often on the commit path */
 #define DEFAULT_MAX_RESIDENT (128ull << 20)
 #define MAX_MAX_RESIDENT (1ull << 40)
@@ -124,6 +134,7 @@ struct env {
     uintptr_t map_addr;
     size_t map_len;
     uint64_t max_resident; /* 0: never hand pages back */
+    uint64_t min_free;     /* room kept on the disk: see run_jobs */
     /* the flusher (nosync only) */
     pthread_t flusher;
     pthread_mutex_t flock;
@@ -273,6 +284,7 @@ struct opts {
     int nosync;
     uint64_t map_size; /* 0: auto, the filesystem's size */
     uint64_t max_resident;
+    uint64_t min_free;
 };
 
 static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, size_t errlen)
@@ -283,6 +295,7 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     o->nosync = 0;
     o->map_size = 0;
     o->max_resident = DEFAULT_MAX_RESIDENT;
+    o->min_free = DEFAULT_MIN_FREE;
     while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
         if (strcmp(name, "sync") == 0) {
             if (strcmp(value, "always") == 0) {
@@ -297,6 +310,16 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
             }
         } else if (strcmp(name, "map_size") == 0 && strcmp(value, "auto") == 0) {
             o->map_size = 0;
+        } else if (strcmp(name, "min_free") == 0) {
+            uint64_t size;
+            if (idem_parse_size(value, &size) != IDEM_OK || size > MAX_MIN_FREE) {
+                idem__store_errbuf(errbuf, errlen,
+                                   "lmdb store option min_free=%s: expected a size from 0 to "
+                                   "16384GiB, e.g. 1GiB",
+                                   value);
+                return IDEM_E_INVAL;
+            }
+            o->min_free = size;
         } else if (strcmp(name, "max_resident") == 0) {
             uint64_t size;
             if (idem_parse_size(value, &size) != IDEM_OK || size > MAX_MAX_RESIDENT) {
@@ -324,7 +347,7 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
         } else {
             idem__store_errbuf(errbuf, errlen,
                                "unknown option \"%s\" for store lmdb: (known: sync, map_size, "
-                               "max_resident)",
+                               "max_resident, min_free)",
                                name);
             return IDEM_E_INVAL;
         }
@@ -460,6 +483,7 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     snprintf(e->dir, sizeof e->dir, "%s", dir);
     snprintf(e->data_path, sizeof e->data_path, "%s/data.mdb", dir);
     e->max_resident = o->max_resident;
+    e->min_free = o->min_free;
     /* map_size=auto: the filesystem's size, so the store grows on disk as
      * records arrive, up to what the disk holds (the file is as large as
      * what was written, never the map).  Where the address space is
@@ -736,14 +760,17 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, MDB_dbi ix, idem_op_t *ops, size
 
 /* Pages the trees hold in txn's view (records, index, the main and free
  * databases): what the data takes, without the free list. */
-static size_t used_pages(MDB_txn *txn, const struct env *e)
+static size_t used_pages(MDB_txn *txn, const struct env *e, size_t *records)
 {
     MDB_dbi dbis[4] = {0 /* FREE_DBI */, 1 /* MAIN_DBI */, e->dbi, e->ix_dbi};
     size_t used = 2; /* the meta pages */
     for (int i = 0; i < 4; i++) {
         MDB_stat st;
-        if (mdb_stat(txn, dbis[i], &st) == 0)
+        if (mdb_stat(txn, dbis[i], &st) == 0) {
             used += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+            if (i == 2 && records != NULL)
+                *records = st.ms_entries;
+        }
     }
     return used;
 }
@@ -764,27 +791,38 @@ static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
 
     if ((rc = begin(s, 0, &txn)) != 0)
         return fail(s, "mdb_txn_begin", rc);
-    size_t before = used_pages(txn, s->e);
+    size_t n_before = 0, n_after = 0;
+    size_t before = used_pages(txn, s->e, &n_before);
     for (struct job *j = jobs; j != NULL; j = j->next) {
         if ((rc = apply_ops(txn, s->e->dbi, s->e->ix_dbi, j->ops, j->n, &what)) != 0) {
             mdb_txn_abort(txn);
             return fail(s, what, rc);
         }
     }
-    size_t after = used_pages(txn, s->e);
-    if (after > before && after + s->e->reserve_pages > s->e->map_pages) {
+    size_t after = used_pages(txn, s->e, &n_after);
+    /* Growing: more pages, or more records (a record that fits a page
+     * already there is still a new record in a store that said it is full). */
+    bool grows = after > before || n_after > n_before;
+    if (grows && after + s->e->reserve_pages > s->e->map_pages) {
         mdb_txn_abort(txn);
         return fail(s, "keeping the reserve for deletes", MDB_MAP_FULL);
     }
-    /* The same on the filesystem: once the file's free pages run low, it
-     * grows only while DISK_RESERVE stays free on the disk (a write that
+    /* The same on the filesystem: the room is the file's free pages plus
+     * the disk's free bytes, and a transaction that grows the trees is
+     * refused when it would leave less than min_free of it (a write that
      * found the disk full would fail anyway, ENOSPC, but then the deletes
-     * would find no room either). */
-    size_t slack = (size_t)(DISK_RESERVE / s->e->psize);
-    if (after > before && after + slack > file_pages(s->e) &&
-        disk_free(s->e, 0) < DISK_RESERVE) {
-        mdb_txn_abort(txn);
-        return fail(s, "keeping room on the disk for deletes", MDB_MAP_FULL);
+     * would find no room either).  The disk is asked only once the file's
+     * own free pages are below min_free. */
+    if (grows) {
+        size_t fp = file_pages(s->e);
+        uint64_t in_file = fp > after ? (uint64_t)(fp - after) * s->e->psize : 0;
+        uint64_t lack = (uint64_t)(after > fp ? after - fp : 0) * s->e->psize;
+        if (in_file < s->e->min_free &&
+            in_file + disk_free(s->e, 0) < s->e->min_free + lack) {
+            mdb_txn_abort(txn);
+            return fail(s, "no room left on the disk above min_free (kept for deletes)",
+                        MDB_MAP_FULL);
+        }
     }
     if ((rc = txn_commit(txn)) != 0)
         return fail(s, "mdb_txn_commit", rc);
@@ -824,12 +862,26 @@ static idem_err_t lmdb_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         pthread_mutex_unlock(&e->qlock);
 
         idem_err_t err = run_jobs(s, first);
+        /* Refused for want of room: the batches that do not grow the store
+         * (renewals, releases, deletes, replays) must not fail with those
+         * that do, so each runs alone then. */
+        bool alone = err == IDEM_E_STORE_FULL && first->next != NULL;
+        for (struct job *j = first, *next; alone && j != NULL; j = next) {
+            next = j->next;
+            j->next = NULL;
+            j->result = run_jobs(s, j);
+            if (j->result != IDEM_OK)
+                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            j->next = next;
+        }
 
         pthread_mutex_lock(&e->qlock);
         for (struct job *j = first; j != NULL; j = j->next) {
-            j->result = err;
-            if (err != IDEM_OK)
-                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            if (!alone) {
+                j->result = err;
+                if (err != IDEM_OK)
+                    snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
+            }
             j->done = 1;
         }
         e->leading = 0;
@@ -1017,12 +1069,12 @@ static idem_err_t lmdb_space(idem_store_t *base, idem_store_space_t *out)
     int rc = begin(s, MDB_RDONLY, &txn);
     if (rc != 0)
         return fail(s, "mdb_txn_begin", rc);
-    size_t used = used_pages(txn, e);
+    size_t used = used_pages(txn, e, NULL);
     mdb_txn_abort(txn);
     size_t in_file = file_pages(e);
     uint64_t dfree = disk_free(e, 1);
-    uint64_t on_disk = (in_file > used ? (uint64_t)(in_file - used) * e->psize : 0) +
-                       (dfree > DISK_RESERVE ? dfree - DISK_RESERVE : 0);
+    uint64_t room = (in_file > used ? (uint64_t)(in_file - used) * e->psize : 0) + dfree;
+    uint64_t on_disk = room > e->min_free ? room - e->min_free : 0;
     uint64_t in_map = e->map_pages > used + e->reserve_pages
                           ? (uint64_t)(e->map_pages - used - e->reserve_pages) * e->psize
                           : 0;

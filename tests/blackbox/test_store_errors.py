@@ -162,11 +162,9 @@ class StoreFull(h.IdemTestCase):
         self.assertEqual(h.metric_sum(d.metrics(), "idem_store_full"), 0)
 
 
-# The stores that report their room on disk (idem_store_space): rocksdb:;
-# lmdb: joins when src/store/lmdb.c implements the op (issue 14), and every
-# case below holds for it as written.
-SPACE_STORES = ("rocksdb",)
-# A reserve larger than any disk (rocksdb:'s min_free): the store has no room
+# The stores that report their room on disk (idem_store_space).
+SPACE_STORES = ("rocksdb", "lmdb")
+# A reserve larger than any disk (min_free): the store has no room
 # from its start, as when the disk really has less left than the reserve,
 # which a test cannot make.
 MIN_FREE_ABOVE_ANY_DISK = "16384GiB"
@@ -221,13 +219,14 @@ class StoreSpace(h.IdemTestCase):
             self.assertEqual(d.admin("GET", "/readyz").status, 200)
 
     def test_readyz_is_503_store_full_while_the_disk_has_no_room(self):
-        if not h.store_is_rocksdb():
-            self.skipTest("a reserve above the disk needs the rocksdb store (min_free)")
+        if not self.reports_space():
+            self.skipTest("the store does not report its room on disk")
         if fs_avail(self.tmp) >= 16 << 40:
             self.skipTest("the test's filesystem has 16 TiB free")
+        engine = "rocksdb" if h.store_is_rocksdb() else "lmdb"
         path = os.path.join(self.tmp, "data")
         up = self.start_upstream()
-        d = self.start_or_skip(up, "rocksdb:%s?min_free=%s" % (path, MIN_FREE_ABOVE_ANY_DISK))
+        d = self.start_or_skip(up, "%s:%s?min_free=%s" % (engine, path, MIN_FREE_ABOVE_ANY_DISK))
         # ready? no, before any request was refused
         self.assertProblem(d.admin("GET", "/readyz"), 503, "store-full")
         self.assertEqual(d.admin("GET", "/healthz").status, 200)
@@ -246,7 +245,7 @@ class StoreSpace(h.IdemTestCase):
         self.assertEqual(d.log_text().count("no room left for new records"), 1, d.log_text())
 
         # the same directory with the default reserve: ready, and new keys run
-        d2 = self.start_or_skip(up, "rocksdb:%s" % path)
+        d2 = self.start_or_skip(up, "%s:%s" % (engine, path))
         self.assertEqual(d2.admin("GET", "/readyz").status, 200)
         k = h.new_key()
         self.assertEqual(d2.post(key=k).status, 200)

@@ -1755,21 +1755,22 @@ Test(store_rocksdb, directory_that_cannot_be_made_is_io, .init = setup_rocksdb,
  * make).  Skips on a filesystem with 16 TiB free. */
 #define MIN_FREE_ABOVE_ANY_DISK "16384GiB"
 
-static idem_store_t *open_full(const char *sub)
+/* The fixture's store again, with a reserve above the disk's size. */
+static idem_store_t *open_full(void)
 {
     char u[PATH_MAX + 64];
     if (fs_avail(dir) >= (16ull << 40))
         cr_skip_test("the test's filesystem has 16 TiB free");
-    snprintf(u, sizeof u, "rocksdb:%s/%s?min_free=" MIN_FREE_ABOVE_ANY_DISK, dir, sub);
+    snprintf(u, sizeof u, "%s?min_free=" MIN_FREE_ABOVE_ANY_DISK, url);
     idem_store_t *s = NULL;
     char err[256] = "";
     cr_assert_eq(idem_store_open(u, &s, err, sizeof err), IDEM_OK, "%s", err);
     return s;
 }
 
-Test(store_rocksdb, min_free_above_the_disk_refuses_new_records_alone, .init = setup_rocksdb,
-     .fini = teardown)
+EMBEDDED_CASE(min_free_above_the_disk_refuses_new_records_alone)
 {
+    bool lmdb = strcmp(idem_store_name(st), "lmdb") == 0;
     idem_key_id_t done = kid("done"), open = kid("open"), old = kid("old");
     claim("done", 1, T0);
     cr_assert_eq(complete("done", 1, T0 + TTL), IDEM_OK);
@@ -1779,7 +1780,7 @@ Test(store_rocksdb, min_free_above_the_disk_refuses_new_records_alone, .init = s
     cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
     idem_store_close(st);
     st = NULL;
-    st = open_full("db");
+    st = open_full();
 
     idem_store_space_t sp;
     cr_assert_eq(idem_store_space(st, &sp), IDEM_OK, "%s", idem_store_errstr(st));
@@ -1790,7 +1791,12 @@ Test(store_rocksdb, min_free_above_the_disk_refuses_new_records_alone, .init = s
     op = claim_op("new", 1, T0 + 1);
     cr_expect_eq(idem_store_claim(st, &op), IDEM_E_STORE_FULL);
     cr_expect(strstr(idem_store_errstr(st), "no room") != NULL, "%s", idem_store_errstr(st));
-    cr_expect_eq(complete("open", 1, T0 + TTL), IDEM_E_STORE_FULL);
+    /* rocksdb refuses a completion, which makes a record larger; lmdb
+     * takes one that fits the pages it has (this one does), so that a
+     * request in flight can still finish: there "open" must stay open for
+     * the checks below. */
+    if (!lmdb)
+        cr_expect_eq(complete("open", 1, T0 + TTL), IDEM_E_STORE_FULL);
     idem_record_t rec;
     cr_expect_eq(get("new", T0 + 1, &rec), IDEM_E_NOTFOUND);
     /* a batch is refused whole: its renewal is not applied either */
@@ -1861,13 +1867,12 @@ static void *full_claimer(void *arg)
     return NULL;
 }
 
-Test(store_rocksdb, a_refused_batch_leaves_the_rest_of_its_group_alone, .init = setup_rocksdb,
-     .fini = teardown)
+EMBEDDED_CASE(a_refused_batch_leaves_the_rest_of_its_group_alone)
 {
     claim("open", 1, T0);
     idem_store_close(st);
     st = NULL;
-    st = open_full("db");
+    st = open_full();
     struct full_race r = {.s = st};
     atomic_init(&r.renew_fail, 0);
     atomic_init(&r.claim_ok, 0);
