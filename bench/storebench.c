@@ -63,8 +63,8 @@ static void *claimer(void *arg)
             memset(&ops[i], 0, sizeof ops[i]);
             ops[i].kind = IDEM_OP_CLAIM;
             snprintf(ops[i].id.scope, sizeof ops[i].id.scope, "storebench");
-            snprintf(ops[i].id.key, sizeof ops[i].id.key, "%" PRIu64 "-%" PRIuPTR "-%" PRIu64 "-%d",
-                     (uint64_t)now, id, round, i);
+            snprintf(ops[i].id.key, sizeof ops[i].id.key,
+                     "%" PRIu64 "-%" PRIuPTR "-%" PRIu64 "-%d", (uint64_t)now, id, round, i);
             ops[i].now_ms = now;
             ops[i].lease_until_ms = now + 60000;
             ops[i].expires_at_ms = now + 3600000;

@@ -135,12 +135,7 @@ struct env {
     size_t map_len;
     uint64_t max_resident; /* 0: never hand pages back */
     uint64_t min_free;     /* room kept on the disk: see run_jobs */
-    /* the flusher (nosync only) */
-    pthread_t flusher;
-    pthread_mutex_t flock;
-    pthread_cond_t fcond;
-    int stopping;           /* guarded by flock */
-    atomic_int sync_failed; /* the last background mdb_env_sync failed */
+    idem__flusher_t flusher; /* nosync only */
     /* the group commit queue */
     pthread_mutex_t qlock;
     pthread_cond_t qcond;
@@ -225,57 +220,11 @@ static int begin(struct lmdb_store *s, unsigned flags, MDB_txn **txn)
     return rc;
 }
 
-/* ---- the flusher (sync=interval) ---------------------------------------- */
-
-static void *flusher_main(void *arg)
+/* The flusher's call (sync=interval). */
+static int env_flush(void *arg)
 {
     struct env *e = arg;
-    struct timespec at;
-
-    pthread_mutex_lock(&e->flock);
-    clock_gettime(CLOCK_MONOTONIC, &at);
-    while (!e->stopping) {
-        at.tv_nsec += FLUSH_INTERVAL_NS;
-        if (at.tv_nsec >= 1000000000L) {
-            at.tv_sec++;
-            at.tv_nsec -= 1000000000L;
-        }
-        while (!e->stopping && pthread_cond_timedwait(&e->fcond, &e->flock, &at) != ETIMEDOUT)
-            ;
-        pthread_mutex_unlock(&e->flock);
-        atomic_store(&e->sync_failed, mdb_env_sync(e->env, 1) != 0);
-        pthread_mutex_lock(&e->flock);
-    }
-    pthread_mutex_unlock(&e->flock);
-    return NULL;
-}
-
-static int flusher_start(struct env *e)
-{
-    pthread_condattr_t ca;
-
-    pthread_mutex_init(&e->flock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->fcond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (pthread_create(&e->flusher, NULL, flusher_main, e) != 0) {
-        pthread_cond_destroy(&e->fcond);
-        pthread_mutex_destroy(&e->flock);
-        return -1;
-    }
-    return 0;
-}
-
-static void flusher_stop(struct env *e)
-{
-    pthread_mutex_lock(&e->flock);
-    e->stopping = 1;
-    pthread_cond_signal(&e->fcond);
-    pthread_mutex_unlock(&e->flock);
-    pthread_join(e->flusher, NULL); /* it syncs once more on its way out */
-    pthread_cond_destroy(&e->fcond);
-    pthread_mutex_destroy(&e->flock);
+    return mdb_env_sync(e->env, 1);
 }
 
 /* ---- opening ------------------------------------------------------------- */
@@ -311,25 +260,13 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
         } else if (strcmp(name, "map_size") == 0 && strcmp(value, "auto") == 0) {
             o->map_size = 0;
         } else if (strcmp(name, "min_free") == 0) {
-            uint64_t size;
-            if (idem_parse_size(value, &size) != IDEM_OK || size > MAX_MIN_FREE) {
-                idem__store_errbuf(errbuf, errlen,
-                                   "lmdb store option min_free=%s: expected a size from 0 to "
-                                   "16384GiB, e.g. 1GiB",
-                                   value);
+            if (idem__store_size_opt("lmdb", name, value, 0, MAX_MIN_FREE, "from 0 to 16384GiB, e.g. 1GiB", &o->min_free, errbuf,
+                                     errlen) != 0)
                 return IDEM_E_INVAL;
-            }
-            o->min_free = size;
         } else if (strcmp(name, "max_resident") == 0) {
-            uint64_t size;
-            if (idem_parse_size(value, &size) != IDEM_OK || size > MAX_MAX_RESIDENT) {
-                idem__store_errbuf(errbuf, errlen,
-                                   "lmdb store option max_resident=%s: expected a size up to "
-                                   "1TiB, e.g. 128MiB (0: never)",
-                                   value);
+            if (idem__store_size_opt("lmdb", name, value, 0, MAX_MAX_RESIDENT, "up to 1TiB, e.g. 128MiB (0: never)", &o->max_resident, errbuf,
+                                     errlen) != 0)
                 return IDEM_E_INVAL;
-            }
-            o->max_resident = size;
         } else if (strcmp(name, "map_size") == 0) {
             uint64_t size;
             if (idem_parse_size(value, &size) != IDEM_OK || size < MIN_MAP_SIZE ||
@@ -477,7 +414,6 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     e->ino = st->st_ino;
     e->pid = getpid();
     e->nosync = o->nosync;
-    atomic_init(&e->sync_failed, 0);
     e->qtail = &e->qhead;
 
     snprintf(e->dir, sizeof e->dir, "%s", dir);
@@ -553,7 +489,7 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
     find_map(e);
     e->reserve_pages = e->map_pages / 64 > RESERVE_MIN_PAGES ? e->map_pages / 64
                                                               : RESERVE_MIN_PAGES;
-    if (o->nosync && flusher_start(e) != 0) {
+    if (o->nosync && idem__flusher_start(&e->flusher, FLUSH_INTERVAL_NS, env_flush, e) != 0) {
         idem__store_errbuf(errbuf, errlen, "lmdb store %s: cannot start the flusher thread",
                            dir);
         mdb_env_close(e->env);
@@ -588,7 +524,7 @@ static void env_release(struct env *e)
     }
     pthread_mutex_unlock(&registry_lock);
     if (e->nosync) {
-        flusher_stop(e);
+        idem__flusher_stop(&e->flusher); /* it syncs once more on its way out */
         mdb_env_sync(e->env, 1); /* the last 100 ms, also if the flusher never ran */
     }
     mdb_env_close(e->env);
@@ -1045,7 +981,7 @@ static idem_err_t lmdb_ping(idem_store_t *base)
         return IDEM_E_STORE_DOWN;
     }
     mdb_txn_abort(txn);
-    if (atomic_load(&s->e->sync_failed)) {
+    if (s->e->nosync && atomic_load(&s->e->flusher.failed)) {
         idem__store_seterr(base, "lmdb: the background mdb_env_sync failed");
         return IDEM_E_STORE_DOWN;
     }

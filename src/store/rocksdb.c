@@ -155,12 +155,7 @@ struct rocks_store {
     /* the sweep */
     pthread_mutex_t sweep_lock;
     _Atomic int64_t floor; /* no index entry below this expires_at */
-    /* the flusher (nosync only) */
-    pthread_t flusher;
-    pthread_mutex_t flock;
-    pthread_cond_t fcond;
-    int stopping;           /* guarded by flock */
-    atomic_int sync_failed; /* the last background WAL fsync failed */
+    idem__flusher_t flusher; /* nosync only */
 };
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -222,60 +217,15 @@ static void lower_floor(struct rocks_store *s, int64_t v)
         ;
 }
 
-/* ---- the flusher (sync=interval) ---------------------------------------- */
-
-static void *flusher_main(void *arg)
+/* The flusher's call (sync=interval): fsync the WAL. */
+static int wal_flush(void *arg)
 {
     struct rocks_store *s = arg;
-    struct timespec at;
-
-    pthread_mutex_lock(&s->flock);
-    clock_gettime(CLOCK_MONOTONIC, &at);
-    while (!s->stopping) {
-        at.tv_nsec += FLUSH_INTERVAL_NS;
-        if (at.tv_nsec >= 1000000000L) {
-            at.tv_sec++;
-            at.tv_nsec -= 1000000000L;
-        }
-        while (!s->stopping && pthread_cond_timedwait(&s->fcond, &s->flock, &at) != ETIMEDOUT)
-            ;
-        pthread_mutex_unlock(&s->flock);
-        char *err = NULL;
-        rocksdb_flush_wal(s->db, 1, &err);
-        atomic_store(&s->sync_failed, err != NULL);
-        rocksdb_free(err);
-        pthread_mutex_lock(&s->flock);
-    }
-    pthread_mutex_unlock(&s->flock);
-    return NULL;
-}
-
-static int flusher_start(struct rocks_store *s)
-{
-    pthread_condattr_t ca;
-
-    pthread_mutex_init(&s->flock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->fcond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0) {
-        pthread_cond_destroy(&s->fcond);
-        pthread_mutex_destroy(&s->flock);
-        return -1;
-    }
-    return 0;
-}
-
-static void flusher_stop(struct rocks_store *s)
-{
-    pthread_mutex_lock(&s->flock);
-    s->stopping = 1;
-    pthread_cond_signal(&s->fcond);
-    pthread_mutex_unlock(&s->flock);
-    pthread_join(s->flusher, NULL);
-    pthread_cond_destroy(&s->fcond);
-    pthread_mutex_destroy(&s->flock);
+    char *err = NULL;
+    rocksdb_flush_wal(s->db, 1, &err);
+    int failed = err != NULL;
+    rocksdb_free(err);
+    return failed;
 }
 
 /* ---- opening ------------------------------------------------------------- */
@@ -286,19 +236,6 @@ struct opts {
     uint64_t write_buffer_size;
     uint64_t min_free;
 };
-
-static int size_opt(const char *name, const char *value, uint64_t lo, uint64_t hi,
-                    const char *range, uint64_t *out, char *errbuf, size_t errlen)
-{
-    uint64_t v;
-    if (idem_parse_size(value, &v) != IDEM_OK || v < lo || v > hi) {
-        idem__store_errbuf(errbuf, errlen, "rocksdb store option %s=%s: expected a size %s",
-                           name, value, range);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
 
 static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, size_t errlen)
 {
@@ -322,16 +259,19 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
                 return IDEM_E_INVAL;
             }
         } else if (strcmp(name, "cache_size") == 0) {
-            if (size_opt(name, value, MIN_CACHE, MAX_CACHE, "from 1MiB to 64GiB, e.g. 32MiB",
-                         &o->cache_size, errbuf, errlen) != 0)
+            if (idem__store_size_opt("rocksdb", name, value, MIN_CACHE, MAX_CACHE,
+                                     "from 1MiB to 64GiB, e.g. 32MiB", &o->cache_size, errbuf,
+                                     errlen) != 0)
                 return IDEM_E_INVAL;
         } else if (strcmp(name, "write_buffer_size") == 0) {
-            if (size_opt(name, value, MIN_WBUF, MAX_WBUF, "from 1MiB to 1GiB, e.g. 16MiB",
-                         &o->write_buffer_size, errbuf, errlen) != 0)
+            if (idem__store_size_opt("rocksdb", name, value, MIN_WBUF, MAX_WBUF,
+                                     "from 1MiB to 1GiB, e.g. 16MiB", &o->write_buffer_size,
+                                     errbuf, errlen) != 0)
                 return IDEM_E_INVAL;
         } else if (strcmp(name, "min_free") == 0) {
-            if (size_opt(name, value, 0, MAX_MIN_FREE, "from 0 to 16384GiB, e.g. 1GiB",
-                         &o->min_free, errbuf, errlen) != 0)
+            if (idem__store_size_opt("rocksdb", name, value, 0, MAX_MIN_FREE,
+                                     "from 0 to 16384GiB, e.g. 1GiB", &o->min_free, errbuf,
+                                     errlen) != 0)
                 return IDEM_E_INVAL;
         } else {
             idem__store_errbuf(errbuf, errlen,
@@ -415,7 +355,6 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
     atomic_init(&s->space_reserve, 0);
     s->qtail = &s->qhead;
     atomic_init(&s->floor, INT64_MIN);
-    atomic_init(&s->sync_failed, 0);
 
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         idem__store_errbuf(errbuf, errlen, "rocksdb store: cannot create directory %s: %s", dir,
@@ -482,7 +421,7 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
     }
     s->cf_rec = cfh[0];
     s->cf_ix = cfh[1];
-    if (o.nosync && flusher_start(s) != 0) {
+    if (o.nosync && idem__flusher_start(&s->flusher, FLUSH_INTERVAL_NS, wal_flush, s) != 0) {
         idem__store_errbuf(errbuf, errlen, "rocksdb store %s: cannot start the flusher thread",
                            dir);
         destroy_parts(s);
@@ -501,7 +440,7 @@ static void rocks_close(idem_store_t *base)
 {
     struct rocks_store *s = (struct rocks_store *)base;
     if (s->nosync) {
-        flusher_stop(s);
+        idem__flusher_stop(&s->flusher);
         char *err = NULL;
         rocksdb_flush_wal(s->db, 1, &err); /* the last 100 ms */
         rocksdb_free(err);
@@ -787,7 +726,7 @@ static idem_err_t rocks_ping(idem_store_t *base)
         fail(s, "ping", err, IDEM_E_STORE_DOWN);
         return IDEM_E_STORE_DOWN;
     }
-    if (atomic_load(&s->sync_failed)) {
+    if (s->nosync && atomic_load(&s->flusher.failed)) {
         idem__store_seterr(base, "rocksdb: the background WAL fsync failed");
         return IDEM_E_STORE_DOWN;
     }

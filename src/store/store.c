@@ -32,12 +32,15 @@
  */
 #include "store/store_impl.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/url.h"
 #include "idem/alloc.h"
+#include "idem/units.h"
 
 static const struct idem_store_ops *const backends[] = {
     &idem__store_memory_ops,
@@ -502,6 +505,79 @@ idem_err_t idem_store_sweep(idem_store_t *store, int64_t now_ms, size_t max, siz
 idem_err_t idem_store_ping(idem_store_t *store)
 {
     return store == NULL ? IDEM_E_INVAL : store->ops->ping(store);
+}
+
+int idem__store_size_opt(const char *store, const char *name, const char *value, uint64_t lo,
+                         uint64_t hi, const char *range, uint64_t *out, char *errbuf,
+                         size_t errlen)
+{
+    uint64_t v;
+    if (idem_parse_size(value, &v) != IDEM_OK || v < lo || v > hi) {
+        idem__store_errbuf(errbuf, errlen, "%s store option %s=%s: expected a size %s", store,
+                           name, value, range);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- the flusher (sync=interval) ---------------------------------------- */
+
+static void *flusher_main(void *arg)
+{
+    idem__flusher_t *f = arg;
+    struct timespec at;
+
+    pthread_mutex_lock(&f->lock);
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    while (!f->stopping) {
+        at.tv_nsec += f->interval_ns;
+        while (at.tv_nsec >= 1000000000L) {
+            at.tv_sec++;
+            at.tv_nsec -= 1000000000L;
+        }
+        while (!f->stopping && pthread_cond_timedwait(&f->cond, &f->lock, &at) != ETIMEDOUT)
+            ;
+        pthread_mutex_unlock(&f->lock);
+        atomic_store(&f->failed, f->flush(f->arg) != 0); /* also once more when stopping */
+        pthread_mutex_lock(&f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return NULL;
+}
+
+int idem__flusher_start(idem__flusher_t *f, long interval_ns, int (*flush)(void *arg),
+                        void *arg)
+{
+    pthread_condattr_t ca;
+
+    f->stopping = 0;
+    f->interval_ns = interval_ns;
+    f->flush = flush;
+    f->arg = arg;
+    atomic_init(&f->failed, 0);
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* a wall-clock step cannot stretch a wait */
+    pthread_cond_init(&f->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&f->thread, NULL, flusher_main, f) != 0) {
+        pthread_cond_destroy(&f->cond);
+        pthread_mutex_destroy(&f->lock);
+        return -1;
+    }
+    return 0;
+}
+
+void idem__flusher_stop(idem__flusher_t *f)
+{
+    pthread_mutex_lock(&f->lock);
+    f->stopping = 1;
+    pthread_cond_signal(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+    pthread_join(f->thread, NULL);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
 }
 
 idem_err_t idem_store_space(idem_store_t *store, idem_store_space_t *out)

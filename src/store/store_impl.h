@@ -33,6 +33,7 @@
 #ifndef IDEM_STORE_IMPL_H
 #define IDEM_STORE_IMPL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -117,6 +118,34 @@ void idem__store_split(const char *rest, size_t *path_len, const char **query);
  * empty name, too long), with a sentence in errbuf. */
 int idem__store_next_opt(const char **query, char *name, char *value, char *errbuf,
                          size_t errlen);
+
+/* Read a size option ("64MiB") between lo and hi into *out; 0, or -1 with a
+ * sentence "<store> store option <name>=<value>: expected a size <range>". */
+int idem__store_size_opt(const char *store, const char *name, const char *value, uint64_t lo,
+                         uint64_t hi, const char *range, uint64_t *out, char *errbuf,
+                         size_t errlen);
+
+/* The background flush of an embedded store with sync=interval (lmdb:,
+ * rocksdb:): a thread that calls flush(arg) every interval_ns and once
+ * more when stopped, and keeps whether the last call failed (nonzero),
+ * which the store's ping reports. */
+typedef struct idem__flusher {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int stopping; /* guarded by lock */
+    long interval_ns;
+    int (*flush)(void *arg);
+    void *arg;
+    atomic_int failed; /* the last flush failed */
+} idem__flusher_t;
+
+/* Start f's thread; 0, or -1 when it cannot start (nothing to stop then). */
+int idem__flusher_start(idem__flusher_t *f, long interval_ns, int (*flush)(void *arg),
+                        void *arg);
+
+/* Stop f's thread after one last flush, and wait for it. */
+void idem__flusher_stop(idem__flusher_t *f);
 
 /* What the backend must do with the stored value after idem__store_apply. */
 typedef enum idem__store_action {
