@@ -327,14 +327,18 @@ static int64_t mono_ns(void)
 }
 
 /* Bytes free to this process on the store's filesystem; read with statvfs
- * at most every DISK_CHECK_NS (fresh: now), else the last figure. */
+ * at most every DISK_CHECK_NS (fresh: now), else the last figure.
+ * DISK_UNKNOWN when the filesystem cannot be asked: then nothing is
+ * refused for want of disk (the write itself would find out). */
+#define DISK_UNKNOWN UINT64_MAX
 static uint64_t disk_free(struct env *e, int fresh)
 {
     int64_t now = mono_ns();
     if (fresh || now - atomic_load(&e->disk_checked_ns) >= DISK_CHECK_NS) {
         struct statvfs v;
-        if (statvfs(e->dir, &v) == 0)
-            atomic_store(&e->disk_free, (uint64_t)v.f_bavail * v.f_frsize);
+        atomic_store(&e->disk_free, statvfs(e->dir, &v) == 0
+                                        ? (uint64_t)v.f_bavail * v.f_frsize
+                                        : DISK_UNKNOWN);
         atomic_store(&e->disk_checked_ns, now);
     }
     return atomic_load(&e->disk_free);
@@ -759,8 +763,8 @@ static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
         size_t fp = file_pages(s->e);
         uint64_t in_file = fp > after ? (uint64_t)(fp - after) * s->e->psize : 0;
         uint64_t lack = (uint64_t)(after > fp ? after - fp : 0) * s->e->psize;
-        if (in_file < s->e->min_free &&
-            in_file + disk_free(s->e, 0) < s->e->min_free + lack) {
+        uint64_t dfree = in_file < s->e->min_free ? disk_free(s->e, 0) : DISK_UNKNOWN;
+        if (dfree != DISK_UNKNOWN && in_file + dfree < s->e->min_free + lack) {
             mdb_txn_abort(txn);
             return fail(s, "no room left on the disk above min_free (kept for deletes)",
                         MDB_MAP_FULL);
@@ -1015,6 +1019,10 @@ static idem_err_t lmdb_space(idem_store_t *base, idem_store_space_t *out)
     mdb_txn_abort(txn);
     size_t in_file = file_pages(e);
     uint64_t dfree = disk_free(e, 1);
+    if (dfree == DISK_UNKNOWN) {
+        idem__store_seterr(base, "lmdb: statvfs %s: %s", e->dir, strerror(errno));
+        return IDEM_E_IO;
+    }
     uint64_t room = (in_file > used ? (uint64_t)(in_file - used) * e->psize : 0) + dfree;
     uint64_t on_disk = room > e->min_free ? room - e->min_free : 0;
     uint64_t in_map = e->map_pages > used + e->reserve_pages
