@@ -48,13 +48,13 @@
  * written before the index existed gets it built once, at open.
  *
  * Headroom: a transaction that grows the store (more pages or more
- * records) is refused as MDB_MAP_FULL while the trees hold all but 1/64 of
+ * records in the records tree) is refused as MDB_MAP_FULL while the trees hold all but 1/64 of
  * the map (at least 16 pages), or when it would leave less than min_free
  * (default 256 MiB) of room on the disk (the file's free pages plus the
  * filesystem's free bytes), so deletes and the sweep always find the
  * fresh pages LMDB's copy-on-write needs, and a full store can always give
- * space back.  In a group refused so, each batch runs alone, so those that
- * do not grow the store still commit.  The map defaults to the
+ * space back.  In a group commit each caller's batch runs in a nested
+ * transaction, and one refused so is taken out alone: the others commit.  The map defaults to the
  * filesystem's size (map_size=auto), so the disk is the limit.
  *
  * Memory: reads touch pages of the map, which count in the process's RSS
@@ -80,6 +80,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -294,23 +295,40 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
 
 /* ---- room and memory ---------------------------------------------------- */
 
-/* Where LMDB mapped data.mdb in this process: the /proc/self/maps line of
- * that file at offset 0 (LMDB's public API does not tell the address).
- * Not found (no /proc): the map is never trimmed. */
+/* Where LMDB mapped data.mdb in this process (its public API does not
+ * tell): the /proc/self/maps range of data.mdb (device and inode) that
+ * holds a key LMDB returned from the map, the name of a database in the
+ * main tree.  A process forked from one that had the store open also has
+ * its parent's mapping of the file; the key tells the two apart.  Not
+ * found (no /proc): the map is never trimmed. */
 static void find_map(struct env *e)
 {
     struct stat st;
     char line[PATH_MAX + 128];
-    FILE *f;
+    MDB_txn *txn;
+    MDB_cursor *c;
+    MDB_val k, v;
+    uintptr_t inside = 0;
 
-    if (stat(e->data_path, &st) != 0 || (f = fopen("/proc/self/maps", "re")) == NULL)
+    if (mdb_txn_begin(e->env, NULL, MDB_RDONLY, &txn) != 0)
+        return;
+    if (mdb_cursor_open(txn, 1 /* MAIN_DBI */, &c) == 0) {
+        if (mdb_cursor_get(c, &k, &v, MDB_FIRST) == 0)
+            inside = (uintptr_t)k.mv_data;
+        mdb_cursor_close(c);
+    }
+    mdb_txn_abort(txn);
+    FILE *f;
+    if (inside == 0 || stat(e->data_path, &st) != 0 ||
+        (f = fopen("/proc/self/maps", "re")) == NULL)
         return;
     while (fgets(line, sizeof line, f) != NULL) {
         unsigned long start, end, off, ino;
         unsigned dmaj, dmin;
         if (sscanf(line, "%lx-%lx %*4s %lx %x:%x %lu", &start, &end, &off, &dmaj, &dmin, &ino) ==
                 6 &&
-            off == 0 && ino == (unsigned long)st.st_ino && end > start) {
+            ino == (unsigned long)st.st_ino && makedev(dmaj, dmin) == st.st_dev &&
+            start <= inside && inside < end) {
             e->map_addr = (uintptr_t)start;
             e->map_len = (size_t)(end - start);
             break;
@@ -704,75 +722,144 @@ static int apply_ops(MDB_txn *txn, MDB_dbi dbi, MDB_dbi ix, idem_op_t *ops, size
     return 0;
 }
 
-/* Pages the trees hold in txn's view (records, index, the main and free
- * databases): what the data takes, without the free list. */
-static size_t used_pages(MDB_txn *txn, const struct env *e, size_t *records)
+/* What the trees hold in a transaction's view. */
+struct tree_size {
+    size_t pages;       /* all trees (records, index, the main and free
+                         * databases) and the meta pages: what the data
+                         * takes, without the free list */
+    size_t rec_pages;   /* the records tree alone */
+    size_t rec_entries; /* records */
+};
+
+static struct tree_size tree_size(MDB_txn *txn, const struct env *e)
 {
     MDB_dbi dbis[4] = {0 /* FREE_DBI */, 1 /* MAIN_DBI */, e->dbi, e->ix_dbi};
-    size_t used = 2; /* the meta pages */
+    struct tree_size t = {.pages = 2};
     for (int i = 0; i < 4; i++) {
         MDB_stat st;
         if (mdb_stat(txn, dbis[i], &st) == 0) {
-            used += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
-            if (i == 2 && records != NULL)
-                *records = st.ms_entries;
+            size_t n = st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+            t.pages += n;
+            if (i == 2) {
+                t.rec_pages = n;
+                t.rec_entries = st.ms_entries;
+            }
         }
     }
-    return used;
+    return t;
 }
 
-/* One write transaction over every job of the list.
+static size_t used_pages(MDB_txn *txn, const struct env *e)
+{
+    return tree_size(txn, e).pages;
+}
+
+/* Whether a transaction that took the trees from b to a may commit, or
+ * the reason it may not (MDB_MAP_FULL, *why set).
  *
  * Headroom: even a delete needs fresh pages in LMDB (copy-on-write of the
- * path to the leaf, in the records and in the index), so a map filled to
- * the last page could not free anything.  A transaction that makes the
- * trees larger is therefore refused (MDB_MAP_FULL) when they would leave
- * fewer than reserve_pages of the map free; one that does not grow them
- * (deletes, a release, the sweep) may use the reserve. */
-static idem_err_t run_jobs(struct lmdb_store *s, struct job *jobs)
+ * path to the leaf, in the records and in the index), so a map or a disk
+ * filled to the last page could not free anything.  A transaction grows
+ * the store when the records tree gets more pages or more records (a new
+ * record that fits a page already there is still new in a store that said
+ * it is full; the index follows the records, so its own page splits, say
+ * from a renewal that moves an entry, do not count).  A growing one is
+ * refused when the trees would leave fewer than reserve_pages of the map
+ * free, or less than min_free of room on the disk: the file's free pages
+ * plus the filesystem's free bytes (a write that found the disk full would
+ * fail anyway, ENOSPC, but then the deletes would find no room either).
+ * One that does not grow the store (deletes, releases, renewals, the sweep)
+ * may use the reserve. */
+static int room_refused(struct lmdb_store *s, const struct tree_size *b,
+                        const struct tree_size *a, const char **why)
 {
-    MDB_txn *txn;
+    struct env *e = s->e;
+    if (a->rec_pages <= b->rec_pages && a->rec_entries <= b->rec_entries)
+        return 0;
+    if (a->pages + e->reserve_pages > e->map_pages) {
+        *why = "keeping the reserve for deletes";
+        return MDB_MAP_FULL;
+    }
+    size_t fp = file_pages(e);
+    uint64_t in_file = fp > a->pages ? (uint64_t)(fp - a->pages) * e->psize : 0;
+    uint64_t lack = (uint64_t)(a->pages > fp ? a->pages - fp : 0) * e->psize;
+    uint64_t dfree = disk_free(e, 0); /* cached: a statvfs at most every 100 ms */
+    if (dfree != DISK_UNKNOWN && in_file + dfree < e->min_free + lack) {
+        *why = "no room left on the disk above min_free (kept for deletes)";
+        return MDB_MAP_FULL;
+    }
+    return 0;
+}
+
+static void job_result(struct lmdb_store *s, struct job *j, idem_err_t err)
+{
+    j->result = err;
+    if (err != IDEM_OK)
+        snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(&s->base));
+}
+
+/* One write transaction over every job of the list; sets each job's
+ * result.  Alone, a job runs in the transaction itself.  In a group each
+ * job runs in a nested transaction of its own, so that one refused for
+ * want of room (room_refused) is taken out of the group alone: its
+ * writes are aborted, its batch fails whole with IDEM_E_STORE_FULL (and
+ * store.c resets its ops), and the jobs after it see the store as if it
+ * had never run.  Any other LMDB error, or a failed commit, fails every
+ * job of the transaction with the same code (an I/O error is not one
+ * caller's). */
+static void run_jobs(struct lmdb_store *s, struct job *jobs)
+{
+    MDB_txn *txn, *child;
     const char *what = "";
     int rc;
+    bool group = jobs->next != NULL;
 
     if ((rc = begin(s, 0, &txn)) != 0)
-        return fail(s, "mdb_txn_begin", rc);
-    size_t n_before = 0, n_after = 0;
-    size_t before = used_pages(txn, s->e, &n_before);
+        goto fail_all;
     for (struct job *j = jobs; j != NULL; j = j->next) {
-        if ((rc = apply_ops(txn, s->e->dbi, s->e->ix_dbi, j->ops, j->n, &what)) != 0) {
-            mdb_txn_abort(txn);
-            return fail(s, what, rc);
+        j->result = IDEM_OK;
+        MDB_txn *t = txn;
+        if (group && (rc = IO(mdb_txn_begin(s->e->env, txn, 0, &child))) != 0) {
+            what = "mdb_txn_begin (nested)";
+            goto abort_all;
+        }
+        if (group)
+            t = child;
+        struct tree_size b = tree_size(t, s->e);
+        if ((rc = apply_ops(t, s->e->dbi, s->e->ix_dbi, j->ops, j->n, &what)) != 0) {
+            if (group)
+                mdb_txn_abort(child);
+            goto abort_all;
+        }
+        struct tree_size a = tree_size(t, s->e);
+        const char *why;
+        if (room_refused(s, &b, &a, &why) != 0) {
+            job_result(s, j, fail(s, why, MDB_MAP_FULL));
+            if (!group) {
+                mdb_txn_abort(txn);
+                return;
+            }
+            mdb_txn_abort(child);
+            continue;
+        }
+        if (group && (rc = txn_commit(child)) != 0) {
+            what = "mdb_txn_commit (nested)";
+            goto abort_all;
         }
     }
-    size_t after = used_pages(txn, s->e, &n_after);
-    /* Growing: more pages, or more records (a record that fits a page
-     * already there is still a new record in a store that said it is full). */
-    bool grows = after > before || n_after > n_before;
-    if (grows && after + s->e->reserve_pages > s->e->map_pages) {
-        mdb_txn_abort(txn);
-        return fail(s, "keeping the reserve for deletes", MDB_MAP_FULL);
+    if ((rc = txn_commit(txn)) != 0) {
+        what = "mdb_txn_commit";
+        goto fail_all;
     }
-    /* The same on the filesystem: the room is the file's free pages plus
-     * the disk's free bytes, and a transaction that grows the trees is
-     * refused when it would leave less than min_free of it (a write that
-     * found the disk full would fail anyway, ENOSPC, but then the deletes
-     * would find no room either).  The disk is asked only once the file's
-     * own free pages are below min_free. */
-    if (grows) {
-        size_t fp = file_pages(s->e);
-        uint64_t in_file = fp > after ? (uint64_t)(fp - after) * s->e->psize : 0;
-        uint64_t lack = (uint64_t)(after > fp ? after - fp : 0) * s->e->psize;
-        uint64_t dfree = in_file < s->e->min_free ? disk_free(s->e, 0) : DISK_UNKNOWN;
-        if (dfree != DISK_UNKNOWN && in_file + dfree < s->e->min_free + lack) {
-            mdb_txn_abort(txn);
-            return fail(s, "no room left on the disk above min_free (kept for deletes)",
-                        MDB_MAP_FULL);
-        }
-    }
-    if ((rc = txn_commit(txn)) != 0)
-        return fail(s, "mdb_txn_commit", rc);
-    return IDEM_OK;
+    return;
+
+abort_all:
+    mdb_txn_abort(txn);
+fail_all : {
+    idem_err_t err = fail(s, *what ? what : "mdb_txn_begin", rc);
+    for (struct job *j = jobs; j != NULL; j = j->next)
+        job_result(s, j, err);
+}
 }
 
 /* Group commit: callers queue their batch; whoever finds no leader becomes
@@ -807,27 +894,10 @@ static idem_err_t lmdb_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         last->next = NULL;
         pthread_mutex_unlock(&e->qlock);
 
-        idem_err_t err = run_jobs(s, first);
-        /* Refused for want of room: the batches that do not grow the store
-         * (renewals, releases, deletes, replays) must not fail with those
-         * that do, so each runs alone then. */
-        bool alone = err == IDEM_E_STORE_FULL && first->next != NULL;
-        for (struct job *j = first, *next; alone && j != NULL; j = next) {
-            next = j->next;
-            j->next = NULL;
-            j->result = run_jobs(s, j);
-            if (j->result != IDEM_OK)
-                snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
-            j->next = next;
-        }
+        run_jobs(s, first);
 
         pthread_mutex_lock(&e->qlock);
         for (struct job *j = first; j != NULL; j = j->next) {
-            if (!alone) {
-                j->result = err;
-                if (err != IDEM_OK)
-                    snprintf(j->errstr, sizeof j->errstr, "%s", idem_store_errstr(base));
-            }
             j->done = 1;
         }
         e->leading = 0;
@@ -1015,7 +1085,7 @@ static idem_err_t lmdb_space(idem_store_t *base, idem_store_space_t *out)
     int rc = begin(s, MDB_RDONLY, &txn);
     if (rc != 0)
         return fail(s, "mdb_txn_begin", rc);
-    size_t used = used_pages(txn, e, NULL);
+    size_t used = used_pages(txn, e);
     mdb_txn_abort(txn);
     size_t in_file = file_pages(e);
     uint64_t dfree = disk_free(e, 1);
