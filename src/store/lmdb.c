@@ -248,16 +248,8 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     o->min_free = DEFAULT_MIN_FREE;
     while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
         if (strcmp(name, "sync") == 0) {
-            if (strcmp(value, "always") == 0) {
-                o->nosync = 0;
-            } else if (strcmp(value, "interval") == 0) {
-                o->nosync = 1;
-            } else {
-                idem__store_errbuf(errbuf, errlen,
-                                   "lmdb store option sync=%s: expected always or interval",
-                                   value);
+            if (idem__store_sync_opt("lmdb", value, &o->nosync, errbuf, errlen) != 0)
                 return IDEM_E_INVAL;
-            }
         } else if (strcmp(name, "map_size") == 0 && strcmp(value, "auto") == 0) {
             o->map_size = 0;
         } else if (strcmp(name, "min_free") == 0) {
@@ -323,10 +315,9 @@ static void find_map(struct env *e)
         (f = fopen("/proc/self/maps", "re")) == NULL)
         return;
     while (fgets(line, sizeof line, f) != NULL) {
-        unsigned long start, end, off, ino;
+        unsigned long start, end, ino;
         unsigned dmaj, dmin;
-        if (sscanf(line, "%lx-%lx %*4s %lx %x:%x %lu", &start, &end, &off, &dmaj, &dmin, &ino) ==
-                6 &&
+        if (sscanf(line, "%lx-%lx %*4s %*x %x:%x %lu", &start, &end, &dmaj, &dmin, &ino) == 5 &&
             ino == (unsigned long)st.st_ino && makedev(dmaj, dmin) == st.st_dev &&
             start <= inside && inside < end) {
             e->map_addr = (uintptr_t)start;
@@ -563,25 +554,15 @@ static void env_release(struct env *e)
 
 static idem_err_t lmdb_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
 {
-    size_t path_len;
     const char *query;
     char dir[PATH_MAX];
     struct opts o;
     struct stat st;
 
-    idem__store_split(rest, &path_len, &query);
-    if (path_len == 0) {
-        idem__store_errbuf(errbuf, errlen, "store URL lmdb: needs a directory (lmdb:PATH)");
-        return IDEM_E_INVAL;
-    }
-    if (path_len >= sizeof dir) {
-        idem__store_errbuf(errbuf, errlen, "lmdb store path is longer than %d bytes",
-                           PATH_MAX - 1);
-        return IDEM_E_INVAL;
-    }
-    memcpy(dir, rest, path_len);
-    dir[path_len] = '\0';
-    idem_err_t err = parse_opts(query, &o, errbuf, errlen);
+    idem_err_t err = idem__store_dir("lmdb", rest, dir, sizeof dir, &query, errbuf, errlen);
+    if (err != IDEM_OK)
+        return err;
+    err = parse_opts(query, &o, errbuf, errlen);
     if (err != IDEM_OK)
         return err;
     if (out == NULL)

@@ -248,16 +248,8 @@ static idem_err_t parse_opts(const char *query, struct opts *o, char *errbuf, si
     o->min_free = DEFAULT_MIN_FREE;
     while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
         if (strcmp(name, "sync") == 0) {
-            if (strcmp(value, "always") == 0) {
-                o->nosync = 0;
-            } else if (strcmp(value, "interval") == 0) {
-                o->nosync = 1;
-            } else {
-                idem__store_errbuf(errbuf, errlen,
-                                   "rocksdb store option sync=%s: expected always or interval",
-                                   value);
+            if (idem__store_sync_opt("rocksdb", value, &o->nosync, errbuf, errlen) != 0)
                 return IDEM_E_INVAL;
-            }
         } else if (strcmp(name, "cache_size") == 0) {
             if (idem__store_size_opt("rocksdb", name, value, MIN_CACHE, MAX_CACHE,
                                      "from 1MiB to 64GiB, e.g. 32MiB", &o->cache_size, errbuf,
@@ -317,24 +309,14 @@ static void common_options(rocksdb_options_t *o, const struct opts *u,
 
 static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
 {
-    size_t path_len;
     const char *query;
     char dir[PATH_MAX];
     struct opts o;
 
-    idem__store_split(rest, &path_len, &query);
-    if (path_len == 0) {
-        idem__store_errbuf(errbuf, errlen, "store URL rocksdb: needs a directory (rocksdb:PATH)");
-        return IDEM_E_INVAL;
-    }
-    if (path_len >= sizeof dir) {
-        idem__store_errbuf(errbuf, errlen, "rocksdb store path is longer than %d bytes",
-                           PATH_MAX - 1);
-        return IDEM_E_INVAL;
-    }
-    memcpy(dir, rest, path_len);
-    dir[path_len] = '\0';
-    idem_err_t err = parse_opts(query, &o, errbuf, errlen);
+    idem_err_t err = idem__store_dir("rocksdb", rest, dir, sizeof dir, &query, errbuf, errlen);
+    if (err != IDEM_OK)
+        return err;
+    err = parse_opts(query, &o, errbuf, errlen);
     if (err != IDEM_OK)
         return err;
     if (out == NULL)
@@ -348,7 +330,7 @@ static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf,
     s->base.reads_are_local = true;
     s->nosync = o.nosync;
     s->min_free = o.min_free;
-    memcpy(s->dir, dir, path_len + 1);
+    memcpy(s->dir, dir, strlen(dir) + 1);
     atomic_init(&s->space_at_ns, 0);
     atomic_init(&s->space_full, false);
     atomic_init(&s->space_avail, 0);

@@ -507,6 +507,38 @@ idem_err_t idem_store_ping(idem_store_t *store)
     return store == NULL ? IDEM_E_INVAL : store->ops->ping(store);
 }
 
+idem_err_t idem__store_dir(const char *scheme, const char *rest, char *dir, size_t dirlen,
+                           const char **query, char *errbuf, size_t errlen)
+{
+    size_t path_len;
+    idem__store_split(rest, &path_len, query);
+    if (path_len == 0) {
+        idem__store_errbuf(errbuf, errlen, "store URL %s: needs a directory (%s:PATH)", scheme,
+                           scheme);
+        return IDEM_E_INVAL;
+    }
+    if (path_len >= dirlen) {
+        idem__store_errbuf(errbuf, errlen, "%s store path is longer than %zu bytes", scheme,
+                           dirlen - 1);
+        return IDEM_E_INVAL;
+    }
+    memcpy(dir, rest, path_len);
+    dir[path_len] = '\0';
+    return IDEM_OK;
+}
+
+int idem__store_sync_opt(const char *scheme, const char *value, int *nosync, char *errbuf,
+                         size_t errlen)
+{
+    if (strcmp(value, "always") == 0 || strcmp(value, "interval") == 0) {
+        *nosync = value[0] == 'i';
+        return 0;
+    }
+    idem__store_errbuf(errbuf, errlen, "%s store option sync=%s: expected always or interval",
+                       scheme, value);
+    return -1;
+}
+
 int idem__store_size_opt(const char *store, const char *name, const char *value, uint64_t lo,
                          uint64_t hi, const char *range, uint64_t *out, char *errbuf,
                          size_t errlen)

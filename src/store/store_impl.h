@@ -119,6 +119,17 @@ void idem__store_split(const char *rest, size_t *path_len, const char **query);
 int idem__store_next_opt(const char **query, char *name, char *value, char *errbuf,
                          size_t errlen);
 
+/* The directory of an embedded store's URL rest "PATH?query" into dir
+ * (dirlen bytes) and *query after it; IDEM_E_INVAL with a sentence when
+ * PATH is empty or too long.  scheme names the store in the sentence. */
+idem_err_t idem__store_dir(const char *scheme, const char *rest, char *dir, size_t dirlen,
+                           const char **query, char *errbuf, size_t errlen);
+
+/* The value of an embedded store's sync option: "always" (*nosync 0) or
+ * "interval" (1); 0, or -1 with a sentence naming the store. */
+int idem__store_sync_opt(const char *scheme, const char *value, int *nosync, char *errbuf,
+                         size_t errlen);
+
 /* Read a size option ("64MiB") between lo and hi into *out; 0, or -1 with a
  * sentence "<store> store option <name>=<value>: expected a size <range>". */
 int idem__store_size_opt(const char *store, const char *name, const char *value, uint64_t lo,

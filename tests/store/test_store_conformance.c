@@ -995,22 +995,6 @@ Test(store_lmdb, is_named_lmdb, .init = setup_lmdb, .fini = teardown)
     cr_expect_str_eq(idem_store_name(st), "lmdb");
 }
 
-Test(store_lmdb, data_survives_close_and_reopen, .init = setup_lmdb, .fini = teardown)
-{
-    claim("k", 1, T0);
-    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
-    claim("open", 1, T0);
-    idem_store_close(st);
-    st = NULL;
-    open_store();
-    idem_op_t op = claim_op("k", 1, T0 + 1);
-    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
-    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
-    expect_resp_eq(&op.record.response, &resp);
-    idem_record_cleanup(&op.record);
-    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
-}
-
 Test(store_lmdb, creates_missing_directory_private, .init = setup_lmdb, .fini = teardown)
 {
     char sub[PATH_MAX], u[PATH_MAX + 16];
@@ -1518,6 +1502,27 @@ static int present(const char *key)
     return rc == IDEM_OK;
 }
 
+/* A completed record replays and an open claim is still in flight after
+ * the store is closed and opened again (the stores that outlive a
+ * process: lmdb, rocksdb, postgres). */
+static void survives_reopen(void)
+{
+    claim("k", 1, T0);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    claim("open", 1, T0);
+    idem_store_close(st);
+    st = NULL;
+    open_store();
+    idem_op_t op = claim_op("k", 1, T0 + 1);
+    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
+    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
+    expect_resp_eq(&op.record.response, &resp);
+    idem_record_cleanup(&op.record);
+    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+}
+
+EMBEDDED_CASE(data_survives_close_and_reopen) { survives_reopen(); }
+
 EMBEDDED_CASE(sweep_reads_no_live_record)
 {
     char key[32];
@@ -1694,22 +1699,6 @@ Test(store, bad_rocksdb_urls_are_inval_with_a_message)
 Test(store_rocksdb, is_named_rocksdb, .init = setup_rocksdb, .fini = teardown)
 {
     cr_expect_str_eq(idem_store_name(st), "rocksdb");
-}
-
-Test(store_rocksdb, data_survives_close_and_reopen, .init = setup_rocksdb, .fini = teardown)
-{
-    claim("k", 1, T0);
-    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
-    claim("open", 1, T0);
-    idem_store_close(st);
-    st = NULL;
-    open_store();
-    idem_op_t op = claim_op("k", 1, T0 + 1);
-    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
-    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
-    expect_resp_eq(&op.record.response, &resp);
-    idem_record_cleanup(&op.record);
-    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
 }
 
 Test(store_rocksdb, a_second_open_of_the_directory_is_refused, .init = setup_rocksdb,
@@ -3005,18 +2994,7 @@ Test(store_postgres, columns_mirror_the_record, .init = setup_postgres, .fini = 
 
 Test(store_postgres, data_survives_close_and_reopen, .init = setup_postgres, .fini = teardown)
 {
-    claim("k", 1, T0);
-    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
-    claim("open", 1, T0);
-    idem_store_close(st);
-    st = NULL;
-    open_store();
-    idem_op_t op = claim_op("k", 1, T0 + 1);
-    cr_assert_eq(idem_store_claim(st, &op), IDEM_OK);
-    cr_assert_eq(op.decision.kind, IDEM_DECIDE_REPLAY);
-    expect_resp_eq(&op.record.response, &resp);
-    idem_record_cleanup(&op.record);
-    cr_expect_eq(claim("open", 1, T0 + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    survives_reopen();
 }
 
 Test(store_postgres, key_that_is_not_utf8_is_refused_alone, .init = setup_postgres,
