@@ -15,12 +15,15 @@
  * a body is read and dropped up to 64 KiB, anything larger is refused.
  *
  * The connections are conn.c's, the same code as the public listener's,
- * run on this thread's loop by an idem_listener_t of kind
- * IDEM_LISTEN_ADMIN; this file holds the endpoints and sets the listener
- * up.  What a client can hold here is bounded as on the public listener
- * (docs/reliability.md), from a budget of its own so that the admin stays
- * reachable when the public listener is full: at most IDEM_ADMIN_MAX_CONNS
- * connections (more are closed at once), header_timeout for a head from its
+ * run on this thread's loop by a listener whose handler (handler.h) is this
+ * file's: it holds a request until its body (read and dropped, at most
+ * ADMIN_BODY_MAX) is in, then answers it at once through the connection's
+ * output stream.  What a client can hold here is bounded as on the public
+ * listener (docs/reliability.md), from a budget of its own so that the
+ * admin stays reachable when the public listener is full: at most
+ * IDEM_ADMIN_MAX_CONNS connections, of which the one idle longest is closed
+ * to make room for a new one (a probe is never refused because idle
+ * clients hold every place), header_timeout for a head from its
  * first byte, body_timeout between bytes of a body, idle_timeout between
  * requests, and answers queued to a client that does not read them stop the
  * reading of its requests (conn.c says how much).  Only Host names that
@@ -28,12 +31,10 @@
  * admin_hosts): a page that a browser on this host loads from a name its
  * author points at 127.0.0.1 (DNS rebinding) sends that name, and gets 421.
  *
- * Each endpoint is a handler: it reads the parsed request (method, target,
- * fields) and fills an idem_answer_t (conn.h: status, Content-Type, body,
- * whether the connection ends), knowing nothing of sockets;
- * idem__admin_answer picks the handler after the Host checks, and conn.c
- * writes the answer with idem__http_write_response (src/http), as every
- * answer of idemd is written.
+ * Each endpoint reads the parsed request (method, target, fields) and fills
+ * an idem_answer_t (status, Content-Type, body, whether the connection
+ * ends), knowing nothing of sockets; admin_answer picks the endpoint after
+ * the Host checks, and the answer goes out through the output stream.
  *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
@@ -48,6 +49,7 @@
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/handler.h"
 #include "gateway/log.h"
 #include "gateway/problem.h"
 #include "idem/alloc.h"
@@ -57,10 +59,31 @@
 
 #define ADMIN_MAX_HOSTS (IDEM_CONFIG_MAX_LIST + 4)
 #define ADMIN_METRICS_MAX (4u << 20) /* the largest /metrics text */
+#define ADMIN_BODY_MAX (64 * 1024)   /* an admin request's body, read and dropped */
+#define ADMIN_WRITE_HIGH (1u << 20)  /* answers queued to a client that does not read */
+#define ADMIN_CLOSE_MS 5000          /* an answer that closes, not taken by then: cut */
+
+/* An answer made at once, without the store's writer or the upstream. */
+typedef struct idem_answer {
+    int status;               /* 0: none could be made (out of memory): the connection closes */
+    const char *content_type; /* NULL: no Content-Type (204); a static string */
+    idem_buf_t body;          /* owned by the answer (answer_cleanup) */
+    bool close;               /* the request was refused at its head: the connection ends */
+} idem_answer_t;
+
+/* An admin request held until its body is in: its head copied (msg points
+ * into head), and the stream to answer it on. */
+typedef struct admin_req {
+    idem_admin_t *admin;
+    idem_ostream_t *os;
+    idem_http_msg_t msg;
+    char head[];
+} admin_req_t;
 
 struct idem_admin {
     idem_gw_t *gw;
     uv_loop_t loop;
+    idem_handler_t handler;             /* this file's endpoints, for the listener */
     idem_listener_t listener;           /* the admin listener and its connections (conn.c) */
     uv_async_t stop_async;
     pthread_t thread;
@@ -70,17 +93,17 @@ struct idem_admin {
 
 /* ---- the endpoints ------------------------------------------------------ */
 
-/* An endpoint fills an idem_answer_t (conn.h); conn.c writes it.  A handler
+/* An endpoint fills an idem_answer_t; the handler sends it.  A handler
  * sets status 0 when it could not make an answer at all (out of memory):
  * the connection then closes without one. */
 
-void idem__answer_init(idem_answer_t *a)
+static void answer_init(idem_answer_t *a)
 {
     memset(a, 0, sizeof *a);
     idem__buf_init(&a->body, 0);
 }
 
-void idem__answer_cleanup(idem_answer_t *a)
+static void answer_cleanup(idem_answer_t *a)
 {
     idem__buf_cleanup(&a->body);
 }
@@ -377,7 +400,7 @@ static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
     return false;
 }
 
-void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
+static void admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     if (idem__http_count(m, "Host") > 1 ||
         (m->version_minor == 1 && idem__http_count(m, "Host") == 0)) {
@@ -408,13 +431,112 @@ void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
     answer_problem(a, 404, "not-found", "no such admin endpoint");
 }
 
+/* ---- the handler: what the connection calls (handler.h) ---------------------- */
+
+static idem_hreq_t *admin_on_head(idem_handler_t *h, const idem_http_msg_t *m, const char *head,
+                                  size_t head_len, idem_ostream_t *os,
+                                  const idem_conn_facts_t *facts)
+{
+    (void)facts;
+    if (m->framing == IDEM_HTTP_BODY_CHUNKED ||
+        (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > ADMIN_BODY_MAX)) {
+        (void)idem__ostream_problem(os, 413, "request-too-large", "admin requests carry no body",
+                                    0, IDEM_OS_CLOSE);
+        return NULL;
+    }
+    admin_req_t *r = idem_malloc(sizeof *r + head_len);
+    if (r == NULL)
+        return NULL;
+    memcpy(r->head, head, head_len);
+    idem_http_head_state_t hs = {0};
+    if (idem__http_parse_request(&hs, r->head, head_len, IDEM_HTTP_MAX_HEAD, &r->msg) <= 0) {
+        idem_free(r);
+        return NULL;
+    }
+    r->admin = h->data;
+    r->os = os;
+    return r;
+}
+
+static bool admin_on_expect(idem_hreq_t *r)
+{
+    (void)r;
+    return true; /* a body too large was refused at the head */
+}
+
+static bool admin_on_body(idem_hreq_t *r, const char *p, size_t n)
+{
+    (void)r, (void)p, (void)n;
+    return true; /* read and dropped */
+}
+
+/* Answer the whole request at once with the endpoints.  One whose answer
+ * cannot be written becomes a 500 that closes; one that cannot even be that
+ * is cut. */
+static void admin_on_body_end(idem_hreq_t *hr)
+{
+    admin_req_t *r = hr;
+    idem_answer_t a;
+    answer_init(&a);
+    admin_answer(r->admin, &r->msg, &a);
+    int rc = -1;
+    if (a.status != 0) {
+        idem_http_field_t type;
+        idem_http_response_t resp = {.status = a.status};
+        if (a.content_type != NULL) {
+            type = (idem_http_field_t){{"Content-Type", 12},
+                                       {a.content_type, strlen(a.content_type)}};
+            resp.fields = &type;
+            resp.n_fields = 1;
+        }
+        rc = idem__ostream_respond(r->os, &resp, a.close ? IDEM_OS_CLOSE : 0, a.body.data,
+                                   a.body.len);
+        if (rc != 0)
+            rc = idem__ostream_problem(r->os, 500, "internal", "the answer could not be written",
+                                       0, IDEM_OS_CLOSE);
+    }
+    answer_cleanup(&a);
+    if (rc != 0)
+        r->os->ops->abort(r->os);
+    idem_free(r);
+}
+
+static void admin_on_body_error(idem_hreq_t *hr, int rc)
+{
+    admin_req_t *r = hr;
+    if (rc == IDEM_CONN_E_BODY_TIMEOUT)
+        rc = idem__ostream_problem(r->os, 408, "request-timeout",
+                                   "the request body paused for longer than body_timeout", 0,
+                                   IDEM_OS_CLOSE);
+    else
+        rc = idem__ostream_problem(r->os, 400, "bad-request", "malformed admin request body", 0,
+                                   IDEM_OS_CLOSE);
+    if (rc != 0)
+        r->os->ops->abort(r->os);
+    idem_free(r);
+}
+
+static void admin_on_proceed(idem_hreq_t *r) { (void)r; }
+
+static void admin_on_gone(idem_hreq_t *r) { idem_free(r); }
+
+static const idem_handler_ops_t admin_ops = {
+    .on_head = admin_on_head,
+    .on_expect = admin_on_expect,
+    .on_body = admin_on_body,
+    .on_body_end = admin_on_body_end,
+    .on_body_error = admin_on_body_error,
+    .on_proceed = admin_on_proceed,
+    .on_gone = admin_on_gone,
+    .on_refused = NULL, /* admin requests are not counted among idemd's */
+};
+
 /* ---- the listener and its thread ------------------------------------------- */
 
 static void on_admin_stop(uv_async_t *as)
 {
     idem_admin_t *a = as->data;
-    uv_close((uv_handle_t *)&a->listener.tcp, NULL);
-    uv_close((uv_handle_t *)&a->listener.parse_idle, NULL);
+    idem__listener_close_handles(&a->listener);
     uv_close((uv_handle_t *)&a->stop_async, NULL);
     idem__conns_close_all(&a->listener);
 }
@@ -464,8 +586,15 @@ int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *er
         host[0] = '\0';
     admin_hosts_init(a, host);
     uv_loop_init(&a->loop);
-    idem__listener_init(&a->listener, IDEM_LISTEN_ADMIN, gw, &a->loop);
-    a->listener.admin = a;
+    a->handler = (idem_handler_t){.ops = &admin_ops, .data = a, .body_max = ADMIN_BODY_MAX};
+    const idem_listen_limits_t limits = {
+        .max_conns = IDEM_ADMIN_MAX_CONNS,
+        .write_high = ADMIN_WRITE_HIGH,
+        .close_linger_ms = ADMIN_CLOSE_MS,
+        .reuse_idle = true, /* room for probes, whatever idle clients hold */
+    };
+    idem__listener_init(&a->listener, gw, &a->loop, &a->handler, &limits);
+    a->listener.data = a;
     if (idem__tcp_open_listener(&a->loop, &a->listener.tcp, &a->listener, listen_fd,
                                 IDEM_ADMIN_BACKLOG, idem__conn_on_connection, "--admin", err,
                                 errlen) != 0) {
@@ -477,8 +606,14 @@ int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *er
     }
     uv_async_init(&a->loop, &a->stop_async, on_admin_stop);
     a->stop_async.data = a;
-    if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
-        snprintf(err, errlen, "cannot start the admin thread");
+    int prc = pthread_create(&a->thread, NULL, admin_main, a);
+    if (prc != 0) {
+        /* Never started, so never joined: its loop is closed here. */
+        snprintf(err, errlen, "cannot start the admin thread: %s", strerror(prc));
+        uv_walk(&a->loop, close_any, NULL);
+        uv_run(&a->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&a->loop);
+        free(a);
         return -1;
     }
     *out = a;

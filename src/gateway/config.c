@@ -258,6 +258,7 @@ int idem__config_defaults(idem_config_t *cfg)
     cfg->idle_timeout_ms = 60 * 1000;
     cfg->max_connections = 10000;
     cfg->max_buffered_bytes = 256u * 1024 * 1024;
+    cfg->max_queued_bytes = 64u * 1024 * 1024;
     policy_defaults(&cfg->defaults);
     if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
         idem__config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||

@@ -81,6 +81,8 @@ typedef struct idem_config {
     uint64_t max_connections;    /* client connections at once, all workers */
     bool max_connections_set;    /* written in the file: never lowered to fit the fd limit */
     uint64_t max_buffered_bytes; /* request bodies held at once, all workers */
+    uint64_t max_queued_bytes;   /* answers queued to clients at once, all workers */
+    uint64_t max_connections_per_address; /* 0: off */
     /* Host names the admin listener answers besides loopback's, lower case. */
     char *admin_hosts[IDEM_CONFIG_MAX_LIST];
     size_t n_admin_hosts;

@@ -1,52 +1,54 @@
-/* src/gateway/conn.c - idemd's HTTP connections: accepting, reading,
- * parsing, timers, 100-continue, writing to a client, and the body budget,
- * for the public listener of each worker and for the admin listener.
+/* src/gateway/conn.c - idemd's HTTP/1.1 connections: accepting, reading,
+ * parsing, timers, 100-continue, framing and writing the answers, and the
+ * budgets a client holds, for every listener (the public ones of each
+ * worker, the admin's).
  *
  * Each worker thread runs one uv_loop_t watching its own dup() of the one
  * listening socket main.c bound (whichever loop accepts first takes the
  * connection; no SO_REUSEPORT, so a second process cannot share the port).
- * A client connection reads and parses one request at a time (pipelined
- * requests wait in the read buffer), refuses a target that is not origin-
- * or absolute-form or whose path has no single reading (docs/protocol.md
- * section 5), buffers its body up to max_request_bytes, and hands the whole
- * request, with its target normalised, to idem__req_dispatch (request.c).
- * The refusals before a request exists are loop-free steps of
- * request_plan.c, called here where the loop gets to them.  Once a request
- * is answered, the next one pipelined behind it is parsed from the loop
- * (its listener's parse_idle), never on the stack of what answered it (a
- * store job, the upstream), so a connection's requests never nest.
+ * A connection reads and parses one request head at a time (pipelined
+ * requests wait in the read buffer) and hands it to its listener's handler
+ * (handler.h) with an output stream of its own, feeds the handler the
+ * decoded body, and writes what the request answers through the stream:
+ * the head by src/http's writer, framed as this connection decides
+ * (Content-Length, chunked, or a body its close delimits for an HTTP/1.0
+ * client), and whether the connection stays open.  It never names what
+ * answers (the proxy, the admin endpoints): a listener carries its handler.
+ *
+ * Calls go one way.  The connection calls its request only from the loop:
+ * its read, write, timer and idle callbacks.  A stream function the request
+ * calls never calls the request back and never frees anything the request
+ * holds: a write that cannot be queued marks the connection broken, and the
+ * listener's idle handle closes it on a later turn, telling the request
+ * on_gone then.  Once an answer is complete, the next request pipelined
+ * behind it is parsed from the loop too (the listener's parse_idle), never
+ * on the stack of what answered it (a store job, the upstream); an answer
+ * given inside one of the connection's own calls to the handler (a
+ * refusal, a replay from on_body_end) lets the connection's own parsing
+ * loop go on once that call has returned.
  *
  * What a client holds is bounded (docs/protocol.md section 11): each
  * connection has one timer, armed for what it waits for (conn_timer): a new
  * connection's first head, or a head once its first byte came
  * (header_timeout, never restarted by later bytes); the next byte of a body
  * (body_timeout); the next request on a keep-alive connection
- * (idle_timeout).  max_connections counts connections across workers, and a
- * request whose client hung up keeps its connection's place until it ends
- * (it still holds an upstream connection).  max_buffered_bytes counts the
- * request body buffers of every worker: a body is charged before it is read
- * (its Content-Length, or a chunked body's buffer as it grows), so a body
- * that does not fit is refused (503) rather than one in progress starved.
- * A request with `Expect: 100-continue` is checked (route, key, budget)
- * before it is invited to send its body; one refused then is answered at
- * once and its connection closed, since its body may follow anyway.
+ * (idle_timeout); a queue of answers that its client does not take
+ * (body_timeout without progress).  max_connections counts connections
+ * across workers, and a request whose client hung up keeps its connection's
+ * place until it ends when its handler says requests outlive their clients
+ * (it still holds an upstream connection).  max_queued_bytes counts what is
+ * queued to every client of every worker, each write's overhead included:
+ * past it, a connection whose answers still wait reads no further request,
+ * and a streamed answer is asked to wait.  max_connections_per_address
+ * bounds one client address.  The body budget (max_buffered_bytes) is the
+ * handler's: it refuses a body piece it cannot hold.
  *
- * The admin listener (admin.c, docs/protocol.md section 13) runs the same
- * connections on its own thread and loop, so a flood of clients never hides
- * /healthz; its listener's kind changes only who answers and a few limits.
- * Its budget is its own (IDEM_ADMIN_MAX_CONNS, not max_connections); its
- * requests carry at most ADMIN_BODY_MAX of body, read and dropped (chunked
- * is refused); a whole request is answered at once by admin.c's endpoints
- * (idem__admin_answer) and written here; answers queued past
- * ADMIN_WRITE_HIGH stop its parsing; a closing answer not taken within
- * ADMIN_CLOSE_MS is cut; nothing there is counted among the requests.
- *
- * INVARIANTS: a connection carries at most one request (c->req, or on the
- * admin listener c->held), the one being read or answered; a public request
- * is held (IDEM_HOLD_CONN) until the connection lets go through
- * idem__req_detach_conn, _client_gone or _drop, and one that outlives its
- * connection takes its max_connections place with it.
- * THREADING: the loop thread of the connection's listener only.
+ * INVARIANTS: a connection carries at most one request (c->req), the one
+ * being read or answered, and calls it only until it answered its last
+ * byte or was told on_gone; an answer is framed once and either completes
+ * or is cut where the client can see it.
+ * THREADING: the loop thread of the connection's listener only; the budgets
+ * shared by every loop are atomics (metrics) or a locked table (addrlimit).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -57,21 +59,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "gateway/addrlimit.h"
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/problem.h"
 #include "gateway/rbuf.h"
-#include "gateway/request.h"
-#include "gateway/worker.h"
+#include "gateway/request_plan.h"
 #include "idem/alloc.h"
 
 #define READ_CHUNK (64 * 1024)
-#define CONN_DRAIN_MS 2000        /* after an error answer, reading what the client still sends */
-#define RBUF_PAUSE (256 * 1024)   /* stop reading a busy connection past this much pipelined input */
-#define WRITE_HIGH_MARK (4u << 20)  /* answers queued to a client that does not read: stop parsing */
-#define ADMIN_BODY_MAX (64 * 1024)  /* an admin request's body, read and dropped */
-#define ADMIN_WRITE_HIGH (1u << 20) /* WRITE_HIGH_MARK of the admin listener */
-#define ADMIN_CLOSE_MS 5000         /* an admin answer that closes, not taken by then: cut */
+#define CONN_DRAIN_MS 2000      /* after an error answer, reading what the client still sends */
+#define RBUF_PAUSE (256 * 1024) /* stop reading a busy connection past this much pipelined input */
 
 typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
 
@@ -86,118 +84,296 @@ typedef enum {
     CT_HEAD,  /* the rest of a request head (header_timeout from its start) */
     CT_BODY,  /* the next byte of a request body (body_timeout) */
     CT_DRAIN, /* the end of draining after an error answer */
-    CT_CLOSE, /* admin: the end of a closing answer's time to be taken */
+    CT_CLOSE, /* the end of a closing answer's time to be taken (close_linger_ms) */
+    CT_QUEUE, /* answers its client does not take: progress within body_timeout */
 } conn_timer_t;
-
-/* ADMIN: the request being read, its head copied (msg points into head). */
-typedef struct {
-    idem_http_msg_t msg;
-    char head[];
-} conn_held_t;
 
 struct idem_conn {
     uv_tcp_t tcp;
+    idem_ostream_t os;      /* what its request answers through */
     idem_listener_t *l;     /* whose connection this is */
-    idem_worker_t *w;       /* PUBLIC: l->w; NULL on the admin listener */
-    idem_link_t link;       /* in l->conns */
+    idem_link_t link;       /* in l->conns, the most recently active last */
     idem_link_t parse_link; /* in l->parse_q while pipelined input waits to be parsed */
-    idem_rbuf_t in;    /* unparsed input */
+    idem_link_t gone_link;  /* in l->gone_q while it waits to be closed (broken) */
+    idem_rbuf_t in;         /* unparsed input */
     idem_http_head_state_t hs;
     conn_state_t state;
     idem_http_body_t body;
-    idem_req_t *req;   /* PUBLIC: the request being read or answered */
-    conn_held_t *held; /* ADMIN: the request being read or answered */
+    idem_hreq_t *req;       /* the request being read or answered; NULL once it ended its
+                               answer or was told on_gone */
+    idem_conn_facts_t facts;
+    struct sockaddr_storage peer; /* for max_connections_per_address */
+    bool peer_counted;      /* the address holds a place in the per-address table */
+    /* The request being answered, as its head said. */
+    int version_minor;
+    bool head_method;       /* HEAD: an answer without its body */
+    bool req_keep_alive;    /* its version and Connection allow another request */
+    /* The answer being written. */
+    idem_buf_t out;         /* bytes framed and not yet handed to a write */
+    bool answering;         /* started, not yet complete */
+    bool ans_chunked;       /* the body goes in chunks */
+    bool ans_nobody;        /* the body is not sent (HEAD, 204, 304) */
+    bool ans_keep_alive;    /* the connection stays open after it */
+    bool ans_drain;         /* a refusal: read and drop what follows, then close */
+    bool want_proceed;      /* a send answered false: on_proceed once the queue drains */
     bool reading;
-    bool keep_alive;   /* for the response being written */
-    bool close_after;  /* close once the queued writes are done */
-    size_t queued;     /* bytes in uv_write requests not yet done */
-    int writes;        /* uv_write requests not yet done */
-    int closes;        /* handles (tcp, timer) whose close callback is pending */
-    bool processing;   /* inside conn_process: answers made now loop, not recurse */
-    bool peer_eof;     /* the client half-closed after its request: answer, then close */
-    bool write_blocked;/* too much queued for a client that does not read: parsing waits */
-    bool slot_moved;   /* its max_connections place went to the request that outlived it
-                          (public only: an admin connection carries no request) */
-    conn_timer_t waiting; /* what timer is armed for */
+    bool close_after;       /* close once the queued writes are done */
+    bool broken;            /* a write could not be queued: closed from the loop */
+    size_t queued;          /* bytes in uv_write requests not yet done, overhead included */
+    int writes;             /* uv_write requests not yet done */
+    int closes;             /* handles (tcp, timer) whose close callback is pending */
+    bool processing;        /* inside conn_process: answers made now loop, not recurse */
+    bool peer_eof;          /* the client half-closed after its request: answer, then close */
+    bool write_blocked;     /* its answers are not taken: parsing waits */
+    bool answered;          /* the request being handed over was answered already */
+    bool slot_moved;        /* its max_connections place went to the request that outlived it */
+    conn_timer_t waiting;   /* what timer is armed for */
     uv_timer_t timer;
 };
 
 typedef struct {
     uv_write_t wr;
     idem_conn_t *conn;
-    size_t len;
-    char data[];
+    size_t charge; /* what it counts in c->queued and max_queued_bytes */
+    idem_buf_t buf;
 } write_req_t;
 
 static void conn_drain(idem_conn_t *c);
 static void conn_timer(idem_conn_t *c, conn_timer_t what);
-static void conn_admin_answer(idem_conn_t *c);
-static bool conn_write_continue(idem_conn_t *c);
 static void conn_slot_give(idem_listener_t *l);
 static void conn_process(idem_conn_t *c);
 static void conn_start_reading(idem_conn_t *c);
-static bool req_admit_body(idem_req_t *req);
-static bool req_charge_body(idem_req_t *req);
+static void conn_close(idem_conn_t *c);
+static void conn_schedule_parse(idem_conn_t *c);
+static void conn_response_done(idem_conn_t *c);
+static void conn_stop_reading(idem_conn_t *c);
 
-/* Answers queued to a client that does not read them past this: parsing waits. */
-static size_t conn_write_high(const idem_conn_t *c)
+static const idem_ostream_ops_t conn_os_ops;
+
+static idem_conn_t *conn_of(idem_ostream_t *os) { return IDEM_CONTAINER(os, idem_conn_t, os); }
+
+/* ---- max_queued_bytes ------------------------------------------------------- */
+
+static bool queued_over_cap(const idem_listener_t *l)
 {
-    return c->l->kind == IDEM_LISTEN_ADMIN ? ADMIN_WRITE_HIGH : WRITE_HIGH_MARK;
+    if (!l->limits.count_queued)
+        return false;
+    return atomic_load_explicit(&l->gw->metrics.queued_bytes, memory_order_relaxed) >
+           l->gw->cfg->max_queued_bytes;
+}
+
+/* Whether c's client takes its answers too slowly for another request to
+ * be read now: its own queue is past write_high, or answers wait on it
+ * while every client's together are past max_queued_bytes. */
+static bool conn_lagging(const idem_conn_t *c)
+{
+    return c->queued > c->l->limits.write_high || (c->queued > 0 && queued_over_cap(c->l));
+}
+
+/* Whether c's client has taken enough that a waiting request or stream may
+ * go on. */
+static bool conn_caught_up(const idem_conn_t *c)
+{
+    return c->queued == 0 ||
+           (c->queued < c->l->limits.write_high / 2 && !queued_over_cap(c->l));
 }
 
 /* ---- writing to a client ---------------------------------------------- */
+
+/* The request is told no more: from here on the connection never calls it,
+ * and it never touches the stream. */
+static idem_hreq_t *conn_detach(idem_conn_t *c)
+{
+    idem_hreq_t *r = c->req;
+    c->req = NULL;
+    c->want_proceed = false;
+    return r;
+}
+
+/* A write could not be queued: the client is gone for us.  Closed from the
+ * loop (the listener's idle), so that whoever is on the stack (a request
+ * answering) is never called back from inside its own call. */
+static void conn_break(idem_conn_t *c)
+{
+    if (c->broken || c->state == CS_CLOSED)
+        return;
+    c->broken = true;
+    idem__buf_cleanup(&c->out);
+    idem_list_remove(&c->gone_link);
+    idem_list_push(&c->l->gone_q, &c->gone_link);
+    conn_schedule_parse(c); /* starts the idle that closes it */
+}
 
 static void on_write(uv_write_t *wr, int status)
 {
     write_req_t *r = (write_req_t *)wr;
     idem_conn_t *c = r->conn;
-    c->queued -= r->len;
+    c->queued -= r->charge;
     c->writes--;
+    if (c->l->limits.count_queued)
+        atomic_fetch_sub(&c->l->gw->metrics.queued_bytes, r->charge);
+    idem__buf_cleanup(&r->buf);
     idem_free(r);
-    if (status < 0 && c->state != CS_CLOSED) {
-        idem__conn_close(c);
+    if (c->state == CS_CLOSED)
+        return;
+    if (status < 0) {
+        conn_close(c); /* from the loop: the request hears on_gone */
         return;
     }
-    if (c->req && c->queued < IDEM_STREAM_HIGH_MARK / 2)
-        idem__req_client_drained(c->req); /* a relay paused for this client reads on */
-    if (c->close_after && c->writes == 0 && c->state != CS_CLOSED) {
-        idem__conn_close(c);
+    if (c->waiting == CT_QUEUE)
+        conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
+    if (c->want_proceed && c->req && conn_caught_up(c)) {
+        c->want_proceed = false;
+        c->l->handler->ops->on_proceed(c->req);
+        if (c->state == CS_CLOSED)
+            return;
+    }
+    if (c->close_after && c->writes == 0) {
+        conn_close(c);
         return;
     }
-    if (c->write_blocked && c->queued < conn_write_high(c) / 2 && c->state == CS_HEAD) {
+    if (c->write_blocked && conn_caught_up(c) && c->state == CS_HEAD) {
         c->write_blocked = false;
+        conn_timer(c, c->in.len > 0 ? CT_HEAD : CT_IDLE);
         if (!c->peer_eof)
             conn_start_reading(c);
         conn_process(c);
     }
 }
 
-void idem__conn_write(idem_conn_t *c, const void *p, size_t n)
+/* Hand what c->out holds to one write.  @return false when it could not
+ * be queued (the connection is then broken). */
+static bool conn_flush(idem_conn_t *c)
 {
-    if (!c || c->state == CS_CLOSED || n == 0)
-        return;
-    write_req_t *r = idem_malloc(sizeof *r + n);
+    if (c->out.len == 0)
+        return true;
+    if (c->broken || c->state == CS_CLOSED) {
+        idem__buf_reset(&c->out);
+        return false;
+    }
+    write_req_t *r = idem_malloc(sizeof *r);
     if (!r) {
-        idem__conn_close(c);
-        return;
+        conn_break(c);
+        return false;
     }
     r->conn = c;
-    r->len = n;
-    memcpy(r->data, p, n);
-    uv_buf_t b = uv_buf_init(r->data, (unsigned)n);
+    r->buf = c->out; /* taken: no copy */
+    idem__buf_init(&c->out, 0);
+    r->charge = sizeof *r + r->buf.cap;
+    uv_buf_t b = uv_buf_init(r->buf.data, (unsigned)r->buf.len);
     if (uv_write(&r->wr, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
+        idem__buf_cleanup(&r->buf);
         idem_free(r);
-        idem__conn_close(c);
-        return;
+        conn_break(c);
+        return false;
     }
-    c->queued += n;
+    c->queued += r->charge;
     c->writes++;
+    if (c->l->limits.count_queued)
+        atomic_fetch_add(&c->l->gw->metrics.queued_bytes, r->charge);
+    return true;
 }
 
-size_t idem__conn_queue_size(idem_conn_t *c)
+/* Queue bytes of the connection's own (a refusal, 100 Continue). */
+static void conn_write_own(idem_conn_t *c, const idem_buf_t *b)
 {
-    return c ? c->queued : 0;
+    if (idem__buf_append(&c->out, b->data, b->len) != 0) {
+        conn_break(c);
+        return;
+    }
+    conn_flush(c);
 }
+
+/* ---- the output stream (handler.h) ------------------------------------------ */
+
+static int os_start(idem_ostream_t *os, const idem_http_response_t *r, unsigned flags)
+{
+    idem_conn_t *c = conn_of(os);
+    bool close = (flags & IDEM_OS_CLOSE) != 0;
+    idem_http_reply_t to = {
+        .version_minor = c->version_minor,
+        .head = c->head_method,
+        /* An answer before the body was read ends the connection: no later
+         * request can be told from the rest of that body. */
+        .keep_alive = c->req_keep_alive && !close && !c->l->stopping && c->state != CS_BODY,
+    };
+    idem_http_response_t h = *r;
+    bool bodiless = idem__http_status_bodiless(r->status);
+    if (h.framing == IDEM_HTTP_BODY_EOF) {
+        if (bodiless || to.head) {
+            h.framing = IDEM_HTTP_BODY_NONE;
+        } else if (c->version_minor >= 1) {
+            h.framing = IDEM_HTTP_BODY_CHUNKED;
+        } else {
+            to.keep_alive = false; /* an HTTP/1.0 client: the close ends the body */
+        }
+    }
+    if (c->broken || c->state == CS_CLOSED) {
+        c->answering = true; /* nothing goes out; on_gone follows from the loop */
+        c->ans_nobody = true;
+        return 0;
+    }
+    if (idem__http_write_head(&c->out, &h, to) != 0)
+        return -1; /* nothing was written */
+    c->answering = true;
+    c->ans_chunked = h.framing == IDEM_HTTP_BODY_CHUNKED;
+    c->ans_nobody = to.head || bodiless || h.framing == IDEM_HTTP_BODY_NONE;
+    c->ans_keep_alive = to.keep_alive;
+    c->ans_drain = close;
+    return 0;
+}
+
+static bool os_send(idem_ostream_t *os, const void *p, size_t n, bool final)
+{
+    idem_conn_t *c = conn_of(os);
+    if (!c->answering)
+        return false;
+    if (!c->broken && c->state != CS_CLOSED && n > 0 && !c->ans_nobody) {
+        int rc = c->ans_chunked ? idem__http_write_chunk(&c->out, p, n)
+                                : idem__buf_append(&c->out, p, n);
+        if (rc != 0) {
+            /* Out of memory: a piece left out would corrupt the body, so
+             * the client sees the connection end instead. */
+            conn_break(c);
+        }
+    }
+    if (final && c->ans_chunked && !c->broken && idem__http_write_last_chunk(&c->out) != 0)
+        conn_break(c);
+    conn_flush(c);
+    if (final) {
+        conn_response_done(c);
+        return false;
+    }
+    if (c->broken || c->state == CS_CLOSED)
+        return false;
+    if (c->queued > IDEM_STREAM_HIGH_MARK || queued_over_cap(c->l)) {
+        c->want_proceed = true;
+        return false;
+    }
+    return true;
+}
+
+static void os_abort(idem_ostream_t *os)
+{
+    idem_conn_t *c = conn_of(os);
+    conn_detach(c);
+    c->answering = false;
+    if (c->state == CS_CLOSED)
+        return;
+    /* What was framed goes out, then the close: the client sees the cut,
+     * never a short body that looks whole. */
+    conn_flush(c);
+    c->close_after = true;
+    conn_stop_reading(c);
+    if (c->writes == 0 && !c->broken)
+        conn_close(c);
+}
+
+static const idem_ostream_ops_t conn_os_ops = {
+    .start = os_start,
+    .send = os_send,
+    .abort = os_abort,
+};
 
 /* ---- connections --------------------------------------------------------- */
 
@@ -210,70 +386,92 @@ static void on_conn_closed(uv_handle_t *h)
     idem_listener_t *l = c->l;
     if (!c->slot_moved)
         conn_slot_give(l);
-    idem_free(c->held);
+    if (c->peer_counted)
+        idem__addrlimit_give(l->gw->addrlimit, (const struct sockaddr *)&c->peer);
     idem_rbuf_cleanup(&c->in);
+    idem__buf_cleanup(&c->out);
     idem_free(c);
-    if (l->w != NULL)
-        idem__worker_maybe_exit(l->w);
+    if (l->on_conn_freed != NULL)
+        l->on_conn_freed(l);
 }
 
-void idem__conn_close(idem_conn_t *c)
+/* Close c now.  Called only from the loop (never inside a stream function
+ * while the request is still attached): a request still carried is told
+ * on_gone and goes on without its client. */
+static void conn_close(idem_conn_t *c)
 {
     if (c->state == CS_CLOSED)
         return;
     c->state = CS_CLOSED;
     idem_list_remove(&c->link);
     idem_list_remove(&c->parse_link);
-    if (c->req) {
-        /* A dispatched request goes on without its client: its outcome is
-         * still stored, and it keeps this connection's place in
-         * max_connections until it ends.  One whose body never arrived
-         * ends here. */
-        idem_req_t *req = c->req;
-        c->req = NULL;
-        c->slot_moved = true;
-        idem__req_client_gone(req);
-    }
+    idem_list_remove(&c->gone_link);
     uv_timer_stop(&c->timer);
     c->closes = 2;
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
     uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+    idem_hreq_t *r = conn_detach(c);
+    if (r != NULL) {
+        /* The request may outlive its client (its outcome is still
+         * stored); it then keeps this connection's place in
+         * max_connections until it ends. */
+        if (c->l->handler->request_outlives)
+            c->slot_moved = true;
+        c->l->handler->ops->on_gone(r);
+    }
 }
 
-static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail);
-static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
-                           const char *detail, int64_t retry_after);
+static void conn_refused_count(idem_conn_t *c, int outcome)
+{
+    const idem_handler_t *h = c->l->handler;
+    if (h->ops->on_refused != NULL)
+        h->ops->on_refused(c->l->handler, outcome);
+}
+
+/* Answer with an error of the connection's own and close (drained).  No
+ * request is attached (the head did not parse, or timed out). */
+static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail,
+                      int64_t retry_after)
+{
+    idem_buf_t out;
+    idem__buf_init(&out, 0);
+    /* Out of memory: nothing at all, rather than half an answer; the drain
+     * still ends the connection. */
+    if (idem__problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
+        conn_write_own(c, &out);
+    idem__buf_cleanup(&out);
+    conn_drain(c);
+}
 
 static void on_conn_timer(uv_timer_t *t)
 {
     idem_conn_t *c = t->data;
-    if (c->waiting == CT_CLOSE && c->state != CS_CLOSED) {
-        idem__conn_close(c); /* a closing answer its client did not take */
+    if (c->state == CS_CLOSED)
+        return;
+    if (c->waiting == CT_CLOSE || c->waiting == CT_QUEUE) {
+        conn_close(c); /* answers its client does not take */
         return;
     }
-    if (c->state == CS_BUSY || c->state == CS_CLOSED)
+    if (c->state == CS_BUSY)
         return;
     if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
         /* A head begun and not finished in time: the client hears why. */
-        if (c->w != NULL)
-            idem__metrics_count(&c->w->gw->metrics, IDEM_OUT_REQUEST_TIMEOUT);
+        conn_refused_count(c, IDEM_OUT_REQUEST_TIMEOUT);
         conn_fail(c, 408, "request-timeout",
-                  "the request head did not arrive within header_timeout");
+                  "the request head did not arrive within header_timeout", 0);
         return;
     }
     if (c->waiting == CT_BODY && c->state == CS_BODY && c->req) {
-        conn_fail_body(c, 408, IDEM_OUT_REQUEST_TIMEOUT, "request-timeout",
-                       "the request body paused for longer than body_timeout", 0);
-        return;
-    }
-    if (c->waiting == CT_BODY && c->state == CS_BODY && c->held) {
-        conn_fail(c, 408, "request-timeout",
-                  "the request body paused for longer than body_timeout");
+        c->l->handler->ops->on_body_error(c->req, IDEM_CONN_E_BODY_TIMEOUT);
+        if (c->req != NULL) { /* it did not end its answer: end it here */
+            conn_detach(c);
+            conn_drain(c);
+        }
         return;
     }
     /* Idle keep-alive, a new connection that sent nothing, or the end of
      * draining after an error: closed without a word (RFC 9112 9.5). */
-    idem__conn_close(c);
+    conn_close(c);
 }
 
 /* Arm the connection's one timer for what it now waits for (see CT_*). */
@@ -285,8 +483,9 @@ static void conn_timer(idem_conn_t *c, conn_timer_t what)
     case CT_IDLE: ms = cfg->idle_timeout_ms; break;
     case CT_HEAD: ms = cfg->header_timeout_ms; break;
     case CT_BODY: ms = cfg->body_timeout_ms; break;
+    case CT_QUEUE: ms = cfg->body_timeout_ms; break;
     case CT_DRAIN: ms = CONN_DRAIN_MS; break;
-    case CT_CLOSE: ms = ADMIN_CLOSE_MS; break;
+    case CT_CLOSE: ms = c->l->limits.close_linger_ms; break;
     default:
         c->waiting = CT_NONE;
         uv_timer_stop(&c->timer);
@@ -321,7 +520,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     idem_conn_t *c = s->data;
     (void)buf;
     if (nread < 0) {
-        if (nread == UV_EOF && c->state == CS_BUSY) {
+        if (nread == UV_EOF && (c->state == CS_BUSY || c->write_blocked)) {
             /* A client may half-close once its request is sent: it still
              * gets its answer. */
             c->peer_eof = true;
@@ -329,15 +528,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         /* EOF or error: a request still being answered keeps running. */
-        idem__conn_close(c);
+        conn_close(c);
         return;
     }
-    if (nread == 0)
-        return;
-    if (c->state == CS_DRAIN)
+    if (nread == 0 || c->state == CS_DRAIN || c->state == CS_CLOSED)
         return;
     c->in.len += (size_t)nread;
-    if (c->state == CS_BUSY) {
+    if (c->state == CS_BUSY || c->write_blocked) {
         /* Pipelined input waits for the current answer.  Reading goes on
          * (stopping and restarting costs two epoll_ctl calls per request)
          * until a bound. */
@@ -354,7 +551,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 static void conn_start_reading(idem_conn_t *c)
 {
-    if (!c->reading && c->state != CS_CLOSED) {
+    if (!c->reading && c->state != CS_CLOSED && !c->broken) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = true;
     }
@@ -374,10 +571,12 @@ static void on_shutdown_done(uv_shutdown_t *sd, int status)
  * sees its answer rather than a reset; then close. */
 static void conn_drain(idem_conn_t *c)
 {
-    if (c->state == CS_CLOSED)
+    if (c->state == CS_CLOSED || c->state == CS_DRAIN)
         return;
     c->state = CS_DRAIN;
     c->in.len = 0;
+    if (c->broken)
+        return; /* closing from the loop already */
     uv_shutdown_t *sd = idem_malloc(sizeof *sd);
     if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
         idem_free(sd);
@@ -385,97 +584,61 @@ static void conn_drain(idem_conn_t *c)
     conn_timer(c, CT_DRAIN);
 }
 
-/* Answer with an error of idemd's own and close the connection (drained). */
-static void conn_fail_retry(idem_conn_t *c, int status, const char *type, const char *detail,
-                            int64_t retry_after)
+/* The answer of c's request is complete (its last byte is queued, or there
+ * was no one to send it to): the request is told no more; read the next
+ * request, or end the connection.  Runs inside the request's call, so it
+ * calls no request and parses nothing: a pipelined request waits for the
+ * loop (or for conn_process's own loop when that is what is on the stack). */
+static void conn_response_done(idem_conn_t *c)
 {
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    /* Out of memory: nothing at all, rather than half an answer; the drain
-     * still ends the connection. */
-    if (idem__problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
-        idem__conn_write(c, out.data, out.len);
-    idem__buf_cleanup(&out);
-    conn_drain(c);
-}
-
-static void conn_fail(idem_conn_t *c, int status, const char *type, const char *detail)
-{
-    conn_fail_retry(c, status, type, detail, 0);
-}
-
-/* The body being read is refused (too large, malformed, too slow, over the
- * budget): its request is dropped before it reached the store, so no key is
- * claimed for it, and the connection ends. */
-static void conn_fail_body(idem_conn_t *c, int status, idem_outcome_t outcome, const char *type,
-                           const char *detail, int64_t retry_after)
-{
-    idem_req_t *req = c->req;
-    c->req = NULL;
-    idem__req_drop(req, status, outcome);
-    conn_fail_retry(c, status, type, detail, retry_after);
-}
-
-/* A refusal of the request being read, before it reached the store: counted,
- * answered, and the connection closed (drained). */
-static void conn_refuse_request(idem_conn_t *c, const idem_gw_refusal_t *r)
-{
-    if (c->w != NULL) /* admin requests are not counted among idemd's */
-        idem__metrics_count(&c->w->gw->metrics, r->outcome);
-    conn_fail(c, r->status, r->type, r->detail);
-}
-
-/* ADMIN: a head parsed as m (head_len bytes at the front of c->in): refuse
- * a body it may not have, else hold the request until its body (read and
- * dropped) is in.  @return false when c has been answered or closed. */
-static bool conn_admin_head(idem_conn_t *c, const idem_http_msg_t *m, size_t head_len)
-{
-    if (m->framing == IDEM_HTTP_BODY_CHUNKED ||
-        (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > ADMIN_BODY_MAX)) {
-        conn_fail(c, 413, "request-too-large", "admin requests carry no body");
-        return false;
+    conn_detach(c);
+    c->answering = false;
+    c->answered = true;
+    if (c->state == CS_CLOSED || c->broken)
+        return;
+    if (c->ans_drain || c->state == CS_BODY) {
+        /* A refusal, or an answer before the body was read: the body may
+         * follow anyway, so no later request can be told from it. */
+        conn_drain(c);
+        return;
     }
-    conn_held_t *h = idem_malloc(sizeof *h + head_len);
-    idem_http_head_state_t hs = {0};
-    if (h != NULL) {
-        memcpy(h->head, c->in.data, head_len);
-        if (idem__http_parse_request(&hs, h->head, head_len, IDEM_HTTP_MAX_HEAD, &h->msg) <= 0) {
-            idem_free(h);
-            h = NULL;
-        }
+    if (!c->ans_keep_alive || c->l->stopping || (c->peer_eof && c->in.len == 0)) {
+        c->close_after = true;
+        conn_stop_reading(c);
+        if (c->writes == 0)
+            conn_close(c); /* no request is attached: nothing is called */
+        else if (c->l->limits.close_linger_ms > 0)
+            conn_timer(c, CT_CLOSE);
+        return;
     }
-    if (h == NULL) {
-        conn_fail(c, 500, "internal", "out of memory");
-        return false;
+    c->state = CS_HEAD;
+    if (conn_lagging(c)) {
+        /* Its client does not take its answers: the next request waits
+         * until it does, and the connection ends if it never does. */
+        c->write_blocked = true;
+        conn_stop_reading(c);
+        conn_timer(c, CT_QUEUE);
+        return;
     }
-    idem_rbuf_consume(&c->in, head_len);
-    c->held = h;
-    if (h->msg.framing == IDEM_HTTP_BODY_NONE) {
-        c->state = CS_BUSY;
-        conn_timer(c, CT_NONE);
-        return true;
-    }
-    idem__http_body_init(&c->body, &h->msg, ADMIN_BODY_MAX);
-    c->state = CS_BODY;
-    conn_timer(c, CT_BODY);
-    bool invite = h->msg.expect_continue && c->in.len == 0;
-    return !invite || conn_write_continue(c);
+    conn_timer(c, c->in.len > 0 ? CT_HEAD : CT_IDLE);
+    /* After a half-close, requests already received are still answered. */
+    if (!c->peer_eof)
+        conn_start_reading(c);
+    if (c->in.len > 0 && !c->processing)
+        conn_schedule_parse(c);
 }
 
-/* Invite c's client to send its body: 100 Continue.  @return false when
- * it could not be written (out of memory): then c is closed. */
-static bool conn_write_continue(idem_conn_t *c)
+/* Invite c's client to send its body: 100 Continue. */
+static void conn_write_continue(idem_conn_t *c)
 {
     idem_buf_t out;
     idem__buf_init(&out, 0);
     idem_http_response_t r = {.status = 100};
-    bool ok = idem__http_write_head(&out, &r, CLOSING_REPLY) == 0;
-    if (ok)
-        idem__conn_write(c, out.data, out.len);
+    if (idem__http_write_head(&out, &r, CLOSING_REPLY) == 0)
+        conn_write_own(c, &out);
     else
-        idem__conn_close(c);
+        conn_break(c);
     idem__buf_cleanup(&out);
-    return ok;
 }
 
 /* Parse and collect as much of the current request as the buffer holds. */
@@ -483,58 +646,153 @@ static void conn_process_loop(idem_conn_t *c);
 
 static void conn_process(idem_conn_t *c)
 {
-    if (c->processing)
+    if (c->processing || c->broken)
         return;
     c->processing = true;
     conn_process_loop(c);
     c->processing = false;
 }
 
-/* Parse what waits in the connections of parse_q: those whose answer went
- * out with pipelined input behind it.  Only that snapshot: a connection
- * queued meanwhile waits for the next loop turn. */
+/* From the loop: close the broken connections, then parse what waits in
+ * those whose answer went out with pipelined input behind it.  Only that
+ * snapshot: a connection queued meanwhile waits for the next loop turn. */
 static void on_parse_idle(uv_idle_t *h)
 {
     idem_listener_t *l = h->data;
+    while (!idem_list_empty(&l->gone_q)) {
+        idem_conn_t *c = IDEM_CONTAINER(l->gone_q.next, idem_conn_t, gone_link);
+        idem_list_remove(&c->gone_link);
+        conn_close(c);
+    }
     idem_link_t batch;
     idem_list_move(&batch, &l->parse_q);
     while (!idem_list_empty(&batch)) {
         idem_conn_t *c = IDEM_CONTAINER(batch.next, idem_conn_t, parse_link);
         idem_list_remove(&c->parse_link);
         /* Read since (on_read parsed it), closed, or busy: nothing to do. */
-        if (c->state == CS_HEAD && c->in.len > 0)
+        if (c->state == CS_HEAD && c->in.len > 0 && !c->write_blocked)
             conn_process(c);
     }
-    if (idem_list_empty(&l->parse_q))
+    if (idem_list_empty(&l->parse_q) && idem_list_empty(&l->gone_q))
         uv_idle_stop(h);
 }
 
 static void conn_schedule_parse(idem_conn_t *c)
 {
-    if (c->parse_link.next != &c->parse_link)
-        return; /* queued already */
-    idem_list_push(&c->l->parse_q, &c->parse_link);
+    if (!c->broken && c->parse_link.next == &c->parse_link)
+        idem_list_push(&c->l->parse_q, &c->parse_link);
     uv_idle_start(&c->l->parse_idle, on_parse_idle);
+}
+
+/* A head parsed as msg (head_len bytes at the front of c->in): hand it to
+ * the handler.  @return false when c is answered, draining or closed. */
+static bool conn_hand_head(idem_conn_t *c, const idem_http_msg_t *msg, size_t head_len)
+{
+    idem_handler_t *h = c->l->handler;
+    c->version_minor = msg->version_minor;
+    c->head_method = idem__slice_eq_ci(msg->method, "HEAD");
+    c->req_keep_alive = msg->keep_alive;
+    c->ans_drain = false;
+    c->answered = false;
+    /* The most recently active last: reuse_idle closes from the front. */
+    idem_list_remove(&c->link);
+    idem_list_push(&c->l->conns, &c->link);
+    bool invite = msg->expect_continue && msg->version_minor == 1 && c->in.len == head_len;
+    idem_http_framing_t framing = msg->framing;
+    idem_http_body_t body;
+    if (framing != IDEM_HTTP_BODY_NONE)
+        idem__http_body_init(&body, msg, h->body_max);
+    /* The answer may come inside on_head (a refusal): the head's bytes stay
+     * in c->in until it returns, and the state says a request is read. */
+    c->state = framing == IDEM_HTTP_BODY_NONE ? CS_BUSY : CS_BODY;
+    idem_hreq_t *r = h->ops->on_head(h, msg, c->in.data, head_len, &c->os, &c->facts);
+    if (c->state == CS_CLOSED || c->state == CS_DRAIN)
+        return false; /* refused at its head */
+    if (r == NULL && c->answered && c->state == CS_HEAD) {
+        /* Answered at once and kept alive (a head that needs no body). */
+        idem_rbuf_consume(&c->in, head_len);
+        return true;
+    }
+    if (r == NULL) {
+        if (!c->answered && !c->broken && c->state != CS_CLOSED)
+            conn_fail(c, 500, "internal", "out of memory", 0);
+        return false;
+    }
+    idem_rbuf_consume(&c->in, head_len);
+    c->req = r;
+    if (framing == IDEM_HTTP_BODY_NONE) {
+        conn_timer(c, CT_NONE);
+        return true;
+    }
+    c->body = body;
+    conn_timer(c, CT_BODY);
+    if (invite) {
+        /* A client waiting for 100 Continue is invited only once the head
+         * passed every check it can (docs/protocol.md section 11); refused,
+         * it gets its answer and the connection closes. */
+        if (!h->ops->on_expect(r))
+            return false;
+        if (c->state != CS_BODY)
+            return false;
+        conn_write_continue(c);
+    }
+    return !c->broken;
+}
+
+/* Feed the body bytes in c->in to the request.  @return false when c is
+ * answered, draining or closed, or the body is not complete yet. */
+static bool conn_feed_body(idem_conn_t *c)
+{
+    idem_handler_t *h = c->l->handler;
+    size_t off = 0;
+    int rc;
+    for (;;) {
+        size_t used = 0;
+        idem_slice_t data = {0};
+        rc = idem__http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used, &data);
+        off += used;
+        if (rc != IDEM_HTTP_BODY_DATA)
+            break;
+        if (!h->ops->on_body(c->req, data.ptr, data.len))
+            return false; /* refused (its budget) and answered: the connection drains */
+        if (c->state != CS_BODY)
+            return false;
+    }
+    idem_rbuf_consume(&c->in, off);
+    if (rc == IDEM_HTTP_INCOMPLETE) {
+        if (c->peer_eof)
+            conn_close(c);
+        return false;
+    }
+    if (rc < 0) {
+        h->ops->on_body_error(c->req, rc);
+        if (c->req != NULL && c->state == CS_BODY) { /* it did not end its answer */
+            conn_detach(c);
+            conn_drain(c);
+        }
+        return false;
+    }
+    c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
+    conn_timer(c, CT_NONE);
+    return true;
 }
 
 static void conn_process_loop(idem_conn_t *c)
 {
-    idem_worker_t *w = c->w;
-    const idem_config_t *cfg = c->l->gw->cfg;
+    idem_handler_t *h = c->l->handler;
     for (;;) {
         if (c->state == CS_HEAD) {
             if (c->in.len == 0) {
                 if (c->peer_eof)
-                    idem__conn_close(c);
+                    conn_close(c);
                 return;
             }
-            if (c->queued > conn_write_high(c)) {
+            if (conn_lagging(c)) {
                 /* A client that pipelines without reading its answers must
-                 * not make us queue them without bound; nor hold us longer
-                 * than an idle connection would. */
+                 * not make us queue them without bound. */
                 c->write_blocked = true;
                 conn_stop_reading(c);
-                conn_timer(c, CT_IDLE);
+                conn_timer(c, CT_QUEUE);
                 return;
             }
             idem_http_msg_t msg;
@@ -542,132 +800,32 @@ static void conn_process_loop(idem_conn_t *c)
                 idem__http_parse_request(&c->hs, c->in.data, c->in.len, IDEM_HTTP_MAX_HEAD, &msg);
             if (rc == IDEM_HTTP_INCOMPLETE) {
                 if (c->peer_eof)
-                    idem__conn_close(c); /* the rest can never come */
+                    conn_close(c); /* the rest can never come */
                 else if (c->waiting != CT_HEAD)
                     conn_timer(c, CT_HEAD); /* header_timeout from the head's first byte */
                 return;
             }
-            /* The steps before the store are request_plan.c's, in its order. */
-            idem_gw_refusal_t refusal;
-            if (rc < 0 && c->l->kind == IDEM_LISTEN_ADMIN) {
-                bool big = rc == IDEM_HTTP_E_HEAD_TOO_LARGE || rc == IDEM_HTTP_E_TOO_MANY_HEADERS;
-                conn_fail(c, big ? 431 : 400, big ? "headers-too-large" : "bad-request",
-                          "malformed admin request");
-                return;
-            }
-            if (rc < 0) {
-                idem__gw_refuse_parse(rc, &refusal);
-                conn_refuse_request(c, &refusal);
-                return;
-            }
-            size_t head_len = (size_t)rc;
-            memset(&c->hs, 0, sizeof c->hs);
-            if (c->l->kind == IDEM_LISTEN_ADMIN) {
-                /* Held until its body is in, then answered (CS_BUSY). */
-                if (!conn_admin_head(c, &msg, head_len))
-                    return;
-                continue;
-            }
-            if (!idem__gw_check_head(cfg, &msg, &refusal)) {
-                conn_refuse_request(c, &refusal);
-                return;
-            }
-            int target_rc;
-            idem_req_t *req =
-                idem__req_create(w, c, c->in.data, head_len, msg.target.len, &target_rc);
-            if (!req && target_rc != IDEM_TARGET_OK) {
-                idem__gw_refuse_target(target_rc, &refusal);
-                conn_refuse_request(c, &refusal);
-                return;
-            }
-            if (!req) {
-                conn_fail(c, 500, "internal", "out of memory");
-                return;
-            }
-            idem_rbuf_consume(&c->in, head_len);
-            c->req = req;
-            if (req->msg.framing == IDEM_HTTP_BODY_NONE) {
-                c->state = CS_BUSY;
-                conn_timer(c, CT_NONE);
-            } else {
-                idem__http_body_init(&c->body, &req->msg, cfg->max_request_bytes);
-                c->state = CS_BODY;
-                conn_timer(c, CT_BODY);
-                /* A client waiting for 100 Continue is invited only once the
-                 * head passed every check it can (docs/protocol.md section
-                 * 11); refused, it gets its answer and the connection closes. */
-                bool invite = req->msg.expect_continue && req->msg.version_minor == 1 &&
-                              c->in.len == 0;
-                if (invite && !idem__req_check_head(req))
-                    return;
-                if (!req_admit_body(req))
-                    return;
-                if (invite && !conn_write_continue(c))
-                    return;
-            }
-        }
-        if (c->state == CS_BODY) {
-            idem_req_t *req = c->req;
-            size_t off = 0;
-            bool over_budget = false;
-            int rc;
-            for (;;) {
-                size_t used = 0;
-                idem_slice_t data = {0};
-                rc = idem__http_body_feed(&c->body, c->in.data + off, c->in.len - off, &used,
-                                          &data);
-                off += used;
-                if (rc == IDEM_HTTP_BODY_DATA) {
-                    if (req == NULL)
-                        continue; /* ADMIN: a body is read and dropped */
-                    if (idem__buf_append(&req->body, data.ptr, data.len) != 0) {
-                        rc = IDEM_HTTP_E_BODY_TOO_LARGE;
-                        break;
-                    }
-                    if (!req_charge_body(req)) {
-                        over_budget = true;
-                        break;
-                    }
-                    continue;
-                }
-                break;
-            }
-            idem_rbuf_consume(&c->in, off);
-            if (over_budget) {
-                conn_fail_body(c, 503, IDEM_OUT_OVERLOADED, "overloaded",
-                               "too many request bodies are held at once (max_buffered_bytes); "
-                               "send a Content-Length to reserve room, or retry",
-                               1);
-                return;
-            }
-            if (rc == IDEM_HTTP_INCOMPLETE) {
-                if (c->peer_eof)
-                    idem__conn_close(c);
-                return;
-            }
             if (rc < 0) {
                 idem_gw_refusal_t refusal;
-                idem__gw_refuse_body(rc, &refusal);
-                if (req == NULL)
-                    conn_fail(c, refusal.status, refusal.type, refusal.detail);
-                else
-                    conn_fail_body(c, refusal.status, refusal.outcome, refusal.type,
-                                   refusal.detail, 0);
+                idem__gw_refuse_parse(rc, &refusal);
+                conn_refused_count(c, refusal.outcome);
+                conn_fail(c, refusal.status, refusal.type, refusal.detail, 0);
                 return;
             }
-            c->state = CS_BUSY; /* IDEM_HTTP_BODY_DONE */
-            conn_timer(c, CT_NONE);
+            memset(&c->hs, 0, sizeof c->hs);
+            if (!conn_hand_head(c, &msg, (size_t)rc))
+                return;
+            if (c->state == CS_HEAD)
+                continue; /* answered at its head, and kept alive */
         }
-        if (c->state == CS_BUSY) {
-            /* One request at a time: later pipelined ones wait in c->in.
-             * The idle timer ignores a busy connection. */
-            if (c->held != NULL)
-                conn_admin_answer(c);
-            else
-                idem__req_dispatch(c->req);
+        if (c->state == CS_BODY && !conn_feed_body(c))
+            return;
+        if (c->state == CS_BUSY && c->req != NULL) {
+            /* One request at a time: later pipelined ones wait in c->in. */
+            h->ops->on_body_end(c->req);
             /* Answered at once (a replay, an error): go on with what is
              * pipelined behind it, in this loop rather than recursively. */
-            if (c->state == CS_HEAD && c->in.len > 0)
+            if (c->state == CS_HEAD && c->in.len > 0 && !c->write_blocked)
                 continue;
             return;
         }
@@ -675,91 +833,12 @@ static void conn_process_loop(idem_conn_t *c)
     }
 }
 
-/* The response of c->req is wholly queued. */
-void idem__conn_response_done(idem_conn_t *c, bool keep_alive)
-{
-    if (!c || c->state == CS_CLOSED)
-        return;
-    idem_req_t *req = c->req;
-    c->req = NULL;
-    if (req)
-        idem__req_detach_conn(req);
-    if (c->state == CS_BODY) {
-        /* Answered before its body was read (refused at the head): the body
-         * may follow anyway, so no later request can be told from it. */
-        conn_drain(c);
-        return;
-    }
-    if (!keep_alive || c->l->stopping || (c->peer_eof && c->in.len == 0)) {
-        c->close_after = true;
-        if (c->writes == 0)
-            idem__conn_close(c);
-        else if (c->l->kind == IDEM_LISTEN_ADMIN)
-            conn_timer(c, CT_CLOSE);
-        return;
-    }
-    c->state = CS_HEAD;
-    conn_timer(c, c->in.len > 0 ? CT_HEAD : CT_IDLE);
-    /* After a half-close, requests already received are still answered. */
-    if (!c->peer_eof)
-        conn_start_reading(c);
-    /* A request pipelined behind this one is parsed from the loop, not on
-     * the stack of whatever answered (a store job, the upstream): inside
-     * conn_process the loop there goes on by itself. */
-    if (c->in.len > 0 && !c->processing)
-        conn_schedule_parse(c);
-}
-
-/* ADMIN: answer the request held on c at once, with admin.c's endpoints,
- * and write the answer.  One that cannot be written becomes a 500 that
- * closes; one that cannot even be that, or no answer at all, closes c. */
-static void conn_admin_answer(idem_conn_t *c)
-{
-    conn_held_t *h = c->held;
-    c->held = NULL;
-    idem_answer_t a;
-    idem__answer_init(&a);
-    idem__admin_answer(c->l->admin, &h->msg, &a);
-    idem_http_reply_t to = {.version_minor = h->msg.version_minor,
-                            .head = idem__slice_eq_ci(h->msg.method, "HEAD"),
-                            .keep_alive = h->msg.keep_alive && !a.close && !c->l->stopping};
-    idem_free(h);
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    int rc = -1;
-    if (a.status != 0) {
-        idem_http_field_t type;
-        idem_http_response_t r = {.status = a.status};
-        if (a.content_type != NULL) {
-            type = (idem_http_field_t){{"Content-Type", 12},
-                                       {a.content_type, strlen(a.content_type)}};
-            r.fields = &type;
-            r.n_fields = 1;
-        }
-        rc = idem__http_write_response(&out, &r, to, a.body.data, a.body.len);
-        if (rc != 0) {
-            to.keep_alive = false;
-            rc = idem__problem_respond(&out, 500, "internal", "the answer could not be written",
-                                       0, to);
-        }
-    }
-    idem__answer_cleanup(&a);
-    if (rc != 0) {
-        idem__buf_cleanup(&out);
-        idem__conn_close(c);
-        return;
-    }
-    idem__conn_write(c, out.data, out.len);
-    idem__buf_cleanup(&out);
-    idem__conn_response_done(c, to.keep_alive);
-}
-
-/* A place in l's budget: max_connections across workers for the public
- * listener, IDEM_ADMIN_MAX_CONNS of its own for the admin. */
+/* A place in l's budget: max_connections across workers, or the
+ * listener's own max_conns. */
 static bool conn_slot_take(idem_listener_t *l)
 {
-    if (l->kind == IDEM_LISTEN_ADMIN) {
-        if (l->n_conns >= IDEM_ADMIN_MAX_CONNS)
+    if (l->limits.max_conns > 0) {
+        if (l->n_conns >= l->limits.max_conns)
             return false;
         l->n_conns++;
         return true;
@@ -775,20 +854,39 @@ static bool conn_slot_take(idem_listener_t *l)
 
 static void conn_slot_give(idem_listener_t *l)
 {
-    if (l->kind == IDEM_LISTEN_ADMIN)
+    if (l->limits.max_conns > 0)
         l->n_conns--;
     else
         atomic_fetch_sub(&l->gw->metrics.connections, 1);
 }
 
+/* At the budget of a listener that reuses idle connections: close the one
+ * idle longest (no request, nothing queued, no input), so that a probe is
+ * never refused because idle clients hold every place.  Its place comes
+ * back when its handles are closed, so the new connection takes a place
+ * beyond the budget until then (one at a time). */
+static bool conn_evict_idle(idem_listener_t *l)
+{
+    for (idem_link_t *k = l->conns.next; k != &l->conns; k = k->next) {
+        idem_conn_t *c = IDEM_CONTAINER(k, idem_conn_t, link);
+        if (c->state == CS_HEAD && c->req == NULL && c->in.len == 0 && c->writes == 0 &&
+            !c->answering) {
+            conn_close(c);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Over the budget: accept (a connection left in the kernel's queue would
  * stop the listener) and close at once, saying 503 if the socket takes it
  * without waiting.  The descriptor is back before this returns. */
-static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
+static void conn_refuse(idem_listener_t *l, uv_stream_t *server, const char *detail)
 {
-    bool admin = l->kind == IDEM_LISTEN_ADMIN;
-    atomic_fetch_add(admin ? &l->gw->metrics.admin_conns_refused : &l->gw->metrics.conns_refused,
-                     1);
+    if (l->limits.max_conns > 0)
+        atomic_fetch_add(&l->gw->metrics.admin_conns_refused, 1);
+    else
+        atomic_fetch_add(&l->gw->metrics.conns_refused, 1);
     uv_tcp_t *t = idem_malloc(sizeof *t);
     if (!t)
         return;
@@ -796,10 +894,7 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
     if (uv_accept(server, (uv_stream_t *)t) == 0) {
         idem_buf_t out;
         idem__buf_init(&out, 0);
-        if (idem__problem_respond(&out, 503, "overloaded",
-                                  admin ? "too many admin connections; retry"
-                                        : "too many connections (max_connections); retry",
-                                  1, CLOSING_REPLY) == 0) {
+        if (idem__problem_respond(&out, 503, "overloaded", detail, 1, CLOSING_REPLY) == 0) {
             uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
             (void)uv_try_write((uv_stream_t *)t, &b, 1);
         }
@@ -808,17 +903,27 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server)
     uv_close((uv_handle_t *)t, on_handle_closed_free);
 }
 
-void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t *gw,
-                         uv_loop_t *loop)
+void idem__listener_init(idem_listener_t *l, idem_gw_t *gw, uv_loop_t *loop,
+                         idem_handler_t *handler, const idem_listen_limits_t *limits)
 {
     memset(l, 0, sizeof *l);
-    l->kind = kind;
     l->gw = gw;
     l->loop = loop;
+    l->handler = handler;
+    l->limits = *limits;
     idem_list_init(&l->conns);
     idem_list_init(&l->parse_q);
+    idem_list_init(&l->gone_q);
     uv_idle_init(loop, &l->parse_idle);
     l->parse_idle.data = l;
+}
+
+void idem__listener_close_handles(idem_listener_t *l)
+{
+    if (!uv_is_closing((uv_handle_t *)&l->tcp))
+        uv_close((uv_handle_t *)&l->tcp, NULL);
+    if (!uv_is_closing((uv_handle_t *)&l->parse_idle))
+        uv_close((uv_handle_t *)&l->parse_idle, NULL);
 }
 
 void idem__conn_on_connection(uv_stream_t *server, int status)
@@ -827,8 +932,14 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
     if (status < 0)
         return;
     if (!conn_slot_take(l)) {
-        conn_refuse(l, server);
-        return;
+        if (!l->limits.reuse_idle || !conn_evict_idle(l)) {
+            conn_refuse(l, server,
+                        l->limits.max_conns > 0 ? "too many admin connections; retry"
+                                                : "too many connections (max_connections); retry");
+            return;
+        }
+        /* The evicted connection gives its place back once closed. */
+        l->n_conns++;
     }
     idem_conn_t *c = idem_calloc(1, sizeof *c);
     if (!c) {
@@ -836,36 +947,49 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
         return;
     }
     c->l = l;
-    c->w = l->w;
+    c->os.ops = &conn_os_ops;
+    idem__buf_init(&c->out, 0);
+    idem_list_init(&c->parse_link);
+    idem_list_init(&c->gone_link);
     uv_tcp_init(l->loop, &c->tcp);
     c->tcp.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         conn_slot_give(l);
-        uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
+        uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free); /* tcp is c's first member */
         return;
+    }
+    if (l->limits.per_address && l->gw->addrlimit != NULL) {
+        int len = sizeof c->peer;
+        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &len) == 0) {
+            if (!idem__addrlimit_take(l->gw->addrlimit, (const struct sockaddr *)&c->peer)) {
+                /* One address holds its share: this one is refused. */
+                conn_slot_give(l);
+                atomic_fetch_add(&l->gw->metrics.conns_refused, 1);
+                idem_buf_t out;
+                idem__buf_init(&out, 0);
+                if (idem__problem_respond(&out, 503, "overloaded",
+                                          "too many connections from this address "
+                                          "(max_connections_per_address); retry",
+                                          1, CLOSING_REPLY) == 0) {
+                    uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+                    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+                }
+                idem__buf_cleanup(&out);
+                c->tcp.data = c;
+                uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
+                return;
+            }
+            c->peer_counted = true;
+        }
     }
     uv_tcp_nodelay(&c->tcp, 1);
     uv_timer_init(l->loop, &c->timer);
     c->timer.data = c;
     c->state = CS_HEAD;
-    idem_list_init(&c->parse_link);
     idem_list_push(&l->conns, &c->link);
     /* A new connection's first head must come within header_timeout. */
     conn_timer(c, CT_HEAD);
     conn_start_reading(c);
-}
-
-bool idem__conn_reading_body(const idem_conn_t *c) { return c != NULL && c->state == CS_BODY; }
-
-void idem__conn_close_when_written(idem_conn_t *c)
-{
-    idem_req_t *req = c->req;
-    c->req = NULL;
-    if (req)
-        idem__req_detach_conn(req);
-    c->close_after = true;
-    if (c->writes == 0)
-        idem__conn_close(c);
 }
 
 void idem__conns_close_idle(idem_listener_t *ls)
@@ -874,75 +998,21 @@ void idem__conns_close_idle(idem_listener_t *ls)
     while (l != &ls->conns) {
         idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
         l = l->next;
-        if (c->req)
+        if (c->req || c->state == CS_BUSY || c->state == CS_BODY)
             continue;
-        if (c->writes > 0)
+        if (c->writes > 0) {
             c->close_after = true; /* an answer is still on its way out */
-        else
-            idem__conn_close(c);
+            conn_stop_reading(c);
+        } else {
+            conn_close(c);
+        }
     }
 }
 
 void idem__conns_close_all(idem_listener_t *l)
 {
     while (!idem_list_empty(&l->conns))
-        idem__conn_close(IDEM_CONTAINER(l->conns.next, idem_conn_t, link));
-}
-
-/* ---- max_buffered_bytes ---------------------------------------------------- */
-
-#define BODY_FIRST_CHARGE (64 * 1024) /* a chunked body's first room */
-
-/* Charge n bytes to the process's body budget, if they fit. */
-static bool budget_take(idem_gw_t *gw, uint64_t n)
-{
-    uint64_t max = gw->cfg->max_buffered_bytes;
-    uint64_t cur = atomic_load(&gw->metrics.buffered_bytes);
-    do {
-        if (n > max || cur > max - n)
-            return false;
-    } while (!atomic_compare_exchange_weak(&gw->metrics.buffered_bytes, &cur, cur + n));
-    return true;
-}
-
-/* Charge a body before any of it is read: a Content-Length body its whole
- * length (its buffer never grows past it, so it is never refused later); a
- * chunked body a first piece, the rest as its buffer grows
- * (req_charge_body).  @return false when it does not fit: then it has been
- * answered 503. */
-static bool req_admit_body(idem_req_t *req)
-{
-    idem_gw_t *gw = req_gw(req);
-    uint64_t n;
-    if (req->msg.framing == IDEM_HTTP_BODY_LENGTH) {
-        n = req->msg.content_length;
-        if (n > 0)
-            req->body.max = (size_t)n; /* a buffer's max 0 means no cap */
-    } else {
-        n = BODY_FIRST_CHARGE < gw->cfg->max_request_bytes ? BODY_FIRST_CHARGE
-                                                            : gw->cfg->max_request_bytes;
-    }
-    if (budget_take(gw, n)) {
-        req->body_charge = n;
-        return true;
-    }
-    req->outcome = IDEM_OUT_OVERLOADED;
-    idem__req_problem(req, 503, "overloaded",
-                      "too many request bodies are held at once (max_buffered_bytes); retry", 1);
-    return false;
-}
-
-/* After an append: charge what the body's buffer grew by beyond its charge.
- * @return false when that does not fit (only a chunked body can grow so). */
-static bool req_charge_body(idem_req_t *req)
-{
-    uint64_t room = req->body.cap > 0 ? req->body.cap - 1 : 0; /* one spare byte for a NUL */
-    if (room <= req->body_charge)
-        return true;
-    if (!budget_take(req_gw(req), room - req->body_charge))
-        return false;
-    req->body_charge = room;
-    return true;
+        conn_close(IDEM_CONTAINER(l->conns.next, idem_conn_t, link));
 }
 
 /* ---- listening ------------------------------------------------------------ */

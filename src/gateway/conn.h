@@ -1,17 +1,19 @@
-/* src/gateway/conn.h - what the rest of idemd asks of an HTTP connection,
- * and what conn.c asks of the admin endpoints.
+/* src/gateway/conn.h - listeners and their HTTP/1.1 connections (conn.c).
  *
- * conn.c owns struct idem_conn: reading, parsing and writing to a client,
- * for both kinds of listener (idem_listener_t, below).  On the public
- * listener request.c answers through idem__conn_write and hands
- * the connection back with idem__conn_response_done once an answer is
- * wholly queued; worker.c accepts with idem__conn_on_connection and closes
- * connections when it stops.  On the admin listener conn.c asks admin.c for
- * an idem_answer_t (idem__admin_answer) and writes it itself; admin.c sets
- * the listener up and closes its connections when it stops.  Nothing
- * outside conn.c looks inside a connection.
+ * A listener is one listening socket watched on one loop, with the handler
+ * (handler.h) that answers the requests of its connections: the proxy on a
+ * worker's public listener, the admin endpoints on the admin thread's.
+ * conn.c owns struct idem_conn: accepting within the listener's budget,
+ * reading, parsing, timers, 100-continue, writing, draining and closing.  It
+ * hands each request to the listener's handler and supplies the output
+ * stream the request answers through; it knows nothing of what the handler
+ * does (it never names request.c or admin.c).  worker.c and admin.c make
+ * their listeners with idem__listener_init and close their connections when
+ * they stop.  Nothing outside conn.c looks inside a connection.
  *
- * THREADING: the loop thread of the connection's listener only.
+ * THREADING: the loop thread of the connection's listener only, except the
+ * budgets shared by every loop (max_connections, max_queued_bytes,
+ * max_connections_per_address: atomics or a locked table).
  */
 #ifndef IDEM_GATEWAY_CONN_H
 #define IDEM_GATEWAY_CONN_H
@@ -20,46 +22,58 @@
 #include <stddef.h>
 #include <uv.h>
 
+#include "gateway/handler.h"
 #include "gateway/list.h"
 #include "http/http.h"
 
 typedef struct idem_gw idem_gw_t;
-typedef struct idem_worker idem_worker_t;
 typedef struct idem_conn idem_conn_t;
-typedef struct idem_admin idem_admin_t;
+typedef struct idem_listener idem_listener_t;
 
-/* ---- listeners: the HTTP connections of one loop -------------------------- */
-
-/** What a listener serves.  Its connections run the same code (conn.c:
- * accept, budget, read, parse, timers, limits, write queue, drain, close);
- * the kind says who answers a request and the few limits that differ. */
-typedef enum {
-    IDEM_LISTEN_PUBLIC = 0, /* idemd's clients: a request goes to request.c */
-    IDEM_LISTEN_ADMIN = 1,  /* the admin endpoints: answered at once by admin.c */
-} idem_listen_kind_t;
+/** What differs between listeners besides the handler: their budgets. */
+typedef struct idem_listen_limits {
+    /* 0: the process-wide max_connections (metrics.connections, every
+     * public listener of every worker together); else this listener's own
+     * count, at most this many. */
+    int max_conns;
+    size_t write_high;       /* answers queued to a client past this: its requests wait */
+    int64_t close_linger_ms; /* a closing answer not taken by then is cut; 0: none */
+    bool reuse_idle;         /* at the budget, close the longest-idle connection for a new one */
+    bool count_queued;       /* queued answers count in max_queued_bytes */
+    bool per_address;        /* max_connections_per_address applies */
+} idem_listen_limits_t;
 
 /** One listening socket watched on one loop, and the connections it
- * accepted there: a worker's public listener, or the admin listener on the
- * admin thread. */
-typedef struct idem_listener {
-    idem_listen_kind_t kind;
+ * accepted there. */
+struct idem_listener {
     idem_gw_t *gw;
     uv_loop_t *loop;
-    uv_tcp_t tcp;         /* watches a dup() of the listening socket */
-    idem_link_t conns;    /* open connections */
-    idem_link_t parse_q;  /* connections with pipelined input to parse */
-    uv_idle_t parse_idle; /* runs parse_q from the loop, never on an answer's stack */
-    int n_conns;          /* ADMIN: open connections, at most IDEM_ADMIN_MAX_CONNS (the public
-                             budget, max_connections, is metrics.connections, all workers) */
-    bool stopping;        /* the loop is stopping: no connection is kept alive */
-    idem_worker_t *w;     /* PUBLIC: the worker whose requests these are */
-    idem_admin_t *admin;  /* ADMIN: whose endpoints answer */
-} idem_listener_t;
+    idem_handler_t *handler;   /* answers its requests; the maker's */
+    idem_listen_limits_t limits;
+    uv_tcp_t tcp;              /* watches a dup() of the listening socket */
+    idem_link_t conns;         /* open connections, the most recently active last */
+    idem_link_t parse_q;       /* connections with pipelined input to parse */
+    idem_link_t gone_q;        /* broken connections to close from the loop */
+    uv_idle_t parse_idle;      /* runs parse_q and gone_q from the loop */
+    int n_conns;               /* open connections (a listener with its own max_conns) */
+    bool stopping;             /* the loop is stopping: no connection is kept alive */
+    /* Called once a connection's handles are closed and it is freed: a
+     * stopping loop may end now.  May be NULL. */
+    void (*on_conn_freed)(idem_listener_t *l);
+    void *data;                /* the maker's (the worker, the admin) */
+};
 
 /* The admin's budget, apart from max_connections; main.c fits RLIMIT_NOFILE to it. */
 #define IDEM_ADMIN_MAX_CONNS 64  /* admin connections at once */
 #define IDEM_LISTEN_BACKLOG 1024 /* public listener */
 #define IDEM_ADMIN_BACKLOG 128   /* admin listener */
+
+/* A streamed answer waits (send answers false) when its client lags this
+ * much; on_proceed comes once the client's queue is under half of it. */
+#define IDEM_STREAM_HIGH_MARK (1u << 20)
+/* Answers queued to one client that does not read them past this: its
+ * next request waits (the public listeners' write_high). */
+#define IDEM_CONN_WRITE_HIGH (4u << 20)
 
 /** Bind and listen on host:port (an IPv4 or IPv6 literal), without
  * SO_REUSEPORT: an address another process listens on fails (EADDRINUSE).
@@ -77,60 +91,22 @@ int idem__tcp_open_listener(uv_loop_t *loop, uv_tcp_t *tcp, void *data, int list
                             int backlog, uv_connection_cb cb, const char *what, char *err,
                             size_t errlen);
 
-/* ---- connections ------------------------------------------------------------ */
-
-/** Queue bytes (copied) on the request's client; no-op if the client left. */
-void idem__conn_write(idem_conn_t *c, const void *p, size_t n);
-size_t idem__conn_queue_size(idem_conn_t *c);
-
-/* A streamed response pauses its upstream when the client lags this much;
- * the upstream reads again once the client's queue is under half of it. */
-#define IDEM_STREAM_HIGH_MARK (1u << 20)
-
-/** Set up l, of kind, for connections on loop, and the parsing of their
- * pipelined requests from the loop (l->parse_q, l->parse_idle, which the
- * loop's owner closes).  Its tcp is the caller's to open, with l as its
- * data.  The caller sets l->w or l->admin. */
-void idem__listener_init(idem_listener_t *l, idem_listen_kind_t kind, idem_gw_t *gw,
-                         uv_loop_t *loop);
+/** Set up l for connections on loop, answered by handler, within limits.
+ * Its tcp is the caller's to open (idem__tcp_open_listener with l as its
+ * data and idem__conn_on_connection); its tcp and parse_idle are the
+ * caller's to close (idem__listener_close_handles). */
+void idem__listener_init(idem_listener_t *l, idem_gw_t *gw, uv_loop_t *loop,
+                         idem_handler_t *handler, const idem_listen_limits_t *limits);
+/** Close l's own handles (its tcp, its idle); its connections stay. */
+void idem__listener_close_handles(idem_listener_t *l);
 /** The listener's connection callback (server->data is its idem_listener_t):
- * accept one client within the listener's budget (max_connections, or
- * IDEM_ADMIN_MAX_CONNS for the admin). */
+ * accept one client within the listener's budget. */
 void idem__conn_on_connection(uv_stream_t *server, int status);
-/** Close c at once; a request it carries goes on without it. */
-void idem__conn_close(idem_conn_t *c);
-/** The response of c's request is wholly queued: detach the request, then
- * read the next one (keep_alive) or close once the answer is out.  c may be
- * NULL or closed. */
-void idem__conn_response_done(idem_conn_t *c, bool keep_alive);
-/** Whether c is still reading its request's body (an answer now ends c). */
-bool idem__conn_reading_body(const idem_conn_t *c);
-/** A response cut short: detach c's request, close c once what is queued is
- * written (the client sees the cut, not a short body). */
-void idem__conn_close_when_written(idem_conn_t *c);
 /** Stopping: close every connection of l that carries no request (after
  * what is queued on it is written). */
 void idem__conns_close_idle(idem_listener_t *l);
-/** The shutdown deadline: close every connection of l now. */
+/** The shutdown deadline: close every connection of l now (their requests
+ * are told on_gone). */
 void idem__conns_close_all(idem_listener_t *l);
-
-/* ---- admin.c: the admin endpoints, as conn.c calls them ------------------ */
-
-/** An answer made at once, without the store or the upstream: what an admin
- * endpoint says.  conn.c writes it with idem__http_write_response. */
-typedef struct idem_answer {
-    int status;               /* 0: none could be made (out of memory): the connection closes */
-    const char *content_type; /* NULL: no Content-Type (204); a static string */
-    idem_buf_t body;          /* owned by the answer (idem__answer_cleanup) */
-    bool close;               /* the request was refused at its head: the connection ends */
-} idem_answer_t;
-
-void idem__answer_init(idem_answer_t *a);
-void idem__answer_cleanup(idem_answer_t *a);
-
-/** Answer one whole admin request m (a body it had was read and dropped):
- * the Host checks, then the endpoint its target names.  Runs on the admin
- * thread; it may read the store. */
-void idem__admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *out);
 
 #endif /* IDEM_GATEWAY_CONN_H */

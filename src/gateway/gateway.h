@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gateway/addrlimit.h"
 #include "gateway/cache.h"
 #include "gateway/config.h"
 #include "gateway/metrics.h"
@@ -54,6 +55,7 @@ struct idem_gw {
     idem_store_t *store;
     idem_cache_t *cache;                   /* local_cache; NULL when off */
     idem_ratelimit_t *ratelimit;           /* scope_rate_limit; NULL when off */
+    idem_addrlimit_t *addrlimit;           /* max_connections_per_address; NULL when off */
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */

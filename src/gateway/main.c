@@ -382,6 +382,15 @@ int main(int argc, char **argv)
             return fail("scope_rate_limit: out of memory");
         }
     }
+    bool addr_oom;
+    gw.addrlimit = idem__addrlimit_create(cfg.max_connections_per_address, &addr_oom);
+    if (addr_oom) {
+        idem__ratelimit_destroy(gw.ratelimit);
+        idem__cache_destroy(gw.cache);
+        idem_store_close(gw.store);
+        idem__config_cleanup(&cfg);
+        return fail("max_connections_per_address: out of memory");
+    }
     if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw) != 0) {
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
@@ -451,6 +460,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < gw.nworkers; i++)
         idem__worker_cleanup(&gw.workers[i]);
     idem__ratelimit_destroy(gw.ratelimit);
+    idem__addrlimit_destroy(gw.addrlimit);
     idem__cache_destroy(gw.cache);
     idem_store_close(gw.store);
     free(gw.workers);

@@ -109,11 +109,15 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
         "idem_connections_refused_total{listener=\"admin\"} %llu\n"
         "# HELP idem_buffered_body_bytes Request body bytes held, counted "
         "against max_buffered_bytes.\n"
-        "# TYPE idem_buffered_body_bytes gauge\nidem_buffered_body_bytes %llu\n",
+        "# TYPE idem_buffered_body_bytes gauge\nidem_buffered_body_bytes %llu\n"
+        "# HELP idem_queued_answer_bytes Answer bytes queued to clients, overhead "
+        "included, counted against max_queued_bytes.\n"
+        "# TYPE idem_queued_answer_bytes gauge\nidem_queued_answer_bytes %llu\n",
         (unsigned long long)atomic_load(&m->connections),
         (unsigned long long)atomic_load(&m->conns_refused),
         (unsigned long long)atomic_load(&m->admin_conns_refused),
-        (unsigned long long)atomic_load(&m->buffered_bytes));
+        (unsigned long long)atomic_load(&m->buffered_bytes),
+        (unsigned long long)atomic_load(&m->queued_bytes));
     rc |= idem__buf_appendf(
         out,
         "# HELP idem_scope_fallback_total Keyed and token requests whose scope "

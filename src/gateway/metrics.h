@@ -42,6 +42,8 @@ typedef struct idem_metrics {
     _Atomic uint64_t conns_refused;   /* public connections closed at once: max_connections */
     _Atomic uint64_t admin_conns_refused; /* admin connections over IDEM_ADMIN_MAX_CONNS */
     _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
+    _Atomic uint64_t queued_bytes;    /* answers queued to clients, overhead included, all
+                                       * workers: max_queued_bytes is checked on it */
     _Atomic uint64_t scope_fallback_authorization; /* a scope source absent: SHA-256 of Authorization */
     _Atomic uint64_t scope_fallback_anonymous;     /* ... and no Authorization: "anonymous" */
     _Atomic bool store_full;          /* the store refused a write for want of room, and

@@ -55,7 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gateway/conn.h"
+#include "gateway/handler.h"
 #include "gateway/gateway.h"
 #include "gateway/log.h"
 #include "gateway/problem.h"
@@ -94,35 +94,44 @@ void idem__req_enter(idem_req_t *req, idem_req_state_t s)
 /* Whether the client has its answer, or the head of it. */
 static bool req_answered(const idem_req_t *req) { return req->life.state >= IDEM_REQ_RELAYING; }
 
-void idem__req_detach_conn(idem_req_t *req)
+/* ---- the connection, as the request sees it (handler.h) ------------------------------- */
+
+/* The answer is complete (or cut): the connection calls the request no
+ * more, and the request never touches the stream again.  The connection's
+ * hold goes; the caller holds the request otherwise (every entry point
+ * does), so req stays valid until the caller returns. */
+static void req_stream_over(idem_req_t *req)
 {
-    req->conn = NULL;
+    if (req->os == NULL)
+        return;
+    req->os = NULL;
     idem__req_release(req, IDEM_HOLD_CONN);
 }
 
-void idem__req_client_gone(idem_req_t *req)
+/* on_gone: the client has gone (closed, broke, timed out).  The request
+ * goes on without it, its store work included, and keeps its place in
+ * max_connections until it ends. */
+static void proxy_on_gone(idem_hreq_t *r)
 {
-    req->conn = NULL;
-    /* Its upstream connection may still be open: it keeps the connection's
-     * place in max_connections until it ends (req_free). */
+    idem_req_t *req = r;
+    req->os = NULL;
     req->holds_slot = true;
+    req_hold(req, IDEM_HOLD_CALL);
     /* A relay has no one to relay to; a capture goes on, and is stored. */
     if (req->streaming)
         idem__req_abort_upstream(req);
     idem__req_release(req, IDEM_HOLD_CONN);
-}
-
-void idem__req_drop(idem_req_t *req, int status, idem_outcome_t outcome)
-{
-    req->status = status;
-    req->outcome = outcome;
-    idem__req_detach_conn(req);
+    idem__req_release(req, IDEM_HOLD_CALL);
 }
 
 /* ---- a request is made ------------------------------------------------------ */
 
-idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head, size_t head_len,
-                             size_t target_len, int *target_rc)
+/* A request of w from the head_len bytes at head (copied), answering
+ * through os, with its target normalised.  NULL when out of memory, or
+ * when the target is refused (*target_rc < 0). */
+static idem_req_t *req_create(idem_worker_t *w, idem_ostream_t *os, const idem_conn_facts_t *facts,
+                              const char *head, size_t head_len, size_t target_len,
+                              int *target_rc)
 {
     *target_rc = IDEM_TARGET_OK;
     idem_req_t *req = idem_calloc(1, sizeof *req);
@@ -154,12 +163,19 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
         idem_free(req);
         return NULL;
     }
-    idem__life_init(&req->life, IDEM_HOLD_CONN); /* c->req */
+    idem__life_init(&req->life, IDEM_HOLD_CONN); /* the connection's, until on_gone or the end */
     req->w = w;
-    req->conn = c;
+    req->os = os;
+    req->tls = facts->tls;
+    if (facts->client_cert_sha256 != NULL)
+        snprintf(req->client_cert, sizeof req->client_cert, "%s", facts->client_cert_sha256);
     req->t_start_ns = idem_clock_mono_ns();
     req->outcome = IDEM_OUT_PASSTHROUGH;
     idem__buf_init(&req->body, w->gw->cfg->max_request_bytes);
+    /* A body of a known length never needs a larger buffer (a buffer's max
+     * 0 means no cap). */
+    if (req->msg.framing == IDEM_HTTP_BODY_LENGTH && req->msg.content_length > 0)
+        req->body.max = (size_t)req->msg.content_length;
     idem__buf_init(&req->resp_body, 0);
     idem_list_push(&w->reqs, &req->link);
     atomic_fetch_add(&w->gw->metrics.in_flight, 1);
@@ -168,59 +184,47 @@ idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head,
 
 /* ---- answering a request ------------------------------------------------ */
 
-static bool client_keep_alive(const idem_req_t *req)
-{
-    /* An answer before the body was read ends the connection. */
-    return req->msg.keep_alive && !req->w->stopping && !idem__conn_reading_body(req->conn);
-}
-
-/* What req asks of the head of its answer (idem__http_write_head). */
-static idem_http_reply_t client_reply(const idem_req_t *req)
-{
-    return (idem_http_reply_t){.version_minor = req->msg.version_minor,
-                               .head = idem__slice_eq_ci(req->msg.method, "HEAD"),
-                               .keep_alive = client_keep_alive(req)};
-}
-
-/* Queue buf as the whole response of req and finish the connection's turn. */
-static void req_send(idem_req_t *req, idem_buf_t *buf, int status)
+/* Answer req with idemd's own problem; flags IDEM_OS_CLOSE for a refusal
+ * after which the connection must end. */
+static void req_problem_flags(idem_req_t *req, int status, const char *type, const char *detail,
+                              int64_t retry_after, unsigned flags)
 {
     req->status = status;
     idem__req_enter(req, IDEM_REQ_ANSWERED);
-    idem_conn_t *c = req->conn;
-    if (c) {
-        idem__conn_write(c, buf->data, buf->len);
-        idem__conn_response_done(c, client_keep_alive(req));
-    }
+    idem_ostream_t *os = req->os;
+    if (os == NULL)
+        return;
+    /* Out of memory: the client must not wait for an answer forever. */
+    if (idem__ostream_problem(os, status, type, detail, retry_after, flags) != 0)
+        os->ops->abort(os);
+    req_stream_over(req);
 }
 
 void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
                        int64_t retry_after)
 {
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    if (idem__problem_respond(&out, status, type, detail, retry_after, client_reply(req)) == 0) {
-        req_send(req, &out, status);
-    } else {
-        /* Out of memory: the client must not wait for an answer forever. */
-        req->status = status;
-        idem__req_enter(req, IDEM_REQ_ANSWERED);
-        if (req->conn)
-            idem__conn_close(req->conn);
-    }
-    idem__buf_cleanup(&out);
+    req_problem_flags(req, status, type, detail, retry_after, 0);
 }
 
-/* Queue out, which idem__http_write_head/_response answered rc for, as the
- * whole response of req.  One that could not be written (out of memory, a
- * field the writer refuses) was not written at all: a 500 goes instead, or
- * the connection closes, never half an answer. */
-static void req_send_written(idem_req_t *req, idem_buf_t *out, int rc, int status)
+/* Send r with body[0..n) as the whole answer of req.  One that cannot be
+ * written (a field the writer refuses, out of memory) was not written at
+ * all: a 500 goes instead, or the connection closes, never half an answer. */
+static void req_respond(idem_req_t *req, const idem_http_response_t *r, const void *body,
+                        size_t n)
 {
-    if (rc == 0)
-        req_send(req, out, status);
-    else
+    idem_ostream_t *os = req->os;
+    if (os == NULL) {
+        req->status = r->status;
+        idem__req_enter(req, IDEM_REQ_ANSWERED);
+        return;
+    }
+    if (idem__ostream_respond(os, r, 0, body, n) != 0) {
         idem__req_problem(req, 500, "internal", "the response could not be written", 0);
+        return;
+    }
+    req->status = r->status;
+    idem__req_enter(req, IDEM_REQ_ANSWERED);
+    req_stream_over(req);
 }
 
 #define REPLAY_FIELDS_LOCAL 32 /* a replay with more fields lists them on the heap */
@@ -233,22 +237,19 @@ static void req_replay(idem_req_t *req, const idem_record_t *rec)
     idem_http_field_t local[REPLAY_FIELDS_LOCAL];
     size_t n = r->n_headers + 1;
     idem_http_field_t *f = n <= REPLAY_FIELDS_LOCAL ? local : calloc(n, sizeof *f);
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    int rc = -1;
-    if (f != NULL) {
-        for (size_t i = 0; i < r->n_headers; i++)
-            f[i] = (idem_http_field_t){{r->headers[i].name, r->headers[i].name_len},
-                                       {r->headers[i].value, r->headers[i].value_len}};
-        f[n - 1] = (idem_http_field_t){{replay, strlen(replay)}, {"true", 4}};
-        /* The standard reason phrase: a record keeps the status, not the upstream's words. */
-        idem_http_response_t resp = {.status = r->status, .fields = f, .n_fields = n};
-        rc = idem__http_write_response(&out, &resp, client_reply(req), r->body, r->body_len);
-        if (f != local)
-            free(f);
+    if (f == NULL) {
+        idem__req_problem(req, 500, "internal", "out of memory", 0);
+        return;
     }
-    req_send_written(req, &out, rc, r->status);
-    idem__buf_cleanup(&out);
+    for (size_t i = 0; i < r->n_headers; i++)
+        f[i] = (idem_http_field_t){{r->headers[i].name, r->headers[i].name_len},
+                                   {r->headers[i].value, r->headers[i].value_len}};
+    f[n - 1] = (idem_http_field_t){{replay, strlen(replay)}, {"true", 4}};
+    /* The standard reason phrase: a record keeps the status, not the upstream's words. */
+    idem_http_response_t resp = {.status = r->status, .fields = f, .n_fields = n};
+    req_respond(req, &resp, r->body, r->body_len);
+    if (f != local)
+        free(f);
 }
 
 /* The upstream's fields that its answer to the client carries, into f (room
@@ -294,21 +295,25 @@ void idem__req_respond_upstream(idem_req_t *req)
     idem_http_field_t f[IDEM_HTTP_MAX_HEADERS + 1];
     idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
                               .n_fields = relayed_fields(req, f)};
-    idem_http_reply_t to = client_reply(req);
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    int rc;
-    if (m->framing == IDEM_HTTP_BODY_NONE) {
-        /* No body (HEAD, 1xx, 204, 304).  The answer to HEAD keeps the
-         * upstream's length: it tells the size of what GET would send. */
-        if (to.head && upstream_length(m, &r.content_length))
-            r.framing = IDEM_HTTP_BODY_LENGTH;
-        rc = idem__http_write_head(&out, &r, to);
-    } else {
-        rc = idem__http_write_response(&out, &r, to, req->resp_body.data, req->resp_body.len);
+    if (m->framing != IDEM_HTTP_BODY_NONE) {
+        req_respond(req, &r, req->resp_body.data, req->resp_body.len);
+        return;
     }
-    req_send_written(req, &out, rc, m->status);
-    idem__buf_cleanup(&out);
+    /* No body (HEAD, 1xx, 204, 304).  The answer to HEAD keeps the
+     * upstream's length: it tells the size of what GET would send. */
+    if (upstream_length(m, &r.content_length))
+        r.framing = IDEM_HTTP_BODY_LENGTH;
+    idem_ostream_t *os = req->os;
+    if (os != NULL && os->ops->start(os, &r, 0) != 0) {
+        idem__req_problem(req, 500, "internal", "the response could not be written", 0);
+        return;
+    }
+    req->status = m->status;
+    idem__req_enter(req, IDEM_REQ_ANSWERED);
+    if (os != NULL) {
+        os->ops->send(os, NULL, 0, true);
+        req_stream_over(req);
+    }
 }
 
 /* Answer as a repeat of req would be answered, from the decision on rec. */
@@ -760,8 +765,8 @@ static bool req_stream_data(idem_req_t *req, const char *p, size_t n);
 
 void idem__req_start_stream(idem_req_t *req)
 {
-    idem_conn_t *c = req->conn;
-    if (!c) {
+    idem_ostream_t *os = req->os;
+    if (!os) {
         idem__req_abort_upstream(req); /* no one to relay to */
         return;
     }
@@ -770,76 +775,44 @@ void idem__req_start_stream(idem_req_t *req)
     idem_http_response_t r = {.status = m->status, .reason = m->reason, .fields = f,
                               .n_fields = relayed_fields(req, f),
                               .content_length = m->content_length};
-    idem_http_reply_t to = client_reply(req);
-    /* The upstream's length when it sent one; else chunked coding, or for an
-     * HTTP/1.0 client a body that ends with the connection. */
-    if (m->framing == IDEM_HTTP_BODY_LENGTH)
-        r.framing = IDEM_HTTP_BODY_LENGTH;
-    else if (req->msg.version_minor == 1)
-        r.framing = IDEM_HTTP_BODY_CHUNKED;
-    else
-        r.framing = IDEM_HTTP_BODY_EOF;
-    if (r.framing == IDEM_HTTP_BODY_EOF)
-        to.keep_alive = false;
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    if (idem__http_write_head(&out, &r, to) != 0) {
+    /* The upstream's length when it sent one; else the connection frames
+     * a body whose length it does not know (chunked, or to its close). */
+    r.framing = m->framing == IDEM_HTTP_BODY_LENGTH ? IDEM_HTTP_BODY_LENGTH : IDEM_HTTP_BODY_EOF;
+    if (os->ops->start(os, &r, 0) != 0) {
         /* Nothing went to the client yet: it hears why instead of half a head. */
-        idem__buf_cleanup(&out);
         idem__req_abort_upstream(req);
         idem__req_problem(req, 500, "internal", "the response could not be written", 0);
         return;
     }
-    req->stream_chunked = r.framing == IDEM_HTTP_BODY_CHUNKED;
-    req->stream_close = r.framing == IDEM_HTTP_BODY_EOF;
     req->status = m->status;
     idem__req_enter(req, IDEM_REQ_RELAYING);
-    idem__conn_write(c, out.data, out.len);
-    idem__buf_cleanup(&out);
     if (req->resp_body.len)
         req_stream_data(req, req->resp_body.data, req->resp_body.len);
     idem__buf_cleanup(&req->resp_body);
     idem__upstream_req_resume(&req->up);
 }
 
+/* Relay a piece of a streamed body.  @return true when the client lags and
+ * the upstream should pause until on_proceed. */
 static bool req_stream_data(idem_req_t *req, const char *p, size_t n)
 {
-    idem_conn_t *c = req->conn;
-    if (!c)
+    idem_ostream_t *os = req->os;
+    if (!os)
         return false;
-    if (req->stream_chunked) {
-        idem_buf_t out;
-        idem__buf_init(&out, 0);
-        if (idem__http_write_chunk(&out, p, n) != 0) {
-            /* Out of memory: a chunk left out would corrupt the body, so the
-             * client sees the stream cut, as when the upstream cuts it (the
-             * outcome is stored already; the rest is read for no one). */
-            idem__buf_cleanup(&out);
-            idem__conn_close_when_written(c); /* lets go of req */
-            return false;
-        }
-        idem__conn_write(c, out.data, out.len);
-        idem__buf_cleanup(&out);
-    } else {
-        idem__conn_write(c, p, n);
-    }
-    return idem__conn_queue_size(c) > IDEM_STREAM_HIGH_MARK;
+    return !os->ops->send(os, p, n, false);
 }
 
 static void req_stream_end(idem_req_t *req, bool complete)
 {
     idem__req_enter(req, IDEM_REQ_ANSWERED);
-    idem_conn_t *c = req->conn;
-    if (!c)
+    idem_ostream_t *os = req->os;
+    if (!os)
         return;
-    if (!complete) {
-        /* The body was cut short: the client must see that, not a short body. */
-        idem__conn_close_when_written(c);
-        return;
-    }
-    if (req->stream_chunked)
-        idem__conn_write(c, "0\r\n\r\n", 5);
-    idem__conn_response_done(c, client_keep_alive(req) && !req->stream_close);
+    if (complete)
+        os->ops->send(os, NULL, 0, true);
+    else
+        os->ops->abort(os); /* the body was cut short: the client must see that */
+    req_stream_over(req);
 }
 
 /* ---- the upstream call ------------------------------------------------------- */
@@ -899,12 +872,6 @@ static const idem_upstream_cbs_t up_cbs = {
     .on_done = on_up_done,
     .on_failure = on_up_failure,
 };
-
-void idem__req_client_drained(idem_req_t *req)
-{
-    if (req->life.state == IDEM_REQ_RELAYING)
-        idem__upstream_req_resume(&req->up);
-}
 
 /* Send req to the upstream: the head as request_plan.c rewrites it, then
  * the decoded body, from the request's own buffer.  What comes back arrives
@@ -1121,11 +1088,7 @@ void idem__req_send_json(idem_req_t *req, int status, const char *body_type, con
     if (extra != NULL)
         f[n++] = *extra;
     idem_http_response_t r = {.status = status, .fields = f, .n_fields = n};
-    idem_buf_t out;
-    idem__buf_init(&out, 0);
-    int rc = idem__http_write_response(&out, &r, client_reply(req), body, strlen(body));
-    req_send_written(req, &out, rc, status);
-    idem__buf_cleanup(&out);
+    req_respond(req, &r, body, strlen(body));
 }
 
 /* A refusal of the loop-free steps (request_plan.h) after the request was
@@ -1289,10 +1252,50 @@ static void req_end(idem_req_t *req)
         req_free(req);
 }
 
-/* ---- the entry points of conn.c -------------------------------------------- */
+/* ---- shutdown ------------------------------------------------------------------ */
 
-/* Each holds the request while it runs: the answer it may give lets the
- * connection go, and with it the connection's hold. */
+void idem__req_shutdown_now(idem_req_t *req)
+{
+    req_hold(req, IDEM_HOLD_CALL);
+    idem__req_abort_upstream(req);
+    req_timer_stop(req);
+    idem__req_release(req, IDEM_HOLD_CALL);
+}
+
+/* ---- the body budget (max_buffered_bytes) ---------------------------------- */
+
+/* Charge n more bytes to the process's body budget, if they fit. */
+static bool budget_take(idem_gw_t *gw, uint64_t n)
+{
+    uint64_t max = gw->cfg->max_buffered_bytes;
+    uint64_t cur = atomic_load(&gw->metrics.buffered_bytes);
+    do {
+        if (n > max || cur > max - n)
+            return false;
+    } while (!atomic_compare_exchange_weak(&gw->metrics.buffered_bytes, &cur, cur + n));
+    return true;
+}
+
+/* After an append: charge what the body's buffer grew by beyond its charge.
+ * A body is charged for what has arrived (its buffer), never for what its
+ * head declares: a client that declares 10 MiB and sends a byte a minute
+ * holds a byte's buffer, so no few slow clients take the budget from the
+ * rest.  @return false when the growth does not fit. */
+static bool req_charge_body(idem_req_t *req)
+{
+    uint64_t room = req->body.cap > 0 ? req->body.cap - 1 : 0; /* one spare byte for a NUL */
+    if (room <= req->body_charge)
+        return true;
+    if (!budget_take(req_gw(req), room - req->body_charge))
+        return false;
+    req->body_charge = room;
+    return true;
+}
+
+/* ---- the proxy handler: what the connection calls (handler.h) ---------------- */
+
+/* Each entry point holds the request while it runs: an answer it gives lets
+ * the connection's hold go. */
 
 bool idem__req_check_head(idem_req_t *req)
 {
@@ -1307,4 +1310,112 @@ void idem__req_dispatch(idem_req_t *req)
     req_hold(req, IDEM_HOLD_CALL);
     req_dispatch(req);
     idem__req_release(req, IDEM_HOLD_CALL);
+}
+
+/* A refusal before a request exists (the head's own checks, the target):
+ * counted, answered, and the connection ends after it. */
+static void proxy_refuse_head(idem_worker_t *w, idem_ostream_t *os, const idem_gw_refusal_t *r)
+{
+    idem__metrics_count(&w->gw->metrics, r->outcome);
+    (void)idem__ostream_problem(os, r->status, r->type, r->detail, 0, IDEM_OS_CLOSE);
+}
+
+static idem_hreq_t *proxy_on_head(idem_handler_t *h, const idem_http_msg_t *m, const char *head,
+                                  size_t head_len, idem_ostream_t *os,
+                                  const idem_conn_facts_t *facts)
+{
+    idem_worker_t *w = h->data;
+    idem_gw_refusal_t refusal;
+    if (!idem__gw_check_head(w->gw->cfg, m, &refusal)) {
+        proxy_refuse_head(w, os, &refusal);
+        return NULL;
+    }
+    int target_rc;
+    idem_req_t *req = req_create(w, os, facts, head, head_len, m->target.len, &target_rc);
+    if (!req && target_rc != IDEM_TARGET_OK) {
+        idem__gw_refuse_target(target_rc, &refusal);
+        proxy_refuse_head(w, os, &refusal);
+    }
+    return req; /* NULL and no answer: out of memory, the connection says so */
+}
+
+static bool proxy_on_expect(idem_hreq_t *r) { return idem__req_check_head(r); }
+
+static bool proxy_on_body(idem_hreq_t *r, const char *p, size_t n)
+{
+    idem_req_t *req = r;
+    if (idem__buf_append(&req->body, p, n) != 0) {
+        req_hold(req, IDEM_HOLD_CALL);
+        req->outcome = IDEM_OUT_TOO_LARGE;
+        req_problem_flags(req, 413, "request-too-large",
+                          "the request body is larger than max_request_bytes", 0, IDEM_OS_CLOSE);
+        idem__req_release(req, IDEM_HOLD_CALL);
+        return false;
+    }
+    if (!req_charge_body(req)) {
+        req_hold(req, IDEM_HOLD_CALL);
+        req->outcome = IDEM_OUT_OVERLOADED;
+        req_problem_flags(req, 503, "overloaded",
+                          "too many request bodies are held at once (max_buffered_bytes); retry",
+                          1, IDEM_OS_CLOSE);
+        idem__req_release(req, IDEM_HOLD_CALL);
+        return false;
+    }
+    return true;
+}
+
+static void proxy_on_body_end(idem_hreq_t *r) { idem__req_dispatch(r); }
+
+/* The body cannot be read: the request ends before the store, so no key is
+ * claimed for it, and the connection ends after the answer. */
+static void proxy_on_body_error(idem_hreq_t *r, int rc)
+{
+    idem_req_t *req = r;
+    idem_gw_refusal_t refusal;
+    if (rc == IDEM_CONN_E_BODY_TIMEOUT)
+        refusal = (idem_gw_refusal_t){.status = 408, .type = "request-timeout",
+                                      .outcome = IDEM_OUT_REQUEST_TIMEOUT,
+                                      .detail = "the request body paused for longer than "
+                                                "body_timeout"};
+    else
+        idem__gw_refuse_body(rc, &refusal);
+    req_hold(req, IDEM_HOLD_CALL);
+    req->outcome = refusal.outcome;
+    req_problem_flags(req, refusal.status, refusal.type, refusal.detail, 0, IDEM_OS_CLOSE);
+    idem__req_release(req, IDEM_HOLD_CALL);
+}
+
+/* on_proceed: the client's queue drained: a relay paused for it reads on. */
+static void proxy_on_proceed(idem_hreq_t *r)
+{
+    idem_req_t *req = r;
+    if (req->life.state == IDEM_REQ_RELAYING)
+        idem__upstream_req_resume(&req->up);
+}
+
+static void proxy_on_refused(idem_handler_t *h, int outcome)
+{
+    idem_worker_t *w = h->data;
+    idem__metrics_count(&w->gw->metrics, (idem_outcome_t)outcome);
+}
+
+static const idem_handler_ops_t proxy_ops = {
+    .on_head = proxy_on_head,
+    .on_expect = proxy_on_expect,
+    .on_body = proxy_on_body,
+    .on_body_end = proxy_on_body_end,
+    .on_body_error = proxy_on_body_error,
+    .on_proceed = proxy_on_proceed,
+    .on_gone = proxy_on_gone,
+    .on_refused = proxy_on_refused,
+};
+
+void idem__proxy_handler_init(idem_handler_t *h, idem_worker_t *w)
+{
+    *h = (idem_handler_t){
+        .ops = &proxy_ops,
+        .data = w,
+        .body_max = w->gw->cfg->max_request_bytes,
+        .request_outlives = true,
+    };
 }

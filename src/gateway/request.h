@@ -1,11 +1,13 @@
 /* src/gateway/request.h - the request's life, as the other parts of a
  * worker call it (request.c, tokens.c).
  *
- * conn.c creates a request once its head is parsed (idem__req_create),
- * dispatches it once its body is read (idem__req_dispatch) and lets go of
- * it when its client has gone; request.c follows docs/protocol.md sections
- * 2-7 from there; tokens.c is the `mode: token` part of it (section 8) and
- * uses request.c's answers and store round trips.
+ * request.c is the proxy handler of the public listeners (handler.h): a
+ * connection hands it a request head (on_head), feeds it the body, and
+ * tells it when its client can take more or has gone; the request answers
+ * through the output stream the connection supplied (req->os) and never
+ * names the connection.  request.c follows docs/protocol.md sections 2-7
+ * from there; tokens.c is the `mode: token` part of it (section 8) and uses
+ * request.c's answers and store round trips.
  *
  * THREADING: the worker's loop thread only.
  */
@@ -18,6 +20,7 @@
 #include <uv.h>
 
 #include "gateway/gateway.h"
+#include "gateway/handler.h"
 #include "gateway/list.h"
 #include "gateway/outcome.h"
 #include "gateway/req_state.h"
@@ -30,12 +33,14 @@
 #include "idem/key.h"
 #include "idem/record.h"
 
-typedef struct idem_conn idem_conn_t;
 typedef struct idem_req idem_req_t;
 
 struct idem_req {
     idem_worker_t *w;
-    idem_conn_t *conn;            /* NULL once answered, or once the client has gone */
+    idem_ostream_t *os;           /* the connection's, while the request holds IDEM_HOLD_CONN:
+                                     NULL once its answer is complete, or its client has gone */
+    bool tls;                     /* it came over TLS */
+    char client_cert[65];         /* the verified client certificate's SHA-256 (hex), or "" */
     idem_link_t link;             /* in w->reqs */
     idem_req_life_t life;         /* its state, and what holds it (req_state.h) */
     char *head;                   /* a copy of the request head; msg points into it */
@@ -104,12 +109,9 @@ static inline idem_gw_request_t idem_req_view(const idem_req_t *req)
 
 static inline idem_gw_t *req_gw(const idem_req_t *req) { return req->w->gw; }
 
-/* request.c: made, dispatched, ended. */
-/** A request of w, read on c, of the head_len bytes at head (copied), with
- * its target normalised.  NULL when out of memory, or when the target is
- * refused (*target_rc < 0). */
-idem_req_t *idem__req_create(idem_worker_t *w, idem_conn_t *c, const char *head, size_t head_len,
-                             size_t target_len, int *target_rc);
+/* request.c: the proxy handler, and the request's life. */
+/** The handler of w's public listeners (handler.h). */
+void idem__proxy_handler_init(idem_handler_t *h, idem_worker_t *w);
 /** The checks the head alone decides (route, key or token).  @return true
  * when the request goes on; false when it has been answered. */
 bool idem__req_check_head(idem_req_t *req);
@@ -125,20 +127,6 @@ void idem__req_enter(idem_req_t *req, idem_req_state_t s);
  * logged, counted and freed, and must not be touched after. */
 void idem__req_release(idem_req_t *req, idem_hold_t h);
 
-/* request.c: what conn.c tells a request about its connection.  Each lets
- * the connection's hold go (req may end inside; the caller has already
- * cleared its own pointer to it). */
-/** Its answer is queued: the connection lets go of it. */
-void idem__req_detach_conn(idem_req_t *req);
-/** The client has gone (closed, broke, timed out): the request goes on
- * without it, its store work included, and keeps its place in
- * max_connections until it ends. */
-void idem__req_client_gone(idem_req_t *req);
-/** The connection refused the request's body (too large, malformed, too
- * slow, over the budget) and answered status itself: the request ends
- * before the store, with outcome. */
-void idem__req_drop(idem_req_t *req, int status, idem_outcome_t outcome);
-
 /* request.c: answers and store round trips, for tokens.c. */
 void idem__req_problem(idem_req_t *req, int status, const char *type, const char *detail,
                        int64_t retry_after);
@@ -152,10 +140,11 @@ void idem__req_respond_upstream(idem_req_t *req);
 void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why);
 void idem__req_start_stream(idem_req_t *req);
 void idem__req_forward(idem_req_t *req);
+/** The shutdown deadline: end the request's upstream call and its timer
+ * now; it ends once what the store owes it comes back (req may end inside). */
+void idem__req_shutdown_now(idem_req_t *req);
 /** End the request's upstream call, if it runs (client gone, shutdown). */
 void idem__req_abort_upstream(idem_req_t *req);
-/** The client's send queue drained below its mark: a relay may read on. */
-void idem__req_client_drained(idem_req_t *req);
 bool idem__req_scope_admit(idem_req_t *req, char *out);
 void idem__req_job_init(idem_req_t *req, idem_wjob_t *job, idem_op_kind_t kind);
 void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb);

@@ -124,25 +124,36 @@ void idem__worker_maybe_exit(idem_worker_t *w)
     close_if_open((uv_handle_t *)&w->stop_async);
     close_if_open((uv_handle_t *)&w->shutdown_timer);
     close_if_open((uv_handle_t *)&w->inline_idle);
-    close_if_open((uv_handle_t *)&w->listener.parse_idle);
+    idem__listener_close_handles(&w->listener);
     /* log_check is unreferenced: it flushes until the loop ends. */
 }
 
+/* A connection of the listener is gone: a stopping loop may end now. */
+static void on_listener_conn_freed(idem_listener_t *l) { idem__worker_maybe_exit(l->data); }
+
 static void on_shutdown_timer(uv_timer_t *t)
 {
-    /* In-flight work took too long: close every client.  Requests still
-     * waiting for their upstream keep their lease; it runs out by itself. */
+    /* In-flight work took too long: close every client and end every
+     * upstream call (a key whose call is cut keeps its lease, which runs
+     * out by itself) and every request's timer.  What the store still owes
+     * a request comes back from the writer, which stops only after the
+     * workers: each request then ends, logged and freed, as any other. */
     idem_worker_t *w = t->data;
-    idem__log(w->gw, "warn", "worker %d: shutdown deadline reached, closing connections",
-              w->index);
+    size_t n = 0;
+    for (idem_link_t *l = w->reqs.next; l != &w->reqs; l = l->next)
+        n++;
+    idem__log(w->gw, "warn",
+              "worker %d: shutdown deadline reached with %zu requests in flight: closing "
+              "connections, ending upstream calls",
+              w->index, n);
     idem__conns_close_all(&w->listener);
     idem_link_t *l = w->reqs.next;
     while (l != &w->reqs) {
         idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
         l = l->next;
-        idem__req_abort_upstream(req);
+        idem__req_shutdown_now(req); /* may end req: l is already past it */
     }
-    uv_stop(&w->loop);
+    idem__worker_maybe_exit(w);
 }
 
 static void on_stop_async(uv_async_t *a)
@@ -195,8 +206,16 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     idem__upstream_init(&w->up, &w->loop, (const struct sockaddr *)&gw->upstream_addr,
                         (uint64_t)gw->cfg->upstream_timeout_ms, IDEM_UP_IDLE_MAX);
 
-    idem__listener_init(&w->listener, IDEM_LISTEN_PUBLIC, gw, &w->loop);
-    w->listener.w = w;
+    idem__proxy_handler_init(&w->handler, w);
+    const idem_listen_limits_t limits = {
+        .max_conns = 0, /* max_connections, every worker together */
+        .write_high = IDEM_CONN_WRITE_HIGH,
+        .count_queued = true,
+        .per_address = true,
+    };
+    idem__listener_init(&w->listener, gw, &w->loop, &w->handler, &limits);
+    w->listener.data = w;
+    w->listener.on_conn_freed = on_listener_conn_freed;
     return idem__tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
                                    IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
                                    errlen);

@@ -33,6 +33,7 @@ struct idem_worker {
     idem_gw_t *gw;
     int index;
     uv_loop_t loop;
+    idem_handler_t handler;   /* the proxy (request.c), which answers the listener's requests */
     idem_listener_t listener; /* the public listener and its client connections */
     uv_async_t done_async;  /* the writer posted results */
     uv_async_t stop_async;  /* the main thread asks us to stop */

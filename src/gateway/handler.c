@@ -1,0 +1,44 @@
+/* src/gateway/handler.c - the answers every handler gives the same way,
+ * through the output stream its connection supplies (handler.h): a whole
+ * response at once, and idemd's own problem+json (problem.h).  Loop-free:
+ * it only calls the stream's functions.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/handler.h"
+#include "gateway/problem.h"
+
+int idem__ostream_respond(idem_ostream_t *os, const idem_http_response_t *r, unsigned flags,
+                          const void *body, size_t n)
+{
+    idem_http_response_t whole = *r;
+    whole.framing = IDEM_HTTP_BODY_LENGTH;
+    whole.content_length = n;
+    if (os->ops->start(os, &whole, flags) != 0)
+        return -1;
+    os->ops->send(os, body, n, true);
+    return 0;
+}
+
+int idem__ostream_problem(idem_ostream_t *os, int status, const char *type, const char *detail,
+                          int64_t retry_after, unsigned flags)
+{
+    char *body = idem__problem_body(status, type, detail);
+    if (!body)
+        return -1;
+    char seconds[24];
+    idem_http_field_t fields[2] = {
+        {{"Content-Type", 12}, {"application/problem+json", 24}},
+    };
+    size_t n = 1;
+    if (retry_after > 0) {
+        int k = snprintf(seconds, sizeof seconds, "%lld", (long long)retry_after);
+        fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {seconds, (size_t)k}};
+    }
+    idem_http_response_t r = {.status = status, .fields = fields, .n_fields = n};
+    int rc = idem__ostream_respond(os, &r, flags, body, strlen(body));
+    free(body);
+    return rc;
+}
