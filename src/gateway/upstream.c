@@ -19,16 +19,29 @@
  * of the next loop turn, so that a callback never runs on its caller's
  * stack.
  *
- * A connection is reused only after a whole response with keep-alive, no
- * byte beyond it, and our request wholly written (an upstream may answer
- * before it has read all of it: the answer is the outcome, but the
- * connection is not reused).  An idle connection that says anything, or
- * closes, is closed; so is one idle longer than IDEM_UPSTREAM_IDLE_MS.
+ * A connection is reused only after a whole response with keep-alive whose
+ * end no one could doubt (up_reusable), no byte beyond it, and our request
+ * wholly written (an upstream may answer before it has read all of it: the
+ * answer is the outcome, but the connection is not reused).  An idle
+ * connection that says anything, or closes, is closed; so is one idle
+ * longer than IDEM_UPSTREAM_IDLE_MS.  Bytes an upstream sends after its
+ * response would otherwise be read as the next call's answer, another
+ * client's: so a connection is also looked at (up_quiet, a peek at its
+ * socket) right before a request is written on it, pooled or new, and one
+ * that has something to say or has closed is never used.
+ *
+ * The request goes out first with uv_try_write, so that the client knows
+ * whether any byte of it reached the kernel: a write refused before the
+ * first byte sent nothing, and a pooled connection that does so is given up
+ * for a new one, once (upstream.h).  What uv_try_write could not take is
+ * queued with uv_write; a failure after that is the unknown outcome.
  *
  * THREADING: the client's loop thread only.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "gateway/rbuf.h"
 #include "gateway/upstream.h"
@@ -56,12 +69,24 @@ struct idem_upconn {
     bool writing;
     bool write_failed;         /* the upstream stopped reading: never reuse */
     bool eof_seen;             /* the upstream closed: the end of a close-delimited body */
+    bool reused;               /* taken from the pool (else made for its call) */
+    bool doubtful;             /* an interim answer carried framing: never reuse */
+    bool nothing_out;          /* no byte of the request has left yet (see queued) */
+    size_t queued;             /* bytes given to uv_write, while nothing_out */
     int closes;
 };
+
+/* How a request went to the kernel (up_send). */
+typedef enum {
+    SEND_OK,      /* under way: bytes left, or are queued with nothing amiss */
+    SEND_NOTHING, /* refused before any byte left: nothing was sent */
+    SEND_BROKEN,  /* refused after some bytes left */
+} send_rc_t;
 
 static void up_process(idem_upconn_t *u);
 static void up_read_start(idem_upconn_t *u);
 static void on_up_timeout(uv_timer_t *t);
+static void up_connect_new(idem_upstream_t *c, idem_upstream_req_t *ur, idem_buf_t *head);
 
 /* ---- the steps that wait for the loop ------------------------------------ */
 
@@ -206,6 +231,24 @@ static void up_to_pool(idem_upconn_t *u)
     uv_timer_start(&u->timer, on_up_idle_timeout, IDEM_UPSTREAM_IDLE_MS, 0);
 }
 
+/* Whether u has nothing to say: no byte waits in its socket and the
+ * upstream has not closed it.  Looked at right before a request is written
+ * on u: a byte there now came before the request, so it answers nothing
+ * of ours (it is what an upstream sent after its last response, late), and
+ * a connection at its end would take the request and lose it. */
+static bool up_quiet(idem_upconn_t *u)
+{
+    uv_os_fd_t fd;
+    if (u->in.len != 0 || uv_fileno((const uv_handle_t *)&u->tcp, &fd) != 0)
+        return false;
+    char b;
+    ssize_t n;
+    do {
+        n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 void idem__upstream_close_idle(idem_upstream_t *c)
 {
     while (!idem_list_empty(&c->idle))
@@ -225,6 +268,35 @@ static void up_finish(idem_upconn_t *u, bool reusable)
         up_close(u);
     call_end(ur);
     ur->cbs->on_done(ur);
+}
+
+/* Whether the response that just ended leaves no doubt about where it
+ * ended, so that the next byte on u can only answer the next request.  Not
+ * after a close-delimited body (the end is the close), nor after an answer
+ * that has no body by the rules (204, 304, a response to HEAD) but carries
+ * Transfer-Encoding or a Content-Length other than 0: the upstream may
+ * think a body follows, and send it late, into the next call.  A response
+ * to HEAD with neither is doubtful too: its GET would have been
+ * close-delimited.  Nor after an interim answer (1xx) with framing.  The
+ * caller checks the rest: keep-alive, no byte beyond, the request written. */
+static bool up_reusable(const idem_upconn_t *u, const idem_upstream_req_t *ur)
+{
+    const idem_http_msg_t *m = &ur->resp;
+    if (!m->keep_alive || u->doubtful || m->framing == IDEM_HTTP_BODY_EOF)
+        return false;
+    if (m->framing != IDEM_HTTP_BODY_NONE)
+        return true;
+    if (idem__http_find(m, "transfer-encoding") != NULL)
+        return false;
+    const idem_http_field_t *cl = idem__http_find(m, "content-length");
+    if (cl != NULL) {
+        for (size_t i = 0; i < cl->value.len; i++) {
+            if (cl->value.ptr[i] != '0')
+                return false;
+        }
+        return true; /* the parser took it for a length: digits, at least one */
+    }
+    return !idem__slice_eq_ci(ur->method, "HEAD");
 }
 
 static void up_pause(idem_upconn_t *u)
@@ -258,7 +330,11 @@ static bool up_head(idem_upconn_t *u)
             return false;
         }
         if (ur->resp.status < 200) {
-            /* 100 Continue, 102, 103: interim, the real answer follows. */
+            /* 100 Continue, 102, 103: interim, the real answer follows.  One
+             * that says it has a body has framing no one can trust. */
+            if (idem__http_find(&ur->resp, "content-length") != NULL ||
+                idem__http_find(&ur->resp, "transfer-encoding") != NULL)
+                u->doubtful = true;
             idem_rbuf_consume(&u->in, head_len);
             continue;
         }
@@ -330,14 +406,42 @@ static void up_process(idem_upconn_t *u)
     if (rc == IDEM_HTTP_BODY_DONE) {
         /* Not while our request is still being written to it (the upstream
          * answered early): that write still owns u->wr and u->out. */
-        bool reusable = ur->resp.keep_alive && u->in.len == 0 &&
-                        ur->resp.framing != IDEM_HTTP_BODY_EOF && !u->writing &&
-                        !u->write_failed;
+        bool reusable = up_reusable(u, ur) && u->in.len == 0 && !u->writing && !u->write_failed;
         up_finish(u, reusable);
         return;
     }
     if (rc < 0)
         up_fail(u, IDEM_UP_BAD_RESPONSE);
+}
+
+/* u failed before any byte of its call's request left (the upstream spoke
+ * or closed first, or refused the first write): nothing was sent.  A pooled
+ * connection is given up for a new one, once; a new one's call fails as a
+ * connect that failed.  Not inside idem__upstream_req_start. */
+static void up_unsent(idem_upconn_t *u)
+{
+    idem_upstream_req_t *ur = u->call;
+    if (!u->reused || !ur) {
+        up_fail(u, IDEM_UP_CONNECT_FAILED);
+        return;
+    }
+    /* The head is whole (no byte of it left): it goes to the new one.  A
+     * write still queued on u is cancelled by the close, and reads no more
+     * of it. */
+    idem_buf_t head = u->out;
+    idem__buf_init(&u->out, 0);
+    u->call = NULL;
+    ur->conn = NULL;
+    up_close(u);
+    up_connect_new(ur->client, ur, &head);
+}
+
+/* Whether no byte of the request on u has left yet: uv_try_write took none
+ * and uv_write has written none of what it was given. */
+static bool up_nothing_out(idem_upconn_t *u)
+{
+    return u->nothing_out && u->writing &&
+           uv_stream_get_write_queue_size((const uv_stream_t *)&u->tcp) == u->queued;
 }
 
 static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -349,6 +453,11 @@ static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (u->state == UP_IDLE) {
         /* An idle connection has nothing to say: any byte or EOF ends it. */
         up_close(u);
+        return;
+    }
+    if (u->state == UP_HEAD && up_nothing_out(u)) {
+        /* Said before our request left: it answers nothing of ours. */
+        up_unsent(u);
         return;
     }
     if (nread < 0) {
@@ -397,26 +506,47 @@ static void on_up_written(uv_write_t *wr, int status)
     }
 }
 
-/* The head from u->out, the body straight from the call.  The caller keeps
- * the body until the call ends, and up_close cancels the write before
- * that.  @return 0, or -1 when the write could not even be queued. */
-static int up_send(idem_upconn_t *u)
+/* The head from u->out, the body straight from the call: as much as the
+ * kernel takes now (uv_try_write), the rest queued.  The caller keeps the
+ * body until the call ends, and up_close cancels the write before that.
+ * On SEND_NOTHING u->out still holds the whole head. */
+static send_rc_t up_send(idem_upconn_t *u)
 {
     idem_upstream_req_t *ur = u->call;
     uv_buf_t b[2] = {uv_buf_init(u->out.data, (unsigned)u->out.len),
                      uv_buf_init((char *)ur->body, (unsigned)ur->body_len)};
+    unsigned nb = ur->body_len > 0 ? 2 : 1;
     u->wr.data = u;
     u->state = UP_HEAD;
     u->paused = false;
     u->write_failed = false;
     u->eof_seen = false;
+    u->doubtful = false;
     memset(&u->hs, 0, sizeof u->hs);
-    if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, b, ur->body_len > 0 ? 2 : 1, on_up_written) != 0)
-        return -1;
-    u->writing = true;
+    int n = uv_try_write((uv_stream_t *)&u->tcp, b, nb);
+    if (n < 0 && n != UV_EAGAIN)
+        return SEND_NOTHING; /* EPIPE, ECONNRESET ...: not one byte was taken */
+    size_t sent = n > 0 ? (size_t)n : 0;
+    u->nothing_out = sent == 0;
+    /* What the kernel did not take: the head's rest, then the body's. */
+    unsigned first = 0;
+    while (first < nb && sent >= b[first].len) {
+        sent -= b[first].len;
+        first++;
+    }
+    if (first < nb) {
+        b[first].base += sent;
+        b[first].len -= sent;
+        u->queued = b[first].len + (first + 1 < nb ? b[first + 1].len : 0);
+        if (uv_write(&u->wr, (uv_stream_t *)&u->tcp, b + first, nb - first, on_up_written) != 0)
+            return u->nothing_out ? SEND_NOTHING : SEND_BROKEN;
+        u->writing = true;
+    } else {
+        idem__buf_cleanup(&u->out); /* all taken */
+    }
     uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
     up_read_start(u); /* a pooled connection reads already */
-    return 0;
+    return SEND_OK;
 }
 
 static void on_up_connect(uv_connect_t *cr, int status)
@@ -429,8 +559,15 @@ static void on_up_connect(uv_connect_t *cr, int status)
         return;
     }
     uv_tcp_nodelay(&u->tcp, 1);
-    if (up_send(u) != 0)
-        up_fail(u, IDEM_UP_BROKEN);
+    if (!up_quiet(u)) {
+        /* The upstream spoke, or closed, before our request: nothing of it
+         * would answer the request, and nothing was sent. */
+        up_fail(u, IDEM_UP_CONNECT_FAILED);
+        return;
+    }
+    send_rc_t rc = up_send(u);
+    if (rc != SEND_OK)
+        up_fail(u, rc == SEND_NOTHING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_BROKEN);
 }
 
 /* ---- the client's API ------------------------------------------------------- */
@@ -484,40 +621,64 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
         fail_later(ur, IDEM_UP_CONNECT_FAILED);
         return;
     }
-    idem_upconn_t *u;
-    bool fresh = idem_list_empty(&c->idle);
-    if (!fresh) {
-        /* The most recently used connection is the least likely to have
-         * been closed by the upstream's idle timeout. */
-        idem_link_t *l = c->idle.prev;
-        idem_list_remove(l);
+    idem_buf_t h = *head;
+    idem__buf_init(head, 0);
+    /* The most recently used connection is the least likely to have been
+     * closed by the upstream's idle timeout.  One that is not quiet is
+     * closed, and the next one looked at. */
+    while (!idem_list_empty(&c->idle)) {
+        idem_upconn_t *u = IDEM_CONTAINER(c->idle.prev, idem_upconn_t, link);
+        if (!up_quiet(u)) {
+            up_close(u);
+            continue;
+        }
+        idem_list_remove(&u->link);
         c->n_idle--;
-        u = IDEM_CONTAINER(l, idem_upconn_t, link);
         uv_timer_stop(&u->timer);
-    } else {
-        u = idem_calloc(1, sizeof *u);
-        if (!u) {
-            idem__buf_cleanup(head);
-            fail_later(ur, IDEM_UP_CONNECT_FAILED);
+        u->reused = true;
+        u->call = ur;
+        ur->conn = u;
+        idem__buf_cleanup(&u->out);
+        u->out = h;
+        send_rc_t rc = up_send(u);
+        if (rc == SEND_OK)
+            return;
+        ur->conn = NULL;
+        u->call = NULL;
+        if (rc == SEND_BROKEN) {
+            up_close(u);
+            defer(ur, true, IDEM_UP_BROKEN);
             return;
         }
-        u->client = c;
-        uv_tcp_init(c->loop, &u->tcp);
-        u->tcp.data = u;
-        uv_timer_init(c->loop, &u->timer);
-        u->timer.data = u;
-        idem_list_init(&u->link);
+        /* Not one byte left: the head is whole, and goes to a new
+         * connection (once: a new one is not given up for another). */
+        h = u->out;
+        idem__buf_init(&u->out, 0);
+        up_close(u);
+        break;
     }
-    u->call = ur;
-    ur->conn = u;
-    idem__buf_cleanup(&u->out);
-    u->out = *head;
-    idem__buf_init(head, 0);
-    if (!fresh) {
-        if (up_send(u) != 0)
-            fail_later(ur, IDEM_UP_BROKEN);
+    up_connect_new(c, ur, &h);
+}
+
+/* Make a new connection for ur, its request head taken from head. */
+static void up_connect_new(idem_upstream_t *c, idem_upstream_req_t *ur, idem_buf_t *head)
+{
+    idem_upconn_t *u = idem_calloc(1, sizeof *u);
+    if (!u) {
+        idem__buf_cleanup(head);
+        fail_later(ur, IDEM_UP_CONNECT_FAILED);
         return;
     }
+    u->client = c;
+    uv_tcp_init(c->loop, &u->tcp);
+    u->tcp.data = u;
+    uv_timer_init(c->loop, &u->timer);
+    u->timer.data = u;
+    idem_list_init(&u->link);
+    u->call = ur;
+    ur->conn = u;
+    u->out = *head;
+    idem__buf_init(head, 0);
     u->state = UP_CONNECTING;
     u->connect.data = u;
     if (uv_tcp_connect(&u->connect, &u->tcp, (const struct sockaddr *)&c->addr, on_up_connect) != 0)

@@ -25,6 +25,22 @@
  * sent is an unknown outcome even on a reused connection: the upstream may
  * have acted on it, so the client never sends it again by itself.
  *
+ * "Sent" means: at least one byte of the request was taken by the kernel.
+ * The request is written at once (uv_try_write), so the client knows when
+ * none was.  A connection fails with nothing sent when the write is refused
+ * before its first byte (EPIPE, ECONNRESET: the upstream had closed it), or
+ * when the upstream speaks or closes before that byte left (a peek at the
+ * socket right before the write, and any read while the whole request still
+ * waits in libuv's queue).  Then:
+ *   - a pooled connection is closed and the call goes on a new connection,
+ *     once, without telling the caller (nginx's proxy_next_upstream for
+ *     "nothing sent"); the timeout starts again with the connect;
+ *   - a new connection's call fails with IDEM_UP_CONNECT_FAILED.
+ * A pooled connection found talking or closed by the peek is not even
+ * tried: the next one, or a new one, is taken.  Once a byte has left, a
+ * break is IDEM_UP_BROKEN, whatever it was (a write error after a partial
+ * write included): the client cannot know how much the upstream read.
+ *
  * The timeout bounds the whole response from the send (or the connect) on.
  * A call the caller paused (idem__upstream_req_pause) runs no timeout until
  * it is resumed; from the first resume on, the call is relaying and the
@@ -33,9 +49,14 @@
  * IDEM_UP_BODY_PAUSE stops the reading but not the clock.
  *
  * INVARIANTS: a connection serves one call at a time and goes back to the
- * pool only after a whole response with keep-alive, no byte beyond it, and
- * the request wholly written; at most idle_max connections wait in the
- * pool, each for at most IDEM_UPSTREAM_IDLE_MS.
+ * pool only after a whole response with keep-alive whose end is not in
+ * doubt (not close-delimited; not a 204, 304 or answer to HEAD that
+ * carries Transfer-Encoding or a Content-Length other than 0; not an
+ * answer to HEAD with neither; no interim 1xx with either), no byte beyond
+ * it, and the request wholly written; a request is written only on a
+ * connection with no unread byte and no end in its socket; at most
+ * idle_max connections wait in the pool, each for at most
+ * IDEM_UPSTREAM_IDLE_MS.
  * THREADING: one loop thread per idem_upstream_t, and its calls.
  */
 #ifndef IDEM_GATEWAY_UPSTREAM_H
@@ -138,8 +159,9 @@ void idem__upstream_close_idle(idem_upstream_t *c);
 size_t idem__upstream_idle_count(const idem_upstream_t *c);
 
 /** Start a call: send head, then body, over a pooled connection (the most
- * recently used) or a new one.  Its callbacks run later on the loop, never
- * inside this function.
+ * recently used that is quiet) or a new one; the request is written here
+ * when the connection is pooled.  Its callbacks run later on the loop,
+ * never inside this function.
  * @param ur    zeroed, or cleaned up after an earlier call; ur->data is kept.
  * @param cbs   must outlive the call.
  * @param head  the request head, taken (left empty); NULL when the caller

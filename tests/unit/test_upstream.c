@@ -15,7 +15,9 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -754,4 +756,428 @@ Test(upstream, cancel_while_connecting_hears_nothing)
     cr_assert_eq(r.n, 0, "a cancelled call's callback ran");
     idem__upstream_req_cleanup(&ur);
     srv_stop(&s);
+}
+
+/* ---- a misbehaving upstream: bytes out of turn ------------------------------------ */
+
+/* An upstream whose first connection answers its first request with `first`
+ * and then sends `late`, bytes that answer nothing, at a moment the test
+ * decides by events: when the test says go, or when a next request comes
+ * on that connection (the worst moment: the client has just reused it).
+ * Every other connection answers each request with FRESH_ANSWER.  The
+ * first connection, its script played, reads to its end and then holds
+ * until mis_stop, so that a close the test sees is the client's own. */
+typedef enum {
+    MIS_LATE_ON_GO,     /* after first: wait for go, send late, then say done */
+    MIS_LATE_ON_NEXT,   /* after first: a next request on it gets late */
+    MIS_CLOSE,          /* after first: close (no Connection: close said), say done */
+    MIS_CLOSE_ON_NEXT,  /* after first: read a next request, close without a word */
+    MIS_HOLD,           /* after first: say nothing */
+    MIS_SPEAK_FIRST,    /* at accept, before reading: send late, say done */
+} mis_mode_t;
+
+#define FRESH_ANSWER "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh"
+#define STOLEN "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstolen" /* 44 bytes */
+
+typedef struct {
+    int lfd;
+    int port;
+    mis_mode_t mode;
+    const char *first;
+    const char *late;
+    int go[2];   /* the test writes a byte: send late now */
+    int done[2]; /* the upstream writes a byte: late is sent, or the connection closed */
+    int stop[2]; /* mis_stop closes its write end */
+    atomic_int accepts;
+    atomic_int requests;       /* on every connection */
+    atomic_int first_requests; /* on the first connection */
+    pthread_t acceptor;
+    pthread_t conns[SRV_MAX_CONNS];
+    atomic_int n_conns;
+} mis_t;
+
+typedef struct {
+    mis_t *m;
+    int fd;
+    int index;
+} mis_conn_t;
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void signal_byte(int fd)
+{
+    write_all(fd, "x", 1);
+}
+
+static void wait_byte(int fd)
+{
+    char b;
+    while (read(fd, &b, 1) < 0) {
+    }
+}
+
+static void mis_first_conn(mis_t *m, int fd)
+{
+    char buf[4096];
+    if (m->mode == MIS_SPEAK_FIRST) {
+        write_all(fd, m->late, strlen(m->late));
+        signal_byte(m->done[1]);
+    } else if (read_request(fd, buf, sizeof buf) > 0) {
+        atomic_fetch_add(&m->requests, 1);
+        atomic_fetch_add(&m->first_requests, 1);
+        write_all(fd, m->first, strlen(m->first));
+        switch (m->mode) {
+        case MIS_LATE_ON_GO:
+            wait_byte(m->go[0]);
+            write_all(fd, m->late, strlen(m->late));
+            signal_byte(m->done[1]);
+            break;
+        case MIS_LATE_ON_NEXT:
+        case MIS_CLOSE_ON_NEXT:
+            if (read_request(fd, buf, sizeof buf) > 0) {
+                atomic_fetch_add(&m->requests, 1);
+                atomic_fetch_add(&m->first_requests, 1);
+                if (m->mode == MIS_CLOSE_ON_NEXT) {
+                    close(fd);
+                    return;
+                }
+                write_all(fd, m->late, strlen(m->late));
+            }
+            break;
+        case MIS_CLOSE:
+            close(fd);
+            signal_byte(m->done[1]);
+            return;
+        default:
+            break;
+        }
+    }
+    /* To the end of what the client sends (counting requests), then hold. */
+    while (read_request(fd, buf, sizeof buf) > 0) {
+        atomic_fetch_add(&m->requests, 1);
+        atomic_fetch_add(&m->first_requests, 1);
+    }
+    wait_byte(m->stop[0]); /* 0 bytes at mis_stop */
+    close(fd);
+}
+
+static void *mis_conn_main(void *arg)
+{
+    mis_conn_t *mc = arg;
+    mis_t *m = mc->m;
+    if (mc->index == 0) {
+        mis_first_conn(m, mc->fd);
+    } else {
+        char buf[4096];
+        while (read_request(mc->fd, buf, sizeof buf) > 0) {
+            atomic_fetch_add(&m->requests, 1);
+            write_all(mc->fd, FRESH_ANSWER, strlen(FRESH_ANSWER));
+        }
+        close(mc->fd);
+    }
+    free(mc);
+    return NULL;
+}
+
+static void *mis_accept_main(void *arg)
+{
+    mis_t *m = arg;
+    for (;;) {
+        int fd = accept(m->lfd, NULL, NULL);
+        if (fd < 0)
+            return NULL;
+        atomic_fetch_add(&m->accepts, 1);
+        int i = atomic_fetch_add(&m->n_conns, 1);
+        mis_conn_t *mc = malloc(sizeof *mc);
+        if (i >= SRV_MAX_CONNS || mc == NULL)
+            abort();
+        mc->m = m;
+        mc->fd = fd;
+        mc->index = i;
+        pthread_create(&m->conns[i], NULL, mis_conn_main, mc);
+    }
+}
+
+static void mis_start(mis_t *m, mis_mode_t mode, const char *first, const char *late)
+{
+    memset(m, 0, sizeof *m);
+    m->mode = mode;
+    m->first = first;
+    m->late = late;
+    cr_assert_eq(pipe(m->go), 0);
+    cr_assert_eq(pipe(m->done), 0);
+    cr_assert_eq(pipe(m->stop), 0);
+    m->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(m->lfd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(m->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(m->lfd, 16), 0);
+    socklen_t al = sizeof a;
+    getsockname(m->lfd, (struct sockaddr *)&a, &al);
+    m->port = ntohs(a.sin_port);
+    pthread_create(&m->acceptor, NULL, mis_accept_main, m);
+}
+
+/* After the client has closed every connection. */
+static void mis_stop(mis_t *m)
+{
+    close(m->stop[1]);
+    shutdown(m->lfd, SHUT_RDWR);
+    pthread_join(m->acceptor, NULL);
+    close(m->lfd);
+    for (int i = 0; i < atomic_load(&m->n_conns); i++)
+        pthread_join(m->conns[i], NULL);
+    close(m->stop[0]);
+    close(m->go[0]);
+    close(m->go[1]);
+    close(m->done[0]);
+    close(m->done[1]);
+}
+
+static void find_tcp(uv_handle_t *h, void *arg)
+{
+    uv_os_fd_t fd;
+    if (h->type == UV_TCP && !uv_is_closing(h) && uv_fileno(h, &fd) == 0)
+        *(int *)arg = fd;
+}
+
+/* The socket of the client's one open connection. */
+static int client_fd(fix_t *f)
+{
+    int fd = -1;
+    uv_walk(&f->loop, find_tcp, &fd);
+    cr_assert_geq(fd, 0, "the client has no open connection");
+    return fd;
+}
+
+/* Until fd has something to read, or its end: the event, not a time.  The
+ * bound only ends a test whose event never comes. */
+static void wait_readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    cr_assert_eq(poll(&p, 1, 30000), 1, "the upstream's bytes never reached the client");
+}
+
+/* A second call: it must get FRESH_ANSWER, from a new connection. */
+static void second_call_is_answered_fresh(fix_t *f, mis_t *m, const char *head)
+{
+    idem_upstream_req_t ur;
+    rec_t r = {0};
+    start(f, &ur, &r, head, NULL);
+    run_until_ended(f, &r);
+    cr_assert_eq(r.order[r.n - 1], 'd', "%s (why %d)", r.order, (int)r.why);
+    cr_assert_eq(r.body_len, 5, "the second call got %.*s", (int)r.body_len, r.body);
+    cr_assert_arr_eq(r.body, "fresh", 5);
+    cr_assert_eq(atomic_load(&m->accepts), 2, "the second call went on a new connection");
+    idem__upstream_req_cleanup(&ur);
+}
+
+/* The bytes are in the pooled connection's socket, unread, when the next
+ * call starts (the loop has not turned since): the peek before the write
+ * sees them, the connection is closed, and the call goes on a new one. */
+static void late_bytes_waiting(const char *first, const char *late)
+{
+    mis_t m;
+    mis_start(&m, MIS_LATE_ON_GO, first, late);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
+    signal_byte(m.go[1]);
+    wait_byte(m.done[0]);
+    wait_readable(client_fd(&f));
+    second_call_is_answered_fresh(&f, &m, GET);
+    cr_assert_eq(atomic_load(&m.first_requests), 1, "a request was sent on the talking connection");
+    fix_cleanup(&f);
+    mis_stop(&m);
+}
+
+Test(upstream_mixing, extra_response_waiting_in_a_pooled_connection_is_no_answer)
+{
+    late_bytes_waiting(OK_ANSWER, STOLEN);
+}
+
+Test(upstream_mixing, body_longer_than_its_length_is_no_answer)
+{
+    /* The upstream's body is "ok" and more than its Content-Length says. */
+    late_bytes_waiting("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", STOLEN);
+}
+
+Test(upstream_mixing, body_after_a_204_without_framing_is_no_answer)
+{
+    late_bytes_waiting("HTTP/1.1 204 No Content\r\n\r\n", STOLEN);
+}
+
+/* The response's framing leaves doubt: the bytes that follow come only once
+ * the connection carries the next request (the worst moment).  The
+ * connection must not have been pooled at all. */
+static void doubtful_framing(const char *method_head, const char *first)
+{
+    mis_t m;
+    mis_start(&m, MIS_LATE_ON_NEXT, first, STOLEN);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    idem_upstream_req_t ur;
+    rec_t r1 = {0};
+    start(&f, &ur, &r1, method_head, NULL);
+    run_until_ended(&f, &r1);
+    cr_assert_eq(r1.order[r1.n - 1], 'd', "%s", r1.order);
+    idem__upstream_req_cleanup(&ur);
+    size_t pooled = idem__upstream_idle_count(&f.client);
+    second_call_is_answered_fresh(&f, &m, GET);
+    cr_assert_eq(pooled, 0, "a doubtful connection was pooled");
+    fix_cleanup(&f);
+    mis_stop(&m);
+}
+
+static const char *const HEAD_REQ = "HEAD /x HTTP/1.1\r\nHost: up\r\n\r\n";
+
+Test(upstream_mixing, no_reuse_after_a_204_with_a_length)
+{
+    doubtful_framing(GET, "HTTP/1.1 204 No Content\r\nContent-Length: 44\r\n\r\n");
+}
+
+Test(upstream_mixing, no_reuse_after_a_304_with_chunked)
+{
+    doubtful_framing(GET, "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n");
+}
+
+Test(upstream_mixing, no_reuse_after_a_head_answer_with_a_length)
+{
+    doubtful_framing(HEAD_REQ, "HTTP/1.1 200 OK\r\nContent-Length: 44\r\n\r\n");
+}
+
+Test(upstream_mixing, no_reuse_after_a_head_answer_without_framing)
+{
+    doubtful_framing(HEAD_REQ, "HTTP/1.1 200 OK\r\n\r\n");
+}
+
+Test(upstream_mixing, no_reuse_after_an_interim_answer_with_a_length)
+{
+    doubtful_framing(GET, "HTTP/1.1 100 Continue\r\nContent-Length: 44\r\n\r\n" OK_ANSWER);
+}
+
+/* Bodiless answers whose end no one can doubt are still reused. */
+static void reused_after(const char *method_head, const char *answer)
+{
+    srv_t s;
+    srv_start(&s, SRV_ANSWER, answer, false);
+    fix_t f;
+    fix_init(&f, s.port, 5000, 8);
+    for (int i = 0; i < 2; i++) {
+        idem_upstream_req_t ur;
+        rec_t r = {0};
+        start(&f, &ur, &r, method_head, NULL);
+        run_until_ended(&f, &r);
+        cr_assert_eq(r.order[r.n - 1], 'd', "%s", r.order);
+        idem__upstream_req_cleanup(&ur);
+        cr_assert_eq(idem__upstream_idle_count(&f.client), 1, "%s", answer);
+    }
+    cr_assert_eq(atomic_load(&s.accepts), 1, "not reused after %s", answer);
+    fix_cleanup(&f);
+    srv_stop(&s);
+}
+
+Test(upstream_mixing, bodiless_answers_without_doubt_are_reused)
+{
+    reused_after(GET, "HTTP/1.1 204 No Content\r\n\r\n");
+    reused_after(GET, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
+    reused_after(GET, "HTTP/1.1 304 Not Modified\r\nETag: \"a\"\r\n\r\n");
+    reused_after(HEAD_REQ, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+}
+
+Test(upstream_mixing, fresh_connection_that_speaks_first_sends_nothing)
+{
+    /* The upstream sends before it has read anything: whatever it says
+     * answers no request of ours.  The connect completes on the loop, which
+     * the test turns only once the bytes are in the client's socket. */
+    mis_t m;
+    mis_start(&m, MIS_SPEAK_FIRST, NULL, STOLEN);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    idem_upstream_req_t ur;
+    rec_t r = {0};
+    start(&f, &ur, &r, GET, NULL);
+    wait_byte(m.done[0]);
+    wait_readable(client_fd(&f));
+    run_until_ended(&f, &r);
+    cr_assert_str_eq(r.order, "f", "the upstream's first words were taken as an answer");
+    cr_assert_eq(r.why, IDEM_UP_CONNECT_FAILED);
+    idem__upstream_req_cleanup(&ur);
+    fix_cleanup(&f);
+    mis_stop(&m);
+    cr_assert_eq(atomic_load(&m.requests), 0, "the request was sent");
+}
+
+/* ---- nothing sent on a pooled connection ------------------------------------------ */
+
+Test(upstream_unsent, pooled_connection_closed_by_the_upstream_is_not_used)
+{
+    /* The upstream closes its end right after a keep-alive answer; the
+     * close is in the client's socket when the next call starts. */
+    mis_t m;
+    mis_start(&m, MIS_CLOSE, OK_ANSWER, NULL);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
+    wait_byte(m.done[0]);
+    wait_readable(client_fd(&f));
+    second_call_is_answered_fresh(&f, &m, GET);
+    fix_cleanup(&f);
+    mis_stop(&m);
+}
+
+Test(upstream_unsent, write_refused_before_any_byte_is_retried_on_a_new_connection)
+{
+    /* The pooled connection looks quiet (the upstream says nothing and keeps
+     * it open) but refuses the first byte: the client's end was shut for
+     * writing.  Nothing was sent, so the call goes on a new connection. */
+    signal(SIGPIPE, SIG_IGN);
+    mis_t m;
+    mis_start(&m, MIS_HOLD, OK_ANSWER, NULL);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
+    cr_assert_eq(shutdown(client_fd(&f), SHUT_WR), 0);
+    second_call_is_answered_fresh(&f, &m, GET);
+    cr_assert_eq(atomic_load(&m.first_requests), 1);
+    fix_cleanup(&f);
+    mis_stop(&m);
+}
+
+Test(upstream_unsent, break_after_the_request_left_stays_broken)
+{
+    /* The request reached the upstream on a pooled connection, which then
+     * closed: an unknown outcome, never sent again. */
+    mis_t m;
+    mis_start(&m, MIS_CLOSE_ON_NEXT, OK_ANSWER, NULL);
+    fix_t f;
+    fix_init(&f, m.port, 5000, 8);
+    rec_t r1 = {0};
+    call_once(&f, &r1);
+    idem_upstream_req_t ur;
+    rec_t r = {0};
+    start(&f, &ur, &r, GET, NULL);
+    run_until_ended(&f, &r);
+    cr_assert_str_eq(r.order, "f");
+    cr_assert_eq(r.why, IDEM_UP_BROKEN);
+    idem__upstream_req_cleanup(&ur);
+    fix_cleanup(&f);
+    mis_stop(&m);
+    cr_assert_eq(atomic_load(&m.accepts), 1, "the call was sent again");
+    cr_assert_eq(atomic_load(&m.requests), 2);
 }
