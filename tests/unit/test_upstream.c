@@ -7,6 +7,13 @@
  * close, or say nothing.  It counts connections and requests, so that a
  * test sees whether the client reused a pooled connection.
  *
+ * A second upstream (mis_t) misbehaves on purpose: its first connection
+ * sends bytes out of turn (after a complete response, or before any
+ * request) at a moment the test chooses by events, a pipe each way, and
+ * the test waits for those bytes to be in the client's socket (poll) before
+ * it goes on; every other connection answers FRESH_ANSWER.  So a test sees
+ * whether late bytes are ever taken as another call's answer.
+ *
  * The client runs on the test's own uv loop.  Each callback records itself
  * in order, and whether it ran inside idem__upstream_req_start or _resume:
  * none may.  No verdict depends on timing: a timeout test uses an upstream
