@@ -44,6 +44,7 @@ static const struct {
     {"token-used", "Idempotency-Token already used"},
     {"not-found", "Not found"},
     {"method-not-allowed", "Method not allowed"},
+    {"invalid-method", "Method differs from a routed one only in case"},
     {"internal", "Internal error"},
     {"request-timeout", "Request not received in time"},
     {"overloaded", "Too busy to take this request now"},

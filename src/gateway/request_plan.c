@@ -57,6 +57,28 @@ void idem__gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r)
     }
 }
 
+/* Whether the method m is a case variant of one a route names: equal to it
+ * but for the case of letters, and not the same bytes.  Route methods are
+ * upper case (config.h), so a method without a lower-case letter is none,
+ * and the usual request costs one pass over its method. */
+static bool method_case_variant(const idem_config_t *cfg, idem_slice_t m)
+{
+    bool lower = false;
+    for (size_t i = 0; i < m.len && !lower; i++)
+        lower = m.ptr[i] >= 'a' && m.ptr[i] <= 'z';
+    if (!lower)
+        return false;
+    for (size_t i = 0; i < cfg->n_routes; i++) {
+        const idem_route_t *rt = &cfg->routes[i];
+        for (size_t k = 0; k < rt->n_methods; k++) {
+            const char *rm = rt->methods[k];
+            if (strlen(rm) == m.len && idem__slice_eq_ci(m, rm) && memcmp(rm, m.ptr, m.len) != 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 bool idem__gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, idem_gw_refusal_t *r)
 {
     if (m->version_minor == 1 && idem__http_count(m, "Host") == 0) {
@@ -69,6 +91,17 @@ bool idem__gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m, ide
         /* A reverse proxy opens no tunnels (docs/protocol.md section 5). */
         refuse(r, 501, "not-implemented", IDEM_OUT_BAD_REQUEST,
                "idemd is a reverse proxy: CONNECT is not supported");
+        return false;
+    }
+    if (method_case_variant(cfg, m->method)) {
+        /* Methods are case-sensitive, so "post" matches no POST route and
+         * would pass its mode by; but many frameworks upper-case methods
+         * and run it as POST (docs/protocol.md section 5). */
+        refuse(r, 400, "invalid-method", IDEM_OUT_BAD_REQUEST, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "the method '%.*s' differs only in case from one a route names; methods are "
+                 "case-sensitive: send it in upper case",
+                 (int)(m->method.len > 32 ? 32 : m->method.len), m->method.ptr);
         return false;
     }
     if (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > cfg->max_request_bytes) {
@@ -282,7 +315,7 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
             idem__slice_eq_ci(f->name, "Idempotency-Key") ||
             idem__slice_eq_ci(f->name, "Idempotency-Token") || host ||
             idem__gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
-        if (frames_connection(f->name) || (!kept && idem__http_is_hop_by_hop(m, f->name)) ||
+        if (frames_connection(f->name) || (!kept && idem__http_field_is_hop_by_hop(m, i)) ||
             idem__slice_eq_ci(f->name, "Content-Length") ||
             idem__slice_eq_ci(f->name, "Expect") ||
             idem__slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
@@ -327,6 +360,30 @@ bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
                : "with the fields idemd adds (Idempotency-Fence, Host, Content-Length) the "
                  "request head would be larger than 16 KiB");
     return false;
+}
+
+/* ---- what comes back ------------------------------------------------------ */
+
+/* The upstream fields neither stored nor relayed: those that frame the
+ * upstream's connection (the writer frames the answer itself) and the
+ * replay marker, which only idemd may set. */
+static bool response_field_dropped(const idem_config_t *cfg, const idem_http_msg_t *resp,
+                                   idem_slice_t name)
+{
+    return idem__http_is_hop_by_hop(resp, name) || idem__slice_eq_ci(name, "Content-Length") ||
+           (cfg->replay_header != NULL && idem__slice_eq_ci(name, cfg->replay_header));
+}
+
+bool idem__gw_response_field_stored(const idem_config_t *cfg, const idem_http_msg_t *resp,
+                                    idem_slice_t name)
+{
+    return !response_field_dropped(cfg, resp, name);
+}
+
+bool idem__gw_response_field_relayed(const idem_config_t *cfg, const idem_http_msg_t *resp,
+                                     idem_slice_t name)
+{
+    return !response_field_dropped(cfg, resp, name);
 }
 
 /* ---- the whole path -------------------------------------------------------- */

@@ -6,7 +6,8 @@
  * below:
  *
  *   parse the head (src/http)            refused: 400, 431, 505  idem__gw_refuse_parse
- *   Host, CONNECT, Content-Length cap    refused: 400, 501, 413  idem__gw_check_head
+ *   Host, CONNECT, a method in another   refused: 400, 501, 413  idem__gw_check_head
+ *     case than a route's, Content-Length cap
  *   normalise the target (src/http)      refused: 400            idem__gw_refuse_target
  *   (Expect: 100-continue and no body byte yet: classify here, before the body)
  *   decode the body (src/http)           refused: 400, 413       idem__gw_refuse_body
@@ -20,6 +21,9 @@
  *   fingerprint, keyed                   refused: 500            idem__gw_fingerprint
  *   -> the store: claim, token use or issue
  *   -> the upstream gets idem__gw_upstream_head and the decoded body.
+ *   <- of its answer's fields, idem__gw_response_field_relayed says which
+ *      the client gets, idem__gw_response_field_stored which a replay
+ *      repeats.
  *
  * conn.c and request.c call each step where the loop gets to it (the
  * head's checks as soon as the head is in, a large body's fingerprint in
@@ -95,9 +99,12 @@ typedef struct idem_gw_class {
 void idem__gw_refuse_parse(int parse_rc, idem_gw_refusal_t *r);
 
 /** The checks of a parsed head besides the parser's own: an HTTP/1.1
- * request needs Host (400), CONNECT opens no tunnel (501), a Content-Length
- * over max_request_bytes is 413.  @return true when the head passes; else
- * false with r filled (the connection is closed after it). */
+ * request needs Host (400), CONNECT opens no tunnel (501), a method that is
+ * a case variant of one a route names ("post", "Post" when a route names
+ * POST: equal to it but for case, not byte for byte) is 400 invalid-method
+ * whatever its path, a Content-Length over max_request_bytes is 413.
+ * @return true when the head passes; else false with r filled (the
+ * connection is closed after it). */
 bool idem__gw_check_head(const idem_config_t *cfg, const idem_http_msg_t *m,
                          idem_gw_refusal_t *r);
 
@@ -161,6 +168,25 @@ int idem__gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char
  * headers-too-large). */
 bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
                             const idem_gw_request_t *rq, bool keyed, idem_gw_refusal_t *r);
+
+/* ---- the upstream's answer ------------------------------------------------- */
+
+/** Whether the upstream response field name (of resp, the upstream's
+ * parsed head) is kept in the record and repeated by every replay: not a
+ * hop-by-hop field (the fixed list, or one resp's Connection names), not
+ * Content-Length (the answer is framed anew), and not cfg->replay_header
+ * (an upstream's own replay marker would be repeated beside idemd's).
+ * Names compare case-insensitively.  Linear over a message's fields, for
+ * a name that is one of resp's fields (see idem__http_is_hop_by_hop). */
+bool idem__gw_response_field_stored(const idem_config_t *cfg, const idem_http_msg_t *resp,
+                                    idem_slice_t name);
+
+/** Whether the upstream response field name is relayed to the client on the
+ * first answer (relayed or streamed): as idem__gw_response_field_stored, so
+ * the replay marker is dropped here too: a first answer never says it is a
+ * replay. */
+bool idem__gw_response_field_relayed(const idem_config_t *cfg, const idem_http_msg_t *resp,
+                                     idem_slice_t name);
 
 /* ---- the whole path at once ------------------------------------------------ */
 

@@ -72,6 +72,11 @@ typedef struct idem_http_msg {
     bool keep_alive;                   /* per version and Connection */
     bool expect_continue;              /* request: Expect: 100-continue */
     bool upgrade;                      /* Connection: upgrade / Upgrade header present */
+    /* Which fields the Connection header names (bit i: fields[i]), found once
+     * by the parser in time linear in the head; conn_indexed says they were
+     * (a message not made by the parser is read the slow way). */
+    bool conn_indexed;
+    uint64_t conn_named[(IDEM_HTTP_MAX_HEADERS + 63) / 64];
 } idem_http_msg_t;
 
 /** Incremental parsing state of one head: only remembers how far the blank
@@ -112,8 +117,22 @@ bool idem__slice_eq_ci(idem_slice_t s, const char *str);
 
 /** Whether name is a hop-by-hop header (Connection, Keep-Alive, Proxy-*,
  * TE, Trailer, Transfer-Encoding, Upgrade) or one listed in the message's
- * Connection header (msg may be NULL: then only the fixed list). */
+ * Connection header (msg may be NULL: then only the fixed list).
+ * Cost: a name that is one of msg's own field names (the same pointer, as
+ * when walking msg->fields) or that equals one of them is answered from the
+ * parser's index, with no walk over the Connection list, so asking it of
+ * every field of a message is linear in the head, however long its
+ * Connection list; any other name walks the list once. */
 bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name);
+
+/** Whether msg->fields[i] is hop-by-hop, as idem__http_is_hop_by_hop says of
+ * its name; constant time for a parsed message. */
+bool idem__http_field_is_hop_by_hop(const idem_http_msg_t *msg, size_t i);
+
+/** Test hook: how many name comparisons the parser's Connection index and
+ * the hop-by-hop look-ups have made on this thread, so a test can show the
+ * work is linear without timing it.  Only ever grows. */
+uint64_t idem__http_hop_compares(void);
 
 /* ---- bodies ------------------------------------------------------------ */
 

@@ -8,7 +8,9 @@
  * limit is passed, without waiting for its end.  Once the end is there, the
  * whole head is parsed once: the start line, then every field line, then the
  * fields that decide framing (Content-Length, Transfer-Encoding), persistence
- * (Connection) and Expect/Upgrade.
+ * (Connection) and Expect/Upgrade; and the fields Connection names are
+ * marked, in time linear in the head, so a hop-by-hop question about a
+ * field is answered in constant time (see "hop-by-hop fields" below).
  *
  * The parser is a gatekeeper for a proxy, so wherever two HTTP
  * implementations could disagree on where a message ends it refuses the
@@ -29,7 +31,8 @@
  *
  * INVARIANTS: on success every slice in the message points inside
  * buf[0..head_len) and head_len <= max_head; nothing is allocated or copied.
- * THREADING: no state outside the arguments.
+ * THREADING: no state outside the arguments, but for a per-thread counter
+ * of name comparisons that tests read (idem__http_hop_compares).
  */
 #include "http.h"
 
@@ -125,7 +128,37 @@ size_t idem__http_count(const idem_http_msg_t *msg, const char *name)
     return n;
 }
 
-bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
+/* ---- hop-by-hop fields ------------------------------------------------------
+ *
+ * A field is hop-by-hop when its name is on the fixed list or the
+ * Connection header names it.  Asking that of every field by walking the
+ * Connection list each time costs fields x items: a 16 KiB head can hold
+ * 100 fields and a list of 7,000 items.  So the parser indexes the list
+ * once (index_connection): the field names are sorted, each item is looked
+ * up by binary search, and the fields it names are marked in
+ * msg->conn_named; afterwards a field's answer is one bit. */
+
+static _Thread_local uint64_t hop_compares; /* idem__http_hop_compares */
+
+uint64_t idem__http_hop_compares(void)
+{
+    return hop_compares;
+}
+
+/* Case-insensitive order of two names (counted): < 0, 0 or > 0. */
+static int names_cmp(idem_slice_t a, idem_slice_t b)
+{
+    hop_compares++;
+    size_t n = a.len < b.len ? a.len : b.len;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = lower((unsigned char)a.ptr[i]), y = lower((unsigned char)b.ptr[i]);
+        if (x != y)
+            return x < y ? -1 : 1;
+    }
+    return a.len < b.len ? -1 : a.len > b.len ? 1 : 0;
+}
+
+static bool fixed_hop_by_hop(idem_slice_t name)
 {
     static const char *const fixed[] = {
         "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade",
@@ -133,10 +166,17 @@ bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (idem__slice_eq_ci(name, fixed[i]))
             return true;
-    if (name.len >= 6 && idem__slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-"))
-        return true;
-    if (msg == NULL)
-        return false;
+    return name.len >= 6 && idem__slice_eq_ci((idem_slice_t){name.ptr, 6}, "proxy-");
+}
+
+static bool conn_marked(const idem_http_msg_t *msg, size_t i)
+{
+    return (msg->conn_named[i / 64] >> (i % 64)) & 1u;
+}
+
+/* Whether a Connection header of msg lists name: a walk over the list. */
+static bool connection_lists(const idem_http_msg_t *msg, idem_slice_t name)
+{
     for (size_t i = 0; i < msg->n_fields; i++) {
         const idem_http_field_t *f = &msg->fields[i];
         if (!idem__slice_eq_ci(f->name, "connection"))
@@ -144,10 +184,102 @@ bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
         const char *p = f->value.ptr;
         idem_slice_t e;
         while (next_elem(&p, f->value.ptr + f->value.len, &e))
-            if (slices_eq_ci(e, name))
+            if (names_cmp(e, name) == 0)
                 return true;
     }
     return false;
+}
+
+/* Mark in msg->conn_named the fields its Connection headers name, in
+ * O(head + fields log fields) name comparisons.  has_connection: msg has a
+ * Connection field (else nothing is named). */
+static void index_connection(idem_http_msg_t *msg, bool has_connection)
+{
+    size_t n = msg->n_fields;
+    memset(msg->conn_named, 0, sizeof msg->conn_named);
+    msg->conn_indexed = true;
+    if (!has_connection || n == 0)
+        return;
+    /* order: the fields sorted by name (a bottom-up merge sort). */
+    uint8_t order[IDEM_HTTP_MAX_HEADERS], tmp[IDEM_HTTP_MAX_HEADERS];
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint8_t)i;
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n;
+            size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi)
+                tmp[o++] = names_cmp(msg->fields[order[b]].name, msg->fields[order[a]].name) < 0
+                               ? order[b++]
+                               : order[a++];
+            while (a < mid)
+                tmp[o++] = order[a++];
+            while (b < hi)
+                tmp[o++] = order[b++];
+        }
+        memcpy(order, tmp, n);
+    }
+    /* run[k]: where the run of names equal to order[k]'s begins; named[k]:
+     * an item named the run beginning at k. */
+    uint8_t run[IDEM_HTTP_MAX_HEADERS];
+    bool named[IDEM_HTTP_MAX_HEADERS] = {false};
+    run[0] = 0;
+    for (size_t k = 1; k < n; k++)
+        run[k] = names_cmp(msg->fields[order[k - 1]].name, msg->fields[order[k]].name) == 0
+                     ? run[k - 1]
+                     : (uint8_t)k;
+    for (size_t i = 0; i < n; i++) {
+        const idem_http_field_t *f = &msg->fields[i];
+        if (!idem__slice_eq_ci(f->name, "connection"))
+            continue;
+        const char *p = f->value.ptr;
+        idem_slice_t e;
+        while (next_elem(&p, f->value.ptr + f->value.len, &e)) {
+            /* The first sorted name not below e: the start of e's run. */
+            size_t lo = 0, hi = n;
+            while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (names_cmp(msg->fields[order[mid]].name, e) < 0)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < n && names_cmp(msg->fields[order[lo]].name, e) == 0)
+                named[lo] = true;
+        }
+    }
+    for (size_t k = 0; k < n; k++)
+        if (named[run[k]])
+            msg->conn_named[order[k] / 64] |= (uint64_t)1 << (order[k] % 64);
+}
+
+bool idem__http_is_hop_by_hop(const idem_http_msg_t *msg, idem_slice_t name)
+{
+    if (fixed_hop_by_hop(name))
+        return true;
+    if (msg == NULL)
+        return false;
+    if (msg->conn_indexed) {
+        /* One of msg's own fields (the usual question): its bit. */
+        for (size_t i = 0; i < msg->n_fields; i++)
+            if (msg->fields[i].name.ptr == name.ptr && msg->fields[i].name.len == name.len)
+                return conn_marked(msg, i);
+        for (size_t i = 0; i < msg->n_fields; i++)
+            if (msg->fields[i].name.len == name.len && names_cmp(msg->fields[i].name, name) == 0)
+                return conn_marked(msg, i);
+    }
+    return connection_lists(msg, name);
+}
+
+bool idem__http_field_is_hop_by_hop(const idem_http_msg_t *msg, size_t i)
+{
+    if (i >= msg->n_fields)
+        return false;
+    if (fixed_hop_by_hop(msg->fields[i].name))
+        return true;
+    return msg->conn_indexed ? conn_marked(msg, i)
+                             : connection_lists(msg, msg->fields[i].name);
 }
 
 /* Skip up to MAX_EMPTY_LINES empty lines at the start of buf.  Returns 1 with
@@ -352,7 +484,7 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
 {
     const idem_http_field_t *cl = NULL, *te = NULL;
     size_t n_cl = 0, n_te = 0, n_host = 0;
-    bool close = false, keep = false, expect = false, upgrade = false;
+    bool close = false, keep = false, expect = false, upgrade = false, has_connection = false;
 
     for (size_t i = 0; i < msg->n_fields; i++) {
         const idem_http_field_t *f = &msg->fields[i];
@@ -363,6 +495,7 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
             te = f;
             n_te++;
         } else if (idem__slice_eq_ci(f->name, "connection")) {
+            has_connection = true;
             close |= list_has(f->value, "close");
             keep |= list_has(f->value, "keep-alive");
         } else if (idem__slice_eq_ci(f->name, "expect")) {
@@ -400,6 +533,7 @@ static int interpret(idem_http_msg_t *msg, bool is_request, idem_slice_t request
                       framing != IDEM_HTTP_BODY_EOF;
     msg->expect_continue = is_request && expect && msg->version_minor == 1;
     msg->upgrade = upgrade;
+    index_connection(msg, has_connection);
     return 1;
 }
 

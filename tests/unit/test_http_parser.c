@@ -521,6 +521,197 @@ Test(http_parser, hop_by_hop_connection_listed)
     cr_expect_not(idem__http_is_hop_by_hop(NULL, (idem_slice_t){"X-Secret", 8}));
 }
 
+/* The answer of the slow way (the Connection list walked for the name),
+ * which the parser's index must always give. */
+static bool hop_walked(const idem_http_msg_t *m, size_t i)
+{
+    idem_http_msg_t *copy = malloc(sizeof *copy);
+    cr_assert_not_null(copy);
+    *copy = *m;
+    copy->conn_indexed = false;
+    bool r = idem__http_field_is_hop_by_hop(copy, i);
+    cr_expect_eq(r, idem__http_is_hop_by_hop(copy, copy->fields[i].name));
+    free(copy);
+    return r;
+}
+
+static void expect_index_agrees(void)
+{
+    cr_assert(msg.conn_indexed);
+    for (size_t i = 0; i < msg.n_fields; i++) {
+        bool want = hop_walked(&msg, i);
+        cr_expect_eq(idem__http_field_is_hop_by_hop(&msg, i), want, "field %zu (%.*s)", i,
+                     (int)msg.fields[i].name.len, msg.fields[i].name.ptr);
+        cr_expect_eq(idem__http_is_hop_by_hop(&msg, msg.fields[i].name), want, "field %zu", i);
+    }
+}
+
+Test(http_parser, hop_by_hop_connection_items_case_commas_and_white_space)
+{
+    cr_assert_gt(req("GET / HTTP/1.1\r\nX-A: 1\r\nx-b: 2\r\nConnection: ,, \tx-A\t ,,X-B , ,\r\n"
+                     "X-C: 3\r\nx-a: 4\r\nX-D: 5\r\nconnection: x-d,\r\nHost: h\r\n\r\n"),
+                 0);
+    /* fields: 0 X-A, 1 x-b, 2 Connection, 3 X-C, 4 x-a, 5 X-D, 6 connection, 7 Host */
+    bool want[] = {true, true, true, false, true, true, true, false};
+    cr_assert_eq(msg.n_fields, 8);
+    for (size_t i = 0; i < msg.n_fields; i++)
+        cr_expect_eq(idem__http_field_is_hop_by_hop(&msg, i), want[i], "field %zu", i);
+    expect_index_agrees();
+    /* Names asked from elsewhere, in any case; one no field has. */
+    cr_expect(hop("X-a"));
+    cr_expect(hop("X-B"));
+    cr_expect(hop("x-D"));
+    cr_expect_not(hop("x-c"));
+    cr_expect_not(hop("x-"));
+    cr_expect_not(hop(""));
+    cr_assert_gt(req("GET / HTTP/1.1\r\nConnection: x-absent\r\n\r\n"), 0);
+    cr_expect(hop("X-Absent"), "a listed name that no field has is still hop-by-hop");
+    idem__http_field_is_hop_by_hop(&msg, 99); /* out of range: no read past n_fields */
+    cr_expect_not(idem__http_field_is_hop_by_hop(&msg, 99));
+}
+
+Test(http_parser, hop_by_hop_empty_connection_lists_name_nothing)
+{
+    cr_assert_gt(req("GET / HTTP/1.1\r\nX-A: 1\r\nConnection:\r\nConnection: , ,\t,\r\n\r\n"), 0);
+    cr_expect_not(idem__http_field_is_hop_by_hop(&msg, 0));
+    cr_expect(idem__http_field_is_hop_by_hop(&msg, 1));
+    expect_index_agrees();
+}
+
+Test(http_parser, hop_by_hop_index_of_a_response)
+{
+    cr_assert_gt(resp("HTTP/1.1 200 OK\r\nConnection: X-Up\r\nX-Up: 1\r\nX-Other: 2\r\n"
+                      "Content-Length: 0\r\n\r\n"),
+                 0);
+    cr_expect(idem__http_field_is_hop_by_hop(&msg, 1));
+    cr_expect_not(idem__http_field_is_hop_by_hop(&msg, 2));
+    expect_index_agrees();
+}
+
+/* A head of `fields` header fields named by name(i) and one Connection
+ * field listing `items` items named by item(k), at most 16 KiB. */
+static char *long_connection_head(size_t fields, const char *(*name)(size_t),
+                                  size_t items, const char *(*item)(size_t))
+{
+    size_t cap = IDEM_HTTP_MAX_HEAD + 1, n = 0;
+    char *h = malloc(cap);
+    cr_assert_not_null(h);
+    n += (size_t)snprintf(h + n, cap - n, "POST /pay HTTP/1.1\r\nHost: h\r\n");
+    for (size_t i = 0; i < fields; i++)
+        n += (size_t)snprintf(h + n, cap - n, "%s: v\r\n", name(i));
+    n += (size_t)snprintf(h + n, cap - n, "Connection: ");
+    for (size_t k = 0; k < items && n < cap; k++)
+        n += (size_t)snprintf(h + n, cap - n, "%s%s", k ? "," : "", item(k));
+    cr_assert_lt(n, cap - 8, "the head fits in 16 KiB");
+    n += (size_t)snprintf(h + n, cap - n, "\r\n\r\n");
+    cr_assert_lt(n, cap - 1, "the head fits in 16 KiB");
+    return h;
+}
+
+static const char *field_numbered(size_t i)
+{
+    static char b[16];
+    snprintf(b, sizeof b, "X-F%02zu", i);
+    return b;
+}
+
+static const char *item_one_letter(size_t k)
+{
+    static const char *const l[] = {"a", "b", "c", "d"};
+    return l[k % 4];
+}
+
+static const char *field_x_a(size_t i)
+{
+    (void)i;
+    return "X-A";
+}
+
+static const char *item_x_a(size_t k)
+{
+    return k % 2 ? "x-a" : "X-A";
+}
+
+/* The work of parsing a head and asking whether each of its fields is
+ * hop-by-hop, in name comparisons: it must grow with the items, not with
+ * items x fields (the attack: a 7,000-item list beside ~100 fields). */
+static uint64_t hop_work(const char *head, size_t *n_fields, uint64_t *asking)
+{
+    uint64_t before = idem__http_hop_compares();
+    cr_assert_gt(req(head), 0);
+    uint64_t parsed = idem__http_hop_compares();
+    for (size_t i = 0; i < msg.n_fields; i++) {
+        (void)idem__http_field_is_hop_by_hop(&msg, i);
+        (void)idem__http_is_hop_by_hop(&msg, msg.fields[i].name);
+    }
+    *n_fields = msg.n_fields;
+    *asking = idem__http_hop_compares() - parsed;
+    return idem__http_hop_compares() - before;
+}
+
+Test(http_parser, hop_by_hop_work_is_linear_in_a_long_connection_list)
+{
+    size_t nf;
+    uint64_t asking;
+    /* 97 distinct fields, 6,000 one-letter items none of them names. */
+    char *h = long_connection_head(97, field_numbered, 6000, item_one_letter);
+    uint64_t work = hop_work(h, &nf, &asking);
+    cr_assert_eq(nf, 99);
+    /* Each item: a binary search over <= 100 names (<= 8 comparisons), plus
+     * the sort of the names; walking the list per field would be 99 x 6000. */
+    cr_expect_leq(work, 9 * 6000 + 1000, "%llu comparisons", (unsigned long long)work);
+    cr_expect_eq(asking, 0, "a field's answer is its bit: %llu comparisons",
+                 (unsigned long long)asking);
+    for (size_t i = 0; i < nf; i++)
+        cr_expect_eq(idem__http_field_is_hop_by_hop(&msg, i), i == nf - 1);
+    free(h);
+
+    /* 98 fields of one name, and 3,500 items that all name it. */
+    h = long_connection_head(98, field_x_a, 3500, item_x_a);
+    work = hop_work(h, &nf, &asking);
+    cr_assert_eq(nf, 100);
+    cr_expect_leq(work, 9 * 3500 + 1000, "%llu comparisons", (unsigned long long)work);
+    cr_expect_eq(asking, 0);
+    for (size_t i = 0; i < nf; i++)
+        cr_expect_eq(idem__http_field_is_hop_by_hop(&msg, i), i != 0, "field %zu", i);
+    expect_index_agrees();
+    free(h);
+}
+
+/* Random heads: the index and the walk always agree. */
+Test(http_parser, hop_by_hop_index_agrees_with_the_walk)
+{
+    static const char *const names[] = {"x-a", "X-A", "x-b", "X-b", "x-c", "Keep-Alive",
+                                        "Proxy-X", "te", "x-ab", "x-a "};
+    unsigned seed = 12345;
+    for (int round = 0; round < 300; round++) {
+        char h[2048];
+        size_t n = (size_t)snprintf(h, sizeof h, "GET / HTTP/1.1\r\n");
+        int nfields = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 12;
+        for (int i = 0; i < nfields; i++) {
+            seed = seed * 1103515245u + 12345u;
+            if ((seed >> 16) % 3 == 0) {
+                n += (size_t)snprintf(h + n, sizeof h - n, "Connection:");
+                int items = (int)((seed >> 8) % 5);
+                for (int k = 0; k < items; k++) {
+                    seed = seed * 1103515245u + 12345u;
+                    n += (size_t)snprintf(h + n, sizeof h - n, "%s%s", k ? " ,\t" : " ",
+                                          names[(seed >> 16) % 10]);
+                }
+                n += (size_t)snprintf(h + n, sizeof h - n, "\r\n");
+            } else {
+                const char *nm = names[(seed >> 16) % 10];
+                if (nm[strlen(nm) - 1] == ' ')
+                    nm = "x-d";
+                n += (size_t)snprintf(h + n, sizeof h - n, "%s: v\r\n", nm);
+            }
+        }
+        n += (size_t)snprintf(h + n, sizeof h - n, "\r\n");
+        cr_assert_gt(req(h), 0, "%s", h);
+        expect_index_agrees();
+    }
+}
+
 /* ---- responses --------------------------------------------------------- */
 
 Test(http_parser, status_line_parsed)

@@ -96,7 +96,7 @@ Test(problem, every_spec_type_has_its_own_title)
     static const char *const types[] = {
         "invalid-key", "missing-key", "key-reused", "in-flight", "upstream-unreachable",
         "upstream-outcome-unknown", "response-not-retained", "store-unavailable",
-        "request-too-large", "headers-too-large", "bad-request",
+        "request-too-large", "headers-too-large", "bad-request", "invalid-method",
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         cr_expect_str_neq(idem__problem_title(types[i]), "Error", "%s has no title", types[i]);
