@@ -307,6 +307,125 @@ Test(request_plan, head_check_refusals)
                    413, "request-too-large", IDEM_OUT_TOO_LARGE);
 }
 
+/* docs/protocol.md section 5: "post" matches no POST route, so it would pass
+ * the route's mode by, and a framework that upper-cases methods runs it. */
+Test(request_plan, method_case_variants_of_a_routed_method_are_refused)
+{
+    config("routes:\n"
+           "  - {methods: [POST], path: /pay, mode: required}\n"
+           "  - {methods: [PUT, DELETE], path: /tok, mode: token}\n"
+           "  - {methods: [GET], path: /free, mode: off}\n");
+    static const char *const variants[] = {"post", "Post", "pOST", "put", "Delete", "get"};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        char req[128];
+        /* Whatever the path: a route elsewhere names the method. */
+        snprintf(req, sizeof req, "%s /anywhere HTTP/1.1\r\nHost: h\r\n\r\n", variants[i]);
+        expect_refused(req, 400, "invalid-method", IDEM_OUT_BAD_REQUEST);
+        cr_expect_not_null(strstr(plan.refusal.detail, variants[i]), "%s", plan.refusal.detail);
+        cr_expect_not(plan.classified, "refused at the head, before any route or key");
+    }
+    /* With a body: refused before it is read, as the head's other checks. */
+    expect_refused("post /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n"
+                   "Content-Length: 3\r\n\r\nabc",
+                   400, "invalid-method", IDEM_OUT_BAD_REQUEST);
+    cr_expect_eq(plan.body_rc, 0);
+    /* The exact spelling, and methods no route names in any case, go on. */
+    cr_expect_eq(run("POST /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n")->verdict,
+                 IDEM_GW_FORWARD);
+    cr_expect_eq(run("patch /pay HTTP/1.1\r\nHost: h\r\n\r\n")->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(run("Posts /pay HTTP/1.1\r\nHost: h\r\n\r\n")->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(run("OPTIONS /pay HTTP/1.1\r\nHost: h\r\n\r\n")->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(run("pos /pay HTTP/1.1\r\nHost: h\r\n\r\n")->verdict, IDEM_GW_FORWARD);
+}
+
+Test(request_plan, method_case_variants_of_the_default_route)
+{
+    /* No routes written: POST and PATCH on every path. */
+    expect_refused("post /pay HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n", 400,
+                   "invalid-method", IDEM_OUT_BAD_REQUEST);
+    expect_refused("Patch /x HTTP/1.1\r\nHost: h\r\n\r\n", 400, "invalid-method",
+                   IDEM_OUT_BAD_REQUEST);
+    /* The tokens path too: "post" there is not POST. */
+    expect_refused("post /_idem/tokens HTTP/1.1\r\nHost: h\r\n\r\n", 400, "invalid-method",
+                   IDEM_OUT_BAD_REQUEST);
+    cr_expect_eq(run("get /x HTTP/1.1\r\nHost: h\r\n\r\n")->verdict, IDEM_GW_FORWARD);
+    /* idem__gw_check_head on its own, as conn.c calls it. */
+    idem_http_msg_t m;
+    idem_http_head_state_t hs = {0};
+    static const char head[] = "pOsT / HTTP/1.1\r\nHost: h\r\n\r\n";
+    cr_assert_gt(idem__http_parse_request(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD, &m), 0);
+    idem_gw_refusal_t r;
+    cr_expect_not(idem__gw_check_head(&cfg, &m, &r));
+    cr_expect_eq(r.status, 400);
+    cr_expect_str_eq(r.type, "invalid-method");
+}
+
+/* ---- the upstream's answer -------------------------------------------------- */
+
+static bool stored(const idem_http_msg_t *m, const char *name)
+{
+    return idem__gw_response_field_stored(&cfg, m, (idem_slice_t){name, strlen(name)});
+}
+
+static bool relayed(const idem_http_msg_t *m, const char *name)
+{
+    return idem__gw_response_field_relayed(&cfg, m, (idem_slice_t){name, strlen(name)});
+}
+
+Test(request_plan, upstream_fields_stored_and_relayed)
+{
+    static const char head[] = "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
+                               "X-Idempotent-Replay: true\r\nConnection: X-Hop\r\n"
+                               "X-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n"
+                               "Set-Cookie: a=b\r\nProxy-Thing: p\r\n\r\n";
+    idem_http_msg_t m;
+    idem_http_head_state_t hs = {0};
+    cr_assert_gt(idem__http_parse_response(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD,
+                                           (idem_slice_t){"POST", 4}, &m),
+                 0);
+    static const struct {
+        const char *name;
+        bool kept;
+    } want[] = {
+        {"Content-Type", true},         {"X-Idempotent-Replay", false},
+        {"Connection", false},          {"X-Hop", false},
+        {"Keep-Alive", false},          {"Content-Length", false},
+        {"Set-Cookie", true},           {"Proxy-Thing", false},
+    };
+    cr_assert_eq(m.n_fields, sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < m.n_fields; i++) {
+        cr_expect_eq(idem__gw_response_field_stored(&cfg, &m, m.fields[i].name), want[i].kept,
+                     "stored %s", want[i].name);
+        cr_expect_eq(idem__gw_response_field_relayed(&cfg, &m, m.fields[i].name), want[i].kept,
+                     "relayed %s", want[i].name);
+    }
+    /* Case-insensitive, and asked by a name from elsewhere. */
+    cr_expect_not(stored(&m, "x-idempotent-REPLAY"));
+    cr_expect_not(relayed(&m, "x-idempotent-REPLAY"));
+    cr_expect_not(stored(&m, "x-hop"));
+    cr_expect_not(stored(&m, "transfer-encoding"));
+    cr_expect_not(relayed(&m, "content-length"));
+    cr_expect(stored(&m, "x-idempotent-replayed"));
+    cr_expect(relayed(&m, "Idempotent-Replayed"));
+}
+
+Test(request_plan, upstream_replay_marker_is_the_configured_one)
+{
+    config("replay_header: Idempotent-Replayed\n");
+    static const char head[] = "HTTP/1.1 200 OK\r\nIdempotent-Replayed: true\r\n"
+                               "X-Idempotent-Replay: true\r\nContent-Length: 0\r\n\r\n";
+    idem_http_msg_t m;
+    idem_http_head_state_t hs = {0};
+    cr_assert_gt(idem__http_parse_response(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD,
+                                           (idem_slice_t){"POST", 4}, &m),
+                 0);
+    cr_expect_not(stored(&m, "idempotent-replayed"));
+    cr_expect_not(relayed(&m, "Idempotent-Replayed"));
+    /* Not idemd's marker here: the upstream's own header, kept. */
+    cr_expect(stored(&m, "X-Idempotent-Replay"));
+    cr_expect(relayed(&m, "X-Idempotent-Replay"));
+}
+
 Test(request_plan, target_and_body_refusals)
 {
     expect_refused("POST /a/%2e%2E/b HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n", 400,
