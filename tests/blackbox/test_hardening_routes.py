@@ -11,7 +11,8 @@ sent, and /_idem/tokens is idemd's own in every spelling.  Section 7: an
 upstream 101 (idemd never forwards Upgrade, so no one asked for it) is a
 broken response, 502.  Section 14: a second idemd on an address another
 process holds exits 2 (EADDRINUSE); SIGHUP, until reloading exists, is
-logged and ignored.
+logged and ignored.  Section 5 again: a method that differs from a routed
+one only in case ("post") is 400 invalid-method, never forwarded.
 """
 
 import os
@@ -73,6 +74,22 @@ class TargetForms(h.IdemTestCase):
                        "http://user@h/payments", "http://u:p@h/payments"):
             with self.subTest(target=target):
                 self.refused("POST", target)
+
+    def test_a_method_in_another_case_than_its_route_is_400_invalid_method(self):
+        # Issue 19: "post" matched no POST route, so a required route was
+        # forwarded with no key (and a token route with no token) to
+        # upstreams that upper-case the method and run it as POST.
+        for method in ("post", "Post"):
+            for target, headers in (("/payments", ()), ("/payments", ("Idempotency-Key: k1",)),
+                                    ("/tokenized", ()), ("/elsewhere", ())):
+                with self.subTest(method=method, target=target, headers=headers):
+                    r = self.refused(method, target, ptype="invalid-method", headers=headers)
+                    self.assertIn(method, r.json()["detail"])
+        # The exact spelling still meets its route.
+        raw = raw_request("POST", "/payments", body=b"{}")
+        resps = h.parse_responses(h.raw_exchange(self.d.port, raw, timeout=5)[0])
+        self.assertProblem(resps[0], 400, "missing-key")
+        self.assertEqual(self.up.count(), 0)
 
     def test_asterisk_form_is_400(self):
         self.refused("OPTIONS", "*")
