@@ -259,6 +259,8 @@ int idem__config_defaults(idem_config_t *cfg)
     cfg->max_connections = 10000;
     cfg->max_buffered_bytes = 256u * 1024 * 1024;
     cfg->max_queued_bytes = 64u * 1024 * 1024;
+    cfg->max_connections_per_address = 0;
+    cfg->upstream_tls_verify = true;
     policy_defaults(&cfg->defaults);
     if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
         idem__config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
@@ -283,8 +285,13 @@ void idem__config_cleanup(idem_config_t *cfg)
 {
     if (cfg == NULL)
         return;
-    char **strings[] = {&cfg->listen, &cfg->admin, &cfg->upstream, &cfg->store,
-                        &cfg->replay_header, &cfg->scope_header, &cfg->log_format};
+    char **strings[] = {
+        &cfg->listen, &cfg->admin, &cfg->upstream, &cfg->store, &cfg->replay_header,
+        &cfg->scope_header, &cfg->log_format, &cfg->listen_tls_address,
+        &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
+        &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
+        &cfg->upstream_tls_server_name,
+    };
     for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
         idem_free(*strings[i]);
         *strings[i] = NULL;
@@ -359,17 +366,22 @@ int idem__config_parse_addr(const char *addr, char *host, size_t hostlen, int *p
     return 0;
 }
 
-/* Why url is not an upstream idemd can use, or NULL when it is. */
-static const char *upstream_problem(const char *url, char *host, size_t hostlen, int *port)
+/* Why url is not an upstream idemd can use, or NULL when it is (*tls: https). */
+static const char *upstream_problem(const char *url, char *host, size_t hostlen, int *port,
+                                    bool *tls)
 {
+    size_t skip;
     if (strncasecmp(url, "https://", 8) == 0)
-        return "https is not supported (idemd speaks plain HTTP to its upstream)";
-    if (strncasecmp(url, "http://", 7) != 0)
-        return "must be http://HOST:PORT";
-    const char *auth = url + 7;
+        skip = 8;
+    else if (strncasecmp(url, "http://", 7) == 0)
+        skip = 7;
+    else
+        return "must be http://HOST:PORT or https://HOST:PORT";
+    *tls = skip == 8;
+    const char *auth = url + skip;
     size_t n = strcspn(auth, "/?#");
     if (auth[n] != '\0' && strcmp(auth + n, "/") != 0)
-        return "must be http://HOST:PORT with no path, query or fragment";
+        return "must be http(s)://HOST:PORT with no path, query or fragment";
     if (memchr(auth, '@', n) != NULL)
         return "must not contain user information";
     char a[300];
@@ -378,15 +390,31 @@ static const char *upstream_problem(const char *url, char *host, size_t hostlen,
     memcpy(a, auth, n);
     a[n] = '\0';
     if (idem__config_parse_addr(a, host, hostlen, port) != 0)
-        return "must be http://HOST:PORT (port 1-65535, IPv6 in brackets)";
+        return "must be http(s)://HOST:PORT (the port written, 1-65535; IPv6 in brackets)";
     return NULL;
+}
+
+int idem__config_parse_upstream_url(const char *url, char *host, size_t hostlen, int *port,
+                                    bool *tls)
+{
+    bool dummy;
+    if (tls == NULL)
+        tls = &dummy;
+    *tls = false;
+    if (url == NULL)
+        return -1;
+    if (upstream_problem(url, host, hostlen, port, tls) == NULL)
+        return 0;
+    *tls = false;
+    return -1;
 }
 
 int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int *port)
 {
-    if (url == NULL)
+    bool tls;
+    if (idem__config_parse_upstream_url(url, host, hostlen, port, &tls) != 0)
         return -1;
-    return upstream_problem(url, host, hostlen, port) == NULL ? 0 : -1;
+    return tls ? -1 : 0;
 }
 
 /* ---- the YAML walk ----------------------------------------------------- */
@@ -866,15 +894,131 @@ enum {
     T_LISTEN, T_ADMIN, T_UPSTREAM, T_STORE, T_WORKERS, T_UPSTREAM_TIMEOUT, T_MAX_REQUEST,
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
     T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
-    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT, T_COUNT
+    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT,
+    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
     "max_request_bytes", "on_store_error", "replay_header", "scope_header", "local_cache",
     "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
     "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
-    "scope_rate_limit",
+    "scope_rate_limit", "max_queued_bytes", "max_connections_per_address", "listen_tls",
+    "upstream_tls",
 };
+_Static_assert(T_COUNT <= 32, "lookup_key's seen set holds 32 keys");
+
+/* A file name: any non-empty text (opened by the TLS loader, not here). */
+static int file_name(ctx_t *c, const yaml_node_t *n, const char *key, char **slot)
+{
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    if (*v == '\0')
+        return fail(c, n, key, "must not be empty");
+    if (idem__config_set_string(slot, v) != 0)
+        return nomem(c, n, key);
+    return 0;
+}
+
+/* `listen_tls:`, a mapping of address, cert_file, key_file, client_ca_file. */
+static int listen_tls(ctx_t *c, const yaml_node_t *n)
+{
+    enum { LT_ADDRESS, LT_CERT, LT_KEY, LT_CLIENT_CA, LT_COUNT };
+    static const char *const names[] = {"address", "cert_file", "key_file", "client_ca_file"};
+    idem_config_t *cfg = c->cfg;
+    char key[160], host[256], shown[80];
+    int port;
+    uint32_t seen = 0;
+    if (want_mapping(c, n, "listen_tls") != 0)
+        return -1;
+    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
+         pr++) {
+        int i = lookup_key(c, node(c, pr->key), "listen_tls", names, LT_COUNT, &seen, key,
+                           sizeof key);
+        if (i < 0)
+            return -1;
+        const yaml_node_t *v = node(c, pr->value);
+        int rc;
+        switch (i) {
+        case LT_ADDRESS: {
+            const char *a = scalar(c, v, key);
+            if (a == NULL)
+                return -1;
+            show(shown, sizeof shown, a);
+            if (idem__config_parse_addr(a, host, sizeof host, &port) != 0)
+                return fail(c, v, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'",
+                            shown);
+            rc = idem__config_set_string(&cfg->listen_tls_address, a) != 0 ? nomem(c, v, key) : 0;
+            break;
+        }
+        case LT_CERT: rc = file_name(c, v, key, &cfg->listen_tls_cert_file); break;
+        case LT_KEY: rc = file_name(c, v, key, &cfg->listen_tls_key_file); break;
+        default: rc = file_name(c, v, key, &cfg->listen_tls_client_ca_file); break;
+        }
+        if (rc != 0)
+            return -1;
+    }
+    for (int i = 0; i < LT_CLIENT_CA; i++)
+        if (!(seen & (1u << i)))
+            return fail(c, n, "listen_tls", "needs address, cert_file and key_file (%s missing)",
+                        names[i]);
+    return 0;
+}
+
+/* `upstream_tls:`, a mapping of ca_file, cert_file, key_file, server_name,
+ * verify. */
+static int upstream_tls(ctx_t *c, const yaml_node_t *n)
+{
+    enum { UT_CA, UT_CERT, UT_KEY, UT_SERVER_NAME, UT_VERIFY, UT_COUNT };
+    static const char *const names[] = {"ca_file", "cert_file", "key_file", "server_name",
+                                        "verify"};
+    static const char *const bool_names[] = {"false", "true"};
+    idem_config_t *cfg = c->cfg;
+    char key[160], shown[80];
+    uint32_t seen = 0;
+    int e;
+    if (want_mapping(c, n, "upstream_tls") != 0)
+        return -1;
+    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
+         pr++) {
+        int i = lookup_key(c, node(c, pr->key), "upstream_tls", names, UT_COUNT, &seen, key,
+                           sizeof key);
+        if (i < 0)
+            return -1;
+        const yaml_node_t *v = node(c, pr->value);
+        int rc;
+        switch (i) {
+        case UT_CA: rc = file_name(c, v, key, &cfg->upstream_tls_ca_file); break;
+        case UT_CERT: rc = file_name(c, v, key, &cfg->upstream_tls_cert_file); break;
+        case UT_KEY: rc = file_name(c, v, key, &cfg->upstream_tls_key_file); break;
+        case UT_SERVER_NAME: {
+            const char *s = scalar(c, v, key);
+            if (s == NULL)
+                return -1;
+            show(shown, sizeof shown, s);
+            if (!is_host_name(s))
+                return fail(c, v, key, "not a host name or [IPv6] address without a port: '%s'",
+                            shown);
+            rc = idem__config_set_string(&cfg->upstream_tls_server_name, s) != 0
+                     ? nomem(c, v, key)
+                     : 0;
+            break;
+        }
+        default:
+            rc = choice(c, v, key, bool_names, 2, &e);
+            if (rc == 0)
+                cfg->upstream_tls_verify = e == 1;
+            break;
+        }
+        if (rc != 0)
+            return -1;
+    }
+    if (((seen >> UT_CERT) & 1u) != ((seen >> UT_KEY) & 1u))
+        return fail(c, n, "upstream_tls",
+                    "cert_file and key_file go together (a client "
+                    "certificate and its key): write both or neither");
+    return 0;
+}
 
 /* `scope:`, the list of sources that name the caller (scope.h). */
 static int scope_list(ctx_t *c, const yaml_node_t *n, const char *key)
@@ -947,7 +1091,8 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
         slot = index == T_LISTEN ? &cfg->listen : &cfg->admin;
         break;
     case T_UPSTREAM: {
-        const char *why = upstream_problem(v, host, sizeof host, &port);
+        bool tls;
+        const char *why = upstream_problem(v, host, sizeof host, &port, &tls);
         if (why != NULL)
             return fail(c, n, key, "%s: '%s'", why, shown);
         slot = &cfg->upstream;
@@ -1040,6 +1185,14 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
             scope_node = n;
             break;
         case T_SCOPE_RATE_LIMIT: rc = rate_limit(c, n, key, &cfg->scope_rate_limit); break;
+        case T_MAX_QUEUED: rc = size(c, n, key, false, &cfg->max_queued_bytes); break;
+        case T_MAX_PER_ADDRESS:
+            rc = number(c, n, key, 0, MAX_CONNECTIONS, &v);
+            if (rc == 0)
+                cfg->max_connections_per_address = v;
+            break;
+        case T_LISTEN_TLS: rc = listen_tls(c, n); break;
+        case T_UPSTREAM_TLS: rc = upstream_tls(c, n); break;
         default: rc = top_string(c, n, key, i); break;
         }
         if (rc != 0)
@@ -1204,11 +1357,40 @@ int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         BAD("admin: not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'", shown);
     if (port == lport && strcasecmp(host, lhost) == 0)
         BAD("admin: must not be the same address as listen: '%s'", shown);
+    if (cfg->listen_tls_address != NULL) {
+        char thost[256];
+        int tport;
+        show(shown, sizeof shown, cfg->listen_tls_address);
+        if (idem__config_parse_addr(cfg->listen_tls_address, thost, sizeof thost, &tport))
+            BAD("listen_tls.address: not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'",
+                shown);
+        if ((tport == lport && strcasecmp(thost, lhost) == 0) ||
+            (tport == port && strcasecmp(thost, host) == 0))
+            BAD("listen_tls.address: must not be the same address as listen or admin: '%s'",
+                shown);
+        if (cfg->listen_tls_cert_file == NULL || cfg->listen_tls_key_file == NULL)
+            BAD("listen_tls: needs cert_file and key_file with address");
+    } else if (cfg->listen_tls_cert_file || cfg->listen_tls_key_file ||
+               cfg->listen_tls_client_ca_file) {
+        BAD("listen_tls: needs address");
+    }
+    for (size_t i = 0; i < cfg->n_scope && i < IDEM_SCOPE_MAX_SOURCES; i++)
+        if (cfg->scope[i].kind == IDEM_SCOPE_SRC_CLIENT_CERT &&
+            (cfg->listen_tls_address == NULL || cfg->listen_tls_client_ca_file == NULL))
+            BAD("scope: client_cert needs listen_tls.client_ca_file");
     show(shown, sizeof shown, cfg->upstream ? cfg->upstream : "");
-    const char *why = cfg->upstream ? upstream_problem(cfg->upstream, host, sizeof host, &port)
-                                    : "missing";
+    bool tls = false;
+    const char *why = cfg->upstream
+                          ? upstream_problem(cfg->upstream, host, sizeof host, &port, &tls)
+                          : "missing";
     if (why != NULL)
         BAD("upstream: %s: '%s'", why, shown);
+    if ((cfg->upstream_tls_cert_file == NULL) != (cfg->upstream_tls_key_file == NULL))
+        BAD("upstream_tls: cert_file and key_file go together: write both or neither");
+    if (!tls &&
+        (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file || cfg->upstream_tls_key_file ||
+         cfg->upstream_tls_server_name || !cfg->upstream_tls_verify))
+        BAD("upstream_tls: written, but the upstream is not https://: '%s'", shown);
     if (cfg->store == NULL || cfg->store[0] == '\0')
         BAD("store: must not be empty");
     if (cfg->max_request_bytes == 0)
@@ -1217,6 +1399,10 @@ int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
     if (cfg->max_buffered_bytes < cfg->max_request_bytes)
         BAD("max_buffered_bytes: must be at least max_request_bytes (%llu bytes)",
             (unsigned long long)cfg->max_request_bytes);
+    if (cfg->max_queued_bytes == 0)
+        BAD("max_queued_bytes: must be at least 1 byte");
+    if (cfg->max_connections_per_address > MAX_CONNECTIONS)
+        BAD("max_connections_per_address: must be a whole number from 0 to %u", MAX_CONNECTIONS);
     if (cfg->max_connections < 1 || cfg->max_connections > MAX_CONNECTIONS)
         BAD("max_connections: must be a whole number from 1 to %u", MAX_CONNECTIONS);
     if (cfg->header_timeout_ms <= 0 || cfg->body_timeout_ms <= 0 || cfg->idle_timeout_ms <= 0)

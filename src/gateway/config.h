@@ -81,8 +81,24 @@ typedef struct idem_config {
     uint64_t max_connections;    /* client connections at once, all workers */
     bool max_connections_set;    /* written in the file: never lowered to fit the fd limit */
     uint64_t max_buffered_bytes; /* request bodies held at once, all workers */
-    uint64_t max_queued_bytes;   /* answers queued to clients at once, all workers */
-    uint64_t max_connections_per_address; /* 0: off */
+    uint64_t max_queued_bytes;   /* answers queued to clients at once, all workers,
+                                  * each write's overhead included (default 64 MiB) */
+    uint64_t max_connections_per_address; /* client connections from one address at
+                                           * once; 0: off (the default) */
+    /* `listen_tls:` an extra public listener speaking TLS (docs/configuration.md,
+     * "TLS").  listen_tls_address NULL: none; else cert and key are set. */
+    char *listen_tls_address;        /* HOST:PORT, as listen */
+    char *listen_tls_cert_file;      /* PEM certificate (chain) */
+    char *listen_tls_key_file;       /* PEM private key */
+    char *listen_tls_client_ca_file; /* NULL: no client certificate asked for; else
+                                      * asked for and verified against these CAs */
+    /* `upstream_tls:` how an https:// upstream is spoken to.  Each is NULL
+     * when not written. */
+    char *upstream_tls_ca_file;   /* NULL: the system's trust store */
+    char *upstream_tls_cert_file; /* a client certificate (mutual TLS); set with key */
+    char *upstream_tls_key_file;
+    char *upstream_tls_server_name; /* SNI and the name verified; NULL: the URL's host */
+    bool upstream_tls_verify;       /* default true; false only when written */
     /* Host names the admin listener answers besides loopback's, lower case. */
     char *admin_hosts[IDEM_CONFIG_MAX_LIST];
     size_t n_admin_hosts;
@@ -109,7 +125,10 @@ int idem__config_defaults(idem_config_t *cfg);
 int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen);
 
 /** Check values that depend on each other (listen/admin addresses parse,
- * upstream URL is http://host:port, workers in range ...).  Run it after the
+ * upstream URL is http(s)://host:port, workers in range, listen_tls has its
+ * certificate and key, upstream_tls only with https, scope client_cert only
+ * with listen_tls.client_ca_file ...).  Files named are not opened here:
+ * the TLS loader reports those.  Run it after the
  * flags are applied: the message names the key, not where it came from.
  * @return 0, or -1 with err set ("listen: not HOST:PORT ...: 'x'"). */
 int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen);
@@ -124,9 +143,17 @@ int idem__config_set_string(char **slot, const char *value);
  * @param[out] host  NUL-terminated, hostlen bytes.  @return 0 or -1. */
 int idem__config_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
 
-/** Parse an upstream URL "http://HOST:PORT" or "http://HOST:PORT/" (the
- * scheme case-insensitive; no https, user information, path, query or
- * fragment).  @param[out] host  as idem__config_parse_addr.  @return 0 or -1. */
+/** Parse an upstream URL "http://HOST:PORT" or "https://HOST:PORT", with or
+ * without a final "/" (the scheme case-insensitive; the port is required
+ * for both; no user information, path, query or fragment).
+ * @param[out] host  as idem__config_parse_addr.
+ * @param[out] tls   true for https (may be NULL).
+ * @return 0 or -1. */
+int idem__config_parse_upstream_url(const char *url, char *host, size_t hostlen, int *port,
+                                    bool *tls);
+
+/** idem__config_parse_upstream_url for callers that speak plain HTTP only:
+ * an https:// URL is -1. */
 int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int *port);
 
 /** The route a request matches (first match wins), or NULL (mode off).

@@ -510,8 +510,9 @@ idem_err_t idem__gw_plan_request(const idem_config_t *cfg, const char *upstream_
     if (p->cls.kind != IDEM_GW_PASS) {
         const char *dup = NULL;
         p->scoped = true;
+        /* No connection here: no verified client certificate. */
         p->scope_rc = idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &p->msg,
-                                             p->scope, &dup);
+                                             NULL, p->scope, &dup);
         if (idem__gw_refuse_scope(p->scope_rc, dup, &p->refusal))
             return plan_refused(p, &p->refusal);
     }

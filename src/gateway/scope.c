@@ -133,9 +133,6 @@ const char *idem__gw_scope_unsupported(idem_scope_kind_t k)
     case IDEM_SCOPE_SRC_JWT:
         return "not supported yet (verified JWT claims need jwt_keys, which this idemd "
                "does not have)";
-    case IDEM_SCOPE_SRC_CLIENT_CERT:
-        return "not supported yet (client certificates need the TLS listener, which this "
-               "idemd does not have)";
     default: return NULL;
     }
 }
@@ -204,7 +201,7 @@ static bool cookie_find(const idem_http_msg_t *m, const char *name, idem_slice_t
 
 /* The value of one source; false when it is absent or empty. */
 static bool source_value(const idem_scope_source_t *s, const idem_http_msg_t *m,
-                         idem_slice_t *v)
+                         const char *client_cert_hex, idem_slice_t *v)
 {
     const idem_http_field_t *f = NULL;
     switch (s->kind) {
@@ -218,7 +215,15 @@ static bool source_value(const idem_scope_source_t *s, const idem_http_msg_t *m,
         if (!cookie_find(m, s->name, v))
             return false;
         return v->len > 0;
-    default: return false; /* jwt:, client_cert: refused at config load until supported */
+    case IDEM_SCOPE_SRC_CLIENT_CERT:
+        /* The hex SHA-256 of the certificate the TLS listener verified;
+         * none on a plain listener, or when the client sent none. */
+        if (client_cert_hex == NULL)
+            return false;
+        *v = (idem_slice_t){client_cert_hex, strlen(client_cert_hex)};
+        return v->len > 0;
+    default:
+        return false; /* jwt: refused at config load until supported */
     }
     if (f == NULL)
         return false;
@@ -244,9 +249,9 @@ static idem_scope_result_t fallback(const idem_http_msg_t *m, char *out)
     return hash_into(a->value.ptr, a->value.len, out, IDEM_SCOPE_FALLBACK_AUTHORIZATION);
 }
 
-idem_scope_result_t
-idem__gw_scope_compute(const idem_scope_source_t *sources, size_t n, const char *legacy_header,
-                       const idem_http_msg_t *m, char *out, const char **dup)
+idem_scope_result_t idem__gw_scope_compute(
+    const idem_scope_source_t *sources, size_t n, const char *legacy_header,
+    const idem_http_msg_t *m, const char *client_cert_hex, char *out, const char **dup)
 {
     const char *dummy;
     if (dup == NULL)
@@ -282,7 +287,7 @@ idem__gw_scope_compute(const idem_scope_source_t *sources, size_t n, const char 
     idem_slice_t v[IDEM_SCOPE_MAX_SOURCES];
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!source_value(&sources[i], m, &v[i]))
+        if (!source_value(&sources[i], m, client_cert_hex, &v[i]))
             return fallback(m, out);
         total += 4 + v[i].len;
     }

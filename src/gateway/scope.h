@@ -9,7 +9,8 @@
  *   header:NAME     that header's value (set by an authenticating proxy)
  *   cookie:NAME     that cookie's value (callers with a session cookie)
  *   jwt:CLAIM       a verified JWT claim            (not supported yet)
- *   client_cert     the verified client certificate (not supported yet)
+ *   client_cert     the verified TLS client certificate: its SHA-256 in
+ *                   lowercase hex, as the connection hands it in
  *
  * One source: the scope is the lowercase hex SHA-256 of its value, the same
  * value `scope_header` gives.  Several: the SHA-256 of their values, each
@@ -73,8 +74,9 @@ int idem__gw_scope_parse_source(const char *text, idem_scope_source_t *out, char
                                 size_t whylen);
 
 /** Whether this idemd can read a source of kind k; NULL when it can, else
- * why not (a phrase for the one-line config error: jwt: and client_cert
- * come with the JWT and TLS listener work). */
+ * why not (a phrase for the one-line config error: jwt: comes with the JWT
+ * work).  client_cert is read, but only with listen_tls.client_ca_file
+ * (idem__config_validate says so). */
 const char *idem__gw_scope_unsupported(idem_scope_kind_t k);
 
 /** The source as written in the config ("cookie:session"), into out. */
@@ -85,6 +87,12 @@ void idem__gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t 
  *                          legacy_header's value, or "anonymous".
  * @param[in]  legacy_header  `scope_header` (used only when n == 0).
  * @param[in]  m            the request.
+ * @param[in]  client_cert_hex  the lowercase hex SHA-256 of the client
+ *                          certificate its TLS connection verified, the
+ *                          value of a client_cert source; NULL: no verified
+ *                          certificate (a plain listener, or none sent), and
+ *                          client_cert is absent, falling back as other
+ *                          absent sources do.
  * @param[out] out          IDEM_SCOPE_MAX + 1 bytes: 64 lowercase hex digits
  *                          or "anonymous"; "" unless the result is
  *                          FROM_SOURCES or a FALLBACK.
@@ -101,9 +109,9 @@ void idem__gw_scope_source_text(const idem_scope_source_t *s, char *out, size_t 
  * bytes.  The lengths always hold a NUL byte (a head is at most a few MiB),
  * and no header value can, so such a scope never equals the hash of a
  * single value, e.g. a fallback's Authorization. */
-idem_scope_result_t
-idem__gw_scope_compute(const idem_scope_source_t *sources, size_t n, const char *legacy_header,
-                       const idem_http_msg_t *m, char *out, const char **dup);
+idem_scope_result_t idem__gw_scope_compute(
+    const idem_scope_source_t *sources, size_t n, const char *legacy_header,
+    const idem_http_msg_t *m, const char *client_cert_hex, char *out, const char **dup);
 
 /** The value of the first cookie named name (case-sensitive, RFC 6265) in the
  * Cookie header value hdr[0..len): pairs separated by ';', white space around

@@ -278,8 +278,7 @@ bool idem__http_field_is_hop_by_hop(const idem_http_msg_t *msg, size_t i)
         return false;
     if (fixed_hop_by_hop(msg->fields[i].name))
         return true;
-    return msg->conn_indexed ? conn_marked(msg, i)
-                             : connection_lists(msg, msg->fields[i].name);
+    return msg->conn_indexed ? conn_marked(msg, i) : connection_lists(msg, msg->fields[i].name);
 }
 
 /* Skip up to MAX_EMPTY_LINES empty lines at the start of buf.  Returns 1 with

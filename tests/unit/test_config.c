@@ -62,6 +62,21 @@ static void expect_error(const char *text, int line, const char *rest)
 
 /* ---- defaults ------------------------------------------------------------ */
 
+Test(config, defaults_of_the_limits_and_tls_keys)
+{
+    cr_expect_eq(cfg.max_queued_bytes, 64u * 1024 * 1024);
+    cr_expect_eq(cfg.max_connections_per_address, 0);
+    cr_expect_null(cfg.listen_tls_address);
+    cr_expect_null(cfg.listen_tls_cert_file);
+    cr_expect_null(cfg.listen_tls_key_file);
+    cr_expect_null(cfg.listen_tls_client_ca_file);
+    cr_expect_null(cfg.upstream_tls_ca_file);
+    cr_expect_null(cfg.upstream_tls_cert_file);
+    cr_expect_null(cfg.upstream_tls_key_file);
+    cr_expect_null(cfg.upstream_tls_server_name);
+    cr_expect(cfg.upstream_tls_verify);
+}
+
 Test(config, defaults_are_spec_section_10)
 {
     cr_assert_str_eq(cfg.listen, "127.0.0.1:8080");
@@ -155,7 +170,20 @@ Test(config, comments_and_bare_document_marker_keep_defaults)
 static const char full_file[] =
     "listen: 0.0.0.0:18080\n"
     "admin: '[::1]:18081'\n"
-    "upstream: http://backend.local:9100/\n"
+    "upstream: https://backend.local:9100/\n"
+    "max_queued_bytes: 16MiB\n"
+    "max_connections_per_address: 64\n"
+    "listen_tls:\n"
+    "  address: 0.0.0.0:18443\n"
+    "  cert_file: server.pem\n"
+    "  key_file: server.key\n"
+    "  client_ca_file: clients.pem\n"
+    "upstream_tls:\n"
+    "  ca_file: ca.pem\n"
+    "  cert_file: me.pem\n"
+    "  key_file: me.key\n"
+    "  server_name: backend.local\n"
+    "  verify: true\n"
     "store: redis://cache:6379/2\n"
     "workers: 8\n"
     "upstream_timeout: 15s\n"
@@ -192,7 +220,18 @@ Test(config, full_file_sets_every_top_level_key)
     cr_assert_eq(load(full_file), 0, "%s", err);
     cr_assert_str_eq(cfg.listen, "0.0.0.0:18080");
     cr_assert_str_eq(cfg.admin, "[::1]:18081");
-    cr_assert_str_eq(cfg.upstream, "http://backend.local:9100/");
+    cr_assert_str_eq(cfg.upstream, "https://backend.local:9100/");
+    cr_assert_eq(cfg.max_queued_bytes, 16u * 1024 * 1024);
+    cr_assert_eq(cfg.max_connections_per_address, 64);
+    cr_assert_str_eq(cfg.listen_tls_address, "0.0.0.0:18443");
+    cr_assert_str_eq(cfg.listen_tls_cert_file, "server.pem");
+    cr_assert_str_eq(cfg.listen_tls_key_file, "server.key");
+    cr_assert_str_eq(cfg.listen_tls_client_ca_file, "clients.pem");
+    cr_assert_str_eq(cfg.upstream_tls_ca_file, "ca.pem");
+    cr_assert_str_eq(cfg.upstream_tls_cert_file, "me.pem");
+    cr_assert_str_eq(cfg.upstream_tls_key_file, "me.key");
+    cr_assert_str_eq(cfg.upstream_tls_server_name, "backend.local");
+    cr_assert(cfg.upstream_tls_verify);
     cr_assert_str_eq(cfg.store, "redis://cache:6379/2");
     cr_assert_eq(cfg.workers, 8);
     cr_assert_eq(cfg.upstream_timeout_ms, 15000);
@@ -565,11 +604,17 @@ Test(config, bad_listen_address_in_the_file_is_refused)
                  "listen: not HOST:PORT (port 1-65535, IPv6 in brackets): 'localhost'");
 }
 
-Test(config, https_upstream_is_refused)
+Test(config, https_upstream_is_accepted_with_its_port)
 {
-    expect_error("\nupstream: https://api:443\n", 2,
-                 "upstream: https is not supported (idemd speaks plain HTTP to its upstream): "
-                 "'https://api:443'");
+    cr_assert_eq(load("upstream: https://api.internal:8443\n"), 0, "%s", err);
+    cr_expect_str_eq(cfg.upstream, "https://api.internal:8443");
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    /* As for http, the port is written: no default 443. */
+    expect_error("\nupstream: https://api\n", 2,
+                 "upstream: must be http(s)://HOST:PORT (the port written, 1-65535; IPv6 in "
+                 "brackets): 'https://api'");
+    expect_error("upstream: ftp://api:1\n", 1,
+                 "upstream: must be http://HOST:PORT or https://HOST:PORT: 'ftp://api:1'");
 }
 
 Test(config, bad_replay_header_is_refused)
@@ -681,6 +726,35 @@ Test(config, parse_upstream_takes_host_and_port)
     cr_assert_eq(port, 9000);
     cr_assert_eq(idem__config_parse_upstream("http://api:80/v1", host, sizeof host, &port), -1);
     cr_assert_eq(idem__config_parse_upstream("http://api", host, sizeof host, &port), -1);
+    /* The plain-HTTP wrapper refuses https. */
+    cr_assert_eq(idem__config_parse_upstream("https://api:443", host, sizeof host, &port), -1);
+}
+
+Test(config, parse_upstream_url_says_tls)
+{
+    char host[64];
+    int port;
+    bool tls = true;
+    cr_assert_eq(idem__config_parse_upstream_url("http://api:80", host, sizeof host, &port, &tls),
+                 0);
+    cr_expect_not(tls);
+    cr_assert_eq(idem__config_parse_upstream_url("HTTPS://[::1]:8443/", host, sizeof host, &port,
+                                                 &tls),
+                 0);
+    cr_expect(tls);
+    cr_expect_str_eq(host, "::1");
+    cr_expect_eq(port, 8443);
+    cr_assert_eq(idem__config_parse_upstream_url("https://api:443", host, sizeof host, &port,
+                                                 NULL),
+                 0);
+    static const char *const bad[] = {"https://api",    "https://api:443/x", "https://u@api:443",
+                                      "httpss://api:1", "https:/api:1",      NULL};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tls = true;
+        cr_expect_eq(idem__config_parse_upstream_url(bad[i], host, sizeof host, &port, &tls), -1,
+                     "%s", bad[i] ? bad[i] : "NULL");
+        cr_expect_not(tls);
+    }
 }
 
 /* ---- validate ------------------------------------------------------------ */
@@ -712,8 +786,8 @@ Test(config, validate_refuses_admin_on_the_listen_address)
 
 Test(config, validate_refuses_upstreams_other_than_http_host_port)
 {
-    const char *bad[] = {"https://a:1", "ftp://a:1", "http://a", "http://a:1/x", "http://a:1?q",
-                         "http://u@a:1", "a:1", ""};
+    const char *bad[] = {"https://a",    "ftp://a:1", "http://a", "http://a:1/x", "http://a:1?q",
+                         "http://u@a:1", "a:1",       "",         "https://a:1/x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         idem__config_set_string(&cfg.upstream, bad[i]);
         expect_invalid("upstream: ");
@@ -998,13 +1072,142 @@ Test(config, cookie_names_differing_in_case_are_two_sources)
     cr_expect_eq(cfg.n_scope, 2);
 }
 
-Test(config, jwt_and_client_cert_are_refused_as_not_supported_yet)
+Test(config, jwt_is_refused_as_not_supported_yet)
 {
     cr_assert_eq(load("scope: [jwt:sub]\n"), -1);
     cr_expect_not_null(strstr(err, ":1: scope[0]: jwt:sub: not supported yet"), "%s", err);
-    cr_assert_eq(load("scope:\n  - authorization\n  - client_cert\n"), -1);
-    cr_expect_not_null(strstr(err, ":3: scope[1]: client_cert: not supported yet"), "%s", err);
     cr_expect_null(strchr(err, '\n'));
+}
+
+Test(config, client_cert_needs_listen_tls_client_ca_file)
+{
+    cr_assert_eq(load("scope:\n  - authorization\n  - client_cert\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope[1].kind, IDEM_SCOPE_SRC_CLIENT_CERT);
+    expect_invalid("scope: client_cert needs listen_tls.client_ca_file");
+    cr_expect_str_eq(err, "scope: client_cert needs listen_tls.client_ca_file");
+    /* A TLS listener that asks for no client certificate is not enough. */
+    cr_assert_eq(load("listen_tls: {address: '127.0.0.1:8443', cert_file: s.pem, "
+                      "key_file: s.key}\n"),
+                 0, "%s", err);
+    expect_invalid("scope: client_cert needs listen_tls.client_ca_file");
+    cr_assert_eq(load("listen_tls: {address: '127.0.0.1:8443', cert_file: s.pem, "
+                      "key_file: s.key, client_ca_file: ca.pem}\n"),
+                 0, "%s", err);
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+/* ---- limits and TLS (issue 19) ---------------------------------------------- */
+
+Test(config, max_queued_bytes_and_max_connections_per_address_are_read)
+{
+    cr_assert_eq(load("max_queued_bytes: 8MiB\nmax_connections_per_address: 32\n"), 0, "%s", err);
+    cr_expect_eq(cfg.max_queued_bytes, 8u * 1024 * 1024);
+    cr_expect_eq(cfg.max_connections_per_address, 32);
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(load("max_connections_per_address: 0\n"), 0, "%s", err);
+    cr_expect_eq(cfg.max_connections_per_address, 0);
+    expect_error("max_queued_bytes: 0\n", 1, "max_queued_bytes: must be at least 1 byte");
+    expect_error("max_queued_bytes: lots\n", 1, "max_queued_bytes: not a size: 'lots'");
+    expect_error("max_connections_per_address: -1\n", 1,
+                 "max_connections_per_address: must be a whole number from 0 to 1000000");
+    cfg.max_queued_bytes = 0;
+    expect_invalid("max_queued_bytes: must be at least 1 byte");
+}
+
+Test(config, listen_tls_is_read)
+{
+    cr_assert_eq(load("listen_tls:\n"
+                      "  address: '[::1]:8443'\n"
+                      "  cert_file: /etc/idem/server.pem\n"
+                      "  key_file: /etc/idem/server.key\n"
+                      "  client_ca_file: /etc/idem/clients.pem\n"),
+                 0, "%s", err);
+    cr_expect_str_eq(cfg.listen_tls_address, "[::1]:8443");
+    cr_expect_str_eq(cfg.listen_tls_cert_file, "/etc/idem/server.pem");
+    cr_expect_str_eq(cfg.listen_tls_key_file, "/etc/idem/server.key");
+    cr_expect_str_eq(cfg.listen_tls_client_ca_file, "/etc/idem/clients.pem");
+    /* The files are the TLS loader's to open: missing ones pass here. */
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+Test(config, listen_tls_needs_address_cert_and_key)
+{
+    /* Reported at the mapping's first line. */
+    expect_error("listen_tls:\n  address: '127.0.0.1:8443'\n  cert_file: s.pem\n", 2,
+                 "listen_tls: needs address, cert_file and key_file (key_file missing)");
+    expect_error("listen_tls:\n  cert_file: s.pem\n  key_file: s.key\n", 2,
+                 "listen_tls: needs address, cert_file and key_file (address missing)");
+    expect_error("listen_tls:\n  address: 8443\n", 2,
+                 "listen_tls.address: not HOST:PORT (port 1-65535, IPv6 in brackets): '8443'");
+    expect_error("listen_tls:\n  port: 8443\n", 2, "listen_tls.port: unknown key");
+    expect_error("listen_tls: 127.0.0.1:8443\n", 1,
+                 "listen_tls: expected a mapping of keys, found a single value");
+    expect_error("listen_tls:\n  address: '127.0.0.1:8443'\n  cert_file: ''\n", 3,
+                 "listen_tls.cert_file: must not be empty");
+}
+
+Test(config, validate_checks_listen_tls)
+{
+    idem__config_set_string(&cfg.listen_tls_address, "127.0.0.1:8443");
+    expect_invalid("listen_tls: needs cert_file and key_file with address");
+    idem__config_set_string(&cfg.listen_tls_cert_file, "s.pem");
+    idem__config_set_string(&cfg.listen_tls_key_file, "s.key");
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    idem__config_set_string(&cfg.listen_tls_address, cfg.listen);
+    expect_invalid("listen_tls.address: must not be the same address as listen or admin");
+    idem__config_set_string(&cfg.listen_tls_address, cfg.admin);
+    expect_invalid("listen_tls.address: must not be the same address as listen or admin");
+    idem__config_set_string(&cfg.listen_tls_address, "nope");
+    expect_invalid("listen_tls.address: not HOST:PORT");
+    idem__config_set_string(&cfg.listen_tls_address, NULL);
+    expect_invalid("listen_tls: needs address");
+}
+
+Test(config, upstream_tls_is_read)
+{
+    cr_assert_eq(load("upstream: https://api.internal:8443\n"
+                      "upstream_tls:\n"
+                      "  ca_file: /etc/idem/ca.pem\n"
+                      "  cert_file: /etc/idem/me.pem\n"
+                      "  key_file: /etc/idem/me.key\n"
+                      "  server_name: api.internal\n"
+                      "  verify: false\n"),
+                 0, "%s", err);
+    cr_expect_str_eq(cfg.upstream_tls_ca_file, "/etc/idem/ca.pem");
+    cr_expect_str_eq(cfg.upstream_tls_cert_file, "/etc/idem/me.pem");
+    cr_expect_str_eq(cfg.upstream_tls_key_file, "/etc/idem/me.key");
+    cr_expect_str_eq(cfg.upstream_tls_server_name, "api.internal");
+    cr_expect_not(cfg.upstream_tls_verify);
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(load("upstream_tls: {verify: true}\n"), 0, "%s", err);
+    cr_expect(cfg.upstream_tls_verify);
+}
+
+Test(config, upstream_tls_refusals)
+{
+    expect_error("upstream_tls:\n  cert_file: me.pem\n", 2,
+                 "upstream_tls: cert_file and key_file go together (a client certificate and "
+                 "its key): write both or neither");
+    expect_error("upstream_tls:\n  verify: no\n", 2,
+                 "upstream_tls.verify: must be one of false, true");
+    expect_error("upstream_tls:\n  server_name: 'a b'\n", 2,
+                 "upstream_tls.server_name: not a host name or [IPv6] address without a port: "
+                 "'a b'");
+    expect_error("upstream_tls:\n  sni: a\n", 2, "upstream_tls.sni: unknown key");
+    /* upstream_tls beside a plain upstream would be silently unused.  (A
+     * failed load leaves cfg partly updated: start again.) */
+    idem__config_cleanup(&cfg);
+    cr_assert_eq(idem__config_defaults(&cfg), 0);
+    cr_assert_eq(load("upstream_tls: {ca_file: ca.pem}\n"), 0, "%s", err);
+    expect_invalid("upstream_tls: written, but the upstream is not https://");
+    idem__config_set_string(&cfg.upstream_tls_ca_file, NULL);
+    cfg.upstream_tls_verify = false;
+    expect_invalid("upstream_tls: written, but the upstream is not https://");
+    cfg.upstream_tls_verify = true;
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+    idem__config_set_string(&cfg.upstream, "https://a:1");
+    idem__config_set_string(&cfg.upstream_tls_key_file, "me.key");
+    expect_invalid("upstream_tls: cert_file and key_file go together");
 }
 
 Test(config, scope_and_scope_header_together_are_refused)

@@ -590,8 +590,8 @@ Test(http_parser, hop_by_hop_index_of_a_response)
 
 /* A head of `fields` header fields named by name(i) and one Connection
  * field listing `items` items named by item(k), at most 16 KiB. */
-static char *long_connection_head(size_t fields, const char *(*name)(size_t),
-                                  size_t items, const char *(*item)(size_t))
+static char *long_connection_head(size_t fields, const char *(*name)(size_t), size_t items,
+                                  const char *(*item)(size_t))
 {
     size_t cap = IDEM_HTTP_MAX_HEAD + 1, n = 0;
     char *h = malloc(cap);
@@ -681,8 +681,8 @@ Test(http_parser, hop_by_hop_work_is_linear_in_a_long_connection_list)
 /* Random heads: the index and the walk always agree. */
 Test(http_parser, hop_by_hop_index_agrees_with_the_walk)
 {
-    static const char *const names[] = {"x-a", "X-A", "x-b", "X-b", "x-c", "Keep-Alive",
-                                        "Proxy-X", "te", "x-ab", "x-a "};
+    static const char *const names[] = {"x-a",        "X-A",     "x-b", "X-b",  "x-c",
+                                        "Keep-Alive", "Proxy-X", "te",  "x-ab", "x-a "};
     unsigned seed = 12345;
     for (int round = 0; round < 300; round++) {
         char h[2048];

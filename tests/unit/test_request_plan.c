@@ -387,10 +387,9 @@ Test(request_plan, upstream_fields_stored_and_relayed)
         const char *name;
         bool kept;
     } want[] = {
-        {"Content-Type", true},         {"X-Idempotent-Replay", false},
-        {"Connection", false},          {"X-Hop", false},
-        {"Keep-Alive", false},          {"Content-Length", false},
-        {"Set-Cookie", true},           {"Proxy-Thing", false},
+        {"Content-Type", true}, {"X-Idempotent-Replay", false}, {"Connection", false},
+        {"X-Hop", false},       {"Keep-Alive", false},          {"Content-Length", false},
+        {"Set-Cookie", true},   {"Proxy-Thing", false},
     };
     cr_assert_eq(m.n_fields, sizeof want / sizeof want[0]);
     for (size_t i = 0; i < m.n_fields; i++) {

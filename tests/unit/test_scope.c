@@ -87,15 +87,14 @@ Test(scope, parse_refuses_a_name_over_the_limit)
     cr_expect_eq(idem__gw_scope_parse_source(text, &s, why, sizeof why), -1);
 }
 
-Test(scope, jwt_and_client_cert_are_not_supported_yet)
+Test(scope, jwt_is_not_supported_yet_and_client_cert_is)
 {
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_AUTHORIZATION));
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_HEADER));
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_COOKIE));
     cr_expect_not_null(
         strstr(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_JWT), "not supported yet"));
-    cr_expect_not_null(
-        strstr(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT), "not supported yet"));
+    cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT));
 }
 
 Test(scope, source_text_is_what_was_written)
@@ -157,26 +156,27 @@ Test(scope, cookie_pairs_without_equals_are_skipped)
 Test(scope, legacy_rule_is_the_old_one)
 {
     char out[IDEM_SCOPE_MAX + 1], want[65];
-    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization", NOREQ(), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization", NOREQ(), NULL, out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
     sha("Bearer a", want);
     cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"),
-                                        out, NULL),
+                                        NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
     /* scope_header: X-Api-Key ignores Authorization, and without it is anonymous. */
-    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("Authorization: Bearer a"), out,
-                                        NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("Authorization: Bearer a"),
+                                        NULL, out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
     sha("k1", want);
-    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("x-api-key: k1"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("x-api-key: k1"), NULL, out,
+                                        NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
     /* An empty value is hashed, as before. */
     sha("", want);
-    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key:"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key:"), NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -185,16 +185,86 @@ Test(scope, one_source_gives_the_values_of_scope_header)
 {
     char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("authorization");
-    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"), a,
-                                        NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"),
+                                        NULL, a, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
-    idem__gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"), b, NULL);
+    idem__gw_scope_compute(NULL, 0, "Authorization", REQ("Authorization: Bearer a"), NULL, b,
+                           NULL);
     cr_expect_str_eq(a, b);
     s = src("header:X-User");
-    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User: u1"), a, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User: u1"), NULL, a, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
-    idem__gw_scope_compute(NULL, 0, "X-User", REQ("X-User: u1"), b, NULL);
+    idem__gw_scope_compute(NULL, 0, "X-User", REQ("X-User: u1"), NULL, b, NULL);
     cr_expect_str_eq(a, b);
+}
+
+/* The certificate's hex SHA-256, as the TLS connection hands it in. */
+#define CERT_A "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+#define CERT_B "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752"
+
+Test(scope, client_cert_hashes_the_certificates_hex_sha256)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("client_cert");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), CERT_A, out, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    sha(CERT_A, want);
+    cr_expect_str_eq(out, want, "one source: the SHA-256 of its value, the hex string");
+    /* Two certificates, two scopes; Authorization does not enter into it. */
+    char b[IDEM_SCOPE_MAX + 1];
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"),
+                                        CERT_B, b, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_neq(out, b);
+    sha(CERT_B, want);
+    cr_expect_str_eq(b, want);
+}
+
+Test(scope, client_cert_absent_falls_back_like_other_sources)
+{
+    char out[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("client_cert");
+    /* A plain listener's request: no verified certificate. */
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), NULL, out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+    cr_expect_str_eq(out, "anonymous");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer a"),
+                                        NULL, out, NULL),
+                 IDEM_SCOPE_FALLBACK_AUTHORIZATION);
+    idem_scope_result_t fb =
+        idem__gw_scope_compute(&(idem_scope_source_t){.kind = IDEM_SCOPE_SRC_HEADER,
+                                                      .name = "X-None"},
+                               1, "Authorization", REQ("Authorization: Bearer a"), NULL, want,
+                               NULL);
+    cr_expect_eq(fb, IDEM_SCOPE_FALLBACK_AUTHORIZATION);
+    cr_expect_str_eq(out, want, "the same fallback as an absent header");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), "", out, NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS, "an empty value is absent");
+    /* A certificate given to a scope that does not read one changes nothing. */
+    idem_scope_source_t a = src("authorization");
+    char x[IDEM_SCOPE_MAX + 1], y[IDEM_SCOPE_MAX + 1];
+    idem__gw_scope_compute(&a, 1, "Authorization", REQ("Authorization: Bearer a"), CERT_A, x,
+                           NULL);
+    idem__gw_scope_compute(&a, 1, "Authorization", REQ("Authorization: Bearer a"), NULL, y, NULL);
+    cr_expect_str_eq(x, y);
+}
+
+Test(scope, client_cert_with_another_source_is_framed)
+{
+    idem_scope_source_t s[2] = {src("client_cert"), src("header:X-Org")};
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
+    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), CERT_A, a, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), CERT_B, b, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_neq(a, b);
+    /* The frame: 4-byte length then the value, for each source in order. */
+    unsigned char buf[4 + 64 + 4 + 2] = {0, 0, 0, 64};
+    memcpy(buf + 4, CERT_A, 64);
+    memcpy(buf + 68, (unsigned char[]){0, 0, 0, 2, 'o', '1'}, 6);
+    char want[65];
+    idem_sha256_hex(buf, sizeof buf, want);
+    cr_expect_str_eq(a, want);
 }
 
 Test(scope, cookie_source_hashes_the_cookie_value)
@@ -203,7 +273,8 @@ Test(scope, cookie_source_hashes_the_cookie_value)
     idem_scope_source_t s = src("cookie:sid");
     sha("alice-session", want);
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
-                                        REQ("Cookie: theme=dark; sid=alice-session"), out, NULL),
+                                        REQ("Cookie: theme=dark; sid=alice-session"), NULL, out,
+                                        NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -215,7 +286,7 @@ Test(scope, cookie_headers_are_read_in_order_first_wins)
     sha("one", want);
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
                                         REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
-                                        out, NULL),
+                                        NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -226,11 +297,11 @@ Test(scope, absent_source_falls_back_to_authorization_then_anonymous)
     idem_scope_source_t s = src("cookie:sid");
     sha("Bearer a", want);
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
-                                        REQ("Authorization: Bearer a", "Cookie: other=1"), out,
-                                        NULL),
+                                        REQ("Authorization: Bearer a", "Cookie: other=1"), NULL,
+                                        out, NULL),
                  IDEM_SCOPE_FALLBACK_AUTHORIZATION);
     cr_expect_str_eq(out, want);
-    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", NOREQ(), NULL, out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
 }
@@ -239,10 +310,11 @@ Test(scope, empty_source_value_counts_as_absent)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("cookie:sid");
-    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid="), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid="), NULL, out,
+                                        NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     s = src("header:X-User");
-    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User:"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User:"), NULL, out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
     cr_expect_str_eq(out, "anonymous");
 }
@@ -255,7 +327,7 @@ Test(scope, several_sources_hash_their_length_framed_values)
     const char framed[] = {0, 0, 0, 2, 'o', '1', 0, 0, 0, 3, 'a', 'b', 'c'};
     idem_sha256_hex(framed, sizeof framed, want);
     cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization",
-                                        REQ("X-Org: o1", "Cookie: sid=abc"), out, NULL),
+                                        REQ("X-Org: o1", "Cookie: sid=abc"), NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
 }
@@ -264,8 +336,8 @@ Test(scope, framing_keeps_value_boundaries_apart)
 {
     char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s[2] = {src("header:X-A"), src("header:X-B")};
-    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: ab", "X-B: c"), a, NULL);
-    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: a", "X-B: bc"), b, NULL);
+    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: ab", "X-B: c"), NULL, a, NULL);
+    idem__gw_scope_compute(s, 2, "Authorization", REQ("X-A: a", "X-B: bc"), NULL, b, NULL);
     cr_expect_str_neq(a, b);
 }
 
@@ -273,7 +345,7 @@ Test(scope, one_of_several_absent_falls_back)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s[2] = {src("header:X-Org"), src("cookie:sid")};
-    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), out, NULL),
+    cr_expect_eq(idem__gw_scope_compute(s, 2, "Authorization", REQ("X-Org: o1"), NULL, out, NULL),
                  IDEM_SCOPE_FALLBACK_ANONYMOUS);
 }
 
@@ -285,12 +357,13 @@ Test(scope, authorization_twice_is_ambiguous)
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
                                         REQ("Authorization: a", "Cookie: sid=1",
                                             "Authorization: b"),
-                                        out, &dup),
+                                        NULL, out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "Authorization");
     cr_expect_str_eq(out, "");
     cr_expect_eq(idem__gw_scope_compute(NULL, 0, "Authorization",
-                                        REQ("Authorization: a", "authorization: a"), out, &dup),
+                                        REQ("Authorization: a", "authorization: a"), NULL, out,
+                                        &dup),
                  IDEM_SCOPE_AMBIGUOUS);
 }
 
@@ -300,11 +373,11 @@ Test(scope, source_header_twice_is_ambiguous)
     const char *dup = NULL;
     idem_scope_source_t s = src("header:X-User");
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User: a", "x-user: b"),
-                                        out, &dup),
+                                        NULL, out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "X-User");
     cr_expect_eq(idem__gw_scope_compute(NULL, 0, "X-Api-Key", REQ("X-Api-Key: a", "X-Api-Key: a"),
-                                        out, &dup),
+                                        NULL, out, &dup),
                  IDEM_SCOPE_AMBIGUOUS);
     cr_expect_str_eq(dup, "X-Api-Key");
 }
@@ -314,7 +387,7 @@ Test(scope, cookie_header_twice_is_not_ambiguous)
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("cookie:sid");
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
-                                        REQ("Cookie: a=1", "Cookie: sid=2"), out, NULL),
+                                        REQ("Cookie: a=1", "Cookie: sid=2"), NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
 }
 
