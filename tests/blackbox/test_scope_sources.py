@@ -11,7 +11,8 @@
   Authorization (or a header the scope reads) given twice: 400 ambiguous-scope
   Connection: Authorization Authorization still names the caller and is still
                             forwarded
-  jwt:CLAIM, client_cert    refused at start (exit 2, one line): not supported yet
+  jwt:CLAIM                 refused at start (exit 2, one line): not supported yet
+  client_cert               refused at start without listen_tls.client_ca_file
   scope with scope_header   refused at start: two answers to one question
 """
 
@@ -257,9 +258,9 @@ class ScopeConfig(h.IdemTestCase):
     def test_jwt_is_refused_as_not_supported_yet(self):
         self.assertRefused("scope: [jwt:sub]\n", "idem.yaml:1", "scope[0]", "not supported yet")
 
-    def test_client_cert_is_refused_as_not_supported_yet(self):
-        self.assertRefused("scope:\n  - cookie:sid\n  - client_cert\n", "idem.yaml:3",
-                           "scope[1]", "not supported yet")
+    def test_client_cert_needs_listen_tls_client_ca_file(self):
+        self.assertRefused("scope:\n  - cookie:sid\n  - client_cert\n",
+                           "scope: client_cert needs listen_tls.client_ca_file")
 
     def test_scope_with_scope_header_is_refused(self):
         self.assertRefused("scope_header: X-Api-Key\nscope: [cookie:sid]\n", "idem.yaml:2",
