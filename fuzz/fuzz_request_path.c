@@ -12,7 +12,8 @@
  *     anything before the prefix holds the whole message, and then plan as
  *     the whole does (a decision does not depend on how the bytes came);
  *   - refused input is never forwarded: a head our parser refuses, a target
- *     the normaliser refuses, a body the decoder refuses;
+ *     the normaliser refuses, a body the decoder refuses, a method that is
+ *     a case variant of a routed one;
  *   - a forwarded request's upstream head and body re-parse with our own
  *     parser, under idemd's own limits on a head (16 KiB, 100 fields), as
  *     exactly one request with no byte left over, HTTP/1.1, the
@@ -231,6 +232,19 @@ static bool end_to_end(const idem_config_t *cfg, const idem_http_msg_t *m,
     if (idem__slice_eq_ci(f->name, "Host"))
         return !absolute;
     return is_kept(cfg, f->name) || !idem__http_is_hop_by_hop(m, f->name);
+}
+
+/* Whether method equals one a route names but for case, not byte for byte
+ * (docs/protocol.md section 5): such a method is never forwarded. */
+static bool case_variant_of_a_route(const idem_config_t *cfg, idem_slice_t method)
+{
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        for (size_t k = 0; k < cfg->routes[i].n_methods; k++) {
+            const char *rm = cfg->routes[i].methods[k];
+            if (idem__slice_eq_ci(method, rm) && memcmp(rm, method.ptr, method.len) != 0)
+                return true;
+        }
+    return false;
 }
 
 static void check_forwarded(const idem_config_t *cfg, const idem_gw_plan_t *p, uint64_t fence)
@@ -483,6 +497,7 @@ static void check_plan(size_t ci, const idem_gw_plan_t *p, const char *in, size_
         break;
     }
     CHECK(rc > 0 && p->body_rc == IDEM_HTTP_BODY_DONE && p->classified);
+    CHECK(!case_variant_of_a_route(cfg, p->msg.method));
     CHECK(p->cls.kind == IDEM_GW_PASS || p->cls.kind == IDEM_GW_TOKEN ||
           p->cls.kind == IDEM_GW_KEYED);
     CHECK(p->fingerprinted == (p->cls.kind == IDEM_GW_KEYED));
