@@ -59,7 +59,9 @@ struct idem_gw {
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */
-    char upstream_hostport[300];           /* for logs */
+    char upstream_hostport[300];           /* HOST:PORT, the Host sent upstream and for logs */
+    char upstream_host[256];               /* HOST alone (the name TLS verifies by default) */
+    bool upstream_tls;                     /* an https:// upstream */
     int nworkers;
     idem_worker_t *workers;
     _Atomic bool stopping;

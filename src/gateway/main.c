@@ -166,20 +166,18 @@ static int apply_flags(idem_config_t *cfg, const args_t *a, char *err, size_t er
 /* Resolve the upstream URL (validated as http://host:port) once. */
 static int resolve_upstream(idem_gw_t *gw, char *err, size_t errlen)
 {
-    const char *hp = gw->cfg->upstream + strlen("http://");
-    size_t n = strcspn(hp, "/");
-    if (n >= sizeof gw->upstream_hostport) {
-        snprintf(err, errlen, "--upstream: too long");
-        return -1;
-    }
-    memcpy(gw->upstream_hostport, hp, n);
-    gw->upstream_hostport[n] = '\0';
     char host[256];
     int port;
-    if (idem__config_parse_addr(gw->upstream_hostport, host, sizeof host, &port) != 0) {
-        snprintf(err, errlen, "--upstream: not http://HOST:PORT: '%s'", gw->cfg->upstream);
+    bool tls = false;
+    if (idem__config_parse_upstream_url(gw->cfg->upstream, host, sizeof host, &port, &tls) != 0) {
+        snprintf(err, errlen, "--upstream: not http://HOST:PORT or https://HOST:PORT: '%s'",
+                 gw->cfg->upstream);
         return -1;
     }
+    gw->upstream_tls = tls;
+    snprintf(gw->upstream_host, sizeof gw->upstream_host, "%s", host);
+    snprintf(gw->upstream_hostport, sizeof gw->upstream_hostport,
+             strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;

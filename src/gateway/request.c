@@ -262,8 +262,7 @@ static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *uf = &m->fields[i];
-        if (!idem__http_is_hop_by_hop(m, uf->name) &&
-            !idem__slice_eq_ci(uf->name, "Content-Length"))
+        if (idem__gw_response_field_relayed(req_gw(req)->cfg, m, uf->name))
             f[n++] = *uf;
     }
     if (req->bypassed)
@@ -621,7 +620,7 @@ static int req_collect_store_headers(idem_req_t *req)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (idem__http_is_hop_by_hop(m, f->name) || idem__slice_eq_ci(f->name, "Content-Length"))
+        if (!idem__gw_response_field_stored(req_gw(req)->cfg, m, f->name))
             continue;
         req->store_headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr, f->value.len};
     }
@@ -1053,7 +1052,8 @@ bool idem__req_scope_admit(idem_req_t *req, char *out)
     const idem_config_t *cfg = gw->cfg;
     const char *dup = NULL;
     idem_scope_result_t rc =
-        idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg, out, &dup);
+        idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg,
+                               req->client_cert[0] ? req->client_cert : NULL, out, &dup);
     if (rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION)
         atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
                                   memory_order_relaxed);
