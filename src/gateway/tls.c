@@ -660,7 +660,8 @@ int idem__tls_read(idem_tls_t *t, char *buf, size_t cap)
 
 int idem__tls_write(idem_tls_t *t, const char *p, size_t n)
 {
-    if (t->err)
+    /* The peer's close_notify ends its half only: an answer may follow. */
+    if (t->err && t->err != IDEM_TLS_E_CLOSED)
         return t->err;
     if (!t->done || t->shut)
         return IDEM_TLS_E_PROTOCOL;

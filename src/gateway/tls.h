@@ -179,7 +179,8 @@ int idem__tls_feed(idem_tls_t *t, const char *p, size_t n);
  *         every case, ciphertext may be pending. */
 int idem__tls_read(idem_tls_t *t, char *buf, size_t cap);
 
-/** Encrypt n bytes of plaintext; the handshake must be done.
+/** Encrypt n bytes of plaintext; the handshake must be done.  Allowed after
+ * the peer's close_notify (IDEM_TLS_E_CLOSED): that ends its half only.
  * @return 0 (all of it is now pending ciphertext), or a negative
  *         idem_tls_err_t (IDEM_TLS_E_PROTOCOL before the handshake is done
  *         or after a shutdown). */

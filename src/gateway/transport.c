@@ -27,6 +27,7 @@
  */
 #include "gateway/transport.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -202,6 +203,8 @@ int idem__transport_write(idem_transport_t *t, const uv_buf_t *bufs, unsigned n)
         total += bufs[i].len;
     if (total == 0)
         return 0;
+    if (total > UINT_MAX / 2)
+        return -1; /* one uv_buf_t must hold it (and its ciphertext) */
     if (t->tls && idem__tls_handshake_done(t->tls)) {
         for (unsigned i = 0; i < n; i++) {
             if (idem__tls_write(t->tls, bufs[i].base, bufs[i].len) != 0) {
@@ -325,6 +328,13 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (t->tls && !idem__tls_handshake_done(t->tls)) {
             fail(t, "the peer closed the connection during the TLS handshake");
             return;
+        }
+        /* What was held while reading was stopped comes before the end
+         * (reading may have started again on this same loop turn). */
+        if (t->tls) {
+            pump(t);
+            if (t->eof || t->failed || t->closing)
+                return;
         }
         t->eof = true;
         t->eof_clean = !t->tls;

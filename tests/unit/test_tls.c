@@ -173,6 +173,11 @@ Test(tls, handshake_data_alpn_and_client_certificate)
     shuttle(&c, &s);
     cr_assert_eq(s.rc, IDEM_TLS_E_CLOSED);
     cr_assert(idem__tls_write(c.t, "x", 1) < 0, "no write after shutdown");
+    /* The server may still answer on its half. */
+    cr_assert_eq(idem__tls_write(s.t, "bye", 3), 0);
+    shuttle(&c, &s);
+    cr_assert_eq(c.got_n, 9);
+    cr_assert(memcmp(c.got + 6, "bye", 3) == 0);
     unpair(&c, &s);
     idem__tls_ctx_unref(cctx);
     idem__tls_ctx_unref(sctx);
@@ -589,5 +594,65 @@ Test(tls, out_of_memory_is_an_error)
     cr_assert_eq(idem__tls_server_init(&holder, &o, err, sizeof err), -1);
     cr_assert_null(idem__tls_session_cache_create());
     idem_alloc_fail_after(0);
+    idem__tls_ctx_unref(sctx);
+}
+
+Test(tls, renegotiation_refused)
+{
+    idem_tls_ctx_t *sctx = server_ctx("server.pem", "server.key", NULL);
+    SSL_CTX *old = SSL_CTX_new(TLS_client_method());
+    cr_assert(old);
+    cr_assert(SSL_CTX_set_max_proto_version(old, TLS1_2_VERSION));
+    SSL_CTX_set_verify(old, SSL_VERIFY_NONE, NULL);
+    SSL *ssl = SSL_new(old);
+    BIO *in = BIO_new(BIO_s_mem()), *out = BIO_new(BIO_s_mem());
+    BIO_set_mem_eof_return(in, -1);
+    SSL_set_bio(ssl, in, out);
+    SSL_set_connect_state(ssl);
+    idem_tls_t *s = idem__tls_create_server(sctx);
+    char buf[4096];
+    int hs = 0;
+    /* Move bytes both ways until the client's handshake settles. */
+    for (int i = 0; i < 20; i++) {
+        hs = SSL_do_handshake(ssl);
+        int n;
+        while ((n = BIO_read(out, buf, sizeof buf)) > 0)
+            cr_assert_eq(idem__tls_feed(s, buf, (size_t)n), 0);
+        cr_assert(idem__tls_read(s, buf, sizeof buf) >= 0, "%s", idem__tls_errstr(s));
+        size_t p;
+        while ((p = idem__tls_take(s, buf, sizeof buf)) > 0)
+            BIO_write(in, buf, (int)p);
+        if (hs == 1 && idem__tls_handshake_done(s))
+            break;
+    }
+    cr_assert_eq(hs, 1, "a TLS 1.2 handshake");
+    cr_assert_eq(SSL_version(ssl), TLS1_2_VERSION);
+
+    /* The client asks to renegotiate; the server refuses and stays whole. */
+    cr_assert_eq(SSL_renegotiate(ssl), 1);
+    int r = 0;
+    bool refused = false;
+    for (int i = 0; i < 20 && !refused; i++) {
+        r = SSL_do_handshake(ssl);
+        int n;
+        while ((n = BIO_read(out, buf, sizeof buf)) > 0)
+            (void)idem__tls_feed(s, buf, (size_t)n);
+        int sr = idem__tls_read(s, buf, sizeof buf);
+        cr_assert(sr == 0 || sr < 0);
+        size_t p;
+        while ((p = idem__tls_take(s, buf, sizeof buf)) > 0)
+            BIO_write(in, buf, (int)p);
+        char rd[16];
+        if (SSL_read(ssl, rd, sizeof rd) <= 0 &&
+            SSL_get_error(ssl, -1) == SSL_ERROR_SSL)
+            refused = true;
+        if (r <= 0 && SSL_get_error(ssl, r) == SSL_ERROR_SSL)
+            refused = true;
+    }
+    cr_assert(refused, "the renegotiation never completed");
+    cr_assert_eq(SSL_renegotiate_pending(ssl), 1);
+    idem__tls_destroy(s);
+    SSL_free(ssl);
+    SSL_CTX_free(old);
     idem__tls_ctx_unref(sctx);
 }
