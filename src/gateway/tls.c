@@ -73,11 +73,11 @@ static const char *const default_alpn[] = {"http/1.1", NULL};
 
 /* ---- messages ----------------------------------------------------------- */
 
-/* The reason of the last error in OpenSSL's queue ("no start line"), and the
+/* The reason of the first error in OpenSSL's queue ("no start line"), and the
  * queue emptied; fallback when the queue is empty. */
 static const char *ossl_reason(const char *fallback)
 {
-    unsigned long e = ERR_peek_last_error();
+    unsigned long e = ERR_peek_error(); /* the first: the cause, not "PEM lib" */
     const char *r = e ? ERR_reason_error_string(e) : NULL;
     ERR_clear_error();
     return r ? r : fallback;
@@ -203,7 +203,8 @@ static bool load_pair(idem_tls_ctx_t *c, const char *name, const char *cert_file
     EVP_PKEY *key = PEM_read_bio_PrivateKey(b, NULL, no_password, NULL);
     BIO_free(b);
     if (!key) {
-        file_err(err, errlen, name, "key_file", key_file, ossl_reason("not a PEM private key"));
+        ERR_clear_error(); /* OpenSSL 3's decoders say only "unsupported" */
+        file_err(err, errlen, name, "key_file", key_file, "no unencrypted PEM private key in it");
         return false;
     }
     X509 *cert = SSL_CTX_get0_certificate(c->ssl);

@@ -35,6 +35,10 @@
  * already read is held (at most one socket read, 64 KiB, as ciphertext) and
  * delivered after read_start.
  *
+ * Time: the transport has no timer.  The owner bounds the handshake as it
+ * bounds a request head (header_timeout): a peer that stops mid-handshake
+ * holds the connection until the owner closes it.
+ *
  * Writing: idem__transport_write copies.  For TLS, what is written before the
  * handshake is done is held and sent once it is.  idem__transport_queued
  * counts every byte held for writing and not yet handed to the kernel,

@@ -541,8 +541,18 @@ Test(tls, file_errors_name_the_file_and_the_reason)
 
     o = (idem_tls_server_opts_t){.cert_file = cert("server.key"), .key_file = cert("server.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
-    cr_assert(strstr(err, "listen_tls.cert_file: ") && strstr(err, "server.key: "), "%s", err);
+    cr_assert(strstr(err, "listen_tls.cert_file: ") && strstr(err, "server.key: no start line"), "%s",
+              err);
     cr_assert_null(strchr(err, '\n'));
+
+    o = (idem_tls_server_opts_t){.cert_file = cert("server.pem"), .key_file = cert("server.pem")};
+    cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
+    cr_assert(strstr(err, "server.pem: no unencrypted PEM private key in it"), "%s", err);
+
+    o = (idem_tls_server_opts_t){.cert_file = cert("server.pem"), .key_file = cert("server.key"),
+                                 .client_ca_file = cert("server.key")};
+    cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
+    cr_assert(strstr(err, "listen_tls.client_ca_file: ") && strstr(err, "server.key: "), "%s", err);
 
     idem_tls_client_opts_t co = {.name = "upstream_tls", .ca_file = "/nonexistent/ca.pem"};
     cr_assert_eq(idem__tls_client_ctx_create(&co, &c, err, sizeof err), -1);
