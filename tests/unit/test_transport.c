@@ -21,6 +21,7 @@
 #include <openssl/x509.h>
 
 #include "gateway/transport.h"
+#include "idem/alloc.h"
 
 #define HIGH (256 * 1024) /* the server stops reading above this queued */
 #define LOW (64 * 1024)   /* and starts again below this */
@@ -303,6 +304,14 @@ static void on_connect(uv_connect_t *req, int status)
     }
     in_call--;
     w_read_start(&cli);
+    /* Out of memory: the write is refused whole, and the stream goes on. */
+    in_call++;
+    idem_alloc_fail_after(1);
+    uv_buf_t b = uv_buf_init((char *)"lost", 4);
+    cr_assert_eq(idem__transport_write(&cli.tr, &b, 1), -1);
+    idem_alloc_fail_after(0);
+    cr_assert_eq(idem__transport_queued(&cli.tr), 0);
+    in_call--;
     /* Written before the handshake (TLS): held, then sent. */
     for (size_t off = 0; off < payload_n; off += 65536)
         w_write(&cli, payload + off, payload_n - off < 65536 ? payload_n - off : 65536);
