@@ -65,6 +65,7 @@
 #include "gateway/problem.h"
 #include "gateway/rbuf.h"
 #include "gateway/request_plan.h"
+#include "gateway/transport.h"
 #include "idem/alloc.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -89,7 +90,8 @@ typedef enum {
 } conn_timer_t;
 
 struct idem_conn {
-    uv_tcp_t tcp;
+    uv_tcp_t tcp;           /* first: a refused connection frees c as its handle */
+    idem_transport_t tr;    /* the byte stream over tcp: plain, or TLS (transport.h) */
     idem_ostream_t os;      /* what its request answers through */
     idem_listener_t *l;     /* whose connection this is */
     idem_link_t link;       /* in l->conns, the most recently active last */
@@ -102,6 +104,7 @@ struct idem_conn {
     idem_hreq_t *req;       /* the request being read or answered; NULL once it ended its
                                answer or was told on_gone */
     idem_conn_facts_t facts;
+    char cert_hex[65];      /* the verified client certificate's SHA-256, for facts */
     struct sockaddr_storage peer; /* for max_connections_per_address */
     bool peer_counted;      /* the address holds a place in the per-address table */
     /* The request being answered, as its head said. */
@@ -119,8 +122,8 @@ struct idem_conn {
     bool reading;
     bool close_after;       /* close once the queued writes are done */
     bool broken;            /* a write could not be queued: closed from the loop */
-    size_t queued;          /* bytes in uv_write requests not yet done, overhead included */
-    int writes;             /* uv_write requests not yet done */
+    size_t queued;          /* what its transport holds for writing, overhead included, as
+                               last counted in max_queued_bytes (conn_sync_queued) */
     int closes;             /* handles (tcp, timer) whose close callback is pending */
     bool processing;        /* inside conn_process: answers made now loop, not recurse */
     bool peer_eof;          /* the client half-closed after its request: answer, then close */
@@ -130,13 +133,6 @@ struct idem_conn {
     conn_timer_t waiting;   /* what timer is armed for */
     uv_timer_t timer;
 };
-
-typedef struct {
-    uv_write_t wr;
-    idem_conn_t *conn;
-    size_t charge; /* what it counts in c->queued and max_queued_bytes */
-    idem_buf_t buf;
-} write_req_t;
 
 static void conn_drain(idem_conn_t *c);
 static void conn_timer(idem_conn_t *c, conn_timer_t what);
@@ -204,22 +200,28 @@ static void conn_break(idem_conn_t *c)
     conn_schedule_parse(c); /* starts the idle that closes it */
 }
 
-static void on_write(uv_write_t *wr, int status)
+/* Count again what c's transport holds for writing, in c->queued and in
+ * max_queued_bytes. */
+static void conn_sync_queued(idem_conn_t *c)
 {
-    write_req_t *r = (write_req_t *)wr;
-    idem_conn_t *c = r->conn;
-    c->queued -= r->charge;
-    c->writes--;
-    if (c->l->limits.count_queued)
-        atomic_fetch_sub(&c->l->gw->metrics.queued_bytes, r->charge);
-    idem__buf_cleanup(&r->buf);
-    idem_free(r);
+    size_t now = c->state == CS_CLOSED ? 0 : idem__transport_queued(&c->tr);
+    if (c->l->limits.count_queued && now != c->queued) {
+        if (now > c->queued)
+            atomic_fetch_add(&c->l->gw->metrics.queued_bytes, now - c->queued);
+        else
+            atomic_fetch_sub(&c->l->gw->metrics.queued_bytes, c->queued - now);
+    }
+    c->queued = now;
+}
+
+/* The transport handed some of what was written to the kernel. */
+static void on_tr_written(void *data, size_t n)
+{
+    idem_conn_t *c = data;
+    (void)n;
+    conn_sync_queued(c);
     if (c->state == CS_CLOSED)
         return;
-    if (status < 0) {
-        conn_close(c); /* from the loop: the request hears on_gone */
-        return;
-    }
     if (c->waiting == CT_QUEUE)
         conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
     if (c->want_proceed && c->req && conn_caught_up(c)) {
@@ -228,7 +230,7 @@ static void on_write(uv_write_t *wr, int status)
         if (c->state == CS_CLOSED)
             return;
     }
-    if (c->close_after && c->writes == 0) {
+    if (c->close_after && c->queued == 0) {
         conn_close(c);
         return;
     }
@@ -241,8 +243,8 @@ static void on_write(uv_write_t *wr, int status)
     }
 }
 
-/* Hand what c->out holds to one write.  @return false when it could not
- * be queued (the connection is then broken). */
+/* Hand what c->out holds to the transport.  @return false when it could
+ * not be queued (the connection is then broken). */
 static bool conn_flush(idem_conn_t *c)
 {
     if (c->out.len == 0)
@@ -251,26 +253,18 @@ static bool conn_flush(idem_conn_t *c)
         idem__buf_reset(&c->out);
         return false;
     }
-    write_req_t *r = idem_malloc(sizeof *r);
-    if (!r) {
+    uv_buf_t b = uv_buf_init(c->out.data, (unsigned)c->out.len);
+    int rc = idem__transport_write(&c->tr, &b, 1);
+    /* A large answer's buffer is not kept for the next one. */
+    if (c->out.cap > 64 * 1024)
+        idem__buf_cleanup(&c->out);
+    else
+        idem__buf_reset(&c->out);
+    if (rc != 0) {
         conn_break(c);
         return false;
     }
-    r->conn = c;
-    r->buf = c->out; /* taken: no copy */
-    idem__buf_init(&c->out, 0);
-    r->charge = sizeof *r + r->buf.cap;
-    uv_buf_t b = uv_buf_init(r->buf.data, (unsigned)r->buf.len);
-    if (uv_write(&r->wr, (uv_stream_t *)&c->tcp, &b, 1, on_write) < 0) {
-        idem__buf_cleanup(&r->buf);
-        idem_free(r);
-        conn_break(c);
-        return false;
-    }
-    c->queued += r->charge;
-    c->writes++;
-    if (c->l->limits.count_queued)
-        atomic_fetch_add(&c->l->gw->metrics.queued_bytes, r->charge);
+    conn_sync_queued(c);
     return true;
 }
 
@@ -365,8 +359,10 @@ static void os_abort(idem_ostream_t *os)
     conn_flush(c);
     c->close_after = true;
     conn_stop_reading(c);
-    if (c->writes == 0 && !c->broken)
+    if (c->queued == 0 && !c->broken)
         conn_close(c);
+    else if (!c->broken)
+        conn_timer(c, CT_QUEUE);
 }
 
 static const idem_ostream_ops_t conn_os_ops = {
@@ -377,10 +373,9 @@ static const idem_ostream_ops_t conn_os_ops = {
 
 /* ---- connections --------------------------------------------------------- */
 
-static void on_conn_closed(uv_handle_t *h)
+static void conn_freed_part(idem_conn_t *c)
 {
-    idem_conn_t *c = h->data;
-    /* Two handles (tcp and timer) close; free on the second. */
+    /* Two parts (the transport with its tcp, the timer) close; free on the second. */
     if (--c->closes > 0)
         return;
     idem_listener_t *l = c->l;
@@ -395,6 +390,10 @@ static void on_conn_closed(uv_handle_t *h)
         l->on_conn_freed(l);
 }
 
+static void on_timer_closed(uv_handle_t *h) { conn_freed_part(h->data); }
+
+static void on_tr_closed(idem_transport_t *t) { conn_freed_part(t->data); }
+
 /* Close c now.  Called only from the loop (never inside a stream function
  * while the request is still attached): a request still carried is told
  * on_gone and goes on without its client. */
@@ -408,8 +407,9 @@ static void conn_close(idem_conn_t *c)
     idem_list_remove(&c->gone_link);
     uv_timer_stop(&c->timer);
     c->closes = 2;
-    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
-    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+    idem__transport_close(&c->tr, on_tr_closed);
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+    conn_sync_queued(c); /* nothing of it counts any more */
     idem_hreq_t *r = conn_detach(c);
     if (r != NULL) {
         /* The request may outlive its client (its outcome is still
@@ -495,45 +495,29 @@ static void conn_timer(idem_conn_t *c, conn_timer_t what)
     uv_timer_start(&c->timer, on_conn_timer, (uint64_t)ms, 0);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    idem_conn_t *c = h->data;
-    (void)suggested;
-    if (c->state == CS_DRAIN) {
-        static __thread char sink[16384];
-        *buf = uv_buf_init(sink, sizeof sink);
-        return;
-    }
-    idem_rbuf_alloc(&c->in, READ_CHUNK, buf);
-}
-
 static void conn_stop_reading(idem_conn_t *c)
 {
     if (c->reading) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
+        idem__transport_read_stop(&c->tr);
         c->reading = false;
     }
 }
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+static void on_tr_read(void *data, const char *p, size_t n)
 {
-    idem_conn_t *c = s->data;
-    (void)buf;
-    if (nread < 0) {
-        if (nread == UV_EOF && (c->state == CS_BUSY || c->write_blocked)) {
-            /* A client may half-close once its request is sent: it still
-             * gets its answer. */
-            c->peer_eof = true;
-            conn_stop_reading(c);
+    idem_conn_t *c = data;
+    if (n == 0 || c->state == CS_DRAIN || c->state == CS_CLOSED)
+        return; /* draining: read and dropped */
+    while (c->in.cap - c->in.len < n) {
+        uv_buf_t room;
+        idem_rbuf_alloc(&c->in, n > READ_CHUNK ? n : READ_CHUNK, &room);
+        if (room.base == NULL) {
+            conn_close(c); /* out of memory: from the loop */
             return;
         }
-        /* EOF or error: a request still being answered keeps running. */
-        conn_close(c);
-        return;
     }
-    if (nread == 0 || c->state == CS_DRAIN || c->state == CS_CLOSED)
-        return;
-    c->in.len += (size_t)nread;
+    memcpy(c->in.data + c->in.len, p, n);
+    c->in.len += n;
     if (c->state == CS_BUSY || c->write_blocked) {
         /* Pipelined input waits for the current answer.  Reading goes on
          * (stopping and restarting costs two epoll_ctl calls per request)
@@ -549,22 +533,63 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn_process(c);
 }
 
+static void on_tr_eof(void *data)
+{
+    idem_conn_t *c = data;
+    if (c->state == CS_DRAIN || c->state == CS_CLOSED) {
+        if (c->state == CS_DRAIN)
+            conn_close(c);
+        return;
+    }
+    if (c->state == CS_BUSY || c->write_blocked || (c->state == CS_HEAD && c->in.len > 0) ||
+        c->close_after) {
+        /* A client may half-close once its request is sent: it still gets
+         * its answer (and those of what it pipelined before). */
+        c->peer_eof = true;
+        conn_stop_reading(c);
+        if (c->state == CS_HEAD && !c->write_blocked && !c->close_after)
+            conn_process(c);
+        return;
+    }
+    /* The client is gone: a request still being answered keeps running. */
+    conn_close(c);
+}
+
+static void on_tr_error(void *data, const char *reason)
+{
+    idem_conn_t *c = data;
+    (void)reason;
+    conn_close(c);
+}
+
+/* A TLS handshake is done: the verified client certificate, if any, is a
+ * fact its requests may use (the scope source client_cert). */
+static void on_tr_ready(void *data)
+{
+    idem_conn_t *c = data;
+    idem_tls_t *tls = idem__transport_tls(&c->tr);
+    if (tls != NULL && idem__tls_peer_cert_sha256_hex(tls, c->cert_hex))
+        c->facts.client_cert_sha256 = c->cert_hex;
+}
+
+static const idem_transport_cbs_t conn_tr_cbs = {
+    .on_ready = on_tr_ready,
+    .on_read = on_tr_read,
+    .on_eof = on_tr_eof,
+    .on_error = on_tr_error,
+    .on_written = on_tr_written,
+};
+
 static void conn_start_reading(idem_conn_t *c)
 {
     if (!c->reading && c->state != CS_CLOSED && !c->broken) {
-        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
-            c->reading = true;
+        idem__transport_read_start(&c->tr);
+        c->reading = true;
     }
 }
 
 /* The close callback of a handle allocated alone (idem_malloc). */
 static void on_handle_closed_free(uv_handle_t *h) { idem_free(h); }
-
-static void on_shutdown_done(uv_shutdown_t *sd, int status)
-{
-    (void)status;
-    idem_free(sd);
-}
 
 /* Take no more requests on c: send FIN once what is queued is out, and read
  * (and drop) what the client may still be sending for a while, so that it
@@ -577,9 +602,7 @@ static void conn_drain(idem_conn_t *c)
     c->in.len = 0;
     if (c->broken)
         return; /* closing from the loop already */
-    uv_shutdown_t *sd = idem_malloc(sizeof *sd);
-    if (sd && uv_shutdown(sd, (uv_stream_t *)&c->tcp, on_shutdown_done) != 0)
-        idem_free(sd);
+    idem__transport_shutdown(&c->tr);
     conn_start_reading(c);
     conn_timer(c, CT_DRAIN);
 }
@@ -605,10 +628,10 @@ static void conn_response_done(idem_conn_t *c)
     if (!c->ans_keep_alive || c->l->stopping || (c->peer_eof && c->in.len == 0)) {
         c->close_after = true;
         conn_stop_reading(c);
-        if (c->writes == 0)
+        if (c->queued == 0)
             conn_close(c); /* no request is attached: nothing is called */
-        else if (c->l->limits.close_linger_ms > 0)
-            conn_timer(c, CT_CLOSE);
+        else
+            conn_timer(c, c->l->limits.close_linger_ms > 0 ? CT_CLOSE : CT_QUEUE);
         return;
     }
     c->state = CS_HEAD;
@@ -869,13 +892,26 @@ static bool conn_evict_idle(idem_listener_t *l)
 {
     for (idem_link_t *k = l->conns.next; k != &l->conns; k = k->next) {
         idem_conn_t *c = IDEM_CONTAINER(k, idem_conn_t, link);
-        if (c->state == CS_HEAD && c->req == NULL && c->in.len == 0 && c->writes == 0 &&
+        if (c->state == CS_HEAD && c->req == NULL && c->in.len == 0 && c->queued == 0 &&
             !c->answering) {
             conn_close(c);
             return true;
         }
     }
     return false;
+}
+
+/* Say 503 on a connection about to be closed, if the socket takes it at
+ * once (a plain listener only). */
+static void refuse_write(uv_tcp_t *t, const char *detail)
+{
+    idem_buf_t out;
+    idem__buf_init(&out, 0);
+    if (idem__problem_respond(&out, 503, "overloaded", detail, 1, CLOSING_REPLY) == 0) {
+        uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
+        (void)uv_try_write((uv_stream_t *)t, &b, 1);
+    }
+    idem__buf_cleanup(&out);
 }
 
 /* Over the budget: accept (a connection left in the kernel's queue would
@@ -891,15 +927,8 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server, const char *det
     if (!t)
         return;
     uv_tcp_init(l->loop, t);
-    if (uv_accept(server, (uv_stream_t *)t) == 0) {
-        idem_buf_t out;
-        idem__buf_init(&out, 0);
-        if (idem__problem_respond(&out, 503, "overloaded", detail, 1, CLOSING_REPLY) == 0) {
-            uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
-            (void)uv_try_write((uv_stream_t *)t, &b, 1);
-        }
-        idem__buf_cleanup(&out);
-    }
+    if (uv_accept(server, (uv_stream_t *)t) == 0 && l->tls == NULL)
+        refuse_write(t, detail);
     uv_close((uv_handle_t *)t, on_handle_closed_free);
 }
 
@@ -965,17 +994,9 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
                 /* One address holds its share: this one is refused. */
                 conn_slot_give(l);
                 atomic_fetch_add(&l->gw->metrics.conns_refused, 1);
-                idem_buf_t out;
-                idem__buf_init(&out, 0);
-                if (idem__problem_respond(&out, 503, "overloaded",
-                                          "too many connections from this address "
-                                          "(max_connections_per_address); retry",
-                                          1, CLOSING_REPLY) == 0) {
-                    uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
-                    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-                }
-                idem__buf_cleanup(&out);
-                c->tcp.data = c;
+                if (l->tls == NULL) /* a TLS client would read it as garbage */
+                    refuse_write(&c->tcp, "too many connections from this address "
+                                          "(max_connections_per_address); retry");
                 uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
                 return;
             }
@@ -983,6 +1004,24 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
         }
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    if (l->tls != NULL) {
+        /* The handshake runs under header_timeout, and the connection
+         * counts in max_connections from its accept. */
+        idem_tls_ctx_t *ctx = idem__tls_server_current(l->tls);
+        idem_tls_t *tls = idem__tls_create_server(ctx);
+        idem__tls_ctx_unref(ctx);
+        if (tls == NULL) {
+            if (c->peer_counted)
+                idem__addrlimit_give(l->gw->addrlimit, (const struct sockaddr *)&c->peer);
+            conn_slot_give(l);
+            uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
+            return;
+        }
+        idem__transport_init_tls(&c->tr, l->loop, &c->tcp, tls, &conn_tr_cbs, c);
+        c->facts.tls = true;
+    } else {
+        idem__transport_init_plain(&c->tr, l->loop, &c->tcp, &conn_tr_cbs, c);
+    }
     uv_timer_init(l->loop, &c->timer);
     c->timer.data = c;
     c->state = CS_HEAD;
@@ -1000,7 +1039,7 @@ void idem__conns_close_idle(idem_listener_t *ls)
         l = l->next;
         if (c->req || c->state == CS_BUSY || c->state == CS_BODY)
             continue;
-        if (c->writes > 0) {
+        if (c->queued > 0) {
             c->close_after = true; /* an answer is still on its way out */
             conn_stop_reading(c);
         } else {

@@ -24,6 +24,7 @@
 
 #include "gateway/handler.h"
 #include "gateway/list.h"
+#include "gateway/tls.h"
 #include "http/http.h"
 
 typedef struct idem_gw idem_gw_t;
@@ -49,6 +50,7 @@ struct idem_listener {
     idem_gw_t *gw;
     uv_loop_t *loop;
     idem_handler_t *handler;   /* answers its requests; the maker's */
+    idem_tls_server_t *tls;    /* a TLS listener's certificate (reloadable); NULL: plain */
     idem_listen_limits_t limits;
     uv_tcp_t tcp;              /* watches a dup() of the listening socket */
     idem_link_t conns;         /* open connections, the most recently active last */
