@@ -41,6 +41,7 @@
 #include "gateway/config.h"
 #include "gateway/metrics.h"
 #include "gateway/ratelimit.h"
+#include "gateway/tls.h"
 #include "gateway/writer.h"
 #include "idem/key.h"
 #include "idem/record.h"
@@ -56,6 +57,8 @@ struct idem_gw {
     idem_cache_t *cache;                   /* local_cache; NULL when off */
     idem_ratelimit_t *ratelimit;           /* scope_rate_limit; NULL when off */
     idem_addrlimit_t *addrlimit;           /* max_connections_per_address; NULL when off */
+    idem_tls_server_t tls_server;          /* listen_tls's certificate, reloaded on SIGHUP */
+    bool has_tls_listener;                 /* listen_tls is configured */
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */

@@ -351,6 +351,31 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail(err);
     }
+    /* listen_tls: a third socket, and its certificate loaded now, so that
+     * a file that does not load stops idemd here with one line. */
+    int tls_fd = -1;
+    if (cfg.listen_tls_address != NULL) {
+        char thost[256];
+        int tport;
+        idem__config_parse_addr(cfg.listen_tls_address, thost, sizeof thost, &tport);
+        tls_fd = idem__listen_socket(thost, tport, IDEM_LISTEN_BACKLOG, "listen_tls.address", err,
+                                     sizeof err);
+        idem_tls_server_opts_t topts = {
+            .name = "listen_tls",
+            .cert_file = cfg.listen_tls_cert_file,
+            .key_file = cfg.listen_tls_key_file,
+            .client_ca_file = cfg.listen_tls_client_ca_file,
+        };
+        if (tls_fd < 0 || idem__tls_server_init(&gw.tls_server, &topts, err, sizeof err) != 0) {
+            if (tls_fd >= 0)
+                close(tls_fd);
+            close(listen_fd);
+            close(admin_fd);
+            idem__config_cleanup(&cfg);
+            return fail(err);
+        }
+        gw.has_tls_listener = true;
+    }
 
     idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
     if (serr != IDEM_OK) {
@@ -407,7 +432,7 @@ int main(int argc, char **argv)
     }
     int inited = 0;
     for (int i = 0; i < gw.nworkers && rc == 0; i++) {
-        rc = idem__worker_init(&gw.workers[i], &gw, i, listen_fd, err, sizeof err);
+        rc = idem__worker_init(&gw.workers[i], &gw, i, listen_fd, tls_fd, err, sizeof err);
         inited = i + 1;
     }
     /* Before the admin listener answers: whoever sees /healthz answer can
@@ -419,6 +444,8 @@ int main(int argc, char **argv)
         rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
     close(listen_fd);
     close(admin_fd);
+    if (tls_fd >= 0)
+        close(tls_fd);
     if (rc != 0) {
         for (int i = 0; i < inited; i++)
             idem__worker_cleanup(&gw.workers[i]);
@@ -432,16 +459,27 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < gw.nworkers; i++)
         pthread_create(&gw.workers[i].thread, NULL, idem__worker_main, &gw.workers[i]);
-    idem__log(&gw, "info", "listening on %s, upstream %s, store %s, admin %s, %d worker(s)",
-              cfg.listen, cfg.upstream, cfg.store, cfg.admin, cfg.workers);
+    idem__log(&gw, "info", "listening on %s%s%s, upstream %s, store %s, admin %s, %d worker(s)",
+              cfg.listen, cfg.listen_tls_address ? " and TLS on " : "",
+              cfg.listen_tls_address ? cfg.listen_tls_address : "", cfg.upstream, cfg.store,
+              cfg.admin, cfg.workers);
 
     int sig = 0;
     for (;;) {
         sigwait(&sigs, &sig);
         if (sig != SIGHUP)
             break;
+        if (gw.has_tls_listener) {
+            /* New connections get the new certificate; open ones keep
+             * theirs; a file that does not load keeps the running one. */
+            char terr[512];
+            if (idem__tls_server_reload(&gw.tls_server, terr, sizeof terr) == 0)
+                idem__log(&gw, "info", "SIGHUP: listen_tls certificate and key read again");
+            else
+                idem__log(&gw, "error", "SIGHUP: %s; the running certificate is kept", terr);
+        }
         idem__log(&gw, "warn",
-                  "SIGHUP: reloading the configuration is not supported yet; "
+                  "SIGHUP: reloading the rest of the configuration is not supported yet; "
                   "ignored (restart idemd to apply a change)");
     }
     idem__log(&gw, "info", "%s: finishing requests in flight",
@@ -462,6 +500,8 @@ int main(int argc, char **argv)
     idem__cache_destroy(gw.cache);
     idem_store_close(gw.store);
     free(gw.workers);
+    if (gw.has_tls_listener)
+        idem__tls_server_cleanup(&gw.tls_server);
     idem__log(&gw, "info", "stopped");
     idem__config_cleanup(&cfg);
     return 0;

@@ -117,7 +117,8 @@ static void close_if_open(uv_handle_t *h)
 
 void idem__worker_maybe_exit(idem_worker_t *w)
 {
-    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->listener.conns))
+    if (!w->stopping || !idem_list_empty(&w->reqs) || !idem_list_empty(&w->listener.conns) ||
+        (w->has_tls && !idem_list_empty(&w->tls_listener.conns)))
         return;
     idem__upstream_close(&w->up);
     close_if_open((uv_handle_t *)&w->done_async);
@@ -125,6 +126,8 @@ void idem__worker_maybe_exit(idem_worker_t *w)
     close_if_open((uv_handle_t *)&w->shutdown_timer);
     close_if_open((uv_handle_t *)&w->inline_idle);
     idem__listener_close_handles(&w->listener);
+    if (w->has_tls)
+        idem__listener_close_handles(&w->tls_listener);
     /* log_check is unreferenced: it flushes until the loop ends. */
 }
 
@@ -147,6 +150,8 @@ static void on_shutdown_timer(uv_timer_t *t)
               "connections, ending upstream calls",
               w->index, n);
     idem__conns_close_all(&w->listener);
+    if (w->has_tls)
+        idem__conns_close_all(&w->tls_listener);
     idem_link_t *l = w->reqs.next;
     while (l != &w->reqs) {
         idem_req_t *req = IDEM_CONTAINER(l, idem_req_t, link);
@@ -164,6 +169,11 @@ static void on_stop_async(uv_async_t *a)
     w->stopping = true;
     w->listener.stopping = true;
     close_if_open((uv_handle_t *)&w->listener.tcp);
+    if (w->has_tls) {
+        w->tls_listener.stopping = true;
+        close_if_open((uv_handle_t *)&w->tls_listener.tcp);
+        idem__conns_close_idle(&w->tls_listener);
+    }
     /* Idle connections close now; busy ones after their response. */
     idem__conns_close_idle(&w->listener);
     idem__upstream_stop(&w->up);
@@ -178,8 +188,8 @@ void idem__worker_request_stop(idem_worker_t *w)
     uv_async_send(&w->stop_async);
 }
 
-int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
-                      size_t errlen)
+int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, int tls_fd,
+                      char *err, size_t errlen)
 {
     memset(w, 0, sizeof *w);
     w->gw = gw;
@@ -216,9 +226,22 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     idem__listener_init(&w->listener, gw, &w->loop, &w->handler, &limits);
     w->listener.data = w;
     w->listener.on_conn_freed = on_listener_conn_freed;
-    return idem__tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
-                                   IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
-                                   errlen);
+    if (idem__tcp_open_listener(&w->loop, &w->listener.tcp, &w->listener, listen_fd,
+                                IDEM_LISTEN_BACKLOG, idem__conn_on_connection, "--listen", err,
+                                errlen) != 0)
+        return -1;
+    if (tls_fd < 0)
+        return 0;
+    /* listen_tls: the same handler and budgets, with TLS under each
+     * connection. */
+    idem__listener_init(&w->tls_listener, gw, &w->loop, &w->handler, &limits);
+    w->tls_listener.data = w;
+    w->tls_listener.on_conn_freed = on_listener_conn_freed;
+    w->tls_listener.tls = &gw->tls_server;
+    w->has_tls = true;
+    return idem__tcp_open_listener(&w->loop, &w->tls_listener.tcp, &w->tls_listener, tls_fd,
+                                   IDEM_LISTEN_BACKLOG, idem__conn_on_connection,
+                                   "listen_tls.address", err, errlen);
 }
 
 void *idem__worker_main(void *arg)

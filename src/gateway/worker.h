@@ -35,6 +35,8 @@ struct idem_worker {
     uv_loop_t loop;
     idem_handler_t handler;   /* the proxy (request.c), which answers the listener's requests */
     idem_listener_t listener; /* the public listener and its client connections */
+    idem_listener_t tls_listener; /* listen_tls's, when has_tls */
+    bool has_tls;
     uv_async_t done_async;  /* the writer posted results */
     uv_async_t stop_async;  /* the main thread asks us to stop */
     uv_check_t log_check;   /* flushes the log buffer once per loop turn */
@@ -51,9 +53,10 @@ struct idem_worker {
     pthread_t thread;
 };
 
-/** Set up worker index to accept on listen_fd (see idem__tcp_open_listener). */
-int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, char *err,
-                      size_t errlen);
+/** Set up worker index to accept on listen_fd, and on tls_fd with TLS
+ * (gw->tls_server) unless it is -1 (see idem__tcp_open_listener). */
+int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd, int tls_fd,
+                      char *err, size_t errlen);
 void *idem__worker_main(void *arg);
 /** Ask a worker to stop: close its listener, finish what is in flight. */
 void idem__worker_request_stop(idem_worker_t *w);
