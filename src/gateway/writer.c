@@ -130,8 +130,14 @@ void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const
 {
     if (err == IDEM_E_STORE_FULL) {
         /* Remember the largest response that did not fit: room for less
-         * does not make the store usable again. */
-        uint64_t need = 0;
+         * does not make the store usable again.  And at least
+         * IDEM_STORE_FULL_MIN_NEED, whatever was refused: a refused claim,
+         * token issue or renewal writes no response, and a store at its
+         * edge still takes the odd small record (an LMDB map whose last
+         * pages are gone can put one in a leaf that has room), so room for
+         * nothing would end the note at once, /readyz 200 with every token
+         * issue refused. */
+        uint64_t need = IDEM_STORE_FULL_MIN_NEED;
         for (size_t i = 0; i < n; i++) {
             uint64_t b = idem__writer_op_payload(&ops[i]);
             need = b > need ? b : need;

@@ -77,11 +77,15 @@ idem_err_t idem__writer_jobs_apply(idem_store_t *store, idem_metrics_t *metrics,
 
 /** The response bytes (body and header names and values) an op writes. */
 uint64_t idem__writer_op_payload(const idem_op_t *op);
+/** The least room a write refused for want of room asks back before the
+ * store counts as having room again (store_full_bytes): a page's worth,
+ * what an answer of ordinary size takes. */
+#define IDEM_STORE_FULL_MIN_NEED 4096u
 /** Keep metrics->store_full up to date after a batch of ops that exec
  * answered err: set on IDEM_E_STORE_FULL (store_full_bytes: the largest
- * response payload it refused), cleared by a committed batch that added a
- * record at least that large (a claim that forwards, a completion, a token
- * issue). */
+ * response payload it refused, at least IDEM_STORE_FULL_MIN_NEED), cleared
+ * by a committed batch that added a record at least that large (a claim
+ * that forwards, a completion, a token issue). */
 void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const idem_op_t *ops,
                                   size_t n);
 

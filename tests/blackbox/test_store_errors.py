@@ -162,6 +162,46 @@ class StoreFull(h.IdemTestCase):
         self.assertEqual(h.metric_sum(d.metrics(), "idem_store_full"), 0)
 
 
+TOKENS = "/_idem/tokens"
+TOKEN_MAP_SIZE = "2MiB"  # about 7,000 tokens
+MAX_TOKENS = 50000
+
+
+class TokenIssueFull(h.IdemTestCase):
+    """A token issue the store refuses for want of room is noted as a
+    keyed request's is: /readyz 503 store-full and idem_store_full 1 (issue
+    19: both stayed ready, since the note asked for room for no response
+    at all, which a store at its edge still finds)."""
+
+    def setUp(self):
+        super().setUp()
+        if not h.store_is_lmdb():
+            self.skipTest("map full needs the lmdb store")
+
+    def test_refused_token_issue_makes_readyz_503(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, store="lmdb:%s?map_size=%s" % (
+            os.path.join(self.tmp, "data"), TOKEN_MAP_SIZE))
+        self.assertEqual(d.admin("GET", "/readyz").status, 200)
+        conn = http.client.HTTPConnection(h.HOST, d.port, timeout=15)
+        self.addCleanup(conn.close)
+        issued = 0
+        while True:
+            self.assertLess(issued, MAX_TOKENS, "the store took every token")
+            r = h.request(d.port, "POST", TOKENS, conn=conn)
+            if r.status != 201:
+                break
+            issued += 1
+        self.assertGreater(issued, 0)
+        self.assertProblem(r, 503, "store-unavailable")
+        self.assertIn("full", r.json()["detail"])
+        self.assertProblem(d.admin("GET", "/readyz"), 503, "store-full")
+        self.assertEqual(h.metric_sum(d.metrics(), "idem_store_full"), 1)
+        # Asked again with no traffic in between: still full.
+        self.assertProblem(d.admin("GET", "/readyz"), 503, "store-full")
+        self.assertEqual(d.admin("GET", "/healthz").status, 200)
+
+
 # The stores that report their room on disk (idem_store_space).
 SPACE_STORES = ("rocksdb", "lmdb")
 # A reserve larger than any disk (min_free): the store has no room
