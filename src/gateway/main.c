@@ -30,6 +30,7 @@
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/log.h"
+#include "gateway/thread.h"
 #include "gateway/worker.h"
 #include "idem/units.h"
 #include "idem/version.h"
@@ -401,6 +402,8 @@ int main(int argc, char **argv)
         if (gw.ratelimit == NULL) {
             idem__cache_destroy(gw.cache);
             idem_store_close(gw.store);
+            close(listen_fd);
+            close(admin_fd);
             idem__config_cleanup(&cfg);
             return fail("scope_rate_limit: out of memory");
         }
@@ -414,14 +417,14 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail("max_connections_per_address: out of memory");
     }
-    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw) != 0) {
+    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw, err, sizeof err) != 0) {
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
         close(listen_fd);
         close(admin_fd);
         idem__config_cleanup(&cfg);
-        return fail("cannot start the store writer thread");
+        return fail(err);
     }
     gw.nworkers = cfg.workers;
     gw.workers = calloc((size_t)gw.nworkers, sizeof *gw.workers);
@@ -457,8 +460,35 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail(err);
     }
-    for (int i = 0; i < gw.nworkers; i++)
-        pthread_create(&gw.workers[i].thread, NULL, idem__worker_main, &gw.workers[i]);
+    int started = 0;
+    for (; started < gw.nworkers; started++) {
+        int trc = idem__thread_create(&gw.workers[started].thread, "worker", idem__worker_main,
+                                      &gw.workers[started]);
+        if (trc != 0) {
+            snprintf(err, sizeof err, "cannot start worker thread %d: %s", started,
+                     strerror(trc));
+            break;
+        }
+    }
+    if (started < gw.nworkers) {
+        /* Stop what did start, as a shutdown would; a worker that never
+         * started is not joined, only its loop closed. */
+        atomic_store(&gw.stopping, true);
+        for (int i = 0; i < started; i++)
+            idem__worker_request_stop(&gw.workers[i]);
+        for (int i = 0; i < started; i++)
+            pthread_join(gw.workers[i].thread, NULL);
+        idem__admin_stop(admin);
+        idem__writer_stop(&gw.writer);
+        for (int i = 0; i < gw.nworkers; i++)
+            idem__worker_cleanup(&gw.workers[i]);
+        free(gw.workers);
+        idem__ratelimit_destroy(gw.ratelimit);
+        idem__cache_destroy(gw.cache);
+        idem_store_close(gw.store);
+        idem__config_cleanup(&cfg);
+        return fail(err);
+    }
     idem__log(&gw, "info", "listening on %s%s%s, upstream %s, store %s, admin %s, %d worker(s)",
               cfg.listen, cfg.listen_tls_address ? " and TLS on " : "",
               cfg.listen_tls_address ? cfg.listen_tls_address : "", cfg.upstream, cfg.store,

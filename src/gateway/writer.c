@@ -66,6 +66,7 @@
  * and the flags; everything else on the writer and sweeper threads.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -74,6 +75,7 @@
 #include "gateway/log.h"
 #include "gateway/space.h"
 #include "gateway/sweep.h"
+#include "gateway/thread.h"
 #include "gateway/worker.h"
 #include "gateway/writer.h"
 #include "idem/clock.h"
@@ -306,8 +308,9 @@ static void stop_threads(idem_writer_t *wr)
 }
 
 int idem__writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *metrics,
-                       idem_gw_t *gw)
+                       idem_gw_t *gw, char *err, size_t errlen)
 {
+    int rc;
     pthread_condattr_t ca;
     memset(wr, 0, sizeof *wr);
     wr->store = store;
@@ -325,16 +328,21 @@ int idem__writer_start(idem_writer_t *wr, idem_store_t *store, idem_metrics_t *m
     wr->split_min = IDEM_WRITER_SPLIT_MIN;
     size_t want = idem__writer_threads_for(store);
     for (size_t i = 0; i < want; i++) {
-        if (pthread_create(&wr->threads[i], NULL, writer_main, wr) != 0)
+        if ((rc = idem__thread_create(&wr->threads[i], "writer", writer_main, wr)) != 0) {
+            snprintf(err, errlen, "cannot start the store writer thread: %s", strerror(rc));
             goto fail;
+        }
         wr->n_threads++;
     }
-    if (pthread_create(&wr->sweeper, NULL, sweeper_main, wr) != 0)
+    if ((rc = idem__thread_create(&wr->sweeper, "sweeper", sweeper_main, wr)) != 0) {
+        snprintf(err, errlen, "cannot start the sweeper thread: %s", strerror(rc));
         goto fail;
+    }
     wr->sweeper_started = true;
     return 0;
 
 fail:
+    /* Only the threads that started are joined (stop_threads). */
     idem__writer_stop(wr);
     return -1;
 }

@@ -93,9 +93,10 @@ void idem__writer_store_full_note(idem_metrics_t *metrics, idem_err_t err, const
  * network store (batches in flight), else one. */
 size_t idem__writer_threads_for(const idem_store_t *store);
 /** Start the writer and sweeper threads; gw is where the sweeper logs (see
- * space.h), NULL for plain text lines. */
+ * space.h), NULL for plain text lines.  @return 0, or -1 with err naming the
+ * thread that did not start (those that did are stopped and joined). */
 int idem__writer_start(idem_writer_t *w, idem_store_t *store, idem_metrics_t *metrics,
-                       idem_gw_t *gw);
+                       idem_gw_t *gw, char *err, size_t errlen);
 /** Queue a job; its callback runs later on job->worker's loop. */
 void idem__writer_submit(idem_writer_t *w, idem_wjob_t *job);
 /** Apply what is queued, then stop the thread. */
