@@ -105,6 +105,61 @@ class CompletedStatuses(h.IdemTestCase):
         self.assertEqual(up.count(), 2)
 
 
+class RetentionByStatus(h.IdemTestCase):
+    """Section 7: every completed answer below 500 is kept for key_ttl, a
+    5xx for failure_ttl.  Each verdict is the record's own expires_at on the
+    admin listener (key_ttl 1h against failure_ttl 2s: no overlap), then a
+    replay once the 5xx's record has run out, a moment read from that
+    record rather than slept for."""
+
+    KEY_TTL = 3600.0
+    FAILURE_TTL = 2.0
+    KEPT = (200, 201, 302, 400, 404, 409, 422, 451, 499)
+    FAILED = (500, 502, 599)
+
+    def ttl_left(self, d, k):
+        doc = d.get_key(k).json()
+        self.assertEqual(doc["state"], "completed", doc)
+        return h.parse_time(doc["expires_at"]) - time.time()
+
+    def test_4xx_is_kept_for_key_ttl_and_5xx_for_failure_ttl(self):
+        up, d = self.setup_pair({"defaults": {"key_ttl": "1h", "failure_ttl": "2s"}})
+        firsts = {}
+        for status in self.KEPT + self.FAILED:
+            up.set_reply(status=status, headers=[("X-S", str(status))],
+                         body=b"answer %d" % status)
+            k = h.new_key("s%d" % status)
+            firsts[status] = (k, d.post(key=k))
+            self.assertEqual(firsts[status][1].status, status)
+        last_failure_end = 0.0
+        for status, (k, _) in firsts.items():
+            left = self.ttl_left(d, k)
+            if status in self.KEPT:
+                self.assertGreater(left, self.KEY_TTL - 120,
+                                   "%d kept %.1fs, not key_ttl" % (status, left))
+                self.assertLess(left, self.KEY_TTL + 60)
+            else:
+                self.assertLess(left, self.FAILURE_TTL + 1,
+                                "%d kept %.1fs, not failure_ttl" % (status, left))
+                last_failure_end = max(last_failure_end, time.time() + left)
+        # Once every 5xx record has run out (the records say when), the 5xx
+        # keys run again and every other answer is still replayed.
+        h.wait_until(lambda: time.time() > last_failure_end + 0.2, timeout=30,
+                     what="the 5xx records' expires_at")
+        n = up.count()
+        up.set_reply(status=200, body=b"second run")
+        for status in self.KEPT:
+            k, first = firsts[status]
+            self.assertReplayOf(d.post(key=k), first)
+        self.assertEqual(up.count(), n, "an answer below 500 ran again after failure_ttl")
+        for status in self.FAILED:
+            k, _ = firsts[status]
+            r = d.post(key=k)
+            self.assertNotReplay(r)
+            self.assertEqual(r.body, b"second run")
+        self.assertEqual(up.count(), n + len(self.FAILED))
+
+
 class DefaultRetention(h.IdemTestCase):
     """Defaults (docs/protocol.md section 14): key_ttl 24h, failure_ttl 5m, lease 30s."""
 
