@@ -269,6 +269,7 @@ static void *sweeper_main(void *arg)
         idem_sweep_result_t res;
         idem__sweep_round(wr->store, idem_clock_now(NULL), &lim, &res);
         atomic_fetch_add(&wr->metrics->store_swept, res.removed);
+        atomic_fetch_add(&wr->metrics->sweep_rounds, 1);
         look_at_space(wr);
         /* Behind: go again after a pause as long as the round (the
          * sweeper takes at most half of the time); else once a second. */

@@ -200,5 +200,57 @@ class LocalCache(h.IdemTestCase):
         self.assertFalse(d.post(key=k, headers={"Authorization": "x"}).replayed)
 
 
+
+class SweeperKeepsLiveRecords(h.IdemTestCase):
+    """The sweeper removes a record only once its expires_at has passed: a
+    key completed with a short key_ttl is replayed after several sweeper
+    rounds inside its TTL, and runs again after it (issue 19: a sweeper
+    that removed records 5 s early was caught by one timing-dependent token
+    test on one store).  Rounds are counted by idem_sweep_rounds_total,
+    so each wait is for rounds that ran, not a sleep."""
+
+    KEY_TTL = 10.0
+    EARLY = 4.5  # rounds watched from this long before expires_at
+
+    def rounds(self, d):
+        return h.metric_sum(d.metrics(), "idem_sweep_rounds_total")
+
+    def await_rounds(self, d, n):
+        start = self.rounds(d)
+        h.wait_until(lambda: self.rounds(d) >= start + n, timeout=30,
+                     what="%d sweeper rounds" % n)
+
+    def test_record_outlives_sweeps_inside_its_ttl(self):
+        up, d = self.setup_pair({"defaults": {"key_ttl": "10s", "failure_ttl": "10s"}})
+        for attempt in range(3):
+            k = h.new_key("sweep%d" % attempt)
+            first = d.post(key=k)
+            self.assertEqual(first.status, 200, first)
+            exp = h.parse_time(d.get_key(k).json()["expires_at"])
+            self.assertAlmostEqual(exp - time.time(), self.KEY_TTL, delta=2)
+            # Two rounds that both began within EARLY seconds of expires_at:
+            # a sweeper that takes records that early has removed this one.
+            h.wait_until(lambda: time.time() > exp - self.EARLY, timeout=30,
+                         what="%.1fs before expires_at" % self.EARLY)
+            self.await_rounds(d, 2)
+            replay = d.post(key=k)
+            got = d.get_key(k)
+            if time.time() >= exp - 0.5:
+                continue  # too close to expires_at to tell: a slow machine; again
+            self.assertReplayOf(replay, first)
+            self.assertEqual(got.status, 200, got)
+            self.assertEqual(up.count(key=k), 1)
+            break
+        else:
+            self.fail("no attempt checked the record before its expires_at")
+        # Past expires_at and a round later: the key runs again.
+        h.wait_until(lambda: time.time() > exp, timeout=30, what="expires_at")
+        self.await_rounds(d, 1)
+        again = d.post(key=k)
+        self.assertEqual(again.status, 200, again)
+        self.assertNotReplay(again)
+        self.assertEqual(up.count(key=k), 2)
+
+
 if __name__ == "__main__":
     unittest.main()
