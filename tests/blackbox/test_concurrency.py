@@ -126,5 +126,41 @@ class LeaseRenewal(h.IdemTestCase):
         gate.set()
         bg.result()
 
+    def test_lease_is_renewed_every_third_of_a_lease(self):
+        # Each renewal sets lease_expires_at to its own moment plus the
+        # lease, so the steps between the values the admin record shows are
+        # the intervals between renewals, whenever they are read: every
+        # third of the lease (1 s), here allowed up to 1.75 s for a renewal
+        # that comes late on a busy machine; one renewal per whole lease
+        # makes steps of 3 s (issue 19: test_slow_upstream_keeps_its_lease
+        # passed with it).  The upstream answers after 2.5 leases.
+        lease = 3.0
+        up = self.start_upstream()
+        d = self.start_idemd(up, {"defaults": {"lease": "3s"}, "upstream_timeout": "60s"})
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.set_reply(wait=gate)
+        k = h.new_key()
+        bg = h.Background(lambda: d.post(key=k, timeout=90))
+        up.wait_seen(1)
+        seen = [h.parse_time(d.get_key(k).json()["lease_expires_at"])]
+        start = time.monotonic()
+        while time.monotonic() - start < 2.5 * lease:
+            doc = d.get_key(k).json()
+            self.assertEqual(doc["state"], "in_progress", doc)
+            v = h.parse_time(doc["lease_expires_at"])
+            if v != seen[-1]:
+                seen.append(v)
+            time.sleep(0.05)  # a polling pace; the verdict is in the values
+        gate.set()
+        first = bg.result()
+        self.assertEqual(first.status, 200)
+        steps = [b - a for a, b in zip(seen, seen[1:])]
+        self.assertGreaterEqual(len(steps), 2, "renewals seen: %r" % seen)
+        self.assertLessEqual(max(steps), lease / 3 + 0.75,
+                             "renewals %r s apart, not every third of the lease" % steps)
+        self.assertEqual(up.count(key=k), 1, "the slow request was run twice")
+
+
 if __name__ == "__main__":
     unittest.main()
