@@ -14,7 +14,9 @@
  * accepting and finish what is in flight (their completions go through the
  * writer), then the admin thread stops, then the writer applies its last
  * batch, then the store is closed and idemd exits 0.  SIGHUP is logged and
- * ignored until reloading exists (docs/protocol.md section 14).
+ * ignored until reloading exists (docs/protocol.md section 14).  A thread
+ * that does not start (idem__thread_create, thread.h) is one line naming it
+ * and exit 2, after the threads that did start are stopped and joined.
  *
  * THREADING: the main thread only waits for signals; see gateway.h.
  */
