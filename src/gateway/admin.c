@@ -52,6 +52,7 @@
 #include "gateway/handler.h"
 #include "gateway/log.h"
 #include "gateway/problem.h"
+#include "gateway/thread.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"
 #include "idem/fingerprint.h"
@@ -606,7 +607,7 @@ int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *er
     }
     uv_async_init(&a->loop, &a->stop_async, on_admin_stop);
     a->stop_async.data = a;
-    int prc = pthread_create(&a->thread, NULL, admin_main, a);
+    int prc = idem__thread_create(&a->thread, "admin", admin_main, a);
     if (prc != 0) {
         /* Never started, so never joined: its loop is closed here. */
         snprintf(err, errlen, "cannot start the admin thread: %s", strerror(prc));
