@@ -105,6 +105,8 @@ struct idem_conn {
                                answer or was told on_gone */
     idem_conn_facts_t facts;
     char cert_hex[65];      /* the verified client certificate's SHA-256, for facts */
+    bool tls_ready;         /* a TLS connection's handshake is done */
+    bool tls_counted;       /* its failed handshake is counted */
     struct sockaddr_storage peer; /* for max_connections_per_address */
     bool peer_counted;      /* the address holds a place in the per-address table */
     /* The request being answered, as its head said. */
@@ -401,6 +403,11 @@ static void conn_close(idem_conn_t *c)
 {
     if (c->state == CS_CLOSED)
         return;
+    if (c->l->tls != NULL && !c->tls_ready && c->state != CS_CLOSED && !c->tls_counted) {
+        c->tls_counted = true; /* timed out or left mid-handshake */
+        atomic_fetch_add_explicit(&c->l->gw->metrics.tls_handshake_failures, 1,
+                                  memory_order_relaxed);
+    }
     c->state = CS_CLOSED;
     idem_list_remove(&c->link);
     idem_list_remove(&c->parse_link);
@@ -558,8 +565,8 @@ static void on_tr_eof(void *data)
 static void on_tr_error(void *data, const char *reason)
 {
     idem_conn_t *c = data;
-    (void)reason;
-    conn_close(c);
+    (void)reason; /* the client saw the alert; a log line per attempt would be a flood */
+    conn_close(c); /* counted there when the handshake was not done */
 }
 
 /* A TLS handshake is done: the verified client certificate, if any, is a
@@ -568,7 +575,11 @@ static void on_tr_ready(void *data)
 {
     idem_conn_t *c = data;
     idem_tls_t *tls = idem__transport_tls(&c->tr);
-    if (tls != NULL && idem__tls_peer_cert_sha256_hex(tls, c->cert_hex))
+    if (tls == NULL)
+        return;
+    c->tls_ready = true;
+    atomic_fetch_add_explicit(&c->l->gw->metrics.tls_handshakes, 1, memory_order_relaxed);
+    if (idem__tls_peer_cert_sha256_hex(tls, c->cert_hex))
         c->facts.client_cert_sha256 = c->cert_hex;
 }
 

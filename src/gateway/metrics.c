@@ -95,11 +95,18 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
         "# HELP idem_store_swept_total Expired records the sweeper removed.\n"
         "# TYPE idem_store_swept_total counter\nidem_store_swept_total %llu\n"
         "# HELP idem_sweep_rounds_total Sweeper rounds finished.\n"
-        "# TYPE idem_sweep_rounds_total counter\nidem_sweep_rounds_total %llu\n",
+        "# TYPE idem_sweep_rounds_total counter\nidem_sweep_rounds_total %llu\n"
+        "# HELP idem_tls_handshakes_total TLS listener connections by how their handshake "
+        "ended.\n"
+        "# TYPE idem_tls_handshakes_total counter\n"
+        "idem_tls_handshakes_total{result=\"done\"} %llu\n"
+        "idem_tls_handshakes_total{result=\"failed\"} %llu\n",
         (unsigned long long)atomic_load(&m->store_gets),
         (unsigned long long)atomic_load(&m->cache_hits),
         (unsigned long long)atomic_load(&m->store_swept),
-        (unsigned long long)atomic_load(&m->sweep_rounds));
+        (unsigned long long)atomic_load(&m->sweep_rounds),
+        (unsigned long long)atomic_load(&m->tls_handshakes),
+        (unsigned long long)atomic_load(&m->tls_handshake_failures));
     rc |= idem__buf_appendf(
         out,
         "# HELP idem_connections Open client connections (with requests that "

@@ -36,6 +36,10 @@ typedef struct idem_metrics {
     _Atomic uint64_t store_gets;      /* idem_store_get calls (reads outside the writer) */
     _Atomic uint64_t store_swept;     /* records the sweeper removed */
     _Atomic uint64_t sweep_rounds;    /* sweeper rounds finished (a test waits for them) */
+    _Atomic uint64_t tls_handshakes;  /* TLS listener: handshakes done */
+    _Atomic uint64_t tls_handshake_failures; /* TLS listener: connections that ended before
+                                              * their handshake was done (garbage, a
+                                              * certificate refused, a client that left) */
     _Atomic uint64_t cache_hits;      /* answers from local_cache */
     /* Resources clients hold (docs/protocol.md section 11): the gauges are
      * also the counters max_connections and max_buffered_bytes are checked on. */
