@@ -25,20 +25,10 @@ int idem__ostream_respond(idem_ostream_t *os, const idem_http_response_t *r, uns
 int idem__ostream_problem(idem_ostream_t *os, int status, const char *type, const char *detail,
                           int64_t retry_after, unsigned flags)
 {
-    char *body = idem__problem_body(status, type, detail);
-    if (!body)
+    idem_problem_t p;
+    if (idem__problem_init(&p, status, type, detail, retry_after) != 0)
         return -1;
-    char seconds[24];
-    idem_http_field_t fields[2] = {
-        {{"Content-Type", 12}, {"application/problem+json", 24}},
-    };
-    size_t n = 1;
-    if (retry_after > 0) {
-        int k = snprintf(seconds, sizeof seconds, "%lld", (long long)retry_after);
-        fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {seconds, (size_t)k}};
-    }
-    idem_http_response_t r = {.status = status, .fields = fields, .n_fields = n};
-    int rc = idem__ostream_respond(os, &r, flags, body, strlen(body));
-    free(body);
+    int rc = idem__ostream_respond(os, &p.resp, flags, p.body, p.body_len);
+    idem__problem_cleanup(&p);
     return rc;
 }

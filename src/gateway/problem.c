@@ -73,23 +73,37 @@ char *idem__problem_body(int status, const char *type, const char *detail)
     return body;
 }
 
+int idem__problem_init(idem_problem_t *p, int status, const char *type, const char *detail,
+                       int64_t retry_after)
+{
+    memset(p, 0, sizeof *p);
+    p->body = idem__problem_body(status, type, detail);
+    if (!p->body)
+        return -1;
+    p->body_len = strlen(p->body);
+    p->fields[0] = (idem_http_field_t){{"Content-Type", 12}, {"application/problem+json", 24}};
+    size_t n = 1;
+    if (retry_after > 0) {
+        int k = snprintf(p->seconds, sizeof p->seconds, "%lld", (long long)retry_after);
+        p->fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {p->seconds, (size_t)k}};
+    }
+    p->resp = (idem_http_response_t){.status = status, .fields = p->fields, .n_fields = n};
+    return 0;
+}
+
+void idem__problem_cleanup(idem_problem_t *p)
+{
+    free(p->body);
+    p->body = NULL;
+}
+
 int idem__problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
                           int64_t retry_after, idem_http_reply_t to)
 {
-    char *body = idem__problem_body(status, type, detail);
-    if (!body)
+    idem_problem_t p;
+    if (idem__problem_init(&p, status, type, detail, retry_after) != 0)
         return -1;
-    char seconds[24];
-    idem_http_field_t fields[2] = {
-        {{"Content-Type", 12}, {"application/problem+json", 24}},
-    };
-    size_t n = 1;
-    if (retry_after > 0) {
-        int k = snprintf(seconds, sizeof seconds, "%lld", (long long)retry_after);
-        fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {seconds, (size_t)k}};
-    }
-    idem_http_response_t r = {.status = status, .fields = fields, .n_fields = n};
-    int rc = idem__http_write_response(out, &r, to, body, strlen(body));
-    free(body);
+    int rc = idem__http_write_response(out, &p.resp, to, p.body, p.body_len);
+    idem__problem_cleanup(&p);
     return rc;
 }
