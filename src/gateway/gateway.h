@@ -65,6 +65,7 @@ struct idem_gw {
     char upstream_hostport[300];           /* HOST:PORT, the Host sent upstream and for logs */
     char upstream_host[256];               /* HOST alone (the name TLS verifies by default) */
     bool upstream_tls;                     /* an https:// upstream */
+    idem_tls_ctx_t *upstream_tls_ctx;      /* its client context (upstream_tls_*); else NULL */
     int nworkers;
     idem_worker_t *workers;
     _Atomic bool stopping;

@@ -33,6 +33,7 @@
 #include "gateway/gateway.h"
 #include "gateway/log.h"
 #include "gateway/thread.h"
+#include "gateway/tls.h"
 #include "gateway/worker.h"
 #include "idem/units.h"
 #include "idem/version.h"
@@ -310,19 +311,37 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail(err);
     }
+    if (gw.upstream_tls) {
+        /* One client context for every worker (SPEC section 16); `-t`
+         * checks its files too. */
+        const idem_tls_client_opts_t topts = {
+            .name = "upstream_tls",
+            .ca_file = cfg.upstream_tls_ca_file,
+            .cert_file = cfg.upstream_tls_cert_file,
+            .key_file = cfg.upstream_tls_key_file,
+            .no_verify = !cfg.upstream_tls_verify,
+        };
+        if (idem__tls_client_ctx_create(&topts, &gw.upstream_tls_ctx, err, sizeof err) != 0) {
+            idem__config_cleanup(&cfg);
+            return fail(err);
+        }
+    }
     if (idem_store_check_url(cfg.store, err, sizeof err) != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "store: %s", err);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(msg);
     }
     char nofile_warning[256];
     if (fit_open_files(&gw, err, sizeof err, nofile_warning, sizeof nofile_warning) != 0) {
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(err);
     }
     if (a.test) {
         printf("idemd: configuration OK\n");
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return 0;
     }
@@ -354,6 +373,7 @@ int main(int argc, char **argv)
     if (admin_fd < 0) {
         if (listen_fd >= 0)
             close(listen_fd);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(err);
     }
@@ -389,6 +409,7 @@ int main(int argc, char **argv)
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
         close(listen_fd);
         close(admin_fd);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(msg);
     }
@@ -398,6 +419,7 @@ int main(int argc, char **argv)
             idem_store_close(gw.store);
             close(listen_fd);
             close(admin_fd);
+            idem__tls_ctx_unref(gw.upstream_tls_ctx);
             idem__config_cleanup(&cfg);
             return fail("local_cache: out of memory");
         }
@@ -409,6 +431,7 @@ int main(int argc, char **argv)
             idem_store_close(gw.store);
             close(listen_fd);
             close(admin_fd);
+            idem__tls_ctx_unref(gw.upstream_tls_ctx);
             idem__config_cleanup(&cfg);
             return fail("scope_rate_limit: out of memory");
         }
@@ -419,6 +442,7 @@ int main(int argc, char **argv)
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail("max_connections_per_address: out of memory");
     }
@@ -428,6 +452,7 @@ int main(int argc, char **argv)
         idem_store_close(gw.store);
         close(listen_fd);
         close(admin_fd);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(err);
     }
@@ -462,6 +487,7 @@ int main(int argc, char **argv)
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(err);
     }
@@ -538,6 +564,7 @@ int main(int argc, char **argv)
     if (gw.has_tls_listener)
         idem__tls_server_cleanup(&gw.tls_server);
     idem__log(&gw, "info", "stopped");
+    idem__tls_ctx_unref(gw.upstream_tls_ctx);
     idem__config_cleanup(&cfg);
     return 0;
 }

@@ -859,6 +859,9 @@ static void on_up_done(idem_upstream_req_t *ur)
 static void on_up_failure(idem_upstream_req_t *ur, idem_up_result_t why)
 {
     idem_req_t *req = ur->data;
+    if (idem__upstream_req_reason(ur)[0] != '\0') /* a TLS failure says why */
+        idem__log(req->w->gw, "warn", "upstream %s: %s", req->w->gw->upstream_hostport,
+                  idem__upstream_req_reason(ur));
     if (req->streaming)
         req_stream_end(req, false);
     else

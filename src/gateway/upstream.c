@@ -36,14 +36,30 @@
  * for a new one, once (upstream.h).  What uv_try_write could not take is
  * queued with uv_write; a failure after that is the unknown outcome.
  *
+ * TLS: a connection of a client given a TLS context (idem__upstream_set_tls)
+ * runs over a transport (src/gateway/transport.h) from its connect on; the
+ * same states, parsing and pool serve it, and the few steps that touch the
+ * socket (reading, writing, closing) go through the transport instead.
+ * Its handshake is part of CONNECTING (u->handshaking): the request is
+ * written from on_ready, and a failure before it is "nothing sent".  The
+ * peek of up_quiet works on the TLS socket too: idle connections keep
+ * reading, so a session ticket that came after the last response has been
+ * consumed by the TLS engine already, and what still waits unread right
+ * before a reuse is treated as talk (the connection is given up, at worst
+ * for a late ticket).  Plain connections stay off the transport: their
+ * "nothing sent" is exact (uv_try_write says how much the kernel took, and
+ * the body is never copied), which a copying transport could not keep.
+ *
  * THREADING: the client's loop thread only.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "gateway/rbuf.h"
+#include "gateway/transport.h"
 #include "gateway/upstream.h"
 #include "idem/alloc.h"
 
@@ -74,6 +90,12 @@ struct idem_upconn {
     bool nothing_out;          /* no byte of the request has left yet (see queued) */
     size_t queued;             /* bytes given to uv_write, while nothing_out */
     int closes;
+    /* TLS: the stream over tcp, from the connect on (tr_on). */
+    idem_transport_t tr;
+    bool tls;                  /* the client spoke TLS when u was made */
+    bool tr_on;                /* tr is initialised: tcp is the transport's */
+    bool handshaking;          /* TLS: connected, the handshake not yet done */
+    bool tls_resumed;          /* TLS: the handshake resumed a session */
 };
 
 /* How a request went to the kernel (up_send). */
@@ -117,14 +139,37 @@ static void call_end(idem_upstream_req_t *ur)
 
 /* ---- closing ------------------------------------------------------------ */
 
-static void on_up_closed(uv_handle_t *h)
+/* The TLS state of a client is freed once it is closed and no connection
+ * is left whose session could still save into the cache. */
+static void client_tls_maybe_free(idem_upstream_t *c)
 {
-    idem_upconn_t *u = h->data;
+    if (!c->closed || c->n_conns != 0)
+        return;
+    idem__tls_session_cache_destroy(c->tls_cache);
+    c->tls_cache = NULL;
+    idem__tls_ctx_unref(c->tls_ctx);
+    c->tls_ctx = NULL;
+    idem_free(c->tls_server_name);
+    c->tls_server_name = NULL;
+}
+
+static void up_closed_one(idem_upconn_t *u)
+{
     if (--u->closes > 0)
         return;
+    idem_upstream_t *c = u->client;
     idem__buf_cleanup(&u->out);
     idem_rbuf_cleanup(&u->in);
     idem_free(u);
+    c->n_conns--;
+    client_tls_maybe_free(c);
+}
+
+static void on_up_closed(uv_handle_t *h) { up_closed_one(h->data); }
+
+static void on_tr_closed(idem_transport_t *t)
+{
+    up_closed_one(IDEM_CONTAINER(t, idem_upconn_t, tr));
 }
 
 static void up_close(idem_upconn_t *u)
@@ -138,7 +183,10 @@ static void up_close(idem_upconn_t *u)
     u->state = UP_CLOSED;
     u->call = NULL;
     u->closes = 2;
-    uv_close((uv_handle_t *)&u->tcp, on_up_closed);
+    if (u->tr_on)
+        idem__transport_close(&u->tr, on_tr_closed); /* closes tcp too */
+    else
+        uv_close((uv_handle_t *)&u->tcp, on_up_closed);
     uv_close((uv_handle_t *)&u->timer, on_up_closed);
 }
 
@@ -151,6 +199,14 @@ static void up_fail(idem_upconn_t *u, idem_up_result_t why)
         return;
     call_end(ur);
     ur->cbs->on_failure(ur, why);
+}
+
+/* As up_fail, saying why (ur->reason). */
+static void up_fail_reason(idem_upconn_t *u, idem_up_result_t why, const char *reason)
+{
+    if (u->call && reason && *reason)
+        snprintf(u->call->reason, sizeof u->call->reason, "%s", reason);
+    up_fail(u, why);
 }
 
 /* The call fails with why, reported on a later loop turn; its connection,
@@ -206,7 +262,10 @@ static void on_up_idle_timeout(uv_timer_t *t) { up_close(t->data); }
 static void up_read_stop(idem_upconn_t *u)
 {
     if (u->reading) {
-        uv_read_stop((uv_stream_t *)&u->tcp);
+        if (u->tr_on)
+            idem__transport_read_stop(&u->tr);
+        else
+            uv_read_stop((uv_stream_t *)&u->tcp);
         u->reading = false;
     }
 }
@@ -406,7 +465,8 @@ static void up_process(idem_upconn_t *u)
     if (rc == IDEM_HTTP_BODY_DONE) {
         /* Not while our request is still being written to it (the upstream
          * answered early): that write still owns u->wr and u->out. */
-        bool reusable = up_reusable(u, ur) && u->in.len == 0 && !u->writing && !u->write_failed;
+        bool writing = u->tr_on ? idem__transport_queued(&u->tr) != 0 : u->writing;
+        bool reusable = up_reusable(u, ur) && u->in.len == 0 && !writing && !u->write_failed;
         up_finish(u, reusable);
         return;
     }
@@ -480,16 +540,110 @@ static void on_up_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 static void up_read_start(idem_upconn_t *u)
 {
-    if (!u->reading && u->state != UP_CLOSED)
-        u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_up_read) == 0;
+    if (u->reading || u->state == UP_CLOSED)
+        return;
+    if (u->tr_on) {
+        idem__transport_read_start(&u->tr); /* what it finds comes from the loop */
+        u->reading = true;
+        return;
+    }
+    u->reading = uv_read_start((uv_stream_t *)&u->tcp, on_up_alloc, on_up_read) == 0;
 }
 
 static void on_up_timeout(uv_timer_t *t)
 {
     idem_upconn_t *u = t->data;
-    /* A connection never made means nothing was sent. */
-    up_fail(u, u->state == UP_CONNECTING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_TIMEOUT);
+    /* A connection never made (or never through its handshake) means
+     * nothing was sent. */
+    if (u->handshaking)
+        up_fail_reason(u, IDEM_UP_CONNECT_FAILED, "TLS handshake timed out");
+    else
+        up_fail(u, u->state == UP_CONNECTING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_TIMEOUT);
 }
+
+/* ---- the TLS transport's callbacks ------------------------------------------ */
+
+static send_rc_t up_send(idem_upconn_t *u);
+
+/* The handshake is done: the request goes out now. */
+static void on_tr_ready(void *data)
+{
+    idem_upconn_t *u = data;
+    u->handshaking = false;
+    u->tls_resumed = idem__tls_session_reused(idem__transport_tls(&u->tr));
+    if (u->call)
+        u->call->tls_resumed = u->tls_resumed;
+    send_rc_t rc = up_send(u);
+    if (rc != SEND_OK)
+        up_fail_reason(u, rc == SEND_NOTHING ? IDEM_UP_CONNECT_FAILED : IDEM_UP_BROKEN,
+                       "out of memory");
+}
+
+/* Plaintext from the upstream: as a plain read would bring it. */
+static void on_tr_read(void *data, const char *p, size_t n)
+{
+    idem_upconn_t *u = data;
+    if (u->state == UP_IDLE) {
+        up_close(u); /* an idle connection has nothing to say */
+        return;
+    }
+    while (n > 0) {
+        uv_buf_t b;
+        idem_rbuf_alloc(&u->in, UP_READ_CHUNK, &b);
+        if (b.len == 0) {
+            up_fail_reason(u, IDEM_UP_BROKEN, "out of memory");
+            return;
+        }
+        size_t k = n < b.len ? n : b.len;
+        memcpy(b.base, p, k);
+        u->in.len += k;
+        p += k;
+        n -= k;
+    }
+    up_process(u);
+}
+
+static void on_tr_eof(void *data)
+{
+    idem_upconn_t *u = data;
+    if (u->state == UP_IDLE) {
+        up_close(u);
+        return;
+    }
+    if (u->state == UP_BODY && u->body.framing == IDEM_HTTP_BODY_EOF && !u->paused) {
+        if (!idem__transport_eof_clean(&u->tr)) {
+            /* Without close_notify, the end of a close-delimited body may
+             * be a truncation by anyone on the path. */
+            up_fail_reason(u, IDEM_UP_BROKEN,
+                           "the upstream ended a close-delimited body without TLS close_notify");
+            return;
+        }
+        u->eof_seen = true;
+        up_read_stop(u);
+        up_process(u);
+        return;
+    }
+    if (u->state != UP_CLOSED)
+        up_fail(u, IDEM_UP_BROKEN);
+}
+
+static void on_tr_error(void *data, const char *reason)
+{
+    idem_upconn_t *u = data;
+    if (u->state == UP_IDLE) {
+        up_close(u);
+        return;
+    }
+    /* Before the handshake was done, nothing of the request went out. */
+    up_fail_reason(u, u->handshaking ? IDEM_UP_CONNECT_FAILED : IDEM_UP_BROKEN, reason);
+}
+
+static const idem_transport_cbs_t tr_cbs = {
+    .on_ready = on_tr_ready,
+    .on_read = on_tr_read,
+    .on_eof = on_tr_eof,
+    .on_error = on_tr_error,
+};
 
 /* ---- sending the request ------------------------------------------------- */
 
@@ -523,6 +677,18 @@ static send_rc_t up_send(idem_upconn_t *u)
     u->eof_seen = false;
     u->doubtful = false;
     memset(&u->hs, 0, sizeof u->hs);
+    if (u->tr_on) {
+        /* Copied, and written at once; from here on the request counts as
+         * sent (upstream.h). */
+        if (idem__transport_write(&u->tr, b, nb) != 0)
+            return SEND_NOTHING;
+        idem__buf_cleanup(&u->out);
+        u->nothing_out = false;
+        u->writing = false;
+        uv_timer_start(&u->timer, on_up_timeout, u->client->timeout_ms, 0);
+        up_read_start(u);
+        return SEND_OK;
+    }
     int n = uv_try_write((uv_stream_t *)&u->tcp, b, nb);
     if (n < 0 && n != UV_EAGAIN)
         return SEND_NOTHING; /* EPIPE, ECONNRESET ...: not one byte was taken */
@@ -559,6 +725,22 @@ static void on_up_connect(uv_connect_t *cr, int status)
         return;
     }
     uv_tcp_nodelay(&u->tcp, 1);
+    if (u->tls) {
+        /* The handshake first, under the timer that runs since the
+         * connect; the request goes from on_tr_ready. */
+        idem_upstream_t *c = u->client;
+        idem_tls_t *t = idem__tls_create_client(c->tls_ctx, c->tls_server_name, c->tls_cache);
+        if (!t) {
+            up_fail_reason(u, IDEM_UP_CONNECT_FAILED, "TLS: out of memory");
+            return;
+        }
+        idem__transport_init_tls(&u->tr, c->loop, &u->tcp, t, &tr_cbs, u);
+        u->tr_on = true;
+        u->handshaking = true;
+        idem__transport_read_start(&u->tr); /* the handshake progresses while reading */
+        u->reading = true;
+        return;
+    }
     if (!up_quiet(u)) {
         /* The upstream spoke, or closed, before our request: nothing of it
          * would answer the request, and nothing was sent. */
@@ -593,6 +775,31 @@ void idem__upstream_stop(idem_upstream_t *c)
     idem__upstream_close_idle(c);
 }
 
+int idem__upstream_set_tls(idem_upstream_t *c, idem_tls_ctx_t *ctx, const char *server_name)
+{
+    char *name = NULL;
+    if (server_name) {
+        size_t n = strlen(server_name);
+        name = idem_malloc(n + 1);
+        if (!name)
+            return -1;
+        memcpy(name, server_name, n + 1);
+    }
+    /* Without a cache the client works, only resuming nothing. */
+    idem_tls_session_cache_t *cache = idem__tls_session_cache_create();
+    if (!cache) {
+        idem_free(name);
+        return -1;
+    }
+    idem__tls_session_cache_destroy(c->tls_cache);
+    idem__tls_ctx_unref(c->tls_ctx);
+    idem_free(c->tls_server_name);
+    c->tls_ctx = idem__tls_ctx_ref(ctx);
+    c->tls_server_name = name;
+    c->tls_cache = cache;
+    return 0;
+}
+
 void idem__upstream_close(idem_upstream_t *c)
 {
     idem__upstream_stop(c);
@@ -600,6 +807,7 @@ void idem__upstream_close(idem_upstream_t *c)
         c->closed = true;
         if (!uv_is_closing((uv_handle_t *)&c->defer_idle))
             uv_close((uv_handle_t *)&c->defer_idle, NULL);
+        client_tls_maybe_free(c);
     }
 }
 
@@ -617,6 +825,8 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
     idem_list_init(&ur->defer_link);
     ur->active = true;
     ur->relaying = false;
+    ur->tls_resumed = false;
+    ur->reason[0] = '\0';
     if (head == NULL) {
         fail_later(ur, IDEM_UP_CONNECT_FAILED);
         return;
@@ -638,6 +848,7 @@ void idem__upstream_req_start(idem_upstream_t *c, idem_upstream_req_t *ur,
         u->reused = true;
         u->call = ur;
         ur->conn = u;
+        ur->tls_resumed = u->tls_resumed;
         idem__buf_cleanup(&u->out);
         u->out = h;
         send_rc_t rc = up_send(u);
@@ -670,6 +881,8 @@ static void up_connect_new(idem_upstream_t *c, idem_upstream_req_t *ur, idem_buf
         return;
     }
     u->client = c;
+    c->n_conns++;
+    u->tls = c->tls_ctx != NULL;
     uv_tcp_init(c->loop, &u->tcp);
     u->tcp.data = u;
     uv_timer_init(c->loop, &u->timer);

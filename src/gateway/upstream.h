@@ -48,6 +48,26 @@
  * of a caller too slow to take what it sent).  An on_body that answers
  * IDEM_UP_BODY_PAUSE stops the reading but not the clock.
  *
+ * TLS (idem__upstream_set_tls, SPEC section 16): a client given a TLS
+ * context speaks TLS on every connection, through src/gateway/transport.h;
+ * plain connections stay on the socket as above.  The handshake runs after
+ * the connect and before the request is written, under the same timeout
+ * (from the connect on); a handshake that fails or a certificate that does
+ * not verify means nothing was sent: IDEM_UP_CONNECT_FAILED, with the
+ * reason in ur->reason (idem__upstream_req_reason).  Each client keeps the
+ * last session the upstream gave it, so a new connection resumes it; a
+ * pooled connection needs no new handshake at all.  Over TLS, "sent" is
+ * counted from the moment the request is handed to the transport after the
+ * handshake (the transport writes it at once): a break after that is
+ * IDEM_UP_BROKEN even when the kernel may have taken nothing, which holds a
+ * key that could have been released, never the other way round.  Session
+ * tickets an upstream sends after the handshake are read and consumed by
+ * the TLS engine, idle or not; plaintext or an end (close_notify or FIN) on
+ * an idle connection closes it, as on a plain one.  A close-delimited body
+ * over TLS ends only at close_notify: a bare FIN there may be a truncation,
+ * and is IDEM_UP_BROKEN.  The request body is encrypted into the
+ * transport's buffers, so over TLS it is copied once.
+ *
  * INVARIANTS: a connection serves one call at a time and goes back to the
  * pool only after a whole response with keep-alive whose end is not in
  * doubt (not close-delimited; not a 204, 304 or answer to HEAD that
@@ -68,6 +88,7 @@
 #include <uv.h>
 
 #include "gateway/list.h"
+#include "gateway/tls.h"
 #include "http/http.h"
 
 /* A pooled connection idle this long is closed by us first: upstreams close
@@ -127,6 +148,13 @@ struct idem_upstream_req {
     idem_up_result_t defer_why;
     bool active;               /* started, and neither ended nor cancelled */
     bool relaying;             /* resumed once: the timeout bounds each silence */
+    /* Out, over TLS: whether the call's connection resumed a session (a new
+     * connection that resumed, or a pooled one whose handshake had). */
+    bool tls_resumed;
+    /* Out: why the call failed, one line, when the client knows more than
+     * the result (a TLS handshake refused, a certificate that did not
+     * verify, a TLS stream that failed); "" otherwise.  Set on failure. */
+    char reason[200];
 };
 
 /** The client of one loop: the upstream's address, the timeout, the pool. */
@@ -141,6 +169,11 @@ struct idem_upstream {
     uv_idle_t defer_idle;   /* runs those steps; active only while there are some */
     bool stopping;          /* pool nothing more */
     bool closed;
+    /* TLS (idem__upstream_set_tls); tls_ctx NULL: plain. */
+    idem_tls_ctx_t *tls_ctx;            /* referenced */
+    char *tls_server_name;              /* SNI and the name verified; NULL only without verify */
+    idem_tls_session_cache_t *tls_cache; /* the session new connections resume; may be NULL */
+    size_t n_conns;                     /* connections not yet freed (the cache outlives them) */
 };
 
 /** Set up a client on loop for the upstream at addr (copied).
@@ -150,6 +183,14 @@ void idem__upstream_init(idem_upstream_t *c, uv_loop_t *loop, const struct socka
                          uint64_t timeout_ms, size_t idle_max);
 /** Close the idle connections and pool no more (calls running go on). */
 void idem__upstream_stop(idem_upstream_t *c);
+/** Speak TLS to the upstream on every connection made from now on (call it
+ * right after idem__upstream_init, before any call).
+ * @param ctx          a client context (idem__tls_client_ctx_create);
+ *                     the client takes a reference of its own.
+ * @param server_name  sent as SNI and verified against the certificate
+ *                     (copied); NULL only when ctx does not verify.
+ * @return 0, or -1 when out of memory (the client stays plain). */
+int idem__upstream_set_tls(idem_upstream_t *c, idem_tls_ctx_t *ctx, const char *server_name);
 /** Stop, and close the client's own handle: once no call runs, nothing of
  * the client keeps the loop alive.  No call may start afterwards. */
 void idem__upstream_close(idem_upstream_t *c);
@@ -187,6 +228,11 @@ void idem__upstream_req_resume(idem_upstream_req_t *ur);
 void idem__upstream_req_cancel(idem_upstream_req_t *ur);
 /** Whether the call has started and not yet ended. */
 static inline bool idem__upstream_req_active(const idem_upstream_req_t *ur) { return ur->active; }
+/** Why the call failed, one line, or "" (see ur->reason). */
+static inline const char *idem__upstream_req_reason(const idem_upstream_req_t *ur)
+{
+    return ur->reason;
+}
 /** Free what the call holds (its response head).  Not while it is active. */
 void idem__upstream_req_cleanup(idem_upstream_req_t *ur);
 

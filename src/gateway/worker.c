@@ -215,6 +215,16 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     w->inline_idle.data = w;
     idem__upstream_init(&w->up, &w->loop, (const struct sockaddr *)&gw->upstream_addr,
                         (uint64_t)gw->cfg->upstream_timeout_ms, IDEM_UP_IDLE_MAX);
+    if (gw->upstream_tls_ctx) {
+        /* https://: the name sent as SNI and verified is server_name, else
+         * the URL's host (SPEC section 16). */
+        const char *sni = gw->cfg->upstream_tls_server_name ? gw->cfg->upstream_tls_server_name
+                                                            : gw->upstream_host;
+        if (idem__upstream_set_tls(&w->up, gw->upstream_tls_ctx, sni) != 0) {
+            snprintf(err, errlen, "upstream_tls: out of memory");
+            return -1;
+        }
+    }
 
     idem__proxy_handler_init(&w->handler, w);
     const idem_listen_limits_t limits = {
