@@ -96,6 +96,7 @@ struct idem_upconn {
     bool tr_on;                /* tr is initialised: tcp is the transport's */
     bool handshaking;          /* TLS: connected, the handshake not yet done */
     bool tls_resumed;          /* TLS: the handshake resumed a session */
+    bool heard;                /* TLS: plaintext came since the handshake */
 };
 
 /* How a request went to the kernel (up_send). */
@@ -587,6 +588,7 @@ static void on_tr_read(void *data, const char *p, size_t n)
         up_close(u); /* an idle connection has nothing to say */
         return;
     }
+    u->heard = true;
     while (n > 0) {
         uv_buf_t b;
         idem_rbuf_alloc(&u->in, UP_READ_CHUNK, &b);
@@ -627,6 +629,25 @@ static void on_tr_eof(void *data)
         up_fail(u, IDEM_UP_BROKEN);
 }
 
+/* Whether reason is an alert a server sends only to refuse a handshake
+ * (OpenSSL's words for them): our certificate missing or refused, no
+ * common ground.  No renegotiation or post-handshake authentication is
+ * offered, so a server can send one only before its side of the handshake
+ * is done, when its application has read nothing. */
+static bool handshake_refusal(const char *reason)
+{
+    static const char *const alerts[] = {
+        "alert certificate required", "alert bad certificate",     "alert unknown ca",
+        "alert handshake failure",    "alert certificate unknown", "alert certificate expired",
+        "alert certificate revoked",  "alert unsupported certificate", "alert access denied",
+    };
+    for (size_t i = 0; i < sizeof alerts / sizeof alerts[0]; i++) {
+        if (strstr(reason, alerts[i]) != NULL)
+            return true;
+    }
+    return false;
+}
+
 static void on_tr_error(void *data, const char *reason)
 {
     idem_upconn_t *u = data;
@@ -634,8 +655,14 @@ static void on_tr_error(void *data, const char *reason)
         up_close(u);
         return;
     }
-    /* Before the handshake was done, nothing of the request went out. */
-    up_fail_reason(u, u->handshaking ? IDEM_UP_CONNECT_FAILED : IDEM_UP_BROKEN, reason);
+    /* Before the handshake was done, nothing of the request went out.
+     * After it, on a new connection that has heard nothing: with TLS 1.3
+     * the client is done before the server has checked its certificate,
+     * so a server that refuses it does so after our request left, but
+     * its application never saw the request. */
+    bool unsent = u->handshaking ||
+                  (!u->reused && !u->heard && u->state == UP_HEAD && handshake_refusal(reason));
+    up_fail_reason(u, unsent ? IDEM_UP_CONNECT_FAILED : IDEM_UP_BROKEN, reason);
 }
 
 static const idem_transport_cbs_t tr_cbs = {

@@ -60,7 +60,12 @@
  * counted from the moment the request is handed to the transport after the
  * handshake (the transport writes it at once): a break after that is
  * IDEM_UP_BROKEN even when the kernel may have taken nothing, which holds a
- * key that could have been released, never the other way round.  Session
+ * key that could have been released, never the other way round.  One
+ * exception: on a new connection that has heard nothing, an alert by which
+ * a server refuses a handshake (our client certificate missing or refused:
+ * with TLS 1.3 the server says so after the client is done and has sent)
+ * is IDEM_UP_CONNECT_FAILED too, as the server's application never saw
+ * the request.  Session
  * tickets an upstream sends after the handshake are read and consumed by
  * the TLS engine, idle or not; plaintext or an end (close_notify or FIN) on
  * an idle connection closes it, as on a plain one.  A close-delimited body

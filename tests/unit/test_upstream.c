@@ -32,6 +32,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include "gateway/upstream.h"
 
 /* ---- the upstream -------------------------------------------------------- */
@@ -1187,4 +1190,371 @@ Test(upstream_unsent, break_after_the_request_left_stays_broken)
     mis_stop(&m);
     cr_assert_eq(atomic_load(&m.accepts), 1, "the call was sent again");
     cr_assert_eq(atomic_load(&m.requests), 2);
+}
+
+/* ---- TLS to the upstream (SPEC section 16) ------------------------------------
+ *
+ * The upstream is an OpenSSL server of the test's own (blocking sockets, a
+ * thread per connection) with certificates from tests/certs.py
+ * ($IDEM_TEST_CERTS).  It counts handshakes, resumed handshakes, requests
+ * and every byte of plaintext it read, so that a test sees that a refused
+ * handshake delivered not one byte of the request. */
+
+typedef struct {
+    SSL_CTX *ctx;
+    int lfd;
+    int port;
+    atomic_int accepts;
+    atomic_int handshakes;
+    atomic_int resumed;
+    atomic_int requests;
+    atomic_long plain_in;
+    bool shutdown_after; /* end each connection with close_notify after one answer */
+    pthread_t acceptor;
+    pthread_t conns[SRV_MAX_CONNS];
+    atomic_int n_conns;
+} tsrv_t;
+
+typedef struct {
+    tsrv_t *s;
+    int fd;
+} tsrv_conn_t;
+
+static void cert_path(char *out, size_t cap, const char *name)
+{
+    const char *dir = getenv("IDEM_TEST_CERTS");
+    cr_assert(dir, "IDEM_TEST_CERTS is not set (run through meson test)");
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+/* One request (head, then Content-Length bytes) from ssl; its length, or 0
+ * at the end.  Every byte read is counted in plain_in. */
+static size_t tls_read_request(tsrv_t *s, SSL *ssl, char *buf, size_t cap)
+{
+    size_t len = 0;
+    char *end = NULL;
+    size_t want = 0;
+    for (;;) {
+        if (end != NULL && len >= want)
+            return len;
+        if (len + 1 >= cap)
+            return 0;
+        int n = SSL_read(ssl, buf + len, (int)(cap - 1 - len));
+        if (n <= 0)
+            return 0;
+        atomic_fetch_add(&s->plain_in, n);
+        len += (size_t)n;
+        buf[len] = '\0';
+        if (end == NULL && (end = strstr(buf, "\r\n\r\n")) != NULL) {
+            want = (size_t)(end - buf) + 4;
+            const char *cl = strcasestr(buf, "\r\nContent-Length:");
+            if (cl != NULL && cl < end)
+                want += strtoul(cl + 17, NULL, 10);
+        }
+    }
+}
+
+static void *tsrv_conn_main(void *arg)
+{
+    tsrv_conn_t *sc = arg;
+    tsrv_t *s = sc->s;
+    SSL *ssl = SSL_new(s->ctx);
+    cr_assert(ssl);
+    SSL_set_fd(ssl, sc->fd);
+    if (SSL_accept(ssl) == 1) {
+        atomic_fetch_add(&s->handshakes, 1);
+        if (SSL_session_reused(ssl))
+            atomic_fetch_add(&s->resumed, 1);
+        char buf[4096];
+        while (tls_read_request(s, ssl, buf, sizeof buf) > 0) {
+            atomic_fetch_add(&s->requests, 1);
+            if (SSL_write(ssl, OK_ANSWER, (int)strlen(OK_ANSWER)) <= 0)
+                break;
+            if (s->shutdown_after) {
+                SSL_shutdown(ssl);
+                break;
+            }
+        }
+    }
+    SSL_free(ssl);
+    ERR_clear_error();
+    close(sc->fd);
+    free(sc);
+    return NULL;
+}
+
+static void *tsrv_accept_main(void *arg)
+{
+    tsrv_t *s = arg;
+    for (;;) {
+        int fd = accept(s->lfd, NULL, NULL);
+        if (fd < 0)
+            return NULL;
+        atomic_fetch_add(&s->accepts, 1);
+        int i = atomic_fetch_add(&s->n_conns, 1);
+        tsrv_conn_t *sc = malloc(sizeof *sc);
+        if (i >= SRV_MAX_CONNS || sc == NULL)
+            abort();
+        sc->s = s;
+        sc->fd = fd;
+        pthread_create(&s->conns[i], NULL, tsrv_conn_main, sc);
+    }
+}
+
+/* A TLS upstream with the certificate cert (and key) of the test set; with
+ * client_ca, it requires a client certificate signed by it. */
+static void tsrv_start(tsrv_t *s, const char *cert, const char *key, const char *client_ca)
+{
+    memset(s, 0, sizeof *s);
+    signal(SIGPIPE, SIG_IGN);
+    char p[1024];
+    s->ctx = SSL_CTX_new(TLS_server_method());
+    cr_assert(s->ctx);
+    SSL_CTX_set_min_proto_version(s->ctx, TLS1_2_VERSION);
+    cert_path(p, sizeof p, cert);
+    cr_assert_eq(SSL_CTX_use_certificate_chain_file(s->ctx, p), 1);
+    cert_path(p, sizeof p, key);
+    cr_assert_eq(SSL_CTX_use_PrivateKey_file(s->ctx, p, SSL_FILETYPE_PEM), 1);
+    SSL_CTX_set_session_id_context(s->ctx, (const unsigned char *)"t", 1);
+    if (client_ca) {
+        cert_path(p, sizeof p, client_ca);
+        cr_assert_eq(SSL_CTX_load_verify_locations(s->ctx, p, NULL), 1);
+        SSL_CTX_set_client_CA_list(s->ctx, SSL_load_client_CA_file(p));
+        SSL_CTX_set_verify(s->ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+    }
+    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(s->lfd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(s->lfd, 16), 0);
+    socklen_t al = sizeof a;
+    getsockname(s->lfd, (struct sockaddr *)&a, &al);
+    s->port = ntohs(a.sin_port);
+    pthread_create(&s->acceptor, NULL, tsrv_accept_main, s);
+}
+
+static void tsrv_stop(tsrv_t *s)
+{
+    shutdown(s->lfd, SHUT_RDWR);
+    pthread_join(s->acceptor, NULL);
+    close(s->lfd);
+    for (int i = 0; i < atomic_load(&s->n_conns); i++)
+        pthread_join(s->conns[i], NULL);
+    SSL_CTX_free(s->ctx);
+}
+
+/* A client of port that speaks TLS: trusting ca (a file of the test set),
+ * with the client certificate client (and its key) when not NULL, checking
+ * the name server_name. */
+static void tls_fix_init(fix_t *f, int port, uint64_t timeout_ms, const char *ca,
+                         const char *client, const char *client_key, const char *server_name,
+                         bool verify)
+{
+    char cap[1024], certp[1024], keyp[1024];
+    cert_path(cap, sizeof cap, ca);
+    if (client) {
+        cert_path(certp, sizeof certp, client);
+        cert_path(keyp, sizeof keyp, client_key);
+    }
+    idem_tls_client_opts_t o = {
+        .ca_file = cap,
+        .cert_file = client ? certp : NULL,
+        .key_file = client ? keyp : NULL,
+        .no_verify = !verify,
+    };
+    idem_tls_ctx_t *ctx = NULL;
+    char err[256];
+    cr_assert_eq(idem__tls_client_ctx_create(&o, &ctx, err, sizeof err), 0, "%s", err);
+    fix_init(f, port, timeout_ms, 8);
+    cr_assert_eq(idem__upstream_set_tls(&f->client, ctx, server_name), 0);
+    idem__tls_ctx_unref(ctx); /* the client holds its own */
+}
+
+/* One call; returns its result (IDEM_UP_OK for a whole response), with its
+ * reason and whether it resumed a TLS session. */
+static idem_up_result_t tls_call(fix_t *f, char *reason, size_t cap, bool *resumed)
+{
+    idem_upstream_req_t ur;
+    rec_t r = {0};
+    start(f, &ur, &r, "POST /pay HTTP/1.1\r\nHost: up\r\nContent-Length: 5\r\n\r\n", "hello");
+    run_until_ended(f, &r);
+    cr_assert_not(r.ran_inside);
+    idem_up_result_t why = IDEM_UP_OK;
+    if (r.order[r.n - 1] == 'd') {
+        cr_assert_str_eq(r.order, "hbd");
+        cr_assert_eq(r.status, 200);
+        cr_assert_eq(r.body_len, 2);
+        cr_assert_eq(memcmp(r.body, "ok", 2), 0);
+        cr_assert_str_eq(idem__upstream_req_reason(&ur), "");
+    } else {
+        cr_assert_str_eq(r.order, "f");
+        why = r.why;
+    }
+    if (reason)
+        snprintf(reason, cap, "%s", idem__upstream_req_reason(&ur));
+    if (resumed)
+        *resumed = ur.tls_resumed;
+    idem__upstream_req_cleanup(&ur);
+    return why;
+}
+
+Test(upstream_tls, call_over_tls_succeeds)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", NULL);
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.requests), 1);
+    cr_assert_eq(atomic_load(&s.handshakes), 1);
+}
+
+Test(upstream_tls, pooled_connection_is_reused_and_a_new_one_resumes)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", NULL);
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    bool resumed = true;
+    cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
+    cr_assert_not(resumed, "the first connection had nothing to resume");
+    cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
+    cr_assert_eq(atomic_load(&s.accepts), 1, "the second call took the pooled connection");
+    cr_assert_eq(atomic_load(&s.handshakes), 1);
+    /* A new connection, once the pooled one is gone: it resumes. */
+    idem__upstream_close_idle(&f.client);
+    cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
+    cr_assert(resumed, "the new connection resumed the session");
+    cr_assert_eq(atomic_load(&s.accepts), 2);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.requests), 3);
+    cr_assert_eq(atomic_load(&s.resumed), 1, "the server saw the resumption");
+}
+
+/* A handshake the client refuses: nothing sent, a reason, and the upstream
+ * read not one byte of the request. */
+static void refused(const char *cert, const char *key, const char *ca, const char *name,
+                    const char *want)
+{
+    tsrv_t s;
+    tsrv_start(&s, cert, key, NULL);
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, ca, NULL, NULL, name, true);
+    char reason[256];
+    cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
+    cr_assert(strstr(reason, want) != NULL, "reason '%s' names '%s'", reason, want);
+    cr_assert_eq(idem__upstream_idle_count(&f.client), 0);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.plain_in), 0, "the upstream read a byte of the request");
+    cr_assert_eq(atomic_load(&s.requests), 0);
+}
+
+Test(upstream_tls, wrong_ca_sends_nothing)
+{
+    refused("server.pem", "server.key", "other-ca.pem", "localhost", "certificate verify failed");
+}
+
+Test(upstream_tls, wrong_name_sends_nothing)
+{
+    refused("wrong-name.pem", "wrong-name.key", "ca.pem", "localhost", "hostname mismatch");
+}
+
+Test(upstream_tls, expired_certificate_sends_nothing)
+{
+    refused("expired.pem", "expired.key", "ca.pem", "localhost", "expired");
+}
+
+Test(upstream_tls, verify_false_accepts_a_wrong_name)
+{
+    tsrv_t s;
+    tsrv_start(&s, "wrong-name.pem", "wrong-name.key", NULL);
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "other-ca.pem", NULL, NULL, "localhost", false);
+    cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+}
+
+Test(upstream_tls, client_certificate_when_required)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", "ca.pem");
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", "client-a.pem", "client-a.key", "localhost", true);
+    cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.requests), 1);
+}
+
+Test(upstream_tls, no_client_certificate_when_required_sends_nothing)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", "ca.pem");
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    char reason[256];
+    cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
+    cr_assert(strstr(reason, "alert") != NULL, "reason '%s'", reason);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.plain_in), 0);
+    cr_assert_eq(atomic_load(&s.handshakes), 0);
+}
+
+Test(upstream_tls, client_certificate_of_another_ca_sends_nothing)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", "ca.pem");
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", "client-other.pem", "client-other.key", "localhost",
+                 true);
+    char reason[256];
+    cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
+    cr_assert(strstr(reason, "alert") != NULL, "reason '%s'", reason);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+    cr_assert_eq(atomic_load(&s.plain_in), 0);
+}
+
+/* An upstream that takes the connection and never answers the handshake:
+ * the timeout is the only possible end, and it means nothing was sent. */
+Test(upstream_tls, stalled_handshake_times_out_as_nothing_sent)
+{
+    srv_t s;
+    srv_start(&s, SRV_SILENT, NULL, false);
+    fix_t f;
+    tls_fix_init(&f, s.port, 200, "ca.pem", NULL, NULL, "localhost", true);
+    char reason[256];
+    cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
+    cr_assert_str_eq(reason, "TLS handshake timed out");
+    fix_cleanup(&f);
+    srv_stop(&s);
+    cr_assert_eq(atomic_load(&s.requests), 0);
+}
+
+/* An upstream that ends an idle pooled connection with close_notify: the
+ * client closes it, and the next call goes on a new connection. */
+Test(upstream_tls, pooled_connection_closed_by_the_upstream_is_not_used)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", NULL);
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    s.shutdown_after = true;
+    /* The server ends the connection right after its answer: a close_notify
+     * and FIN reach the connection, idle by then, which reads them and
+     * closes. */
+    cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
+    while (idem__upstream_idle_count(&f.client) != 0)
+        uv_run(&f.loop, UV_RUN_ONCE);
+    cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
+    cr_assert_eq(atomic_load(&s.accepts), 2);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
 }
