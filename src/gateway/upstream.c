@@ -637,9 +637,11 @@ static void on_tr_eof(void *data)
 static bool handshake_refusal(const char *reason)
 {
     static const char *const alerts[] = {
-        "alert certificate required", "alert bad certificate",     "alert unknown ca",
-        "alert handshake failure",    "alert certificate unknown", "alert certificate expired",
-        "alert certificate revoked",  "alert unsupported certificate", "alert access denied",
+        "alert certificate required",    "alert bad certificate",
+        "alert unknown ca",              "alert handshake failure",
+        "alert certificate unknown",     "alert certificate expired",
+        "alert certificate revoked",     "alert unsupported certificate",
+        "alert access denied",
     };
     for (size_t i = 0; i < sizeof alerts / sizeof alerts[0]; i++) {
         if (strstr(reason, alerts[i]) != NULL)

@@ -65,7 +65,9 @@
  * a server refuses a handshake (our client certificate missing or refused:
  * with TLS 1.3 the server says so after the client is done and has sent)
  * is IDEM_UP_CONNECT_FAILED too, as the server's application never saw
- * the request.  Session
+ * the request.  Only the alert says so: if the upstream's reset (its close
+ * with our request unread) overtakes the alert, the call is IDEM_UP_BROKEN,
+ * the safe side.  Session
  * tickets an upstream sends after the handshake are read and consumed by
  * the TLS engine, idle or not; plaintext or an end (close_notify or FIN) on
  * an idle connection closes it, as on a plain one.  A close-delimited body

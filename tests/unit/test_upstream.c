@@ -1275,6 +1275,14 @@ static void *tsrv_conn_main(void *arg)
                 break;
             }
         }
+    } else {
+        /* A refused handshake: the alert has gone; read what the client
+         * sent on until it closes, so that our close sends no reset that
+         * could overtake the alert (with TLS 1.3 a client has sent its
+         * request by the time it hears of a refused certificate). */
+        char junk[4096];
+        while (read(sc->fd, junk, sizeof junk) > 0) {
+        }
     }
     SSL_free(ssl);
     ERR_clear_error();
