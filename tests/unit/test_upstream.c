@@ -1210,6 +1210,8 @@ typedef struct {
     atomic_int requests;
     atomic_long plain_in;
     bool shutdown_after; /* end each connection with close_notify after one answer */
+    bool bare_close_after; /* end each connection with a bare FIN after one answer */
+    const char *answer;    /* instead of OK_ANSWER when set */
     pthread_t acceptor;
     pthread_t conns[SRV_MAX_CONNS];
     atomic_int n_conns;
@@ -1268,8 +1270,11 @@ static void *tsrv_conn_main(void *arg)
         char buf[4096];
         while (tls_read_request(s, ssl, buf, sizeof buf) > 0) {
             atomic_fetch_add(&s->requests, 1);
-            if (SSL_write(ssl, OK_ANSWER, (int)strlen(OK_ANSWER)) <= 0)
+            const char *answer = s->answer ? s->answer : OK_ANSWER;
+            if (SSL_write(ssl, answer, (int)strlen(answer)) <= 0)
                 break;
+            if (s->bare_close_after)
+                break; /* SSL_free sends no close_notify: a bare FIN */
             if (s->shutdown_after) {
                 SSL_shutdown(ssl);
                 break;
@@ -1566,3 +1571,36 @@ Test(upstream_tls, pooled_connection_closed_by_the_upstream_is_not_used)
     fix_cleanup(&f);
     tsrv_stop(&s);
 }
+
+/* A close-delimited body over TLS ends at close_notify; a bare FIN there may
+ * be a truncation, and is a broken call. */
+static void close_delimited(bool clean)
+{
+    tsrv_t s;
+    tsrv_start(&s, "server.pem", "server.key", NULL);
+    s.answer = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end";
+    s.shutdown_after = clean;
+    s.bare_close_after = !clean;
+    fix_t f;
+    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    idem_upstream_req_t ur;
+    rec_t r = {0};
+    start(&f, &ur, &r, GET, NULL);
+    run_until_ended(&f, &r);
+    if (clean) {
+        cr_assert_eq(r.order[r.n - 1], 'd', "%s", r.order);
+        cr_assert_eq(r.body_len, strlen("until the end"));
+    } else {
+        cr_assert_eq(r.order[r.n - 1], 'f', "%s", r.order);
+        cr_assert_eq(r.why, IDEM_UP_BROKEN);
+        cr_assert(strstr(idem__upstream_req_reason(&ur), "close_notify") != NULL, "%s",
+                  idem__upstream_req_reason(&ur));
+    }
+    idem__upstream_req_cleanup(&ur);
+    fix_cleanup(&f);
+    tsrv_stop(&s);
+}
+
+Test(upstream_tls, close_delimited_body_ends_at_close_notify) { close_delimited(true); }
+
+Test(upstream_tls, close_delimited_body_cut_by_a_bare_fin_is_broken) { close_delimited(false); }
