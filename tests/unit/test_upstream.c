@@ -14,6 +14,9 @@
  * it goes on; every other connection answers FRESH_ANSWER.  So a test sees
  * whether late bytes are ever taken as another call's answer.
  *
+ * A third (tsrv_t) speaks TLS with OpenSSL, with the certificates of
+ * tests/certs.py, for the client set up with idem__upstream_set_tls.
+ *
  * The client runs on the test's own uv loop.  Each callback records itself
  * in order, and whether it ran inside idem__upstream_req_start or _resume:
  * none may.  No verdict depends on timing: a timeout test uses an upstream
