@@ -186,13 +186,49 @@ enum outcome {
     R_FAIL,   /* a server error; the connection is fine */
 };
 
-/* Length of a libpq message without its trailing newline, capped. */
-static int msg_len(const char *m)
+/* A libpq message as one line, capped at MSG_MAX bytes: libpq writes some
+ * on several lines ("Connection refused\n\tIs the server running ...", or
+ * one failure per address a host name resolved to, each on its own line),
+ * and every problem idem logs or prints at start-up is one line.  A run of
+ * white space that holds a line break becomes "; ", a tab a space, and the
+ * trailing line break goes.  Used as flat(m).s inside one expression.  The
+ * cap leaves room for a few hosts' failures in the start-up line (pg_open);
+ * the texts idem__store_seterr and the pool keep are shorter (256). */
+#define MSG_MAX 600
+struct flat_msg {
+    char s[MSG_MAX + 1];
+};
+
+static struct flat_msg flat(const char *m)
 {
-    size_t l = m != NULL ? strlen(m) : 0;
-    while (l > 0 && (m[l - 1] == '\n' || m[l - 1] == ' '))
-        l--;
-    return (int)(l > 300 ? 300 : l);
+    struct flat_msg f;
+    size_t n = 0;
+    if (m == NULL)
+        m = "";
+    while (*m != '\0' && n < MSG_MAX) {
+        if (*m == ' ' || *m == '\t' || *m == '\n' || *m == '\r') {
+            bool brk = false;
+            const char *e = m;
+            for (; *e == ' ' || *e == '\t' || *e == '\n' || *e == '\r'; e++)
+                brk = brk || *e == '\n' || *e == '\r';
+            if (*e == '\0')
+                break; /* trailing white space */
+            if (brk && n + 2 <= MSG_MAX) {
+                f.s[n++] = ';';
+                f.s[n++] = ' ';
+                m = e;
+                continue;
+            }
+            if (brk)
+                break;
+            for (; m < e && n < MSG_MAX; m++)
+                f.s[n++] = ' ';
+            continue;
+        }
+        f.s[n++] = *m++;
+    }
+    f.s[n] = '\0';
+    return f;
 }
 
 /* ---- binary encoding -------------------------------------------------- */
@@ -402,8 +438,8 @@ broken:
         idem__pool_mark_down(&s->pool, why);
         idem__store_seterr(&s->base, "postgres: %s", why);
     } else
-        idem__store_seterr(&s->base, "postgres: connection lost: %.*s",
-                           msg_len(PQerrorMessage(pq)), PQerrorMessage(pq));
+        idem__store_seterr(&s->base, "postgres: connection lost: %s",
+                           flat(PQerrorMessage(pq)).s);
     for (int i = 0; i < got; i++) {
         PQclear(res[i]);
         res[i] = NULL;
@@ -440,7 +476,7 @@ static enum outcome classify(struct pg_store *s, PGconn *pq, const PGresult *r,
 
     if (r != NULL && PQresultStatus(r) == PGRES_PIPELINE_ABORTED)
         msg = "pipeline aborted";
-    idem__store_seterr(&s->base, "postgres %s: %.*s%s%s%s", what, msg_len(msg), msg,
+    idem__store_seterr(&s->base, "postgres %s: %s%s%s%s", what, flat(msg).s,
                        state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "");
     *err = IDEM_E_STORE_DOWN;
     if (PQstatus(pq) == CONNECTION_BAD)
@@ -461,8 +497,7 @@ static enum outcome run_one(struct pg_store *s, PGconn *pq, const char *sql, PGr
 {
     *out = NULL;
     if (!send_plain(pq, sql)) {
-        idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
-                           PQerrorMessage(pq));
+        idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
         return R_BROKEN;
     }
     return seg_run(s, pq, 1, out);
@@ -566,8 +601,7 @@ static enum outcome ensure_schema(struct pg_store *s, PGconn *pq, char *why, siz
     return R_OK;
 
 lost:
-    snprintf(why, whylen, "postgres: connection lost: %.*s", msg_len(PQerrorMessage(pq)),
-             PQerrorMessage(pq));
+    snprintf(why, whylen, "postgres: connection lost: %s", flat(PQerrorMessage(pq)).s);
     return R_BROKEN;
 }
 
@@ -594,14 +628,14 @@ static enum outcome conn_open(struct pg_store *s, bool schema, struct pgc **out,
     bool refused = PQstatus(pq) != CONNECTION_OK;
     if (refused || idem__store_io_fault()) {
         const char *m = refused ? PQerrorMessage(pq) : "connection refused (injected fault)";
-        snprintf(why, whylen, "postgres: cannot connect: %.*s", msg_len(m), m);
+        snprintf(why, whylen, "postgres: cannot connect: %s", flat(m).s);
         PQfinish(pq);
         return R_BROKEN;
     }
     PQsetNoticeReceiver(pq, ignore_notice, NULL);
     if (PQsetnonblocking(pq, 1) != 0 || PQenterPipelineMode(pq) != 1) {
-        snprintf(why, whylen, "postgres: cannot enter pipeline mode: %.*s",
-                 msg_len(PQerrorMessage(pq)), PQerrorMessage(pq));
+        snprintf(why, whylen, "postgres: cannot enter pipeline mode: %s",
+                 flat(PQerrorMessage(pq)).s);
         PQfinish(pq);
         return R_BROKEN;
     }
@@ -616,8 +650,7 @@ static enum outcome conn_open(struct pg_store *s, bool schema, struct pgc **out,
     for (int i = 0; i < ST_COUNT && sent; i++)
         sent = PQsendPrepare(pq, stmt_name[i], s->sql[i], 0, NULL) == 1;
     if (!sent || seg_run(s, pq, ST_COUNT + 1, res) != R_OK) {
-        snprintf(why, whylen, "postgres: connection lost: %.*s", msg_len(PQerrorMessage(pq)),
-                 PQerrorMessage(pq));
+        snprintf(why, whylen, "postgres: connection lost: %s", flat(PQerrorMessage(pq)).s);
         PQfinish(pq);
         return R_BROKEN;
     }
@@ -1126,8 +1159,7 @@ nomem:
     idem__store_seterr(&s->base, "postgres: out of memory building the batch");
     return R_FAIL;
 lost:
-    idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
-                       PQerrorMessage(pq));
+    idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
     return R_STALE;
 }
 
@@ -1148,8 +1180,7 @@ static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, i
     if (!build_select(b))
         goto nomem;
     if (!send_plain(pq, "BEGIN") || !send_prepared(pq, ST_SEL, 2, b->a)) {
-        idem__store_seterr(&s->base, "postgres: %.*s", msg_len(PQerrorMessage(pq)),
-                           PQerrorMessage(pq));
+        idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
         return R_STALE;
     }
     if (seg_run(s, pq, 2, res) != R_OK)
@@ -1555,7 +1586,7 @@ static idem_err_t parse_url(const char *rest, struct cfg *c, char *errbuf, size_
             idem_free(uri);
             return IDEM_E_NOMEM;
         }
-        idem__store_errbuf(errbuf, errlen, "postgres store URL: %.*s", msg_len(msg), msg);
+        idem__store_errbuf(errbuf, errlen, "postgres store URL: %s", flat(msg).s);
         PQfreemem(msg);
         idem_free(uri);
         return IDEM_E_INVAL;
@@ -1644,8 +1675,9 @@ static idem_err_t pg_open(const char *rest, idem_store_t **out, char *errbuf, si
     }
 
     /* The first connection makes the table: a wrong URL, password or
-     * privilege fails here, at start-up, not at the first request. */
-    char why[256];
+     * privilege fails here, at start-up, not at the first request.  Room
+     * for all of libpq's message: with several hosts it names each one. */
+    char why[MSG_MAX + 64];
     struct pgc *first;
     enum outcome o = conn_open(s, true, &first, why, sizeof why);
     if (o != R_OK) {
