@@ -2235,6 +2235,20 @@ Test(store_postgres, bad_libpq_value_is_refused_at_open_with_libpqs_message,
     cr_expect(strstr(err, "sslmode") != NULL, "message: %s", err);
 }
 
+/* libpq's TLS parameters reach libpq: the shared test server speaks no TLS,
+ * so sslmode=require is refused at open, in libpq's words, on one line
+ * (tests/blackbox/test_pg_tls.py runs a server that does). */
+Test(store_postgres, tls_parameters_reach_libpq, .fini = teardown)
+{
+    char u[512], err[512] = "";
+    pg_new_table(u, sizeof u, "&sslmode=require&sslrootcert=/nonexistent/ca.pem");
+    idem_store_t *s;
+    cr_expect_eq(idem_store_open(u, &s, err, sizeof err), IDEM_E_STORE_DOWN);
+    cr_expect_null(s);
+    cr_expect(strstr(err, "does not support SSL") != NULL, "message: %s", err);
+    cr_expect(strchr(err, '\n') == NULL, "not one line: %s", err);
+}
+
 /* A loopback port nothing listens on (just closed). */
 static int free_port(void)
 {
