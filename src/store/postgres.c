@@ -438,8 +438,7 @@ broken:
         idem__pool_mark_down(&s->pool, why);
         idem__store_seterr(&s->base, "postgres: %s", why);
     } else
-        idem__store_seterr(&s->base, "postgres: connection lost: %s",
-                           flat(PQerrorMessage(pq)).s);
+        idem__store_seterr(&s->base, "postgres: connection lost: %s", flat(PQerrorMessage(pq)).s);
     for (int i = 0; i < got; i++) {
         PQclear(res[i]);
         res[i] = NULL;

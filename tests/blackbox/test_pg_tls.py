@@ -229,7 +229,11 @@ class PostgresOverTls(h.IdemTestCase):
         with open(log, "wb") as err:
             d.proc = subprocess.Popen(d.argv(), stdin=subprocess.DEVNULL, stdout=err,
                                       stderr=err, cwd=self.tmp)
-        rc = d.proc.wait(EXIT_TIMEOUT)
+        try:
+            rc = d.proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.fail("idemd on %s still runs after %.0fs:\n%s" % (url, EXIT_TIMEOUT,
+                                                                  d.log_text()))
         text = d.log_text()
         self.assertEqual(rc, 2, "idemd on %s: exit %d, stderr:\n%s" % (url, rc, text))
         lines = text.splitlines()
