@@ -19,11 +19,15 @@ What it makes (EC P-256 keys, so it takes a fraction of a second):
     client-a.pem client-a.key      client certificates (clientAuth) by the CA
     client-b.pem client-b.key
     client-other.pem client-other.key   a client certificate by the other CA
+    server2.pem server2.key        by the CA, for the same names as server.pem
+                                   (another key and serial): the certificate
+                                   a SIGHUP test swaps in
 
 make_certs returns a dict of the paths by name: 'ca', 'ca_key', 'other_ca',
 'other_ca_key', 'server', 'server_key', 'wrong_name', 'wrong_name_key',
 'expired', 'expired_key', 'client_a', 'client_a_key', 'client_b',
-'client_b_key', 'client_other', 'client_other_key'.  The files are made
+'client_b_key', 'client_other', 'client_other_key', 'server2',
+'server2_key'.  The files are made
 afresh each time (new keys); the configuration given to openssl is this
 file's own, so the system's openssl.cnf changes nothing.
 """
@@ -133,6 +137,7 @@ def make_certs(dirpath):
     make_leaf("client-a", "client-a", "ca", "client_ext")
     make_leaf("client-b", "client-b", "ca", "client_ext")
     make_leaf("client-other", "client-other", "other-ca", "client_ext")
+    make_leaf("server2", "localhost", "ca", "server_ext")
 
     # Expired: validity in the past, through `openssl ca`.
     _key(p("expired.key"))
@@ -146,7 +151,7 @@ def make_certs(dirpath):
 
     names = {}
     for stem in ("ca", "other-ca", "server", "wrong-name", "expired", "client-a", "client-b",
-                 "client-other"):
+                 "client-other", "server2"):
         key = stem.replace("-", "_")
         names[key] = p(stem + ".pem")
         names[key + "_key"] = p(stem + ".key")
