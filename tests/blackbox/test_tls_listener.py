@@ -20,10 +20,13 @@ certificates tests/certs.py makes with the `openssl` command.
                   connections get the new certificate, a keep-alive
                   connection opened before keeps working; a cert_file that
                   does not load is logged and the last good one kept
-  hostile         1 KiB of garbage is closed at once; a partial ClientHello
-                  is closed at header_timeout (not before); 50 of them held
-                  do not stop a normal client; a TLS 1.1 client is refused
-                  with protocol_version; renegotiation is refused (s_client)
+  hostile         1 KiB of garbage is closed at once; a partial, stalled or
+                  trickled handshake is closed at header_timeout (not
+                  before); a head that stops after the handshake is 408 over
+                  TLS; 50 half handshakes held do not stop a normal client;
+                  a TLS 1.1 client is refused with protocol_version;
+                  renegotiation is refused (s_client); ALPN agrees on
+                  http/1.1 and refuses a client that offers only h2
   max_connections half-handshake TLS connections count: 5 of them under
                   max_connections 5 make a 6th, plain or TLS, refused
 
@@ -265,7 +268,8 @@ class Refusals(TLSCase):
 
     def test_a_client_that_trusts_another_ca_refuses_the_server(self):
         up, d = self.start_tls()
-        self.assertClientVerifyFails(client_ctx(self.certs["other_ca"]), "certificate verify failed")
+        self.assertClientVerifyFails(client_ctx(self.certs["other_ca"]),
+                                     "certificate verify failed")
         self.assertServed(d)
         self.assertEqual(up.count(path="/pay"), 1)  # only assertServed's GET
 
@@ -467,8 +471,8 @@ class Hostile(TLSCase):
                 s.sendall(garbage)
             except OSError:
                 pass
-            self.assertTrue(wait_closed(s, SHORT),
-                            "1 KiB of garbage (%s...) kept the connection open" % garbage[:16].hex())
+            self.assertTrue(wait_closed(s, SHORT), "1 KiB of garbage (%s...) kept the "
+                            "connection open" % garbage[:16].hex())
         finally:
             s.close()
         # plain HTTP on the TLS port is garbage too
@@ -508,7 +512,76 @@ class Hostile(TLSCase):
         finally:
             s.close()
         self.assertGreaterEqual(elapsed, 1.5, "closed before header_timeout")
+        # a ClientHello trickled a byte at a time: header_timeout runs from
+        # the accept and no byte restarts it (at this pace the hello would
+        # take about 100 s, far beyond the bound)
+        t0 = time.monotonic()
+        s = connect(self.tls_port)
+        closed = threading.Event()
+
+        def trickle():
+            for b in hello:
+                if closed.wait(0.2):
+                    return
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:
+                    return
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            self.assertTrue(wait_closed(s, GENEROUS), "a trickled ClientHello was never closed")
+            elapsed = time.monotonic() - t0
+        finally:
+            closed.set()
+            sender.join(GENEROUS)
+            s.close()
+        self.assertGreaterEqual(elapsed, 1.5, "closed before header_timeout")
         self.assertServed(d)
+
+    def test_a_head_that_stops_after_the_handshake_gets_408_over_tls(self):
+        up, d = self.start_tls({"header_timeout": "2s"})
+        t = self.ctx().wrap_socket(connect(self.tls_port), server_hostname="localhost")
+        try:
+            t.sendall(b"POST /pay HTTP/1.1\r\nHost: x\r\n")
+            data = b""
+            t.settimeout(GENEROUS)
+            while True:
+                try:
+                    chunk = t.recv(65536)
+                except (ssl.SSLError, ConnectionError):
+                    break
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            t.close()
+        rs = h.parse_responses(data)
+        self.assertEqual(len(rs), 1, "no answer over TLS: %r" % data)
+        self.assertProblem(rs[0], 408, "request-timeout")
+        self.assertEqual(up.count(), 0)
+
+    def test_alpn_offers_http_1_1_only(self):
+        up, d = self.start_tls()
+        ctx = self.ctx()
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        conn = TLSConnection(self.tls_port, ctx)
+        try:
+            r, _ = tls_request(self.tls_port, ctx, "GET", "/alpn", body=None, conn=conn)
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(conn.sock.selected_alpn_protocol(), "http/1.1")
+        finally:
+            conn.close()
+        ctx = self.ctx()
+        ctx.set_alpn_protocols(["h2"])
+        s = connect(self.tls_port)
+        try:
+            with self.assertRaises(ssl.SSLError) as cm:
+                ctx.wrap_socket(s, server_hostname="localhost")
+        finally:
+            s.close()
+        self.assertIn("no application protocol", str(cm.exception).lower())
+        self.assertEqual(up.count(), 1)
 
     def test_fifty_half_handshakes_do_not_stop_a_normal_client(self):
         up, d = self.start_tls({"header_timeout": "60s"})
@@ -562,7 +635,10 @@ class Hostile(TLSCase):
             if p.poll() is None:
                 p.kill()
             p.wait()
-            p.stdin.close()
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
             p.stdout.close()
         self.addCleanup(end)
         lines, got = [], threading.Event()
