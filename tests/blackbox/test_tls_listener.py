@@ -162,8 +162,10 @@ class TLSCase(h.IdemTestCase):
         self.certs = make_certs(os.path.join(self.tmp, "certs"))
 
     def start_tls(self, config=None, cert="server", client_ca=False, up=None):
-        """An upstream (or up) and an idemd with listen_tls serving the
-        certificate named cert; self.tls_port is its TLS port."""
+        """An upstream (or up) and an idemd with listen_tls serving cert: a
+        name of make_certs ("server", "expired", ...) or the path of a
+        X.pem whose key is X.key beside it.  client_ca: ask for client
+        certificates by the test CA.  self.tls_port is the TLS port."""
         if up is None:
             up = self.start_upstream()
         self.tls_port = h.free_port()
