@@ -62,11 +62,13 @@
 #include "gateway/addrlimit.h"
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/log.h"
 #include "gateway/problem.h"
 #include "gateway/rbuf.h"
 #include "gateway/request_plan.h"
 #include "gateway/transport.h"
 #include "idem/alloc.h"
+#include "idem/clock.h"
 
 #define READ_CHUNK (64 * 1024)
 #define CONN_DRAIN_MS 2000      /* after an error answer, reading what the client still sends */
@@ -562,10 +564,41 @@ static void on_tr_eof(void *data)
     conn_close(c);
 }
 
+#define TLS_REFUSAL_LOG_MS 10000 /* at most one line about refused handshakes this often */
+
+/* A handshake refused (a client certificate that does not verify, a
+ * protocol idemd does not speak, garbage): the client saw the alert, and
+ * the operator gets one line naming the reason, at most every
+ * TLS_REFUSAL_LOG_MS per listener with the count of those not logged, so
+ * that a flood of bad handshakes cannot flood the log. */
+static void conn_log_tls_refusal(idem_conn_t *c, const char *reason)
+{
+    idem_listener_t *l = c->l;
+    int64_t now = idem_clock_mono_ns() / 1000000;
+    if (l->tls_log_ms != 0 && now - l->tls_log_ms < TLS_REFUSAL_LOG_MS) {
+        l->tls_unlogged++;
+        return;
+    }
+    char addr[INET6_ADDRSTRLEN] = "?";
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET)
+            uv_ip4_name((struct sockaddr_in *)&ss, addr, sizeof addr);
+        else if (ss.ss_family == AF_INET6)
+            uv_ip6_name((struct sockaddr_in6 *)&ss, addr, sizeof addr);
+    }
+    idem__log(l->gw, "warn", "listen_tls: handshake with %s refused: %s (%llu more not logged)",
+              addr, reason, (unsigned long long)l->tls_unlogged);
+    l->tls_log_ms = now;
+    l->tls_unlogged = 0;
+}
+
 static void on_tr_error(void *data, const char *reason)
 {
     idem_conn_t *c = data;
-    (void)reason; /* the client saw the alert; a log line per attempt would be a flood */
+    if (c->l->tls != NULL && !c->tls_ready)
+        conn_log_tls_refusal(c, reason);
     conn_close(c); /* counted there when the handshake was not done */
 }
 

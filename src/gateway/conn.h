@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "gateway/handler.h"
@@ -59,6 +60,8 @@ struct idem_listener {
     uv_idle_t parse_idle;      /* runs parse_q and gone_q from the loop */
     int n_conns;               /* open connections (a listener with its own max_conns) */
     bool stopping;             /* the loop is stopping: no connection is kept alive */
+    int64_t tls_log_ms;        /* when a refused handshake was last logged (monotonic ms) */
+    uint64_t tls_unlogged;     /* refused handshakes since, not logged */
     /* Called once a connection's handles are closed and it is freed: a
      * stopping loop may end now.  May be NULL. */
     void (*on_conn_freed)(idem_listener_t *l);
