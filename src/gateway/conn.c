@@ -230,6 +230,8 @@ static void on_tr_written(void *data, size_t n)
         conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
     if (c->want_proceed && c->req && conn_caught_up(c)) {
         c->want_proceed = false;
+        if (c->waiting == CT_QUEUE && c->state == CS_BUSY)
+            conn_timer(c, CT_NONE);
         c->l->handler->ops->on_proceed(c->req);
         if (c->state == CS_CLOSED)
             return;
@@ -346,6 +348,10 @@ static bool os_send(idem_ostream_t *os, const void *p, size_t n, bool final)
         return false;
     if (c->queued > IDEM_STREAM_HIGH_MARK || queued_over_cap(c->l)) {
         c->want_proceed = true;
+        /* A client that takes nothing more is closed after body_timeout
+         * without progress (each write done re-arms it). */
+        if (c->waiting == CT_NONE)
+            conn_timer(c, CT_QUEUE);
         return false;
     }
     return true;
