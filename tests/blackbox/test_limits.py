@@ -9,11 +9,16 @@ admin listener under the same rules.
   store, so its key is free for the retry.
 - max_connections: more are closed at once, the admin listener still answers;
   idemd raises its open-files limit to fit, or refuses to start.
-- max_buffered_bytes: a body that does not fit gets 503 overloaded with
-  Retry-After; a body already admitted finishes; the budget comes back.
-- Expect: 100-continue is answered only after the route and key checks.
-- The admin listener: the same timeouts, a connection cap of its own, and
-  only Host names that mean itself (DNS rebinding gets 421).
+- max_buffered_bytes: a body is charged for what has arrived (its buffer as
+  it grows), never for the Content-Length its head declares; a body piece
+  that does not fit gets 503 overloaded with Retry-After and the connection
+  ends; a body that fits next to it is served; the budget comes back.
+- Expect: 100-continue is answered only after the route and key checks (the
+  budget is charged as the body arrives, so it is not one of them).
+- The admin listener: the same timeouts, 64 connections of its own, of
+  which the longest-idle is closed to admit a new one (so idle clients never
+  make /healthz fail), and only Host names that mean itself (DNS rebinding
+  gets 421).
 
 Everything is decided by behaviour over raw sockets.  A deadline is only ever
 an upper bound that is generous ("closed at all within 15 s"); the lower
@@ -24,6 +29,7 @@ a busy machine never makes them.
 import os
 import resource
 import socket
+import struct
 import subprocess
 import time
 
@@ -93,6 +99,37 @@ def read_response(s, timeout=GENEROUS):
         if not chunk:
             return None
         data += chunk
+
+
+def _proc_tcp():
+    """The IPv4 TCP sockets of this machine from /proc/net/tcp:
+    {(local (ip, port), remote (ip, port)): (tx_queue, rx_queue)}."""
+    def addr(field):
+        ip, port = field.split(":")
+        return socket.inet_ntoa(struct.pack("=I", int(ip, 16))), int(port, 16)
+    out = {}
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            tx, rx = parts[4].split(":")
+            out[(addr(parts[1]), addr(parts[2]))] = (int(tx, 16), int(rx, 16))
+    return out
+
+
+def server_has_read(socks):
+    """Whether the process at the other end of each connected socket has
+    read every byte sent on it: nothing waits in our send queue, nor in the
+    receive queue of its end (which only the accepting process reads, after
+    accepting it).  An event to wait for (h.wait_until), never a sleep."""
+    table = _proc_tcp()
+    for s in socks:
+        mine, theirs = s.getsockname(), s.getpeername()
+        if table.get((mine, theirs), (1, 0))[0] != 0:
+            return False
+        if table.get((theirs, mine), (0, 1))[1] != 0:
+            return False
+    return True
 
 
 def trickle(port, first, line=b"X-Slow: 1\r\n", interval=0.2, limit=GENEROUS):
@@ -289,43 +326,86 @@ class MaxConnections(LimitsCase):
                 return False
         h.wait_until(served, GENEROUS, 0.1, "a connection once others closed")
 
-    def test_admin_connections_over_its_cap_are_closed_at_once(self):
-        up, d = self.setup_pair({"header_timeout": "60s", "idle_timeout": "60s"})
-        held, refused = [], None
+    ADMIN_CAP = 64  # the admin listener's own connections (docs/protocol.md section 13)
+
+    def admin_healthz_on(self, s):
+        """GET /healthz on an open admin connection: its Response or None."""
         try:
-            # Each connection is served before the next opens, until one is
-            # refused: a readiness probe not yet closed may take a place.
-            while refused is None and len(held) < 80:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        except OSError:
+            return None
+        return read_response(s)
+
+    def test_idle_admin_connections_make_room_for_a_probe(self):
+        # 64 keep-alive admin connections, each served and then idle, hold
+        # every place; a probe still gets 200, the longest idle making room.
+        up, d = self.setup_pair({"header_timeout": "60s", "idle_timeout": "60s"})
+        held = []
+        try:
+            for i in range(self.ADMIN_CAP):
                 s = connect(d.admin_port)
-                try:
-                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-                except OSError:
-                    pass
-                r = read_response(s)
-                if r is not None and r.status == 200:
-                    held.append(s)
-                    continue
-                data, closed = read_until_closed(s)
-                s.close()
-                refused = (r, data, closed)
-            self.assertIsNotNone(refused, "80 admin connections were all kept")
-            self.assertLessEqual(len(held), 64)
-            self.assertGreaterEqual(len(held), 60)
-            r, data, closed = refused
-            self.assertTrue(closed, "an admin connection over the cap was kept open")
-            if r is not None:
-                self.assertProblem(r, 503, "overloaded")
-            # the public listener is not affected
-            self.assertEqual(h.request(d.port, "GET", "/x").status, 200)
+                held.append(s)
+                r = self.admin_healthz_on(s)
+                self.assertIsNotNone(r, "admin connection %d got no answer" % i)
+                self.assertEqual(r.status, 200, "admin connection %d: %r" % (i, r))
+            for i in range(5):
+                r = d.admin("GET", "/healthz", timeout=GENEROUS)
+                self.assertEqual(r.status, 200, "probe %d with 64 idle admin connections" % i)
+            # the one idle longest went for them (a probe of the harness,
+            # closed before, may have gone first: five probes, one of ours)
+            data, closed = read_until_closed(held[0])
+            self.assertTrue(closed, "the longest-idle admin connection was kept")
+            self.assertEqual(data, b"", "an idle connection is closed without a word")
+            self.assertEqual(h.metric_sum(d.metrics(), "idem_connections_refused_total",
+                                          listener="admin"), 0)
+            # the most recent ones still work
+            r = self.admin_healthz_on(held[-1])
+            self.assertIsNotNone(r, "a recently used admin connection was closed")
+            self.assertEqual(r.status, 200)
         finally:
             for s in held:
                 s.close()
-        def served():
+
+    def test_busy_admin_connections_over_its_cap_refuse_the_next(self):
+        # 64 admin connections each in the middle of a head are not idle:
+        # none is closed for a 65th, which is refused at once.
+        up, d = self.setup_pair({"header_timeout": "60s", "idle_timeout": "60s"})
+        busy = []
+        try:
+            for _ in range(self.ADMIN_CAP):
+                s = connect(d.admin_port)
+                busy.append(s)
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+            # idemd has accepted all 64 and read their half heads
+            h.wait_until(lambda: server_has_read(busy), GENEROUS, 0.05,
+                         "idemd to read the 64 half heads")
+            extra = connect(d.admin_port)
             try:
-                return d.admin("GET", "/healthz", timeout=5).status == 200
-            except OSError:
-                return False
-        h.wait_until(served, GENEROUS, 0.1, "the admin listener once its connections closed")
+                try:
+                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                except OSError:
+                    pass
+                data, closed = read_until_closed(extra)
+            finally:
+                extra.close()
+            self.assertTrue(closed, "an admin connection over the cap was kept open")
+            rs = h.parse_responses(data)
+            if rs:
+                self.assertProblem(rs[0], 503, "overloaded")
+            # none of the busy ones was closed for it: each finishes its head
+            for i, s in enumerate(busy):
+                s.sendall(b"\r\n")
+                r = read_response(s)
+                self.assertIsNotNone(r, "busy admin connection %d was closed" % i)
+                self.assertEqual(r.status, 200)
+            # (idle now: the scrape takes the place of the longest idle)
+            self.assertGreaterEqual(h.metric_sum(d.metrics(), "idem_connections_refused_total",
+                                                 listener="admin"), 1)
+            # the public listener is not affected
+            self.assertEqual(h.request(d.port, "GET", "/x").status, 200)
+        finally:
+            for s in busy:
+                s.close()
 
 
 def nofile_limits(pid):
@@ -407,77 +487,113 @@ class OpenFiles(LimitsCase):
 # max_buffered_bytes
 
 
+# A body's buffer doubles from 256 bytes and stops at max_request_bytes + 1,
+# and is charged its size (less the spare byte): 60000 bytes arrived hold
+# 65535, 30000 hold 32767.  So one body of 60000 fits beside one of 30000
+# (98302 <= 102400), never beside another of 60000; a head that declares
+# 60000 and sends a little holds a little.
 BUDGET = {"max_request_bytes": "64KiB", "max_buffered_bytes": "100KiB",
           "header_timeout": "60s", "body_timeout": "60s"}
+BODY = 60000
 
 
 class BufferedBytes(LimitsCase):
     def buffered(self, d):
         return h.metric_sum(d.metrics(), "idem_buffered_body_bytes")
 
-    def test_a_body_over_the_budget_gets_503_and_the_one_in_progress_finishes(self):
+    def hold(self, d, sent, key=None, declared=BODY):
+        """A connection whose request declared `declared` body bytes and
+        sent `sent` of them, once idemd has read them all."""
+        s = connect(d.port)
+        self.addCleanup(s.close)
+        s.sendall(head(key=key or h.new_key(), headers=["Content-Length: %d" % declared]) +
+                  b"a" * sent)
+        h.wait_until(lambda: server_has_read([s]), GENEROUS, 0.05, "idemd to read the body")
+        return s
+
+    def test_the_budget_counts_what_arrived_not_what_the_head_declared(self):
         up, d = self.setup_pair(BUDGET)
         ka, kb = h.new_key(), h.new_key()
-        a = connect(d.port)
+        a = self.hold(d, 100, key=ka)
+        held = self.buffered(d)
+        self.assertGreaterEqual(held, 100, "the bytes that arrived are not counted")
+        self.assertLess(held, 4096, "A's declared Content-Length was charged at its head")
+        a.sendall(b"a" * 30000)
+        h.wait_until(lambda: server_has_read([a]), GENEROUS, 0.05, "idemd to read A's bytes")
+        held = self.buffered(d)
+        self.assertGreaterEqual(held, 30100, "the budget does not grow with the body")
+        self.assertLess(held, BODY, "A's declared Content-Length was charged")
+        # B's whole body fits beside what A holds, though not beside what A declared
+        r = d.post(key=kb, body=b"b" * BODY)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(up.requests(key=kb)[0].body, b"b" * BODY)
+        # B's budget comes back; then A's rest fits too
+        h.wait_until(lambda: self.buffered(d) == held, GENEROUS, 0.05, "B's budget back")
+        a.sendall(b"a" * (BODY - 30100))
+        ra = read_response(a)
+        self.assertIsNotNone(ra, "the body in progress was cut")
+        self.assertEqual(ra.status, 200, ra)
+        self.assertEqual(up.requests(key=ka)[0].body, b"a" * BODY)
+        h.wait_until(lambda: self.buffered(d) == 0, GENEROUS, 0.05, "the budget to be empty")
+
+    def test_a_body_whose_bytes_pass_the_budget_gets_503_and_the_other_finishes(self):
+        up, d = self.setup_pair(BUDGET)
+        ka, kb = h.new_key(), h.new_key()
+        a = self.hold(d, BODY - 1, key=ka)  # A holds 65535
+        # B's head is admitted; its body is refused once it has grown past
+        # what is left, part-way
+        b = connect(d.port)
         try:
-            # A reserves 60000 bytes and sends half of them
-            a.sendall(head(key=ka, headers=["Content-Length: 60000"]) + b"a" * 30000)
-            h.wait_until(lambda: self.buffered(d) >= 60000, GENEROUS, 0.05, "A's reservation")
-            # B does not fit next to it
-            b = connect(d.port)
+            b.sendall(head(key=kb, headers=["Content-Length: %d" % BODY]))
             try:
-                b.sendall(head(key=kb, headers=["Content-Length: 60000"]) + b"b" * 60000)
-                data, closed = read_until_closed(b)
-            finally:
-                b.close()
-            r, _ = self.problem_of(data, 503, "overloaded")
-            self.assertRetryAfter(r, 1)
-            self.assertTrue(closed)
-            self.assertEqual(d.get_key(kb).status, 404, "B claimed its key")
-            # A is not starved
-            a.sendall(b"a" * 30000)
-            ra = read_response(a)
-            self.assertIsNotNone(ra, "the body in progress was starved")
-            self.assertEqual(ra.status, 200, ra)
+                b.sendall(b"b" * BODY)
+            except OSError:
+                pass  # refused and closed while it was still sending
+            data, closed = read_until_closed(b)
         finally:
-            a.close()
+            b.close()
+        r, _ = self.problem_of(data, 503, "overloaded")
+        self.assertRetryAfter(r, 1)
+        self.assertEqual((r.header("Connection") or "").lower(), "close")
+        self.assertTrue(closed, "a refused body's connection was kept")
+        self.assertEqual(d.get_key(kb).status, 404, "B claimed its key")
+        # A is not starved: its last byte fits in what it holds
+        a.sendall(b"a")
+        ra = read_response(a)
+        self.assertIsNotNone(ra, "the body in progress was starved")
+        self.assertEqual(ra.status, 200, ra)
         self.assertEqual(up.count(key=ka), 1)
         self.assertEqual(up.count(key=kb), 0)
+        self.assertGreaterEqual(d.outcome("overloaded"), 1)
 
         # the budget comes back: B's retry runs
-        def retry():
-            r = d.post(key=kb, body=b"b" * 60000)
-            return r if r.status == 200 else None
-        h.wait_until(retry, GENEROUS, 0.1, "B's retry to fit")
         h.wait_until(lambda: self.buffered(d) == 0, GENEROUS, 0.05, "the budget to be empty")
+        r = d.post(key=kb, body=b"b" * BODY)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(up.count(key=kb), 1)
 
     def test_an_abandoned_body_gives_its_budget_back(self):
         up, d = self.setup_pair(BUDGET)
-        a = connect(d.port)
-        a.sendall(head(key=h.new_key(), headers=["Content-Length: 60000"]) + b"a" * 100)
-        h.wait_until(lambda: self.buffered(d) >= 60000, GENEROUS, 0.05, "A's reservation")
-        r = d.post(key=h.new_key(), body=b"b" * 60000)
+        a = self.hold(d, 40000)  # holds 65535 of 60000 declared
+        self.assertGreaterEqual(self.buffered(d), 40000)
+        r = d.post(key=h.new_key(), body=b"b" * BODY)
         self.assertProblem(r, 503, "overloaded")
         a.close()
         h.wait_until(lambda: self.buffered(d) == 0, GENEROUS, 0.05, "A's budget back")
-        r = d.post(key=h.new_key(), body=b"b" * 60000)
+        r = d.post(key=h.new_key(), body=b"b" * BODY)
         self.assertEqual(r.status, 200, r)
+        self.assertEqual(up.count(), 1)
 
     def test_a_chunked_body_that_does_not_fit_gets_503(self):
         up, d = self.setup_pair(BUDGET)
-        a = connect(d.port)
-        try:
-            a.sendall(head(key=h.new_key(), headers=["Content-Length: 60000"]) + b"a")
-            h.wait_until(lambda: self.buffered(d) >= 60000, GENEROUS, 0.05, "A's reservation")
-            chunk = b"c" * 50000
-            data, closed = h.raw_exchange(
-                d.port, head(key=h.new_key(), headers=["Transfer-Encoding: chunked"]) +
-                b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk), timeout=GENEROUS)
-            r, _ = self.problem_of(data, 503, "overloaded")
-            self.assertRetryAfter(r, 1)
-            self.assertTrue(closed)
-        finally:
-            a.close()
+        self.hold(d, 40000)
+        chunk = b"c" * 50000
+        data, closed = h.raw_exchange(
+            d.port, head(key=h.new_key(), headers=["Transfer-Encoding: chunked"]) +
+            b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk), timeout=GENEROUS)
+        r, _ = self.problem_of(data, 503, "overloaded")
+        self.assertRetryAfter(r, 1)
+        self.assertTrue(closed)
         self.assertEqual(up.count(), 0)
 
 
@@ -542,21 +658,36 @@ class ExpectContinue(LimitsCase):
         self.problem_of(data, 400, "missing-token")
         self.assertTrue(closed)
 
-    def test_a_body_over_the_budget_gets_503_and_no_100_continue(self):
+    def test_a_body_over_the_budget_is_invited_then_refused_with_503(self):
+        # The budget is charged as the body arrives, not at the head: with
+        # the budget held by another body, a head that passes its checks is
+        # still invited, and its body is refused once it does not fit.
         up, d = self.setup_pair(BUDGET)
         a = connect(d.port)
+        self.addCleanup(a.close)
+        a.sendall(head(key=h.new_key(), headers=["Content-Length: %d" % BODY]) +
+                  b"a" * 40000)
+        h.wait_until(lambda: server_has_read([a]), GENEROUS, 0.05, "idemd to read A's body")
+        key = h.new_key()
+        s = connect(d.port)
         try:
-            a.sendall(head(key=h.new_key(), headers=["Content-Length: 60000"]) + b"a")
-            h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_buffered_body_bytes") >= 60000,
-                         GENEROUS, 0.05, "A's reservation")
-            data, closed = h.raw_exchange(
-                d.port, head(key=h.new_key(), headers=["Content-Length: 60000",
-                                                       "Expect: 100-continue"]),
-                timeout=GENEROUS)
-            self.problem_of(data, 503, "overloaded")
-            self.assertTrue(closed)
+            s.sendall(head(key=key, headers=["Content-Length: %d" % BODY,
+                                             "Expect: 100-continue"]))
+            s.settimeout(GENEROUS)
+            interim = s.recv(65536)
+            self.assertTrue(interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), interim)
+            try:
+                s.sendall(b"b" * BODY)
+            except OSError:
+                pass
+            data, closed = read_until_closed(s)
         finally:
-            a.close()
+            s.close()
+        self.problem_of(interim[len(b"HTTP/1.1 100 Continue\r\n\r\n"):] + data,
+                        503, "overloaded")
+        self.assertTrue(closed)
+        self.assertEqual(d.get_key(key).status, 404, "a refused body claimed its key")
+        self.assertEqual(up.count(), 0)
 
     def test_a_request_that_passes_its_checks_is_invited_and_served(self):
         # the positive side, on the same binary: 100 first, then the answer
