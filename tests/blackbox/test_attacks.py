@@ -379,14 +379,18 @@ STOLEN = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTOLE"
 class RawUpstream:
     """An HTTP/1.1 upstream on a raw socket, one thread a connection.  The
     first request it is ever sent is answered with first_answer (bytes
-    beyond a complete response among them), and extra, when given, is sent
-    delay seconds later on the same connection (self.extra_sent set then);
-    every other request gets its own answer, 200 "own:<key>"."""
+    beyond a complete response among them, perhaps); then, on that same
+    connection, `extra` is sent `delay` seconds later (self.extra_sent is
+    set then), and `on_next` is sent before the answer to any later request
+    that comes on it (the worst moment: idemd has just reused it for
+    someone else).  Every other request gets its own answer, 200
+    "own:<key>"."""
 
-    def __init__(self, first_answer, extra=b"", delay=0.0):
+    def __init__(self, first_answer, extra=b"", delay=0.0, on_next=b""):
         self.first_answer = first_answer
         self.extra = extra
         self.delay = delay
+        self.on_next = on_next
         self.extra_sent = threading.Event()
         self.lock = threading.Lock()
         self.requests = []  # (connection number, key)
@@ -422,18 +426,22 @@ class RawUpstream:
             self.threads.append(t)
             t.start()
 
+    def recv_more(self, c):
+        """More bytes from c (b"" at its end or when stopping)."""
+        while True:
+            try:
+                return c.recv(65536)
+            except socket.timeout:
+                if self.stop.is_set():
+                    return b""
+            except OSError:
+                return b""
+
     def read_request(self, c, buf):
         """One request (head and Content-Length body) from c: (key, rest),
         or (None, b"") when the connection ended."""
         while b"\r\n\r\n" not in buf:
-            try:
-                chunk = c.recv(65536)
-            except socket.timeout:
-                if self.stop.is_set():
-                    return None, b""
-                continue
-            except OSError:
-                return None, b""
+            chunk = self.recv_more(c)
             if not chunk:
                 return None, b""
             buf += chunk
@@ -446,15 +454,16 @@ class RawUpstream:
             elif name.strip().lower() == "content-length":
                 length = int(value)
         while len(buf) < end + length:
-            chunk = c.recv(65536)
+            chunk = self.recv_more(c)
             if not chunk:
                 return None, b""
             buf += chunk
-        return key, buf[end + length:]
+        return key or "", buf[end + length:]
 
     def serve(self, c, n):
         c.settimeout(0.2)
         buf = b""
+        carried_first = False
         try:
             while not self.stop.is_set():
                 key, buf = self.read_request(c, buf)
@@ -464,15 +473,17 @@ class RawUpstream:
                     first = not self.requests
                     self.requests.append((n, key))
                 if first:
+                    carried_first = True
                     c.sendall(self.first_answer)
                     if self.extra:
                         self.stop.wait(self.delay)
                         c.sendall(self.extra)
                     self.extra_sent.set()
-                else:
-                    own = b"own:" + key.encode()
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
-                              % (len(own), own))
+                    continue
+                if carried_first and self.on_next:
+                    c.sendall(self.on_next)
+                own = b"own:" + key.encode()
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(own), own))
         except OSError:
             pass
         finally:
@@ -480,20 +491,21 @@ class RawUpstream:
 
 
 class ResponseMixing(h.IdemTestCase):
-    def mixing(self, first_answer, extra=b"", delay=0.0, first_status=200):
-        up = RawUpstream(first_answer, extra, delay)
+    def mixing(self, first_answer, extra=b"", delay=0.0, on_next=b"", first_status=200):
+        up = RawUpstream(first_answer, extra, delay, on_next)
         self.addCleanup(up.close)
         d = self.start_idemd(up.url)
         ka, kb = h.new_key(), h.new_key()
         ra = d.post(key=ka)
         self.assertEqual(ra.status, first_status, ra)
-        # the bytes beyond A's answer have reached idemd before B is sent,
-        # while the connection that carried A waits in the pool
+        # whatever the upstream sends beyond A's answer by itself has
+        # reached idemd before B is sent, while the connection that carried
+        # A waits in the pool (or was closed)
         self.assertTrue(up.extra_sent.wait(GENEROUS))
         rb = d.post(key=kb)
         self.assertEqual(rb.status, 200, rb)
         self.assertEqual(rb.body, b"own:" + kb.encode(),
-                         "B was answered with bytes the upstream sent after A's answer")
+                         "B was answered with bytes the upstream sent for A")
         replay = d.post(key=kb)
         self.assertEqual(replay.header("X-Idempotent-Replay"), "true", replay)
         self.assertEqual(replay.body, b"own:" + kb.encode(), "B's key stored another answer")
@@ -501,6 +513,10 @@ class ResponseMixing(h.IdemTestCase):
         replay = d.post(key=ka)
         self.assertEqual(replay.status, first_status)
         self.assertEqual(replay.body, ra.body)
+        return up
+
+    # Bytes beyond a well-framed response, there before the next request:
+    # the pooled connection is never used for it.
 
     def test_a_body_longer_than_its_content_length_sent_later_is_never_an_answer(self):
         self.mixing(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst", extra=STOLEN,
@@ -513,6 +529,18 @@ class ResponseMixing(h.IdemTestCase):
         self.mixing(b"HTTP/1.1 204 No Content\r\n\r\n", extra=STOLEN, delay=0.2,
                     first_status=204)
 
-    def test_an_extra_response_is_never_an_answer(self):
-        self.mixing(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst", extra=STOLEN * 2,
-                    delay=0.05)
+    # Framing in doubt, and the bytes come only once the next request is on
+    # the connection: the connection must never have been reused.
+
+    def doubtful(self, first_answer, first_status):
+        up = self.mixing(first_answer, on_next=STOLEN, first_status=first_status)
+        conn_of = dict((k, n) for n, k in up.requests)
+        self.assertNotEqual(len(set(conn_of.values())), 1,
+                            "a connection whose framing was in doubt was reused")
+
+    def test_a_204_with_a_content_length_is_never_reused(self):
+        self.doubtful(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", 204)
+
+    def test_an_interim_answer_with_a_content_length_is_never_reused(self):
+        self.doubtful(b"HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n"
+                      b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst", 200)
