@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 import time
+import unittest
 
 try:
     from . import harness as h
@@ -254,6 +255,52 @@ class PipelinedUnread(h.IdemTestCase):
         for r in rs:
             self.assertEqual(r.status, 200)
             self.assertEqual(r.body, b"r" * ANSWER)
+
+
+class UnreadLastAnswer(h.IdemTestCase):
+    """A client that sends one request and never reads its answer: the
+    queue that does not drain is closed after body_timeout (SPEC section 8)
+    whatever the answer is, not only when a next request waits behind it.
+
+    Both fail today (found while writing these tests): conn.c arms its
+    queue timer (CT_QUEUE) only when a keep-alive connection's next request
+    waits; a closing answer (close_after, close_linger_ms 0 on the public
+    listeners) and a streamed answer paused on the client's queue
+    (want_proceed; the upstream timer is stopped by the pause) have no timer
+    at all, and hold their queued bytes and their connection for as long as
+    the client keeps it open.  Remove expectedFailure once fixed."""
+
+    DEADLINE = 20.0  # ten times body_timeout
+
+    def unread(self, config, answer, headers=()):
+        up, d = self.setup_pair(dict({"body_timeout": "2s"}, **config))
+        up.set_reply(body=answer)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(s.close)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(GENEROUS)
+        s.connect((h.HOST, d.port))
+        s.sendall(head(key=h.new_key(), headers=["Content-Length: 2"] + list(headers)) + b"{}")
+        # the answer is on its way and waits for the client
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_queued_answer_bytes") > 0,
+                     GENEROUS, 0.05, "the answer to be queued")
+        self.assertTrue(hung_up(s, self.DEADLINE),
+                        "a client that never reads its answer was held %.0fs (body_timeout 2s)"
+                        % self.DEADLINE)
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_queued_answer_bytes") == 0,
+                     GENEROUS, 0.05, "its queue to be given back")
+
+    @unittest.expectedFailure
+    def test_a_closing_answer_never_read_is_closed(self):
+        # 8 MiB stored and answered whole, with Connection: close
+        self.unread({"defaults": {"max_response_bytes": "16MiB"}}, b"c" * (8 * 1024 * 1024),
+                    headers=["Connection: close"])
+
+    @unittest.expectedFailure
+    def test_a_streamed_answer_never_read_is_closed(self):
+        # 16 MiB, past max_response_bytes: relayed as it comes, paused on
+        # the client's queue
+        self.unread({"max_queued_bytes": "1MiB"}, b"s" * (16 * 1024 * 1024))
 
 
 # --------------------------------------------------------------------------
