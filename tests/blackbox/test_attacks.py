@@ -153,10 +153,10 @@ class PipelinedUnread(h.IdemTestCase):
     CONNS = 40
     PIPELINED = 100
 
-    def stored_answer(self):
+    def stored_answer(self, body_timeout="2s"):
         """idemd with max_queued_bytes 1MiB in front of an upstream that
         answers ANSWER bytes; a key completed with it.  (d, key, body)"""
-        up, d = self.setup_pair({"max_queued_bytes": "1MiB", "body_timeout": "2s",
+        up, d = self.setup_pair({"max_queued_bytes": "1MiB", "body_timeout": body_timeout,
                                  "header_timeout": "60s", "idle_timeout": "60s"})
         up.set_reply(body=b"r" * ANSWER, headers=[("Content-Type", "application/octet-stream")])
         key, body = h.new_key(), b'{"amount": 1}'
@@ -165,12 +165,12 @@ class PipelinedUnread(h.IdemTestCase):
         self.assertEqual(len(r.body), ANSWER)
         return up, d, key, body
 
-    def pipeliner(self, d, key, body, n):
+    def pipeliner(self, d, key, body, n, rcvbuf=4096):
         """A connection with a small receive buffer that sends n replays of
         key at once and never reads."""
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.addCleanup(s.close)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         s.settimeout(GENEROUS)
         s.connect((h.HOST, d.port))
         one = head(key=key, headers=["Content-Length: %d" % len(body)]) + body
@@ -234,12 +234,14 @@ class PipelinedUnread(h.IdemTestCase):
                      GENEROUS, 0.05, "its queue to be given back")
 
     def test_a_reading_client_behind_the_queue_is_not_closed(self):
-        # The queue's timer counts a lack of progress, not slowness: a client
-        # that reads its pipelined answers, slower than they are made, gets
-        # every one of them.
-        up, d, key, body = self.stored_answer()
-        n = 60
-        s = self.pipeliner(d, key, body, n)
+        # A client that reads its pipelined answers, slower than they are
+        # made, so that its requests wait for its queue (past the 1MiB cap)
+        # again and again, gets every one of them.  (body_timeout is long
+        # here: progress is a whole write taken, and how long a client slowed
+        # by a loaded machine takes to read one is no verdict.)
+        up, d, key, body = self.stored_answer(body_timeout="60s")
+        n = 40
+        s = self.pipeliner(d, key, body, n, rcvbuf=16384)
         got = b""
         s.settimeout(GENEROUS)
         while True:
