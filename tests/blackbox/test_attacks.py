@@ -262,15 +262,10 @@ class PipelinedUnread(h.IdemTestCase):
 class UnreadLastAnswer(h.IdemTestCase):
     """A client that sends one request and never reads its answer: the
     queue that does not drain is closed after body_timeout (SPEC section 8)
-    whatever the answer is, not only when a next request waits behind it.
-
-    Both fail today (found while writing these tests): conn.c arms its
-    queue timer (CT_QUEUE) only when a keep-alive connection's next request
-    waits; a closing answer (close_after, close_linger_ms 0 on the public
-    listeners) and a streamed answer paused on the client's queue
-    (want_proceed; the upstream timer is stopped by the pause) have no timer
-    at all, and hold their queued bytes and their connection for as long as
-    the client keeps it open.  Remove expectedFailure once fixed."""
+    whatever the answer is, not only when a next request waits behind it:
+    a closing answer (the connection ends after it) and a streamed answer
+    paused on the client's queue (the upstream's timer stops with the
+    pause) included."""
 
     DEADLINE = 20.0  # ten times body_timeout
 
@@ -292,13 +287,11 @@ class UnreadLastAnswer(h.IdemTestCase):
         h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_queued_answer_bytes") == 0,
                      GENEROUS, 0.05, "its queue to be given back")
 
-    @unittest.expectedFailure
     def test_a_closing_answer_never_read_is_closed(self):
         # 8 MiB stored and answered whole, with Connection: close
         self.unread({"defaults": {"max_response_bytes": "16MiB"}}, b"c" * (8 * 1024 * 1024),
                     headers=["Connection: close"])
 
-    @unittest.expectedFailure
     def test_a_streamed_answer_never_read_is_closed(self):
         # 16 MiB, past max_response_bytes: relayed as it comes, paused on
         # the client's queue
