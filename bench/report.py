@@ -13,6 +13,19 @@ ratios of idemd to express-idempotency (new key and replay), and writes
 everything, every round's raw wrk output included, to
 RESULTS_DIR/bench-<UTC time>.json (and latest.json).
 
+Every wrk row also has the CPU (utime + stime, /proc/PID/stat) of its
+server process and, where that is another process, of nginx's upstream
+worker, read before and after each measured run (<row>.r<N>.cpu.before and
+.after, "ROLE PID TICKS" lines): the table prints each as microseconds per
+request (median over the rounds).  The TLS rows have a CPU target instead
+of a req/s one: idemd's CPU per new key through TLS at most CPU_TARGET_RATIO
+times nginx's per proxied request doing the same TLS work (CPU_TARGETS).
+The handshake measurement (tls-handshakes) leaves, per server and round,
+<server>.r<N>.hs (the server's CPU before and after, the wall time) and the
+`openssl s_time` outputs <server>.r<N>.stime.<K>; this script prints
+handshakes a second and CPU per handshake for nginx and idemd and the
+ratios (read_handshakes).
+
 The steady-state row (idemd-steady) is not a round of the table: run.sh
 leaves idemd-steady.samples (a sample every 10 s: the store's bytes on
 disk, new keys and swept records from /metrics, requests answered, RSS) and
@@ -46,7 +59,21 @@ ROWS = [
     ("base-new-always", "base idemd new key, sync=always"),
     ("base-new-interval", "base idemd new key, sync=interval"),
     ("base-replay", "base idemd replay"),
+    # Issue 19: TLS on the listener and to the upstream.
+    ("nginx-tls-listener", "nginx proxy_pass, TLS listener"),
+    ("idemd-tls-listener", "idemd new key, TLS listener"),
+    ("nginx-https-upstream", "nginx proxy_pass, https upstream"),
+    ("idemd-https-upstream", "idemd new key, https upstream"),
 ]
+
+# Issue 19's target, per idemd TLS row: its server CPU per request at most
+# this many times that of the nginx row doing the same TLS work in the same
+# run (nginx's proxy worker only; each upstream is nginx's other worker).
+CPU_TARGET_RATIO = 2.0
+CPU_TARGETS = {
+    "idemd-tls-listener": "nginx-tls-listener",
+    "idemd-https-upstream": "nginx-https-upstream",
+}
 
 # idemd against express-idempotency: (idemd row, express row, path).  The
 # first of each path is a target of the benchmark issue (idemd ahead: a
@@ -226,6 +253,84 @@ def fmt_span(ab):
     return "%.0fs" % ab[0] if round(ab[0]) == round(ab[1]) else "%.0f-%.0fs" % (ab[0], ab[1])
 
 
+def read_cpu(work, name, k, clk, requests):
+    """{role: microseconds of CPU per request} of one round, or None."""
+    paths = [os.path.join(work, "%s.r%d.cpu.%s" % (name, k, s)) for s in ("before", "after")]
+    if not requests or not all(os.path.exists(p) for p in paths):
+        return None
+    snaps = []
+    for p in paths:
+        snap = {}
+        with open(p) as f:
+            for line in f.read().splitlines():
+                parts = line.split()
+                if len(parts) == 3:
+                    snap[parts[0]] = (parts[1], int(parts[2]))
+        snaps.append(snap)
+    out = {}
+    for role, (pid, before) in snaps[0].items():
+        after = snaps[1].get(role)
+        if after is None or after[0] != pid or after[1] < before:
+            continue  # the process changed or went away: no figure
+        out[role] = (after[1] - before) / clk * 1e6 / requests
+    return out
+
+
+def read_handshakes(work, meta):
+    """The handshake measurement: per server (nginx, idemd) the median
+    handshakes/s and CPU per handshake over the rounds; None without it."""
+    clk = float(meta.get("clk_tck") or 100)
+    res = {}
+    for server in ("nginx", "idemd"):
+        rounds = []
+        for k in range(1, 100):
+            path = os.path.join(work, "handshakes-%s.r%d.hs" % (server, k))
+            if not os.path.exists(path):
+                break
+            hs = {}
+            with open(path) as f:
+                for line in f.read().splitlines():
+                    parts = line.split()
+                    if parts and parts[0] == "cpu" and len(parts) == 4:
+                        hs["cpu_ticks"] = int(parts[3]) - int(parts[2])
+                    elif parts and parts[0] == "wall_us" and len(parts) == 2:
+                        hs["wall_s"] = int(parts[1]) / 1e6
+            n, raw = 0, []
+            for c in range(1, 65):
+                sp = os.path.join(work, "handshakes-%s.r%d.stime.%d" % (server, k, c))
+                if not os.path.exists(sp):
+                    break
+                with open(sp) as f:
+                    text = f.read()
+                raw.append(text)
+                m = re.search(r"^(\d+) connections in [0-9.]+ real seconds", text, re.M)
+                n += int(m.group(1)) if m else 0
+            rnd = {"round": k, "handshakes": n, "clients": len(raw), "s_time_output": raw,
+                   "wall_s": hs.get("wall_s")}
+            rnd["per_s"] = n / hs["wall_s"] if hs.get("wall_s") else None
+            rnd["cpu_us_per_handshake"] = (hs["cpu_ticks"] / clk * 1e6 / n
+                                           if n and "cpu_ticks" in hs else None)
+            rounds.append(rnd)
+        if rounds:
+            res[server] = {"per_s": median([r["per_s"] for r in rounds]),
+                           "per_s_min": min((r["per_s"] for r in rounds if r["per_s"]), default=None),
+                           "per_s_max": max((r["per_s"] for r in rounds if r["per_s"]), default=None),
+                           "cpu_us_per_handshake": median([r["cpu_us_per_handshake"] for r in rounds]),
+                           "rounds": rounds}
+    if not res:
+        return None
+    a, b = res.get("idemd"), res.get("nginx")
+    if a and b and a["per_s"] and b["per_s"]:
+        res["rate_ratio"] = a["per_s"] / b["per_s"]
+        if a["cpu_us_per_handshake"] and b["cpu_us_per_handshake"]:
+            res["cpu_ratio"] = a["cpu_us_per_handshake"] / b["cpu_us_per_handshake"]
+    return res
+
+
+def fmt_us(v):
+    return "-" if v is None else "%.1fus" % v
+
+
 def median(values):
     vals = sorted(v for v in values if v is not None)
     if not vals:
@@ -261,6 +366,8 @@ def main():
             if os.path.exists(mb) and os.path.exists(ma):
                 with open(mb) as f1, open(ma) as f2:
                     rnd["delta"] = metrics_delta_raw(parse_metrics(f1.read()), parse_metrics(f2.read()))
+            rnd["cpu_us_per_req"] = read_cpu(work, name, k, float(meta.get("clk_tck") or 100),
+                                             rnd["requests"])
             rounds.append(rnd)
         if not rounds:
             continue
@@ -269,6 +376,11 @@ def main():
             row[field] = median([r[field] for r in rounds])
         row["rps_min"] = min((r["rps"] for r in rounds if r["rps"] is not None), default=None)
         row["rps_max"] = max((r["rps"] for r in rounds if r["rps"] is not None), default=None)
+        row["cpu_us_per_req"] = {}
+        for role in ("server", "upstream"):
+            v = median([(r["cpu_us_per_req"] or {}).get(role) for r in rounds])
+            if v is not None:
+                row["cpu_us_per_req"][role] = v
         row["non_2xx_3xx"] = sum(r["non_2xx_3xx"] for r in rounds)
         row["socket_errors"] = {k: sum(r["socket_errors"][k] for r in rounds)
                                 for k in ("connect", "read", "write", "timeout")}
@@ -307,6 +419,18 @@ def main():
                 missed.append("%s: p99 %s, target <= %.1fx nginx proxy_pass's %s = %s"
                               % (r["label"], fmt_ms(r["p99_ms"]), p99_ratio, fmt_ms(proxy["p99_ms"]),
                                  fmt_ms(p99_max)))
+        if r["name"] in CPU_TARGETS:
+            base = by.get(CPU_TARGETS[r["name"]])
+            mine = r["cpu_us_per_req"].get("server")
+            theirs = base["cpu_us_per_req"].get("server") if base else None
+            if mine is not None and theirs:
+                ratio = mine / theirs
+                r["target"] = {"cpu_vs": base["name"], "cpu_vs_max": CPU_TARGET_RATIO,
+                               "cpu_ratio": ratio, "cpu_met": ratio <= CPU_TARGET_RATIO,
+                               "rps_vs": (r["rps"] / base["rps"]) if base["rps"] and r["rps"] else None}
+                if ratio > CPU_TARGET_RATIO:
+                    missed.append("%s: %.1fus CPU a request, %.2fx %s's %.1fus, target <= %.1fx"
+                                  % (r["label"], mine, ratio, base["label"], theirs, CPU_TARGET_RATIO))
         if errs:
             missed.append("%s: %d non-2xx answers, socket errors %s"
                           % (r["label"], r["non_2xx_3xx"], r["socket_errors"]))
@@ -335,13 +459,16 @@ def main():
     print("wrk -t%s -c%s -d%ss, median of %s interleaved rounds; %s keys preloaded; %s on %s"
           % (meta.get("threads"), meta.get("connections"), meta.get("seconds"), meta.get("rounds"),
              meta.get("preload"), engine, meta.get("data_fs")))
-    hdr = "%-30s %10s %15s %9s %9s %8s %8s  %s" % ("row", "req/s", "(min-max)", "p50", "p99",
-                                                  "/proxy", "/direct", "target")
+    hdr = "%-32s %10s %15s %9s %9s %8s %8s %9s %9s  %s" % (
+        "row", "req/s", "(min-max)", "p50", "p99", "/proxy", "/direct", "cpu/req", "+upstr", "target")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         t = r.get("target")
-        if t:
+        if t and "cpu_ratio" in t:
+            tgt = "cpu<=%.1fx nginx %s (%.2fx; req/s %.2fx)" % (
+                t["cpu_vs_max"], "MET" if t["cpu_met"] else "MISSED", t["cpu_ratio"], t["rps_vs"] or 0)
+        elif t:
             tgt = "rps>=%.1fx %s" % (t["rps_vs_proxy_min"], "MET" if t["rps_met"] else "MISSED")
             if t["p99_vs_proxy_max"] is not None:
                 tgt += ", p99<=%.1fx %s" % (t["p99_vs_proxy_max"], "MET" if t["p99_met"] else "MISSED")
@@ -349,14 +476,22 @@ def main():
             tgt = "(baseline)"
         if r["errors"]:
             tgt += "  ERRORS: %d" % r["errors"]
-        print("%-30s %10s %15s %9s %9s %8s %8s  %s" % (
+        print("%-32s %10s %15s %9s %9s %8s %8s %9s %9s  %s" % (
             r["label"],
             "%.0f" % r["rps"] if r["rps"] else "-",
             "(%.0f-%.0f)" % (r["rps_min"], r["rps_max"]) if r["rps_min"] else "",
             fmt_ms(r["p50_ms"]), fmt_ms(r["p99_ms"]),
             "%.2fx" % r["vs_proxy"] if r["vs_proxy"] else "-",
             "%.2fx" % r["vs_direct"] if r["vs_direct"] else "-",
+            fmt_us(r["cpu_us_per_req"].get("server")), fmt_us(r["cpu_us_per_req"].get("upstream")),
             tgt))
+    if rows:
+        print("  (cpu/req: CPU of the row's server process per request, all its threads: nginx's"
+              " worker, idemd, the Express app; +upstr: nginx's upstream worker when it is another"
+              " process. nginx direct and nginx proxy_pass run in the upstream's own worker.)")
+    if meta.get("https_upstream_skipped"):
+        print("  (idemd new key, https upstream: skipped: %s)" % meta["https_upstream_skipped"])
+        missed.append("idemd new key, https upstream: not measured: %s" % meta["https_upstream_skipped"])
     print()
     for r in rows:
         m = r.get("idemd")
@@ -384,6 +519,24 @@ def main():
                 v["path"], by[v["idemd_row"]]["label"], v["rps_ratio"],
                 fmt_ms(v["idemd_p99_ms"]), fmt_ms(v["express_p99_ms"]),
                 ("  target >=1.0x %s" % ("MET" if v["met"] else "MISSED")) if v["target"] else ""))
+    hs = read_handshakes(work, meta)
+    if hs:
+        print()
+        print("TLS handshakes, one worker each, the same certificate (EC P-256): %s `openssl s_time -new`"
+              " clients for %ss, median of %d rounds" % (meta.get("hs_clients"), meta.get("hs_seconds"),
+                                                       max(len(hs[s]["rounds"]) for s in ("nginx", "idemd")
+                                                           if s in hs)))
+        for server, key in (("nginx", "nginx_tls"), ("idemd", "idemd_tls")):
+            if server not in hs:
+                continue
+            h = hs[server]
+            print("  %-6s %8s handshakes/s %15s  %9s CPU a handshake  (%s)" % (
+                server, "%.0f" % h["per_s"] if h["per_s"] else "-",
+                "(%.0f-%.0f)" % (h["per_s_min"], h["per_s_max"]) if h["per_s_min"] else "",
+                fmt_us(h["cpu_us_per_handshake"]), meta.get(key, "?")))
+        if "rate_ratio" in hs:
+            print("  idemd / nginx: %.2fx handshakes/s, %s CPU a handshake" % (
+                hs["rate_ratio"], "%.2fx" % hs["cpu_ratio"] if "cpu_ratio" in hs else "-"))
     steady = read_steady(work, meta)
     if steady:
         print()
@@ -431,6 +584,8 @@ def main():
     doc = {"meta": meta, "rows": rows, "versus_express": versus_express, "not_met": missed}
     if steady:
         doc["steady"] = steady
+    if hs:
+        doc["handshakes"] = hs
     out = os.path.join(results_dir, "bench-%s.json" % stamp)
     for p in (out, os.path.join(results_dir, "latest.json")):
         with open(p, "w") as f:

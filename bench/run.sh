@@ -23,6 +23,34 @@
 #   express-replay      the same app, one completed key: every request a replay
 #   The express rows are skipped with BENCH_EXPRESS=0; bench/express's
 #   dependencies are installed there with `npm ci` when missing.
+#   nginx-tls-listener  wrk https -> a second nginx (bench/nginx-front.conf.in,
+#                       its own worker) `listen ssl` -> proxy_pass (keep-alive
+#                       pool) -> the plain upstream
+#   idemd-tls-listener  wrk https -> idemd listen_tls (the same certificate) ->
+#                       the plain upstream, a fresh key per request, sync=interval
+#                       (its own copy of the preloaded store)
+#   nginx-https-upstream  wrk http -> the second nginx -> proxy_pass https://
+#                       (keep-alive pool, proxy_ssl_session_reuse on, the
+#                       certificate verified) -> nginx's TLS upstream server
+#   idemd-https-upstream  wrk http -> idemd with `upstream: https://` and
+#                       upstream_tls.ca_file -> the same TLS upstream, a fresh key
+#                       per request, sync=interval (its own store copy).  Skipped,
+#                       with a note, when idemd refuses the configuration (-t) or
+#                       does not answer 200 through it (a build without https
+#                       upstreams).
+#   tls-handshakes      not a wrk row: BENCH_HS_CLIENTS `openssl s_time -new`
+#                       clients for BENCH_HS_SECONDS against the second nginx's
+#                       TLS listener and against idemd's listen_tls, a new
+#                       TLS connection (a full handshake) each time; handshakes
+#                       a second and the server's CPU per handshake.
+#   Each TLS row's client uses keep-alive connections: wrk's rows measure the
+#   record encryption, tls-handshakes the handshakes.  Certificates (a CA and
+#   a server certificate for localhost and 127.0.0.1, EC P-256) are made per
+#   run by tests/certs.py.
+# Every wrk row also records the CPU (utime + stime from /proc/PID/stat, all
+# threads) of the process under test ("server": nginx's worker, idemd, the
+# Express app) and of the upstream's nginx worker when that is another
+# process, before and after the measured run; report.py prints it per request.
 #   idemd-steady        after the rounds, not interleaved: new keys at full
 #                       speed for BENCH_STEADY_SECONDS against an idemd of its
 #                       own on a FRESH embedded store (BENCH_EMBEDDED, sync=interval)
@@ -83,6 +111,8 @@
 #                         empty [all]
 #   BENCH_STEADY_SECONDS  length of the idemd-steady run, at least TTL + 30 [180]
 #   BENCH_STEADY_TTL      key_ttl of the idemd-steady run: N s or N m [10s]
+#   BENCH_HS_SECONDS      length of each handshake measurement [5]
+#   BENCH_HS_CLIENTS      `openssl s_time -new` clients at once in it [2]
 #   BENCH_BASE_BUILD      another build directory (an older idemd, say): its idemd runs
 #                         beside this one on copies of the same preloaded store, and
 #                         rows base-new-always, base-new-interval and base-replay,
@@ -115,6 +145,8 @@ BENCH_ROWS=${BENCH_ROWS:-all}
 BENCH_BASE_BUILD=${BENCH_BASE_BUILD:-}
 BENCH_STEADY_SECONDS=${BENCH_STEADY_SECONDS:-180}
 BENCH_STEADY_TTL=${BENCH_STEADY_TTL:-10s}
+BENCH_HS_SECONDS=${BENCH_HS_SECONDS:-5}
+BENCH_HS_CLIENTS=${BENCH_HS_CLIENTS:-2}
 export BENCH_STRICT=${BENCH_STRICT:-0}
 
 # Messages go to fd 9, a copy of the original stderr: a trap that fires
@@ -124,7 +156,8 @@ say() { printf 'bench: %s\n' "$*" >&9; }
 die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
 
 for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
-  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS BENCH_STEADY_SECONDS; do
+  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS BENCH_STEADY_SECONDS \
+  BENCH_HS_SECONDS BENCH_HS_CLIENTS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
 done
 ((BENCH_SECONDS >= 1 && BENCH_SECONDS <= 3600)) || die "BENCH_SECONDS must be 1..3600"
@@ -134,6 +167,8 @@ done
 ((BENCH_WARMUP <= 600)) || die "BENCH_WARMUP must be at most 600"
 ((BENCH_ROUNDS >= 1 && BENCH_ROUNDS <= 20)) || die "BENCH_ROUNDS must be 1..20"
 ((BENCH_WORKERS >= 1 && BENCH_WORKERS <= 64)) || die "BENCH_WORKERS must be 1..64"
+((BENCH_HS_SECONDS >= 1 && BENCH_HS_SECONDS <= 600)) || die "BENCH_HS_SECONDS must be 1..600"
+((BENCH_HS_CLIENTS >= 1 && BENCH_HS_CLIENTS <= 64)) || die "BENCH_HS_CLIENTS must be 1..64"
 [[ $BENCH_EMBEDDED == lmdb || $BENCH_EMBEDDED == rocksdb ]] ||
   die "BENCH_EMBEDDED must be lmdb or rocksdb, not '$BENCH_EMBEDDED'"
 [[ $BENCH_EXPRESS_ADAPTER == map || $BENCH_EXPRESS_ADAPTER == default ]] ||
@@ -152,7 +187,9 @@ fi
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
           idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay
-          base-new-always base-new-interval base-replay idemd-steady)
+          base-new-always base-new-interval base-replay
+          nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
+          idemd-steady)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
   IFS=, read -r -a _rows <<<"$BENCH_ROWS"
   for _r in "${_rows[@]}"; do
@@ -176,9 +213,17 @@ EMBEDDED_ROWS=0
 for _r in idemd-new-always idemd-new-interval idemd-replay base-new-always base-new-interval base-replay; do
   want_row "$_r" && EMBEDDED_ROWS=1
 done
+# The TLS rows: nginx's second instance (the TLS proxies), idemd with
+# listen_tls (its TLS row and the handshakes), idemd with an https upstream.
+FRONT=0 TLS_IDEMD=0 HTTPS_IDEMD=0
+for _r in nginx-tls-listener nginx-https-upstream tls-handshakes; do want_row "$_r" && FRONT=1; done
+want_row idemd-tls-listener && TLS_IDEMD=1
+want_row tls-handshakes && TLS_IDEMD=1
+want_row idemd-https-upstream && HTTPS_IDEMD=1
 if ((EMBEDDED_ROWS == 0)); then
-  BENCH_PRELOAD=0
   BENCH_PROFILE=0
+  # The TLS idemd processes run on copies of the preloaded store too.
+  ((TLS_IDEMD == 1 || HTTPS_IDEMD == 1)) || BENCH_PRELOAD=0
 fi
 STEADY=0
 want_row idemd-steady && STEADY=1
@@ -199,7 +244,7 @@ if [[ -n $BENCH_BASE_BUILD ]]; then
 fi
 LUA=$ROOT/bench/post.lua
 
-for t in nginx wrk curl python3 timeout; do
+for t in nginx wrk curl python3 timeout openssl; do
   command -v "$t" >/dev/null || die "$t is not installed (make bench installs it: scripts/deps.sh bench)"
 done
 if [[ $BENCH_EXPRESS == 1 ]]; then
@@ -265,12 +310,14 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Nineteen distinct free loopback ports (held open together while picked).
+# Twenty-seven distinct free loopback ports (held open together while picked).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
-  BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT < <(python3 - <<'PY'
+  BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT \
+  TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
+  IDEM_H_PORT ADMIN_H_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(19)]
+socks = [socket.socket() for _ in range(27)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -284,7 +331,7 @@ RUNID=b$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')
 http_code() {
   local m=$1 u=$2
   shift 2
-  curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X "$m" "$@" "$u" 2>/dev/null || true
+  curl -s -o /dev/null -w '%{http_code}' --max-time 5 "${CURL_TLS[@]}" -X "$m" "$@" "$u" 2>/dev/null || true
 }
 
 # wait_http URL PID SECONDS: until GET URL answers 200, while PID lives.
@@ -306,8 +353,46 @@ wrk_cmd() { # SECONDS URL MODE ARG [--latency]
     -s "$LUA" "$url" -- "$mode" "$arg"
 }
 
+# cpu_ticks PID: the process's utime + stime (all its threads), in clock
+# ticks (getconf CLK_TCK, in meta.json); 0 when it is gone.
+cpu_ticks() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return 0; }
+  st=${st##*) }  # past "pid (comm) ": field 1 is the state, 12 utime, 13 stime
+  read -r -a _f <<<"$st"
+  echo $((_f[11] + _f[12]))
+}
+
+# row_pids ROW: "ROLE PID" lines, the processes whose CPU a row records:
+# server (what is measured) and upstream (nginx's upstream worker, when it
+# is not the server's own process).
+row_pids() {
+  case $1 in
+    nginx-direct | nginx-proxy) echo "server $NGINX_WORKER" ;;
+    nginx-tls-listener | nginx-https-upstream) printf 'server %s\nupstream %s\n' "$FRONT_WORKER" "$NGINX_WORKER" ;;
+    idemd-new-always | idemd-replay) printf 'server %s\nupstream %s\n' "$ALWAYS_PID" "$NGINX_WORKER" ;;
+    idemd-new-interval) printf 'server %s\nupstream %s\n' "$INTERVAL_PID" "$NGINX_WORKER" ;;
+    idemd-tls-listener) printf 'server %s\nupstream %s\n' "$TLS_PID" "$NGINX_WORKER" ;;
+    idemd-https-upstream) printf 'server %s\nupstream %s\n' "$HTTPS_PID" "$NGINX_WORKER" ;;
+    base-new-always | base-replay) printf 'server %s\nupstream %s\n' "$BASE_ALWAYS_PID" "$NGINX_WORKER" ;;
+    base-new-interval) printf 'server %s\nupstream %s\n' "$BASE_INTERVAL_PID" "$NGINX_WORKER" ;;
+    idemd-new-redis | idemd-replay-redis) printf 'server %s\nupstream %s\n' "$REDIS_PID" "$NGINX_WORKER" ;;
+    idemd-new-pg | idemd-replay-pg) printf 'server %s\nupstream %s\n' "$PG_PID" "$NGINX_WORKER" ;;
+    express-new | express-replay) printf 'server %s\nupstream %s\n' "$EXPRESS_PID" "$NGINX_WORKER" ;;
+  esac
+}
+
+# cpu_snapshot ROW FILE: "ROLE PID TICKS" for each of row_pids ROW.
+cpu_snapshot() {
+  local role pid
+  while read -r role pid; do
+    [[ -n $role ]] && printf '%s %s %s\n' "$role" "$pid" "$(cpu_ticks "$pid")"
+  done < <(row_pids "$1") >"$2"
+}
+
 # measure ROW ROUND URL MODE ARG [ADMIN_URL]: warm up, then the measured run
-# to $WORK/ROW.rROUND.wrk; with ADMIN_URL, /metrics is scraped around it.
+# to $WORK/ROW.rROUND.wrk; with ADMIN_URL, /metrics is scraped around it; the
+# CPU of the row's processes (row_pids) to ROW.rROUND.cpu.before/.after.
 measure() {
   local row=$1 round=$2 url=$3 mode=$4 arg=$5 admin=${6:-}
   local out=$WORK/$row.r$round
@@ -322,8 +407,10 @@ measure() {
     curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.before" ||
       die "$row: cannot read $admin/metrics (did idemd die?)"
   fi
+  cpu_snapshot "$row" "$out.cpu.before"
   wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$arg" --latency >"$out.wrk" 2>&1 ||
     die "$row: wrk failed: $(tail -3 "$out.wrk")"
+  cpu_snapshot "$row" "$out.cpu.after"
   if [[ -n $admin ]]; then
     curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.after" ||
       die "$row: cannot read $admin/metrics after the run (did idemd die?)"
@@ -375,22 +462,99 @@ profile() {
   cat "$out" >&9
 }
 
+# handshakes ROW ROUND PORT PID: BENCH_HS_CLIENTS `openssl s_time -new`
+# clients at once for BENCH_HS_SECONDS against 127.0.0.1:PORT, each
+# connection a full handshake (no session resumed) closed right after it;
+# their outputs to ROW.rROUND.stime.K, and the server process's CPU and the
+# wall time to ROW.rROUND.hs ("cpu PID BEFORE AFTER", "wall_us N").
+handshakes() {
+  local row=$1 round=$2 port=$3 pid=$4 out=$WORK/$1.r$2 k p rc=0 c0 c1 t0 t1 n
+  local clients=()
+  c0=$(cpu_ticks "$pid")
+  t0=${EPOCHREALTIME/./}
+  for ((k = 1; k <= BENCH_HS_CLIENTS; k++)); do
+    timeout --kill-after=5 $((BENCH_HS_SECONDS + 30)) openssl s_time -connect "127.0.0.1:$port" -new \
+      -time "$BENCH_HS_SECONDS" -CAfile "$CERTS/ca.pem" >"$out.stime.$k" 2>&1 </dev/null &
+    clients+=("$!")
+    PIDS+=("$!")
+  done
+  for p in "${clients[@]}"; do
+    wait "$p" || rc=$?
+    forget_pid "$p"
+  done
+  t1=${EPOCHREALTIME/./}
+  c1=$(cpu_ticks "$pid")
+  ((rc == 0)) || die "$row: openssl s_time failed (status $rc): $(tail -3 "$out.stime.1")"
+  printf 'cpu %s %s %s\nwall_us %s\n' "$pid" "$c0" "$c1" $((t1 - t0)) >"$out.hs"
+  n=$(awk '/connections in [0-9.]+ real seconds/ {s += $1} END {print s + 0}' "$out".stime.*)
+  say "round $round/$BENCH_ROUNDS  $(printf '%-20s' "$row") $((n * 1000000 / (t1 - t0))) handshakes/s"
+}
+
 # ---- nginx ------------------------------------------------------------------
 
+# The TLS rows' certificates (a CA, a server certificate for localhost and
+# 127.0.0.1), made afresh each run: nginx.conf.in's TLS upstream needs them.
+CERTS=$WORK/certs
+mkdir -p "$CERTS"
+timeout 60 python3 tests/certs.py "$CERTS" >"$WORK/certs.log" 2>&1 ||
+  die "tests/certs.py could not make the certificates: $(tail -3 "$WORK/certs.log")"
+CURL_TLS=(--cacert "$CERTS/ca.pem")
+
+# start_nginx DIR TEMPLATE: nginx with TEMPLATE's configuration, its prefix
+# DIR; sets NGINX_STARTED (the master's pid).
+start_nginx() {
+  local dir=$1 tpl=$2
+  mkdir -p "$dir"
+  sed -e "s#@PREFIX@#$dir#g" -e "s#@UPSTREAM_PORT@#$UP_PORT#g" -e "s#@PROXY_PORT@#$PROXY_PORT#g" \
+    -e "s#@TLS_UPSTREAM_PORT@#$TLS_UP_PORT#g" -e "s#@FRONT_TLS_PORT@#$FRONT_TLS_PORT#g" \
+    -e "s#@FRONT_HTTPS_PORT@#$FRONT_HTTPS_PORT#g" -e "s#@CERTS@#$CERTS#g" "$tpl" >"$dir/nginx.conf"
+  timeout 30 nginx -t -q -e "$dir/nginx-error.log" -p "$dir/" -c "$dir/nginx.conf" ||
+    die "nginx -t refused $dir/nginx.conf"
+  nginx -e "$dir/nginx-error.log" -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;' \
+    >"$dir/stdout.log" 2>&1 &
+  NGINX_STARTED=$!
+  PIDS+=("$NGINX_STARTED")
+}
+
+# nginx_worker MASTER_PID: the pid of its one worker (worker_processes 1).
+nginx_worker() {
+  local w i
+  for ((i = 0; i < 50; i++)); do
+    w=$(pgrep -P "$1" | head -1 || true)
+    [[ -n $w ]] && { echo "$w"; return 0; }
+    sleep 0.1
+  done
+  die "nginx (pid $1) has no worker process"
+}
+
 NGX=$WORK/nginx
-mkdir -p "$NGX"
-sed -e "s#@PREFIX@#$NGX#g" -e "s#@UPSTREAM_PORT@#$UP_PORT#g" -e "s#@PROXY_PORT@#$PROXY_PORT#g" \
-  bench/nginx.conf.in >"$NGX/nginx.conf"
-timeout 30 nginx -t -q -e "$NGX/nginx-error.log" -p "$NGX/" -c "$NGX/nginx.conf" ||
-  die "nginx -t refused $NGX/nginx.conf"
-nginx -e "$NGX/nginx-error.log" -p "$NGX/" -c "$NGX/nginx.conf" -g 'daemon off;' \
-  >"$NGX/stdout.log" 2>&1 &
-NGINX_PID=$!
-PIDS+=("$NGINX_PID")
+start_nginx "$NGX" bench/nginx.conf.in
+NGINX_PID=$NGINX_STARTED
 UP_URL=http://127.0.0.1:$UP_PORT/
 PROXY_URL=http://127.0.0.1:$PROXY_PORT/
 wait_http "$UP_URL" "$NGINX_PID" 15 || die "nginx did not start: $(tail -5 "$NGX/nginx-error.log")"
 [[ $(http_code POST "$PROXY_URL" -d '{}') == 200 ]] || die "nginx proxy_pass does not answer 200"
+NGINX_WORKER=$(nginx_worker "$NGINX_PID")
+TLS_UP_URL=https://127.0.0.1:$TLS_UP_PORT/
+[[ $(http_code POST "$TLS_UP_URL" -d '{}') == 200 ]] || die "nginx's TLS upstream does not answer 200"
+if ((FRONT == 1)); then
+  NGXF=$WORK/nginx-front
+  start_nginx "$NGXF" bench/nginx-front.conf.in
+  FRONT_PID=$NGINX_STARTED
+  FRONT_TLS_URL=https://127.0.0.1:$FRONT_TLS_PORT/
+  FRONT_HTTPS_URL=http://127.0.0.1:$FRONT_HTTPS_PORT/
+  wait_http "$FRONT_HTTPS_URL" "$FRONT_PID" 15 ||
+    die "nginx (front) did not start or its https upstream fails: $(tail -5 "$NGXF/nginx-error.log")"
+  [[ $(http_code POST "$FRONT_TLS_URL" -d '{}') == 200 ]] || die "nginx's TLS listener does not answer 200"
+  FRONT_WORKER=$(nginx_worker "$FRONT_PID")
+fi
+
+# tls_brief PORT: the protocol and cipher suite a client negotiates there.
+tls_brief() {
+  timeout 10 openssl s_client -connect "127.0.0.1:$1" -brief -CAfile "$CERTS/ca.pem" </dev/null 2>&1 |
+    awk -F': ' '/^Protocol version/ {p = $2} /^Ciphersuite/ {c = $2} /^Server Temp Key/ {k = $2}
+      END {print p ", " c ", " k}' || true
+}
 
 # ---- parameters, for the report ---------------------------------------------------
 
@@ -442,6 +606,8 @@ with open(path, "w") as f:
 PY
 }
 write_meta
+write_meta clk_tck="$(getconf CLK_TCK)" hs_seconds="$BENCH_HS_SECONDS" hs_clients="$BENCH_HS_CLIENTS" \
+  openssl="$(openssl version)"
 
 say "work dir $WORK ($data_fs); nginx upstream :$UP_PORT, proxy :$PROXY_PORT$( ((EMBEDDED_ROWS == 0)) ||
     echo "; idemd sync=always :$IDEM_A_PORT (admin :$ADMIN_A_PORT), sync=interval :$IDEM_I_PORT (admin :$ADMIN_I_PORT)")"
@@ -472,6 +638,8 @@ if ((BENCH_PRELOAD > 0)); then
   # so does each process of BENCH_BASE_BUILD.
   copies=("$INTERVAL_DIR")
   [[ -n $BASE_IDEMD ]] && copies+=("$WORK/store-base-always" "$WORK/store-base-interval")
+  ((TLS_IDEMD == 1)) && copies+=("$WORK/store-tls")
+  ((HTTPS_IDEMD == 1)) && copies+=("$WORK/store-https")
   for d in "${copies[@]}"; do
     if [[ $BENCH_EMBEDDED == rocksdb ]]; then
       cp -a "$ALWAYS_DIR" "$d"
@@ -496,13 +664,22 @@ routes:
     mode: required
 EOF
 
-# start_idemd NAME PORT ADMIN_PORT STORE_URL: sets IDEMD_PID.
+# start_idemd NAME PORT ADMIN_PORT STORE_URL: sets IDEMD_PID.  IDEMD_CONFIG,
+# IDEMD_UPSTREAM and IDEMD_BIN replace the defaults; with IDEMD_MAY_REFUSE=1
+# a configuration idemd -t refuses returns 1 (its message in IDEMD_REFUSED)
+# instead of ending the run.
 start_idemd() {
   local name=$1 port=$2 aport=$3 url=$4 log=/dev/null
   local args=(--config "${IDEMD_CONFIG:-$WORK/idemd.yaml}" --listen "127.0.0.1:$port" --admin "127.0.0.1:$aport"
-              --upstream "http://127.0.0.1:$UP_PORT" --store "$url" --workers "$BENCH_WORKERS")
-  local bin=${IDEMD_BIN:-$IDEMD}
-  timeout 30 "$bin" -t "${args[@]}" >/dev/null || die "idemd -t refused the bench configuration"
+              --upstream "${IDEMD_UPSTREAM:-http://127.0.0.1:$UP_PORT}" --store "$url" --workers "$BENCH_WORKERS")
+  local bin=${IDEMD_BIN:-$IDEMD} trc=0
+  timeout 30 "$bin" -t "${args[@]}" >/dev/null 2>"$WORK/$name.check.log" || trc=$?
+  if ((trc != 0)); then
+    IDEMD_REFUSED=$(tail -1 "$WORK/$name.check.log")
+    [[ ${IDEMD_MAY_REFUSE:-0} == 1 ]] && return 1
+    cat "$WORK/$name.check.log" >&9
+    die "idemd -t refused the bench configuration"
+  fi
   [[ $BENCH_LOG == 1 ]] && log=$WORK/$name.idemd.log
   "$bin" "${args[@]}" 2>"$log" &
   IDEMD_PID=$!
@@ -533,7 +710,7 @@ check_key() {
   code=$(http_code POST "$url" -H 'Content-Type: application/json' \
     -H "Idempotency-Key: $key" --data-raw "$BODY")
   [[ $code == 200 ]] || die "idemd at $url answered $code to a first POST with key $key (want 200)"
-  hdrs=$(curl -s -D - -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' \
+  hdrs=$(curl -s -D - -o /dev/null --max-time 5 "${CURL_TLS[@]}" -X POST -H 'Content-Type: application/json' \
     -H "Idempotency-Key: $key" --data-raw "$BODY" "$url" | tr -d '\r')
   grep -qi '^HTTP/1.1 200' <<<"$hdrs" || die "idemd's replay of $key is not a 200: $(head -1 <<<"$hdrs")"
   grep -qi '^x-idempotent-replay: *true' <<<"$hdrs" ||
@@ -569,6 +746,69 @@ if [[ -n $BASE_IDEMD ]]; then
   check_key "$BASE_A_URL" "$REPLAY_KEY"
   write_meta base_idemd="$BASE_IDEMD ($("$BASE_IDEMD" --version 2>/dev/null || echo '?'))"
   say "base build: idemd sync=always :$BASE_A_PORT, sync=interval :$BASE_I_PORT ($BASE_IDEMD)"
+fi
+
+# ---- idemd over TLS ------------------------------------------------------------------
+#
+# Each on its own copy of the preloaded store, sync=interval: the CPU-bound
+# new-key path (idemd-new-interval's), so that the CPU TLS adds shows.
+
+if ((TLS_IDEMD == 1)); then
+  cat >"$WORK/idemd-tls.yaml" <<EOF
+# bench/run.sh, the TLS listener rows: every POST needs a key.
+listen_tls:
+  address: 127.0.0.1:$IDEM_T_TLS_PORT
+  cert_file: $CERTS/server.pem
+  key_file: $CERTS/server.key
+routes:
+  - methods: [POST]
+    path: /
+    mode: required
+EOF
+  IDEMD_CONFIG=$WORK/idemd-tls.yaml start_idemd idemd-tls "$IDEM_T_PORT" "$ADMIN_T_PORT" \
+    "$(embedded_url "$WORK/store-tls" interval)"
+  TLS_PID=$IDEMD_PID
+  IDEM_T_URL=https://127.0.0.1:$IDEM_T_TLS_PORT/
+  check_key "$IDEM_T_URL" "$RUNID-check-tls"
+  write_meta idemd_tls="$(tls_brief "$IDEM_T_TLS_PORT")"
+  say "idemd listen_tls :$IDEM_T_TLS_PORT ($(tls_brief "$IDEM_T_TLS_PORT"))"
+fi
+((FRONT == 1)) && write_meta nginx_tls="$(tls_brief "$FRONT_TLS_PORT")"
+
+if ((HTTPS_IDEMD == 1)); then
+  cat >"$WORK/idemd-https.yaml" <<EOF
+# bench/run.sh, the https upstream row: every POST needs a key.
+upstream_tls:
+  ca_file: $CERTS/ca.pem
+routes:
+  - methods: [POST]
+    path: /
+    mode: required
+EOF
+  IDEM_H_URL=http://127.0.0.1:$IDEM_H_PORT/
+  HTTPS_SKIPPED=
+  if ! IDEMD_MAY_REFUSE=1 IDEMD_CONFIG=$WORK/idemd-https.yaml IDEMD_UPSTREAM=https://127.0.0.1:$TLS_UP_PORT \
+    start_idemd idemd-https "$IDEM_H_PORT" "$ADMIN_H_PORT" "$(embedded_url "$WORK/store-https" interval)"; then
+    HTTPS_SKIPPED="idemd -t refused upstream: https:// ($IDEMD_REFUSED)"
+  else
+    HTTPS_PID=$IDEMD_PID
+    code=$(http_code POST "$IDEM_H_URL" -H 'Content-Type: application/json' \
+      -H "Idempotency-Key: $RUNID-check-https" --data-raw "$BODY")
+    if [[ $code != 200 ]]; then
+      # A build that takes the configuration but does not speak TLS to the
+      # upstream yet answers 502.
+      HTTPS_SKIPPED="idemd answered $code through upstream: https:// (want 200)"
+      stop_idemd idemd-https "$HTTPS_PID"
+      HTTPS_PID=
+    else
+      check_key "$IDEM_H_URL" "$RUNID-check-https-2"
+    fi
+  fi
+  if [[ -n $HTTPS_SKIPPED ]]; then
+    say "note: skipping the row idemd-https-upstream: $HTTPS_SKIPPED"
+    write_meta https_upstream_skipped="$HTTPS_SKIPPED"
+    HTTPS_IDEMD=0
+  fi
 fi
 
 # ---- Redis and PostgreSQL --------------------------------------------------------------
@@ -671,6 +911,16 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
     want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
   fi
+  want_row nginx-tls-listener && measure nginx-tls-listener "$r" "$FRONT_TLS_URL" unique "$RUNID-nt$r"
+  ((TLS_IDEMD == 1)) && want_row idemd-tls-listener &&
+    measure idemd-tls-listener "$r" "$IDEM_T_URL" unique "$RUNID-t$r" "http://127.0.0.1:$ADMIN_T_PORT"
+  want_row nginx-https-upstream && measure nginx-https-upstream "$r" "$FRONT_HTTPS_URL" unique "$RUNID-nh$r"
+  ((HTTPS_IDEMD == 1)) &&
+    measure idemd-https-upstream "$r" "$IDEM_H_URL" unique "$RUNID-h$r" "http://127.0.0.1:$ADMIN_H_PORT"
+  if want_row tls-handshakes; then
+    handshakes handshakes-nginx "$r" "$FRONT_TLS_PORT" "$FRONT_WORKER"
+    handshakes handshakes-idemd "$r" "$IDEM_T_TLS_PORT" "$TLS_PID"
+  fi
 done
 
 if [[ $BENCH_PROFILE == 1 ]]; then
@@ -687,6 +937,8 @@ if [[ -n $BASE_IDEMD ]]; then
   stop_idemd base-always "$BASE_ALWAYS_PID"
   stop_idemd base-interval "$BASE_INTERVAL_PID"
 fi
+((TLS_IDEMD == 1)) && stop_idemd idemd-tls "$TLS_PID"
+((HTTPS_IDEMD == 1)) && stop_idemd idemd-https "$HTTPS_PID"
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-redis "$REDIS_PID"
   stop_idemd idemd-pg "$PG_PID"
