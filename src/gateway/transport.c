@@ -194,6 +194,10 @@ static void do_shutdown(idem_transport_t *t)
     (void)uv_shutdown(&t->shutdown_req, (uv_stream_t *)t->tcp, shutdown_cb);
 }
 
+/* Pieces of one write up to this much in all are gathered into one TLS
+ * record (the largest a record holds). */
+#define TLS_GATHER_MAX (16 * 1024)
+
 int idem__transport_write(idem_transport_t *t, const uv_buf_t *bufs, unsigned n)
 {
     if (t->closing || t->failed || t->shutdown_wanted)
@@ -205,6 +209,22 @@ int idem__transport_write(idem_transport_t *t, const uv_buf_t *bufs, unsigned n)
         return 0;
     if (total > UINT_MAX / 2)
         return -1; /* one uv_buf_t must hold it (and its ciphertext) */
+    if (t->tls && idem__tls_handshake_done(t->tls) && n > 1 && total <= TLS_GATHER_MAX) {
+        /* Small pieces (a head, then its body) go as one TLS record, not
+         * one each: a record costs its header, its tag and a cipher call. */
+        char gather[TLS_GATHER_MAX];
+        size_t off = 0;
+        for (unsigned i = 0; i < n; i++) {
+            memcpy(gather + off, bufs[i].base, bufs[i].len);
+            off += bufs[i].len;
+        }
+        if (idem__tls_write(t->tls, gather, off) != 0) {
+            fail(t, idem__tls_errstr(t->tls));
+            return -1;
+        }
+        t->plain_acc += off;
+        return flush(t);
+    }
     if (t->tls && idem__tls_handshake_done(t->tls)) {
         for (unsigned i = 0; i < n; i++) {
             if (idem__tls_write(t->tls, bufs[i].base, bufs[i].len) != 0) {
