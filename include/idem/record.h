@@ -4,13 +4,16 @@
  * its owner) or completed (the upstream's response kept for replay).  The
  * fence grows by one with every claim of the key, so a stale owner's late
  * completion can be refused.  The binary layout is versioned and checked on
- * decode: a short, corrupt or foreign value is IDEM_E_CORRUPT, never a crash.
+ * decode: a short, corrupt or foreign value is IDEM_E_CORRUPT, never a crash,
+ * and (version 2) so is a value any bit of which was damaged after encoding.
  *
  * Layout (all integers little-endian):
  *   magic "IDR" | version u8 | flags u32 | state u8 | fp[32] | fence u64 |
  *   lease_until i64 | expires_at i64 | status u16 | n_headers u16 |
  *   { name_len u16 | value_len u32 | name | value } * n_headers |
- *   body_len u32 | body
+ *   body_len u32 | body | crc32c u32
+ * crc32c (version 2, which encode writes) is the CRC32C of every byte before
+ * it.  Version 1, without it, is still decoded (records written before).
  */
 #ifndef IDEM_RECORD_H
 #define IDEM_RECORD_H
@@ -77,6 +80,14 @@ IDEM_EXTERN void idem_record_encode_into(const idem_record_t *rec, uint8_t *buf)
  * @param[out] rec  zeroed on failure.
  * @return IDEM_OK, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
 IDEM_EXTERN idem_err_t idem_record_decode(const uint8_t *buf, size_t len, idem_record_t *rec);
+
+/** idem_record_decode for a value whose fingerprint (bytes 10..41) was put
+ * in after encoding: Redis's completion script splices the stored
+ * fingerprint into a record encoded with a zero one.  The checksum is
+ * verified as if those bytes were zero; the caller must check the
+ * fingerprint against its own copy of it. */
+IDEM_EXTERN idem_err_t idem_record_decode_spliced(const uint8_t *buf, size_t len,
+                                                  idem_record_t *rec);
 
 /** Parse only the fixed header (no headers/body, nothing allocated); for
  * decisions that need no response.  @return IDEM_OK or IDEM_E_CORRUPT. */

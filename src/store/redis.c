@@ -1160,7 +1160,9 @@ static idem_err_t rec_from_fields(redisReply *const *f, idem_record_t *rec)
         fl < 0 || ((uint64_t)fl & ~(uint64_t)known) != 0 || fe < 0)
         return IDEM_E_CORRUPT;
     if (reply_is(f[6], REDIS_REPLY_STRING)) {
-        idem_err_t err = idem_record_decode((const uint8_t *)f[6]->str, f[6]->len, rec);
+        /* r's fingerprint was spliced in by lua_complete: its checksum was
+         * computed with a zero one, and the fp field is compared below. */
+        idem_err_t err = idem_record_decode_spliced((const uint8_t *)f[6]->str, f[6]->len, rec);
         if (err != IDEM_OK)
             return err;
         if ((int64_t)rec->state != st || (int64_t)rec->flags != fl || rec->fence != (uint64_t)fe ||

@@ -4,13 +4,17 @@
  * layout (a golden value), the round trip, and above all that decoding
  * damaged or foreign bytes is IDEM_E_CORRUPT and never reads out of bounds:
  * each candidate value is copied into a heap buffer of exactly its length,
- * so the sanitizer build catches any overread.
+ * so the sanitizer build catches any overread.  Version 2's checksum: any
+ * flipped bit is IDEM_E_CORRUPT, and the framing checks behind it are
+ * exercised by damaging a value and sealing it again with a right checksum.
+ * Version 1 values (no checksum) still decode.
  */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/crc32c.h"
 #include "idem/alloc.h"
 #include "idem/record.h"
 
@@ -120,9 +124,9 @@ Test(record, golden_layout_is_stable)
         .response = {200, h, 1, (const uint8_t *)"hi", 2},
     };
     memset(r.fingerprint, 0xEE, IDEM_FP_LEN);
-    uint8_t expect[69 + 6 + 3 + 4 + 2];
+    uint8_t expect[69 + 6 + 3 + 4 + 2 + 4];
     uint8_t *p = expect;
-    memcpy(p, "IDR\x01", 4);
+    memcpy(p, "IDR\x02", 4);
     memcpy(p + 4, "\x02\x00\x00\x00", 4);
     p[8] = 2;
     memset(p + 9, 0xEE, 32);
@@ -132,6 +136,7 @@ Test(record, golden_layout_is_stable)
     memcpy(p + 65, "\xC8\x00\x01\x00", 4);
     memcpy(p + 69, "\x01\x00\x02\x00\x00\x00" "Abc", 9);
     memcpy(p + 78, "\x02\x00\x00\x00" "hi", 6);
+    memcpy(p + 84, "\x42\x75\x69\x44", 4); /* CRC32C of bytes 0..83, by another program */
 
     size_t len;
     uint8_t *buf = enc(&r, &len);
@@ -224,6 +229,10 @@ static void expect_corrupt_after(void (*damage)(uint8_t *buf, size_t len))
     size_t len;
     uint8_t *buf = enc(&in, &len);
     damage(buf, len);
+    /* Seal it again, so that what rejects it is the framing check. */
+    uint32_t sum = idem__crc32c(0, buf, len - 4);
+    for (int i = 0; i < 4; i++)
+        buf[len - 4 + i] = (uint8_t)(sum >> (8 * i));
     cr_expect_eq(dec_exact(buf, len, &out), IDEM_E_CORRUPT);
     cr_expect_eq(idem_record_decode_head(buf, len, &out), IDEM_E_CORRUPT);
     cr_expect(is_zero(&out));
@@ -236,7 +245,7 @@ static void bad_magic(uint8_t *b, size_t n)
 }
 static void bad_version(uint8_t *b, size_t n)
 {
-    b[3] = 2;
+    b[3] = 3;
 }
 static void bad_state(uint8_t *b, size_t n)
 {
@@ -260,11 +269,11 @@ static void too_many_headers(uint8_t *b, size_t n)
 }
 static void body_len_past_end(uint8_t *b, size_t n)
 {
-    memset(b + n - (sizeof body - 1) - 4, 0xFF, 4);
+    memset(b + n - 4 - (sizeof body - 1) - 4, 0xFF, 4);
 }
 static void body_len_short(uint8_t *b, size_t n)
 {
-    b[n - (sizeof body - 1) - 4] -= 1;
+    b[n - 4 - (sizeof body - 1) - 4] -= 1;
 }
 
 Test(record, foreign_magic_is_corrupt)
@@ -470,5 +479,137 @@ Test(record, cleanup_zeroes_and_a_zeroed_record_is_a_noop)
     cr_expect(is_zero(&out));
     idem_record_cleanup(&out); /* twice: no double free */
     idem_record_cleanup(NULL);
+    idem_free(buf);
+}
+
+/* ---- the checksum (version 2) --------------------------------------------- */
+
+Test(record, crc32c_standard_check_value)
+{
+    cr_expect_eq(idem__crc32c(0, "123456789", 9), 0xE3069283u);
+    cr_expect_eq(idem__crc32c_portable(0, "123456789", 9), 0xE3069283u);
+    cr_expect_eq(idem__crc32c(0, "", 0), 0u);
+    /* Extending in pieces is the same as all at once. */
+    cr_expect_eq(idem__crc32c(idem__crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+}
+
+Test(record, crc32c_hardware_and_table_agree)
+{
+    uint8_t buf[4096 + 8];
+    srand(777);
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (uint8_t)rand();
+    for (int round = 0; round < 2000; round++) {
+        size_t off = (size_t)(rand() % 8), n = (size_t)(rand() % 4096);
+        uint32_t seed = (uint32_t)rand();
+        cr_assert_eq(idem__crc32c(seed, buf + off, n), idem__crc32c_portable(seed, buf + off, n),
+                     "offset %zu, %zu bytes", off, n);
+    }
+}
+
+Test(record, every_flipped_bit_is_corrupt)
+{
+    idem_record_t in = completed(), out;
+    size_t len;
+    uint8_t *buf = enc(&in, &len);
+    for (size_t i = 0; i < len; i++) {
+        for (int bit = 0; bit < 8; bit++) {
+            buf[i] ^= (uint8_t)(1u << bit);
+            cr_expect_eq(dec_exact(buf, len, &out), IDEM_E_CORRUPT, "byte %zu bit %d", i, bit);
+            cr_expect(is_zero(&out));
+            cr_expect_eq(idem_record_decode_head(buf, len, &out), IDEM_E_CORRUPT);
+            buf[i] ^= (uint8_t)(1u << bit);
+        }
+    }
+    cr_expect_eq(dec_exact(buf, len, &out), IDEM_OK); /* undamaged again */
+    idem_record_cleanup(&out);
+    idem_free(buf);
+}
+
+Test(record, a_damaged_body_is_corrupt_not_replayed)
+{
+    /* The bug of issue 20: a body byte damaged on disk was replayed. */
+    idem_record_t in = completed(), out;
+    size_t len;
+    uint8_t *buf = enc(&in, &len);
+    uint8_t *b = memmem(buf, len, "\"id\":42", 7);
+    cr_assert_not_null(b);
+    b[5] = '3';
+    cr_expect_eq(dec_exact(buf, len, &out), IDEM_E_CORRUPT);
+    idem_free(buf);
+}
+
+/* The version 1 form of a version 2 value: no checksum, version byte 1. */
+static uint8_t *as_v1(const uint8_t *v2, size_t len, size_t *v1_len)
+{
+    uint8_t *v1 = malloc(len - 4);
+    cr_assert_not_null(v1);
+    memcpy(v1, v2, len - 4);
+    v1[3] = 1;
+    *v1_len = len - 4;
+    return v1;
+}
+
+Test(record, version_1_still_decodes)
+{
+    idem_record_t in = completed(), out;
+    size_t len, len1;
+    uint8_t *buf = enc(&in, &len);
+    uint8_t *v1 = as_v1(buf, len, &len1);
+
+    cr_assert_eq(dec_exact(v1, len1, &out), IDEM_OK);
+    cr_expect_eq(out.state, in.state);
+    cr_expect_eq(out.fence, in.fence);
+    cr_expect_eq(memcmp(out.fingerprint, in.fingerprint, IDEM_FP_LEN), 0);
+    expect_same_response(&out, &in);
+    idem_record_cleanup(&out);
+    cr_expect_eq(idem_record_decode_head(v1, len1, &out), IDEM_OK);
+
+    /* Its framing is still checked; a version 1 value with a checksum
+     * appended is as wrong as any trailing bytes. */
+    cr_expect_eq(dec_exact(v1, len1 - 1, &out), IDEM_E_CORRUPT);
+    uint8_t *longer = malloc(len);
+    memcpy(longer, buf, len);
+    longer[3] = 1;
+    cr_expect_eq(dec_exact(longer, len, &out), IDEM_E_CORRUPT);
+
+    /* Re-encoding a version 1 record writes version 2. */
+    cr_assert_eq(dec_exact(v1, len1, &out), IDEM_OK);
+    size_t len2;
+    uint8_t *again = enc(&out, &len2);
+    cr_expect_eq(len2, len);
+    cr_expect_eq(memcmp(again, buf, len), 0);
+    idem_record_cleanup(&out);
+    idem_free(again);
+    free(longer);
+    free(v1);
+    idem_free(buf);
+}
+
+Test(record, spliced_fingerprint_is_checked_as_zero)
+{
+    /* Redis: encoded with a zero fingerprint, the stored one spliced in. */
+    idem_record_t in = completed(), out;
+    memset(in.fingerprint, 0, IDEM_FP_LEN);
+    size_t len;
+    uint8_t *buf = enc(&in, &len);
+    memset(buf + 9, 0x5A, IDEM_FP_LEN);
+
+    cr_expect_eq(dec_exact(buf, len, &out), IDEM_E_CORRUPT); /* not as encoded */
+    cr_assert_eq(idem_record_decode_spliced(buf, len, &out), IDEM_OK);
+    uint8_t fp[IDEM_FP_LEN];
+    memset(fp, 0x5A, IDEM_FP_LEN);
+    cr_expect_eq(memcmp(out.fingerprint, fp, IDEM_FP_LEN), 0);
+    expect_same_response(&out, &in);
+    idem_record_cleanup(&out);
+
+    /* Any other damaged byte is still caught. */
+    for (size_t i = 0; i < len; i++) {
+        if (i >= 9 && i < 9 + IDEM_FP_LEN)
+            continue;
+        buf[i] ^= 0x10;
+        cr_expect_eq(idem_record_decode_spliced(buf, len, &out), IDEM_E_CORRUPT, "byte %zu", i);
+        buf[i] ^= 0x10;
+    }
     idem_free(buf);
 }
