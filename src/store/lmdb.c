@@ -61,6 +61,13 @@
  * until it lets them go; with max_resident set, the sweep hands them back
  * above it (trim_resident).  idem_store_space reports the room left (lmdb_space).
  *
+ * The data file is checked before LMDB maps it (check_data_file): LMDB
+ * trusts data.mdb, and a file cut short (a bad copy, a full disk during a
+ * restore) made mdb_dbi_open touch a page past its end, which kills the
+ * process with SIGBUS at every start.  Open reads the two meta pages with
+ * pread and refuses, with one sentence, a file that is not an LMDB
+ * database or is shorter than the last page its newest meta says is used.
+ *
  * Errors: MDB_MAP_FULL is IDEM_E_STORE_FULL (the transaction is aborted,
  * reads go on working); a full reader table or a panic is IDEM_E_STORE_DOWN;
  * anything else IDEM_E_IO; the LMDB text goes to idem_store_errstr.
@@ -72,6 +79,7 @@
  * it directly.  The registry has its own mutex, the sweep position another.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <limits.h>
 #include <pthread.h>
@@ -418,6 +426,118 @@ static int build_index(MDB_txn *txn, MDB_dbi dbi, MDB_dbi ix)
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
+/* ---- the data file, before LMDB maps it ----------------------------------- */
+
+/* LMDB's meta page, as mdb.c lays it out (MDB_page's header, then MDB_meta,
+ * in the host's byte order and sizes): page header pgno size_t, pad u16,
+ * flags u16, lower u16, upper u16; then magic u32, version u32, address
+ * void *, mapsize size_t, dbs[2] (pad u32, flags u16, depth u16, five
+ * size_t each), last_pg size_t, txnid size_t.  The free database's pad
+ * (dbs[0]) holds the page size.  Only these fields are read here. */
+#define META_MAGIC 0xBEEFC0DEu
+#define META_HDR (sizeof(size_t) + 8)
+#define META_MAGIC_AT META_HDR
+#define META_DB_LEN (8 + 5 * sizeof(size_t))
+#define META_DBS_AT (META_HDR + 8 + sizeof(void *) + sizeof(size_t))
+#define META_PSIZE_AT META_DBS_AT
+#define META_LAST_PG_AT (META_DBS_AT + 2 * META_DB_LEN)
+#define META_TXNID_AT (META_LAST_PG_AT + sizeof(size_t))
+#define META_LEN (META_TXNID_AT + sizeof(size_t))
+
+static size_t meta_size(const uint8_t *m, size_t at)
+{
+    size_t v;
+    memcpy(&v, m + at, sizeof v);
+    return v;
+}
+
+static uint32_t meta_u32(const uint8_t *m, size_t at)
+{
+    uint32_t v;
+    memcpy(&v, m + at, sizeof v);
+    return v;
+}
+
+/* Refuse a data.mdb that LMDB would map and then fault on: one that is not
+ * an LMDB database, or is shorter than the pages its newest meta uses.  A
+ * missing or empty file is LMDB's to create.  @return IDEM_OK or IDEM_E_IO
+ * with errbuf naming the problem and what to do. */
+static idem_err_t check_data_file(const char *dir, const char *path, char *errbuf, size_t errlen)
+{
+    static const char fix[] = "restore it from a backup or move it away";
+    uint8_t m[2][META_LEN];
+    struct stat st;
+    idem_err_t err = IDEM_OK;
+
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return IDEM_OK; /* missing: LMDB creates it; unreadable: LMDB says so */
+    /* The metas before the size: the file only grows while LMDB writes,
+     * so a size read after a meta is at least what that meta needs. */
+    ssize_t n0 = pread(fd, m[0], META_LEN, 0);
+    size_t psize = n0 == (ssize_t)META_LEN ? meta_u32(m[0], META_PSIZE_AT) : 0;
+    ssize_t n1 = psize >= 512 && psize <= 65536 && (psize & (psize - 1)) == 0
+                     ? pread(fd, m[1], META_LEN, (off_t)psize)
+                     : -1;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return IDEM_OK; /* LMDB will meet the same error and say so */
+    }
+    close(fd);
+    uint64_t size = (uint64_t)st.st_size;
+
+    if (size == 0)
+        return IDEM_OK; /* LMDB writes a new database into an empty file */
+    if (n0 != (ssize_t)META_LEN || meta_u32(m[0], META_MAGIC_AT) != META_MAGIC) {
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is not an LMDB database (%llu bytes, no "
+                           "LMDB meta page at its start): %s",
+                           dir, (unsigned long long)size, fix);
+        return IDEM_E_IO;
+    }
+    if (psize == 0 || n1 < 0) {
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is not an LMDB database (its meta page "
+                           "gives a page size of %zu bytes): %s",
+                           dir, psize, fix);
+        return IDEM_E_IO;
+    }
+    if (n1 != (ssize_t)META_LEN) {
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is truncated (%llu bytes, the database "
+                           "needs at least %zu): %s",
+                           dir, (unsigned long long)size, 2 * psize, fix);
+        return IDEM_E_IO;
+    }
+    if (meta_u32(m[1], META_MAGIC_AT) != META_MAGIC) {
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is damaged (its second meta page, at "
+                           "byte %zu, is not LMDB's): %s",
+                           dir, psize, fix);
+        return IDEM_E_IO;
+    }
+    /* LMDB uses the meta of the newer transaction. */
+    const uint8_t *cur = meta_size(m[1], META_TXNID_AT) > meta_size(m[0], META_TXNID_AT)
+                             ? m[1]
+                             : m[0];
+    size_t last_pg = meta_size(cur, META_LAST_PG_AT);
+    if (last_pg >= SIZE_MAX / psize) {
+        err = IDEM_E_IO;
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is damaged (its meta page says %zu pages "
+                           "are used): %s",
+                           dir, last_pg, fix);
+    } else if (size < (uint64_t)(last_pg + 1) * psize) {
+        err = IDEM_E_IO;
+        idem__store_errbuf(errbuf, errlen,
+                           "lmdb store %s: data.mdb is truncated (%llu bytes, the database "
+                           "needs %llu): %s",
+                           dir, (unsigned long long)size,
+                           (unsigned long long)(last_pg + 1) * psize, fix);
+    }
+    return err;
+}
+
 /* Open a new environment in dir (registry_lock held). */
 static idem_err_t env_create(const char *dir, const struct stat *st, const struct opts *o,
                              struct env **out, char *errbuf, size_t errlen)
@@ -449,6 +569,11 @@ static idem_err_t env_create(const char *dir, const struct stat *st, const struc
         map = statvfs(dir, &v) == 0 ? (uint64_t)v.f_blocks * v.f_frsize : AUTO_MAP_MIN;
         map = map < AUTO_MAP_MIN ? AUTO_MAP_MIN : map > MAX_MAP_SIZE ? MAX_MAP_SIZE : map;
         map &= ~(uint64_t)(64 * 1024 - 1);
+    }
+    idem_err_t ferr = check_data_file(dir, e->data_path, errbuf, errlen);
+    if (ferr != IDEM_OK) {
+        idem_free(e);
+        return ferr;
     }
     /* No MDB_WRITEMAP: see docs/stores.md (a full disk would be SIGBUS). */
     unsigned flags = MDB_NOTLS | (o->nosync ? MDB_NOSYNC : 0);
