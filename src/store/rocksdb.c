@@ -305,6 +305,12 @@ static void common_options(rocksdb_options_t *o, const struct opts *u,
     rocksdb_options_set_max_write_buffer_number(o, 2);
     rocksdb_options_set_block_based_table_factory(o, table);
     rocksdb_options_set_level_compaction_dynamic_level_bytes(o, 1);
+    /* A damaged write-ahead log refuses the open instead of being cut at
+     * the damage: RocksDB's default (point in time) silently drops the
+     * damaged record and every later one, so keys completed after it come
+     * back absent and their requests run again.  Only an incomplete last
+     * record, which a crash leaves, is tolerated. */
+    rocksdb_options_set_wal_recovery_mode(o, rocksdb_tolerate_corrupted_tail_records_recovery);
 }
 
 static idem_err_t rocks_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)

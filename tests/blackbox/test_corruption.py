@@ -10,10 +10,13 @@ is stopped, as a bad disk, a bad copy or a full disk during a restore would:
 - a data.mdb cut short, or one that is not an LMDB file at all: idemd used
   to die of SIGBUS in mdb_dbi_open at every start; now it checks the file
   before LMDB maps it (src/store/lmdb.c, check_data_file) and exits 2 with
-  one line naming the problem.
+  one line naming the problem;
+- a rocksdb: store whose write-ahead log was damaged: RocksDB's default
+  recovery cut the log at the damage, silently, so the keys completed after
+  it ran again; now the open is refused (exit 2, one line).
 
-These tests always use an lmdb: store in their own directory, whatever
-IDEM_BB_STORE says, because they edit its files.
+These tests always use a store of their own in their own directory,
+whatever IDEM_BB_STORE says, because they edit its files.
 """
 
 import os
@@ -161,6 +164,40 @@ class Corruption(h.IdemTestCase):
         self.assertEqual(rc, 2, lines)
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("data.mdb is not an LMDB database", lines[0])
+
+    def test_a_damaged_rocksdb_log_is_refused_in_one_line(self):
+        up = self.start_upstream()
+        self.data_dir = os.path.join(self.tmp, "rocks")
+        d = self.make_idemd(up, store="rocksdb:" + self.data_dir)
+        try:
+            d.start(attempts=1)
+        except AssertionError as e:
+            if "built without" in str(e):
+                self.skipTest("idemd is built without RocksDB")
+            raise
+        done = self.complete_keys(d, up, 3)
+        self.assertEqual(d.stop(), 0)
+        # The records are in the write-ahead log (nothing was flushed yet).
+        body = done[sorted(done)[1]]
+        changed = 0
+        for name in os.listdir(self.data_dir):
+            path = os.path.join(self.data_dir, name)
+            with open(path, "r+b") as f:
+                data = bytearray(f.read())
+                i = data.find(body)
+                while i >= 0:
+                    data[i + len(body) - 3] ^= 0x01
+                    changed += 1
+                    i = data.find(body, i + 1)
+                f.seek(0)
+                f.write(data)
+        self.assertGreaterEqual(changed, 1, "the body is in no file of the store")
+        rc, lines = self.start_refused(d)
+        self.assertEqual(rc, 2, lines)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("Corruption", lines[0])
+        # Never served without the keys after the damage: nothing ran again.
+        self.assertEqual(up.count(), 3)
 
     def test_an_empty_data_file_is_a_new_store(self):
         # LMDB writes a new database into an empty file; so does idemd.
