@@ -22,7 +22,10 @@
  * and get decode (decoding stays in C).  A completion's r is encoded here
  * with the caller's fence and a zero fingerprint, and the script splices the
  * stored fingerprint into bytes 10..41 (the record's fixed layout), so r is
- * always the exact record.  Records without a response (in_progress, tokens)
+ * always the exact record; its checksum (record.h, version 2) was computed
+ * with the zero fingerprint, so r is decoded with idem_record_decode_spliced,
+ * which checks every other byte, and its fingerprint is compared with the
+ * field fp.  Records without a response (in_progress, tokens)
  * have no r: C rebuilds them from the fields.  A get or replay whose r does
  * not agree with the fields is IDEM_E_CORRUPT.
  *
