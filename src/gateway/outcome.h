@@ -18,7 +18,8 @@
     X(TOKEN_ACCEPTED, "token_accepted") X(TOKEN_USED, "token_used")                        \
     X(INVALID_TOKEN, "invalid_token") X(MISSING_TOKEN, "missing_token")                    \
     X(OVERLOADED, "overloaded") X(REQUEST_TIMEOUT, "request_timeout")                  \
-    X(RATE_LIMITED, "rate_limited")
+    X(RATE_LIMITED, "rate_limited")                                                           \
+    X(CORRUPT_RECORD, "corrupt_record") /* 500: the key's stored record is damaged */
 
 typedef enum {
 #define IDEM__OUTCOME_ENUM(name, text) IDEM_OUT_##name,
