@@ -49,6 +49,7 @@ static const struct {
     {"request-timeout", "Request not received in time"},
     {"overloaded", "Too busy to take this request now"},
     {"misdirected-request", "Host not served by this listener"},
+    {"record-damaged", "Stored record damaged"},
 };
 
 const char *idem__problem_title(const char *type)

@@ -360,6 +360,25 @@ static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_r
     }
 }
 
+/* The stored record of req's key does not decode (its checksum or framing
+ * is wrong: damaged on disk or in the store).  Never a wrong answer, and
+ * never a second run either (not even with on_store_error: open): 500,
+ * logged with the key, counted, until an operator removes the record. */
+static void req_corrupt_record(idem_req_t *req)
+{
+    req->outcome = IDEM_OUT_CORRUPT_RECORD;
+    req->keyed = false;
+    idem__log(req->w->gw, "error",
+              "the stored record of key %s (scope %.12s) is damaged (its checksum or framing "
+              "does not match); it is not replayed and not run again: remove it with "
+              "DELETE /keys/{key}?scope= on the admin listener to let the key run again",
+              req->id.key, req->id.scope);
+    idem__req_problem(req, 500, "record-damaged",
+                      "the stored record of this Idempotency-Key is damaged; it is neither "
+                      "replayed nor run again until an operator removes it",
+                      0);
+}
+
 void idem__req_store_unavailable(idem_req_t *req, const char *detail)
 {
     req->outcome = IDEM_OUT_STORE_ERROR;
@@ -505,6 +524,8 @@ static void req_answer_as_repeat(idem_req_t *req)
     } else if (err == IDEM_E_NOTFOUND) {
         req->outcome = IDEM_OUT_IN_FLIGHT;
         idem__req_problem(req, 409, "in-flight", "the lease on this key was lost; retry", 1);
+    } else if (err == IDEM_E_CORRUPT) {
+        req_corrupt_record(req);
     } else {
         idem__req_store_unavailable(req, "the store did not answer");
     }
@@ -946,6 +967,16 @@ static void on_claim_done(idem_wjob_t *job)
         idem__req_store_error(req, job->batch_err);
         return;
     }
+    if (job->op.err == IDEM_E_CORRUPT) {
+        req_corrupt_record(req);
+        return;
+    }
+    if (job->op.err != IDEM_OK) {
+        idem__log(req->w->gw, "error", "store: claim of key %s: %s", req->id.key,
+                  idem_strerror(job->op.err));
+        idem__req_store_error(req, job->op.err);
+        return;
+    }
     idem_decision_t d = job->op.decision;
     /* Take the record out of the job first: acting on the decision may
      * queue the same job again (a release after a failed connect). */
@@ -1010,6 +1041,10 @@ static void req_lookup(idem_req_t *req)
     idem_err_t err = idem__gw_store_get(gw, &req->id, now, &rec);
     if (err == IDEM_E_NOTFOUND) {
         req_claim(req);
+        return;
+    }
+    if (err == IDEM_E_CORRUPT) {
+        req_corrupt_record(req);
         return;
     }
     if (err != IDEM_OK) {

@@ -126,8 +126,6 @@ class Corruption(h.IdemTestCase):
                 self.assertEqual((rr.status, rr.body), (201, b), rr)
                 self.assertTrue(rr.replayed, rr)
 
-    @unittest.expectedFailure  # the gateway maps IDEM_E_CORRUPT to 503 store-unavailable:
-    # the 500, its log line and its outcome need src/gateway/request.c (lead)
     def test_a_damaged_record_is_500_logged_and_counted(self):
         r, key, body, done, up, d = self.damaged_repeat()
         self.assertEqual(r.status, 500, r)
@@ -138,8 +136,6 @@ class Corruption(h.IdemTestCase):
                  if key in ln and ("corrupt" in ln or "damaged" in ln)]
         self.assertTrue(named, "no log line names the damaged record of %s" % key)
 
-    @unittest.expectedFailure  # a damaged record is a store error today, which
-    # on_store_error: open bypasses: the request runs again (src/gateway/request.c, lead)
     def test_a_damaged_record_is_not_run_again_when_store_errors_bypass(self):
         r, key, body, done, up, d = self.damaged_repeat({"on_store_error": "open"})
         self.assertEqual(up.count(key=key), 1, "the key's request ran again: %r" % r)
