@@ -228,7 +228,8 @@ static void on_tr_written(void *data, size_t n)
         return;
     if (c->waiting == CT_QUEUE)
         conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
-    if (c->want_proceed && c->req && conn_caught_up(c)) {
+    if (c->want_proceed && c->req &&
+        (c->queued == 0 || (c->queued < IDEM_STREAM_HIGH_MARK / 2 && !queued_over_cap(c->l)))) {
         c->want_proceed = false;
         if (c->waiting == CT_QUEUE && c->state == CS_BUSY)
             conn_timer(c, CT_NONE);

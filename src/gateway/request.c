@@ -593,11 +593,26 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
     req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
 }
 
+/* What a job's store work came to: the batch's error, else its own op's
+ * (an op the store refused alone: out of memory, too large, full), where a
+ * fence lost and a release of a record already gone are outcomes, not
+ * errors. */
+static idem_err_t job_store_err(const idem_wjob_t *job)
+{
+    if (job->batch_err != IDEM_OK)
+        return job->batch_err;
+    idem_err_t e = job->op.err;
+    if (e == IDEM_E_FENCE || (job->op.kind == IDEM_OP_RELEASE && e == IDEM_E_NOTFOUND))
+        return IDEM_OK;
+    return e;
+}
+
 static void on_outcome_stored(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    if (job->batch_err != IDEM_OK && job->op.kind == IDEM_OP_COMPLETE) {
-        req_complete_later(req, job->batch_err);
+    idem_err_t err = job_store_err(job);
+    if (err != IDEM_OK && job->op.kind == IDEM_OP_COMPLETE) {
+        req_complete_later(req, err);
         return;
     }
     if (req_answered(req)) {
@@ -609,9 +624,9 @@ static void on_outcome_stored(idem_wjob_t *job)
         }
         return;
     }
-    if (job->batch_err != IDEM_OK) {
+    if (err != IDEM_OK) {
         idem__log(req->w->gw, "error", "could not store the outcome of key %s: %s", req->id.key,
-                  idem_strerror(job->batch_err));
+                  idem_strerror(err));
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
@@ -737,11 +752,12 @@ void idem__req_answer_failure(idem_req_t *req, idem_up_result_t why)
 static void on_failure_recorded(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    if (job->batch_err != IDEM_OK) {
+    idem_err_t err = job_store_err(job);
+    if (err != IDEM_OK) {
         /* The key is left in progress (a retry gets 409 until its lease
          * ends) and a hold was not written: say so rather than 502/504. */
         idem__log(req->w->gw, "error", "could not record the failure of key %s: %s", req->id.key,
-                  idem_strerror(job->batch_err));
+                  idem_strerror(err));
         idem__req_store_unavailable(req,
                                     "the upstream call failed and the store could not record it");
         return;
@@ -806,10 +822,13 @@ void idem__req_start_stream(idem_req_t *req)
     }
     req->status = m->status;
     idem__req_enter(req, IDEM_REQ_RELAYING);
-    if (req->resp_body.len)
-        req_stream_data(req, req->resp_body.data, req->resp_body.len);
+    /* The captured piece first; the upstream reads on only if the client
+     * takes it (else on_proceed resumes it). */
+    bool wait = req->resp_body.len > 0 &&
+                req_stream_data(req, req->resp_body.data, req->resp_body.len);
     idem__buf_cleanup(&req->resp_body);
-    idem__upstream_req_resume(&req->up);
+    if (!wait)
+        idem__upstream_req_resume(&req->up);
 }
 
 /* Relay a piece of a streamed body.  @return true when the client lags and
@@ -972,8 +991,11 @@ static void on_claim_done(idem_wjob_t *job)
         return;
     }
     if (job->op.err != IDEM_OK) {
+        /* The store refused this op alone (out of memory, full): its
+         * decision is empty, and answering it would answer nothing. */
         idem__log(req->w->gw, "error", "store: claim of key %s: %s", req->id.key,
                   idem_strerror(job->op.err));
+        idem_record_cleanup(&job->op.record);
         idem__req_store_error(req, job->op.err);
         return;
     }
@@ -1383,10 +1405,18 @@ static bool proxy_on_body(idem_hreq_t *r, const char *p, size_t n)
 {
     idem_req_t *req = r;
     if (idem__buf_append(&req->body, p, n) != 0) {
+        /* Past its cap (max_request_bytes, or its Content-Length), or out of
+         * memory. */
+        bool too_large = req->body.max > 0 && req->body.len + n > req->body.max;
         req_hold(req, IDEM_HOLD_CALL);
-        req->outcome = IDEM_OUT_TOO_LARGE;
-        req_problem_flags(req, 413, "request-too-large",
-                          "the request body is larger than max_request_bytes", 0, IDEM_OS_CLOSE);
+        req->outcome = too_large ? IDEM_OUT_TOO_LARGE : IDEM_OUT_OVERLOADED;
+        if (too_large)
+            req_problem_flags(req, 413, "request-too-large",
+                              "the request body is larger than max_request_bytes", 0,
+                              IDEM_OS_CLOSE);
+        else
+            req_problem_flags(req, 503, "overloaded", "out of memory for the request body", 1,
+                              IDEM_OS_CLOSE);
         idem__req_release(req, IDEM_HOLD_CALL);
         return false;
     }

@@ -92,9 +92,16 @@ void idem__req_give_token_back(idem_req_t *req)
 static void on_token_used(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    if (job->batch_err != IDEM_OK) {
-        idem__log(req->w->gw, "error", "store: %s", idem_strerror(job->batch_err));
-        idem__req_store_error(req, job->batch_err);
+    /* A spend the store refused (the batch, or this op alone: out of
+     * memory, down) is a store error, not an invalid token; "unknown",
+     * "exists" and "fence" are the spend's own answers (op.token). */
+    idem_err_t err = job->batch_err;
+    if (err == IDEM_OK && job->op.err != IDEM_OK && job->op.err != IDEM_E_NOTFOUND &&
+        job->op.err != IDEM_E_EXISTS && job->op.err != IDEM_E_FENCE)
+        err = job->op.err;
+    if (err != IDEM_OK) {
+        idem__log(req->w->gw, "error", "store: %s", idem_strerror(err));
+        idem__req_store_error(req, err);
         return;
     }
     switch (job->op.token) {
