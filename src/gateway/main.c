@@ -472,14 +472,11 @@ int main(int argc, char **argv)
      * read the warning already. */
     if (rc == 0 && nofile_warning[0] != '\0')
         idem__log(&gw, "warn", "%s", nofile_warning);
-    idem_admin_t *admin = NULL;
-    if (rc == 0)
-        rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
-    close(listen_fd);
-    close(admin_fd);
-    if (tls_fd >= 0)
-        close(tls_fd);
     if (rc != 0) {
+        close(listen_fd);
+        close(admin_fd);
+        if (tls_fd >= 0)
+            close(tls_fd);
         for (int i = 0; i < inited; i++)
             idem__worker_cleanup(&gw.workers[i]);
         free(gw.workers);
@@ -491,6 +488,8 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail(err);
     }
+    /* The workers first, the admin thread last: once /healthz answers,
+     * every thread of idemd runs. */
     int started = 0;
     for (; started < gw.nworkers; started++) {
         int trc = idem__thread_create(&gw.workers[started].thread, "worker", idem__worker_main,
@@ -498,10 +497,18 @@ int main(int argc, char **argv)
         if (trc != 0) {
             snprintf(err, sizeof err, "cannot start worker thread %d: %s", started,
                      strerror(trc));
+            rc = -1;
             break;
         }
     }
-    if (started < gw.nworkers) {
+    idem_admin_t *admin = NULL;
+    if (rc == 0)
+        rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
+    close(listen_fd);
+    close(admin_fd);
+    if (tls_fd >= 0)
+        close(tls_fd);
+    if (rc != 0) {
         /* Stop what did start, as a shutdown would; a worker that never
          * started is not joined, only its loop closed. */
         atomic_store(&gw.stopping, true);
@@ -517,6 +524,9 @@ int main(int argc, char **argv)
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
+        if (gw.has_tls_listener)
+            idem__tls_server_cleanup(&gw.tls_server);
         idem__config_cleanup(&cfg);
         return fail(err);
     }
