@@ -491,14 +491,20 @@ static void req_start_renewing(idem_req_t *req)
     uint64_t every = (uint64_t)(req->policy->lease_ms / 3);
     if (every < 10)
         every = 10;
+    req->renewing = true;
     req_timer_start(req, on_renew_timer, every, every);
 }
 
-/* The upstream call is over: the lease needs no more renewing. */
+/* The lease needs no more renewing: the upstream failed, or its outcome is
+ * written.  (While a completion waits for the store, the lease is still
+ * renewed: a commit slower than what is left of the lease must not let
+ * another instance take the key over and run it again.) */
 static void req_stop_renewing(idem_req_t *req)
 {
-    if (req->life.state == IDEM_REQ_FORWARDING)
-        req_timer_stop(req);
+    if (!req->renewing)
+        return;
+    req->renewing = false;
+    req_timer_stop(req);
 }
 
 /* ---- the upstream's outcome ------------------------------------------------- */
@@ -610,6 +616,7 @@ static idem_err_t job_store_err(const idem_wjob_t *job)
 static void on_outcome_stored(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
+    req_stop_renewing(req); /* written, or refused: the lease's renewal ends either way */
     idem_err_t err = job_store_err(job);
     if (err != IDEM_OK && job->op.kind == IDEM_OP_COMPLETE) {
         req_complete_later(req, err);
@@ -669,7 +676,6 @@ static void req_store_outcome(idem_req_t *req, bool retained)
 {
     const idem_policy_t *p = req->policy;
     int status = req->up.resp.status;
-    req_stop_renewing(req);
     idem__req_enter(req, IDEM_REQ_RECORDING);
     int64_t now = idem_clock_now(NULL);
     if (is_release_status(p, status)) {
