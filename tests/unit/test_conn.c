@@ -2,7 +2,7 @@
  * against a handler of the test's own, over real loopback sockets.
  *
  * A listener on 127.0.0.1:0 runs on the test's own uv loop with a test
- * handler (handler.h) that records every call it gets (on_head, each body
+ * handler (handler.h) that records every call made to it (on_head, each body
  * piece, on_body_end, on_expect, on_proceed, on_gone) in one event string,
  * and answers as the request's path says: at once in on_head with
  * IDEM_OS_CLOSE, at once in on_body_end, later from a uv timer, streamed
