@@ -62,7 +62,6 @@
 #include "gateway/addrlimit.h"
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
-#include "gateway/log.h"
 #include "gateway/problem.h"
 #include "gateway/rbuf.h"
 #include "gateway/request_plan.h"
@@ -595,8 +594,12 @@ static void conn_log_tls_refusal(idem_conn_t *c, const char *reason)
         else if (ss.ss_family == AF_INET6)
             uv_ip6_name((struct sockaddr_in6 *)&ss, addr, sizeof addr);
     }
-    idem__log(l->gw, "warn", "listen_tls: handshake with %s refused: %s (%llu more not logged)",
-              addr, reason, (unsigned long long)l->tls_unlogged);
+    if (l->log != NULL) {
+        char line[400];
+        snprintf(line, sizeof line, "listen_tls: handshake with %s refused: %s (%llu more not logged)",
+                 addr, reason, (unsigned long long)l->tls_unlogged);
+        l->log(l, "warn", line);
+    }
     l->tls_log_ms = now;
     l->tls_unlogged = 0;
 }

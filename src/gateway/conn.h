@@ -65,6 +65,9 @@ struct idem_listener {
     /* Called once a connection's handles are closed and it is freed: a
      * stopping loop may end now.  May be NULL. */
     void (*on_conn_freed)(idem_listener_t *l);
+    /* Writes one line of the process's log (conn.c knows no log of its
+     * own).  May be NULL: nothing is logged. */
+    void (*log)(idem_listener_t *l, const char *level, const char *line);
     void *data;                /* the maker's (the worker, the admin) */
 };
 

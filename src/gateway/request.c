@@ -684,6 +684,7 @@ static void req_store_outcome(idem_req_t *req, bool retained)
         return;
     }
     if (req_collect_store_headers(req) != 0) {
+        req_stop_renewing(req); /* nothing will be written: the lease runs out */
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "out of memory");

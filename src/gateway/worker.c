@@ -131,6 +131,12 @@ void idem__worker_maybe_exit(idem_worker_t *w)
     /* log_check is unreferenced: it flushes until the loop ends. */
 }
 
+/* A line the connections of a listener log. */
+static void on_listener_log(idem_listener_t *l, const char *level, const char *line)
+{
+    idem__log(l->gw, level, "%s", line);
+}
+
 /* A connection of the listener is gone: a stopping loop may end now. */
 static void on_listener_conn_freed(idem_listener_t *l) { idem__worker_maybe_exit(l->data); }
 
@@ -247,6 +253,7 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     idem__listener_init(&w->tls_listener, gw, &w->loop, &w->handler, &limits);
     w->tls_listener.data = w;
     w->tls_listener.on_conn_freed = on_listener_conn_freed;
+    w->tls_listener.log = on_listener_log;
     w->tls_listener.tls = &gw->tls_server;
     w->has_tls = true;
     return idem__tcp_open_listener(&w->loop, &w->tls_listener.tcp, &w->tls_listener, tls_fd,

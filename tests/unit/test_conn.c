@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,6 +384,9 @@ static int port;
 
 static void setup(void)
 {
+    /* As idemd does (main.c): a write to a client that reset is an error
+     * the connection handles, not a signal that ends the process. */
+    signal(SIGPIPE, SIG_IGN);
     memset(&H, 0, sizeof H);
     H.expect_client = -1;
     H.lag_at_proceed = -1;
@@ -838,7 +842,9 @@ Test(conn, on_proceed_comes_once_the_queue_is_under_half_the_mark)
     size_t sent_at_wait = q->sent;
     c->reading = true;
     RUN_UNTIL(H.proceeds > 0 || H.ended > 0);
-    cr_expect_lt(H.lag_at_proceed, (long)(IDEM_STREAM_HIGH_MARK / 2 - IDEM_STREAM_HIGH_MARK / 8),
+    /* What idemd holds is under half the mark; the kernel's buffers of the
+     * two sockets (kept small here) hold the rest of what is unread. */
+    cr_expect_lt(H.lag_at_proceed, (long)(IDEM_STREAM_HIGH_MARK / 2 + 128 * 1024),
                  "on_proceed with %ld bytes not yet read (%zu sent at the wait)",
                  H.lag_at_proceed, sent_at_wait);
     RUN_UNTIL(count_resp(c, 1) == 1);

@@ -315,7 +315,7 @@ static void setup(void)
     gw.workers = &w;
     int lfd = idem__listen_socket("127.0.0.1", 0, 16, "test", err, sizeof err);
     cr_assert_geq(lfd, 0, "%s", err);
-    cr_assert_eq(idem__worker_init(&w, &gw, 0, lfd, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(idem__worker_init(&w, &gw, 0, lfd, -1, err, sizeof err), 0, "%s", err);
     close(lfd);
     cr_assert(w.inline_store, "memory: applies its jobs on the loop");
 }
