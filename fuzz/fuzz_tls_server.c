@@ -1,5 +1,5 @@
 /* fuzz/fuzz_tls_server.c - libFuzzer target for a TLS server session
- * (src/gateway/tls.c): what a client of the TLS listener can send before
+ * (src/core/tls.c): what a client of the TLS listener can send before
  * and during the handshake.
  *
  * The input is the client's bytes.  Its first byte picks the piece size
@@ -27,7 +27,7 @@
 #include <openssl/x509.h>
 
 #include "fuzz_check.h"
-#include "gateway/tls.h"
+#include "core/tls.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -25,7 +25,7 @@
 
 #include "gateway/handler.h"
 #include "gateway/list.h"
-#include "gateway/tls.h"
+#include "core/tls.h"
 #include "http/http.h"
 
 typedef struct idem_gw idem_gw_t;

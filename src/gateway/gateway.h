@@ -41,7 +41,7 @@
 #include "gateway/config.h"
 #include "gateway/metrics.h"
 #include "gateway/ratelimit.h"
-#include "gateway/tls.h"
+#include "core/tls.h"
 #include "gateway/writer.h"
 #include "idem/key.h"
 #include "idem/record.h"

@@ -33,7 +33,7 @@
 #include "gateway/gateway.h"
 #include "gateway/log.h"
 #include "gateway/thread.h"
-#include "gateway/tls.h"
+#include "core/tls.h"
 #include "gateway/worker.h"
 #include "idem/units.h"
 #include "idem/version.h"

@@ -3,7 +3,7 @@
  *
  * The owner (a client connection of the listener, a pooled upstream
  * connection) sees plaintext only, through five callbacks, and writes
- * plaintext; under a TLS transport, the session of src/gateway/tls.h sits
+ * plaintext; under a TLS transport, the session of src/core/tls.h sits
  * between the owner and the socket and the transport moves the ciphertext.
  *
  *   on_ready    the stream may be used as a peer's: for TLS, the handshake
@@ -53,7 +53,7 @@
 #include <stddef.h>
 #include <uv.h>
 
-#include "gateway/tls.h"
+#include "core/tls.h"
 
 typedef struct idem_transport idem_transport_t;
 

@@ -95,7 +95,7 @@
 #include <uv.h>
 
 #include "gateway/list.h"
-#include "gateway/tls.h"
+#include "core/tls.h"
 #include "http/http.h"
 
 /* A pooled connection idle this long is closed by us first: upstreams close

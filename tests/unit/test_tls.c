@@ -1,4 +1,4 @@
-/* tests/unit/test_tls.c - TLS sessions over memory (src/gateway/tls.c).
+/* tests/unit/test_tls.c - TLS sessions over memory (src/core/tls.c).
  *
  * A client session and a server session are driven against each other in
  * memory: shuttle() reads each side (which drives its handshake) and moves
@@ -19,7 +19,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
-#include "gateway/tls.h"
+#include "core/tls.h"
 #include "idem/alloc.h"
 
 /* ---- fixtures ----------------------------------------------------------- */

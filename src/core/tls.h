@@ -1,4 +1,4 @@
-/* src/gateway/tls.h - TLS sessions over memory, for the listener and the
+/* src/core/tls.h - TLS sessions over memory, for the listener and the
  * upstream client (SPEC section 16).
  *
  * This file knows no socket and no loop.  A session (idem_tls_t) is an
@@ -34,8 +34,8 @@
  * thread at a time.  idem_tls_server_t's functions may be called from any
  * thread.
  */
-#ifndef IDEM_GATEWAY_TLS_H
-#define IDEM_GATEWAY_TLS_H
+#ifndef IDEM_CORE_TLS_H
+#define IDEM_CORE_TLS_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -217,4 +217,4 @@ bool idem__tls_session_reused(const idem_tls_t *t);
 /** true for a session made by idem__tls_create_server. */
 bool idem__tls_is_server(const idem_tls_t *t);
 
-#endif /* IDEM_GATEWAY_TLS_H */
+#endif /* IDEM_CORE_TLS_H */

@@ -1,4 +1,4 @@
-/* src/gateway/tls.c - TLS sessions over memory BIOs (tls.h says what a
+/* src/core/tls.c - TLS sessions over memory BIOs (tls.h says what a
  * caller sees).
  *
  * A session is an SSL with two memory BIOs: `in` holds the ciphertext fed
@@ -22,7 +22,7 @@
  *
  * THREADING: tls.h.
  */
-#include "gateway/tls.h"
+#include "core/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
