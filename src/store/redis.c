@@ -102,17 +102,18 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "core/tls.h"
 #include "core/url.h"
 #include "idem/alloc.h"
 #include "idem/units.h"
 #include "store/pool.h"
+#include "store/redis_conn.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_PORT 6379
@@ -127,6 +128,7 @@
 #define PASS_MAX 512
 #define MASTER_MAX 64
 #define SENTINELS_MAX 16
+#define PATH_OPT_MAX 1024 /* ca=, cert=, key=: a file's path, percent-decoded */
 #define DB_MAX 2147483647ll
 #define EXACT_MAX ((int64_t)1 << 53) /* Lua numbers are doubles */
 #define KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
@@ -356,18 +358,26 @@ struct rcfg {
     size_t prefix_len;
     int pool;       /* most connections open at once */
     int timeout_ms; /* connect and command timeout */
+    /* rediss:// and rediss+sentinel://: TLS to every server, sentinels too */
+    int tls;
+    char ca[PATH_OPT_MAX + 1];   /* "": the system's trust store */
+    char cert[PATH_OPT_MAX + 1]; /* "": no client certificate */
+    char key[PATH_OPT_MAX + 1];
+    char sni[HOST_MAX + 1]; /* "": each server's host as the URL or the sentinels give it */
+    int no_verify;          /* verify=false */
 };
 
 /* One pooled connection. */
 struct conn {
     struct idem__pool_conn pc; /* first: the pool lends out a conn as this */
-    redisContext *c;
+    idem__rconn_t *c;
     char sha[NSCRIPTS][41];    /* the scripts as this server knows them */
 };
 
 struct redis_store {
     struct idem_store base; /* first: a redis_store is an idem_store */
     struct rcfg cfg;
+    idem_tls_ctx_t *tls; /* rediss: the client context every connection uses; or NULL */
     char where[HOST_MAX + MASTER_MAX + 32]; /* "host:port" or "master NAME", for messages */
     idem__pool_t pool;   /* the connections and the outage state (pool.c) */
     /* sweep position */
@@ -388,38 +398,6 @@ static void say(char *buf, size_t len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, len, fmt, ap);
     va_end(ap);
-}
-
-/* ---- SIGPIPE ---------------------------------------------------------------- */
-
-struct nopipe {
-    sigset_t old;
-    int was_pending; /* a SIGPIPE was pending before: not ours to discard */
-};
-
-static void nopipe_begin(struct nopipe *g)
-{
-    sigset_t set, pend;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    sigemptyset(&pend);
-    sigpending(&pend);
-    g->was_pending = sigismember(&pend, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, &set, &g->old);
-}
-
-static void nopipe_end(struct nopipe *g)
-{
-    sigset_t set, pend;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    sigemptyset(&pend);
-    if (!g->was_pending && sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
-        struct timespec zero = {0, 0};
-        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
-            ;
-    }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
 /* ---- the URL ---------------------------------------------------------------- */
@@ -500,12 +478,102 @@ static int parse_db(const char *s, size_t len, struct rcfg *cfg, char *errbuf, s
     return 0;
 }
 
+/* A TLS parameter (ca, cert, key, sni, verify) of p into cfg.  1 when p
+ * is one, 0 when it is another, -1 on an error (said). */
+static int parse_tls_opt(const idem__url_param_t *p, struct rcfg *cfg, char *errbuf,
+                         size_t errlen)
+{
+    static const char *const names[] = {"ca", "cert", "key", "sni", "verify"};
+    int which = -1;
+    for (int i = 0; i < 5; i++)
+        if (p->name_len == strlen(names[i]) && memcmp(p->name, names[i], p->name_len) == 0)
+            which = i;
+    if (which < 0)
+        return 0;
+    const char *name = names[which];
+    if (!cfg->tls) {
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store option %s= is for TLS: the URL must be rediss:// (or "
+                           "rediss+sentinel://)",
+                           name);
+        return -1;
+    }
+    if (!p->has_value || p->value_len == 0) {
+        idem__store_errbuf(errbuf, errlen, "redis store option %s= is empty", name);
+        return -1;
+    }
+    char *out = which == 0 ? cfg->ca : which == 1 ? cfg->cert : which == 2 ? cfg->key : NULL;
+    size_t cap = PATH_OPT_MAX + 1;
+    char vbuf[16];
+    if (which == 3) {
+        out = cfg->sni;
+        cap = sizeof cfg->sni;
+    } else if (which == 4) {
+        out = vbuf;
+        cap = sizeof vbuf;
+    }
+    size_t n;
+    idem__url_status_t st = idem__url_decode(p->value, p->value_len, out, cap, &n);
+    if (st == IDEM__URL_E_ESCAPE || st == IDEM__URL_E_NUL) {
+        idem__store_errbuf(errbuf, errlen, "redis store option %s=: a bad percent-escape%s",
+                           name, st == IDEM__URL_E_NUL ? " (%00)" : "");
+        return -1;
+    }
+    if (st != IDEM__URL_OK && which == 4) {
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store option verify=%.20s: expected true or false",
+                           p->value);
+        return -1;
+    }
+    if (st != IDEM__URL_OK) {
+        idem__store_errbuf(errbuf, errlen, "redis store option %s= is longer than %zu bytes",
+                           name, cap - 1);
+        return -1;
+    }
+    if (which == 3) {
+        for (size_t i = 0; i < n; i++) {
+            unsigned char ch = (unsigned char)out[i];
+            if (ch <= ' ' || ch > '~' || ch == '/' || ch == '@') {
+                idem__store_errbuf(errbuf, errlen,
+                                   "redis store option sni=%s: not a host name or address", out);
+                return -1;
+            }
+        }
+    } else if (which == 4) {
+        if (strcmp(vbuf, "true") == 0 || strcmp(vbuf, "1") == 0 || strcmp(vbuf, "yes") == 0) {
+            cfg->no_verify = 0;
+        } else if (strcmp(vbuf, "false") == 0 || strcmp(vbuf, "0") == 0 ||
+                   strcmp(vbuf, "no") == 0) {
+            cfg->no_verify = 1;
+        } else {
+            idem__store_errbuf(errbuf, errlen,
+                               "redis store option verify=%s: expected true or false", vbuf);
+            return -1;
+        }
+    }
+    return 1;
+}
+
 static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t errlen)
 {
     char name[IDEM_STORE_OPT_MAX + 1], value[IDEM_STORE_OPT_MAX + 1];
     int r;
 
-    while ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) > 0) {
+    for (;;) {
+        /* The TLS parameters hold paths: longer than the others, and
+         * percent-decoded. */
+        const char *at = query;
+        idem__url_param_t tp;
+        if (query != NULL && idem__url_next_param(&query, NULL, &tp)) {
+            int t = parse_tls_opt(&tp, cfg, errbuf, errlen);
+            if (t < 0)
+                return -1;
+            if (t > 0)
+                continue;
+        }
+        query = at;
+        if ((r = idem__store_next_opt(&query, name, value, errbuf, errlen)) <= 0)
+            break;
         if (strcmp(name, "prefix") == 0) {
             size_t len = strlen(value);
             for (size_t i = 0; i < len; i++) {
@@ -546,23 +614,35 @@ static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t 
         } else {
             idem__store_errbuf(errbuf, errlen,
                                "unknown option \"%s\" for store redis (known: prefix, pool, "
-                               "timeout)",
-                               name);
+                               "timeout%s)",
+                               name, cfg->tls ? ", ca, cert, key, sni, verify" : "");
             return -1;
         }
     }
-    return r < 0 ? -1 : 0;
+    if (r < 0)
+        return -1;
+    if (!cfg->cert[0] != !cfg->key[0]) {
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store option %s= needs %s= too (a client certificate and its "
+                           "key go together)",
+                           cfg->cert[0] ? "cert" : "key", cfg->cert[0] ? "key" : "cert");
+        return -1;
+    }
+    return 0;
 }
 
-/* rest: what follows "redis:" or "redis+sentinel:". */
-static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *errbuf,
+/* rest: what follows "redis:", "redis+sentinel:", "rediss:" or
+ * "rediss+sentinel:". */
+static int parse_url(const char *rest, int sentinel, int tls, struct rcfg *cfg, char *errbuf,
                      size_t errlen)
 {
-    const char *scheme = sentinel ? "redis+sentinel" : "redis";
+    const char *scheme = tls ? (sentinel ? "rediss+sentinel" : "rediss")
+                             : (sentinel ? "redis+sentinel" : "redis");
     idem__url_t u;
 
     memset(cfg, 0, sizeof *cfg);
     cfg->sentinel = sentinel;
+    cfg->tls = tls;
     memcpy(cfg->prefix, DEFAULT_PREFIX, sizeof DEFAULT_PREFIX);
     cfg->prefix_len = sizeof DEFAULT_PREFIX - 1;
     cfg->pool = DEFAULT_POOL;
@@ -608,11 +688,13 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
         const char *comma = memchr(h, ',', (size_t)(end - h));
         const char *stop = comma ? comma : end;
         if (cfg->nep == (sentinel ? SENTINELS_MAX : 1)) {
-            idem__store_errbuf(errbuf, errlen,
-                               sentinel ? "store URL %s: more than %d sentinels"
-                                        : "store URL %s: one host only (%d); use "
-                                          "redis+sentinel:// for several",
-                               scheme, sentinel ? SENTINELS_MAX : 1);
+            if (sentinel)
+                idem__store_errbuf(errbuf, errlen, "store URL %s: more than %d sentinels",
+                                   scheme, SENTINELS_MAX);
+            else
+                idem__store_errbuf(errbuf, errlen,
+                                   "store URL %s: one host only; use %s+sentinel:// for several",
+                                   scheme, scheme);
             return -1;
         }
         if (parse_endpoint(h, (size_t)(stop - h), sentinel ? DEFAULT_SENTINEL_PORT : DEFAULT_PORT,
@@ -671,69 +753,56 @@ static int parse_url(const char *rest, int sentinel, struct rcfg *cfg, char *err
 
 /* ---- connections ------------------------------------------------------------ */
 
-static void errtext_io(char *err, size_t errlen, const char *who, const redisContext *c,
+static void errtext_io(char *err, size_t errlen, const char *who, const idem__rconn_t *c,
                        int timeout_ms)
 {
-    if (strstr(c->errstr, "temporarily unavailable") != NULL ||
-        strstr(c->errstr, "timed out") != NULL)
+    const char *why = idem__rconn_errstr(c);
+    if (idem__rconn_err(c) == IDEM__RCONN_E_TIMEOUT)
         say(err, errlen, "%s: no answer within %d ms", who, timeout_ms);
     else
-        say(err, errlen, "%s: %s", who, c->errstr[0] ? c->errstr : "connection lost");
+        say(err, errlen, "%s: %s", who, why[0] ? why : "connection lost");
 }
 
-static redisContext *connect_to(const struct endpoint *ep, int timeout_ms, char *err,
-                                size_t errlen)
+/* Connect to ep (plain, or TLS under s's context): the connection, or NULL
+ * with err set to one line that names ep. */
+static idem__rconn_t *connect_to(const struct redis_store *s, const struct endpoint *ep,
+                                 char *err, size_t errlen)
 {
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     char who[HOST_MAX + 16];
     say(who, sizeof who, "%s:%d", ep->host, ep->port);
-    redisContext *c = redisConnectWithTimeout(ep->host, ep->port, tv);
+    idem__rconn_cfg_t rc = {
+        .host = ep->host,
+        .port = ep->port,
+        .timeout_ms = s->cfg.timeout_ms,
+        .tls = s->tls,
+        .server_name = s->cfg.sni,
+    };
+    idem__rconn_t *c = idem__rconn_connect(&rc);
     if (c == NULL) {
         say(err, errlen, "%s: out of memory", who);
         return NULL;
     }
-    if (!c->err && idem__store_io_fault()) {
-        c->err = REDIS_ERR_IO; /* fault injection: a refused connect */
-        say(c->errstr, sizeof c->errstr, "Connection refused (injected fault)");
-    }
-    if (c->err) {
-        errtext_io(err, errlen, who, c, timeout_ms);
-        redisFree(c);
+    if (idem__rconn_err(c)) {
+        errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
+        idem__rconn_free(c);
         return NULL;
     }
-    if (redisSetTimeout(c, tv) != REDIS_OK) {
-        say(err, errlen, "%s: cannot set the timeout: %s", who, c->errstr);
-        redisFree(c);
-        return NULL;
-    }
-    redisEnableKeepAlive(c);
     return c;
 }
 
-/* redisGetReply.  Under fault injection (store_impl.h) the connection is
- * lost just after the reply arrived: the server did what it was asked and
- * the caller never learns the answer, the hardest case for a caller. */
-static int get_reply(redisContext *c, redisReply **out)
+/* The next reply (redis_conn.c counts it as a store I/O for fault
+ * injection).  0, or -1 with the connection failed. */
+static int get_reply(idem__rconn_t *c, redisReply **out)
 {
-    void *r = NULL;
-    int rc = redisGetReply(c, &r);
-    if (rc == REDIS_OK && idem__store_io_fault()) {
-        freeReplyObject(r);
-        r = NULL;
-        c->err = REDIS_ERR_EOF;
-        say(c->errstr, sizeof c->errstr, "Server closed the connection (injected fault)");
-        rc = REDIS_ERR;
-    }
-    *out = r;
-    return rc;
+    return idem__rconn_get_reply(c, out);
 }
 
-/* One command, its reply; NULL on a connection error (c->err says why).
- * What redisCommandArgv does on a blocking context, with get_reply. */
-static redisReply *command(redisContext *c, int argc, const char **argv, const size_t *len)
+/* One command, its reply; NULL on a connection error (idem__rconn_errstr
+ * says why). */
+static redisReply *command(idem__rconn_t *c, int argc, const char **argv, const size_t *len)
 {
     redisReply *r = NULL;
-    if (redisAppendCommandArgv(c, argc, argv, len) != REDIS_OK || get_reply(c, &r) != REDIS_OK)
+    if (idem__rconn_append(c, argc, argv, len) != 0 || get_reply(c, &r) != 0)
         return NULL;
     return r;
 }
@@ -750,7 +819,7 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
     char last[200] = "no sentinel answered";
 
     for (int i = 0; i < cfg->nep; i++) {
-        redisContext *c = connect_to(&cfg->ep[i], cfg->timeout_ms, last, sizeof last);
+        idem__rconn_t *c = connect_to(s, &cfg->ep[i], last, sizeof last);
         if (c == NULL)
             continue;
         const char *argv[] = {"SENTINEL", "get-master-addr-by-name", cfg->master};
@@ -770,7 +839,7 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
                 master->host[r->element[0]->len] = '\0';
                 master->port = port;
                 freeReplyObject(r);
-                redisFree(c);
+                idem__rconn_free(c);
                 return 0;
             }
             say(last, sizeof last, "sentinel %s:%d gave a bad port", cfg->ep[i].host,
@@ -786,7 +855,7 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
                      cfg->ep[i].host, cfg->ep[i].port);
         }
         freeReplyObject(r);
-        redisFree(c);
+        idem__rconn_free(c);
     }
     say(err, errlen, "no sentinel gave the address of master %s (%s)", cfg->master, last);
     return -1;
@@ -795,16 +864,16 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
 /* Load every script on c, pipelined; the SHAs go to k. */
 static int load_scripts(struct conn *k, char *err, size_t errlen, int timeout_ms)
 {
-    redisContext *c = k->c;
+    idem__rconn_t *c = k->c;
     for (int i = 0; i < NSCRIPTS; i++) {
         const char *argv[] = {"SCRIPT", "LOAD", script_text[i]};
         size_t len[] = {6, 4, strlen(script_text[i])};
-        redisAppendCommandArgv(c, 3, argv, len);
+        idem__rconn_append(c, 3, argv, len);
     }
     int failed = 0;
     for (int i = 0; i < NSCRIPTS; i++) {
         redisReply *r = NULL;
-        if (get_reply(c, &r) != REDIS_OK) {
+        if (get_reply(c, &r) != 0) {
             errtext_io(err, errlen, "SCRIPT LOAD", c, timeout_ms);
             return -1;
         }
@@ -841,7 +910,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
         say(err, errlen, "out of memory");
         return IDEM_E_NOMEM;
     }
-    k->c = connect_to(ep, cfg->timeout_ms, err, errlen);
+    k->c = connect_to(s, ep, err, errlen);
     if (k->c == NULL) {
         idem_free(k);
         return IDEM_E_STORE_DOWN;
@@ -855,27 +924,27 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
         const char *argv[] = {"AUTH", cfg->user, cfg->pass};
         size_t len[] = {4, strlen(cfg->user), strlen(cfg->pass)};
         if (cfg->user[0] == '\0')
-            redisAppendCommandArgv(k->c, 2, (const char *[]){"AUTH", cfg->pass},
+            idem__rconn_append(k->c, 2, (const char *[]){"AUTH", cfg->pass},
                                    (const size_t[]){4, len[2]});
         else
-            redisAppendCommandArgv(k->c, 3, argv, len);
+            idem__rconn_append(k->c, 3, argv, len);
         sent[nsent++] = C_AUTH;
     }
     if (cfg->db != 0) {
         char db[24];
         int dl = snprintf(db, sizeof db, "%lld", cfg->db);
-        redisAppendCommandArgv(k->c, 2, (const char *[]){"SELECT", db},
+        idem__rconn_append(k->c, 2, (const char *[]){"SELECT", db},
                                (const size_t[]){6, (size_t)dl});
         sent[nsent++] = C_SELECT;
     }
     if (cfg->sentinel) {
-        redisAppendCommandArgv(k->c, 1, (const char *[]){"ROLE"}, (const size_t[]){4});
+        idem__rconn_append(k->c, 1, (const char *[]){"ROLE"}, (const size_t[]){4});
         sent[nsent++] = C_ROLE;
     }
     int bad = 0;
     for (int i = 0; i < nsent; i++) {
         redisReply *r = NULL;
-        if (get_reply(k->c, &r) != REDIS_OK) {
+        if (get_reply(k->c, &r) != 0) {
             errtext_io(err, errlen, who, k->c, cfg->timeout_ms);
             bad = 2;
             break;
@@ -902,7 +971,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
         bad = 1;
     }
     if (bad) {
-        redisFree(k->c);
+        idem__rconn_free(k->c);
         idem_free(k);
         return IDEM_E_STORE_DOWN;
     }
@@ -913,7 +982,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
 static void conn_free(struct conn *k)
 {
     if (k != NULL) {
-        redisFree(k->c);
+        idem__rconn_free(k->c);
         idem_free(k);
     }
 }
@@ -922,10 +991,7 @@ static void conn_free(struct conn *k)
  * something nobody asked for. */
 static int conn_dead(const struct conn *k)
 {
-    if (k->c->err)
-        return 1;
-    struct pollfd p = {.fd = k->c->fd, .events = POLLIN};
-    return poll(&p, 1, 0) != 0;
+    return !idem__rconn_idle_ok(k->c);
 }
 
 /* The pool's callbacks (pool.h). */
@@ -1127,9 +1193,9 @@ static idem_err_t append_op(struct redis_store *s, struct conn *k, const idem_op
         break;
     }
 #undef ARG_NUM
-    int rc = redisAppendCommandArgv(k->c, argc, argv, len);
+    int rc = idem__rconn_append(k->c, argc, argv, len);
     idem_free(rec);
-    return rc == REDIS_OK ? IDEM_OK : IDEM_E_NOMEM;
+    return rc == 0 ? IDEM_OK : IDEM_E_NOMEM;
 }
 
 /* A decimal integer reply element (bulk string), strictly. */
@@ -1275,13 +1341,13 @@ struct round {
 static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *ops, size_t n,
                             uint8_t *mark, struct round *out)
 {
-    redisContext *c = k->c;
+    idem__rconn_t *c = k->c;
     redisReply *r = NULL;
     size_t sent = 0;
     char qerr[160] = "";
 
     memset(out, 0, sizeof *out);
-    redisAppendCommandArgv(c, 1, (const char *[]){"MULTI"}, (const size_t[]){5});
+    idem__rconn_append(c, 1, (const char *[]){"MULTI"}, (const size_t[]){5});
     for (size_t i = 0; i < n; i++) {
         if (!MARKED(mark, i))
             continue;
@@ -1295,16 +1361,16 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
         }
         sent++;
     }
-    redisAppendCommandArgv(c, 1, (const char *[]){"EXEC"}, (const size_t[]){4});
+    idem__rconn_append(c, 1, (const char *[]){"EXEC"}, (const size_t[]){4});
 
     for (size_t i = 0; i < sent + 1; i++) { /* +OK, then +QUEUED or an error per op */
-        if (get_reply(c, &r) != REDIS_OK)
+        if (get_reply(c, &r) != 0)
             goto lost;
         if (reply_is(r, REDIS_REPLY_ERROR) && qerr[0] == '\0')
             say(qerr, sizeof qerr, "%s", r->str);
         freeReplyObject(r);
     }
-    if (get_reply(c, &r) != REDIS_OK)
+    if (get_reply(c, &r) != 0)
         goto lost;
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != sent) {
         idem_err_t err = IDEM_E_STORE_DOWN;
@@ -1355,7 +1421,6 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
     struct redis_store *s = (struct redis_store *)base;
     uint8_t mark[(IDEM_STORE_BATCH_MAX + 7) / 8];
     size_t todo = 0;
-    struct nopipe g;
     struct conn *k;
 
     memset(mark, 0, (n + 7) / 8);
@@ -1373,10 +1438,8 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
     if (todo == 0)
         return IDEM_OK;
 
-    nopipe_begin(&g);
     idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
-        nopipe_end(&g);
         return err;
     }
     struct round rd;
@@ -1414,7 +1477,6 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         break;
     }
     release(s, k, broken);
-    nopipe_end(&g);
     if (err == IDEM_OK && ran == 0 && failed > 0)
         err = first; /* nothing ran: the batch failed as a whole */
     return err;
@@ -1429,13 +1491,10 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
     char key[KEYBUF];
     const char *argv[] = {"HMGET", key, "st", "fl", "fp", "fe", "lu", "ex", "r"};
     size_t len[] = {5, make_key(s, id, key), 2, 2, 2, 2, 2, 2, 1};
-    struct nopipe g;
     struct conn *k;
 
-    nopipe_begin(&g);
     idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
-        nopipe_end(&g);
         return err == IDEM_E_NOMEM ? err : IDEM_E_STORE_DOWN;
     }
     redisReply *r = command(k->c, 9, argv, len);
@@ -1469,7 +1528,6 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
     }
     freeReplyObject(r);
     release(s, k, broken);
-    nopipe_end(&g);
     return err;
 }
 
@@ -1617,7 +1675,6 @@ static idem_err_t server_time(struct redis_store *s, struct conn *k, int64_t *ms
 static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, size_t *removed)
 {
     struct redis_store *s = (struct redis_store *)base;
-    struct nopipe g;
     struct conn *k;
     size_t visited = 0, total = 0;
     int steps = 0, broken = 0;
@@ -1627,10 +1684,8 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
         idem__store_seterr(base, "redis: times must lie within +-2^53");
         return IDEM_E_INVAL;
     }
-    nopipe_begin(&g);
     idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
-        nopipe_end(&g);
         return err;
     }
     /* Native expiry: Redis deletes a record at its PEXPIREAT by its own
@@ -1642,7 +1697,6 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
     err = server_time(s, k, &server_ms, &broken);
     if (err != IDEM_OK || (server_ms >= 0 && now_ms <= server_ms + SWEEP_NATIVE_SLACK_MS)) {
         release(s, k, broken);
-        nopipe_end(&g);
         return err;
     }
     pthread_mutex_lock(&s->sweep_lock);
@@ -1677,7 +1731,6 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
     }
     pthread_mutex_unlock(&s->sweep_lock);
     release(s, k, broken);
-    nopipe_end(&g);
     *removed = total;
     return err;
 }
@@ -1685,13 +1738,10 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
 static idem_err_t redis_ping(idem_store_t *base)
 {
     struct redis_store *s = (struct redis_store *)base;
-    struct nopipe g;
     struct conn *k;
 
-    nopipe_begin(&g);
     idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
-        nopipe_end(&g);
         return IDEM_E_STORE_DOWN;
     }
     redisReply *r = command(k->c, 1, (const char *[]){"PING"}, (const size_t[]){4});
@@ -1711,7 +1761,6 @@ static idem_err_t redis_ping(idem_store_t *base)
     }
     freeReplyObject(r);
     release(s, k, broken);
-    nopipe_end(&g);
     return err;
 }
 
@@ -1723,23 +1772,71 @@ static void redis_close(idem_store_t *base)
     idem__pool_cleanup(&s->pool); /* every connection is idle when the store is closed */
     freeReplyObject(s->sweep_keys);
     pthread_mutex_destroy(&s->sweep_lock);
+    idem__tls_ctx_unref(s->tls);
     idem_free(s);
 }
 
-static idem_err_t open_common(const char *rest, int sentinel, idem_store_t **out, char *errbuf,
+/* The TLS context of a rediss URL, its files read now.  On failure, one
+ * line naming the parameter ("redis store option ca=/x.pem: No such file
+ * or directory"): core/tls.c names the fields as "R.ca_file: ", which
+ * becomes the parameter here. */
+static idem_err_t tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
                               size_t errlen)
 {
-    struct rcfg cfg;
+    static const char *const none[] = {NULL}; /* Redis speaks no ALPN */
+    idem_tls_client_opts_t o = {
+        .name = "R",
+        .ca_file = cfg->ca[0] ? cfg->ca : NULL,
+        .cert_file = cfg->cert[0] ? cfg->cert : NULL,
+        .key_file = cfg->key[0] ? cfg->key : NULL,
+        .no_verify = cfg->no_verify != 0,
+        .alpn = none,
+    };
+    char why[PATH_OPT_MAX + 256];
+    if (idem__tls_client_ctx_create(&o, out, why, sizeof why) == 0)
+        return IDEM_OK;
+    static const struct {
+        const char *field, *param;
+    } map[] = {{"R.ca_file: ", "ca="}, {"R.cert_file: ", "cert="}, {"R.key_file: ", "key="}};
+    for (size_t i = 0; i < 3; i++) {
+        size_t fl = strlen(map[i].field);
+        if (strncmp(why, map[i].field, fl) == 0) {
+            idem__store_errbuf(errbuf, errlen, "redis store option %s%s", map[i].param,
+                               why + fl);
+            return IDEM_E_INVAL;
+        }
+    }
+    idem__store_errbuf(errbuf, errlen, "redis store (TLS): %s",
+                       strncmp(why, "R: ", 3) == 0 ? why + 3 : why);
+    return strstr(why, "out of memory") != NULL ? IDEM_E_NOMEM : IDEM_E_INVAL;
+}
 
-    if (parse_url(rest, sentinel, &cfg, errbuf, errlen) != 0)
+static idem_err_t open_common(const char *rest, int sentinel, int tls, idem_store_t **out,
+                              char *errbuf, size_t errlen)
+{
+    struct rcfg cfg;
+    idem_tls_ctx_t *ctx = NULL;
+
+    if (parse_url(rest, sentinel, tls, &cfg, errbuf, errlen) != 0)
         return IDEM_E_INVAL;
-    if (out == NULL)
-        return IDEM_OK; /* idem_store_check_url: the URL is good */
+    if (tls) {
+        idem_err_t terr = tls_context(&cfg, &ctx, errbuf, errlen);
+        if (terr != IDEM_OK)
+            return terr;
+    }
+    if (out == NULL) {
+        idem__tls_ctx_unref(ctx);
+        return IDEM_OK; /* idem_store_check_url: the URL and its files are good */
+    }
 
     struct redis_store *s = idem_calloc(1, sizeof *s);
-    if (s == NULL)
+    if (s == NULL) {
+        idem__tls_ctx_unref(ctx);
         return IDEM_E_NOMEM;
-    s->base.ops = sentinel ? &idem__store_redis_sentinel_ops : &idem__store_redis_ops;
+    }
+    s->tls = ctx;
+    s->base.ops = tls ? (sentinel ? &idem__store_rediss_sentinel_ops : &idem__store_rediss_ops)
+                      : (sentinel ? &idem__store_redis_sentinel_ops : &idem__store_redis_ops);
     s->base.exec_is_cheap = false;
     s->cfg = cfg;
     if (sentinel)
@@ -1761,20 +1858,18 @@ static idem_err_t open_common(const char *rest, int sentinel, idem_store_t **out
     idem__pool_cfg_t pc = {.ops = &pool_ops, .ctx = s, .max = cfg.pool,
                            .wait_ms = cfg.timeout_ms};
     if (idem__pool_init(&s->pool, &pc) != IDEM_OK) {
+        idem__tls_ctx_unref(s->tls);
         idem_free(s);
         return IDEM_E_NOMEM;
     }
     pthread_mutex_init(&s->sweep_lock, NULL);
 
     /* One connection now, so a wrong address or password fails the open. */
-    struct nopipe g;
     struct conn *k;
     idem__pool_fail_t f;
-    nopipe_begin(&g);
     idem_err_t err = acquire(s, &k, &f);
     if (err == IDEM_OK)
         release(s, k, 0);
-    nopipe_end(&g);
     if (err != IDEM_OK) {
         idem__store_errbuf(errbuf, errlen, "redis %s: %s", s->where,
                            err == IDEM_E_STORE_DOWN && f.why[0] ? f.why : idem_strerror(err));
@@ -1787,33 +1882,35 @@ static idem_err_t open_common(const char *rest, int sentinel, idem_store_t **out
 
 static idem_err_t redis_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
 {
-    return open_common(rest, 0, out, errbuf, errlen);
+    return open_common(rest, 0, 0, out, errbuf, errlen);
 }
 
 static idem_err_t sentinel_open(const char *rest, idem_store_t **out, char *errbuf,
                                 size_t errlen)
 {
-    return open_common(rest, 1, out, errbuf, errlen);
+    return open_common(rest, 1, 0, out, errbuf, errlen);
 }
 
-const struct idem_store_ops idem__store_redis_ops = {
-    .name = "redis",
-    .scheme = "redis",
-    .open = redis_open,
-    .close = redis_close,
-    .exec = redis_exec,
-    .get = redis_get,
-    .sweep = redis_sweep,
-    .ping = redis_ping,
-};
+static idem_err_t rediss_open(const char *rest, idem_store_t **out, char *errbuf, size_t errlen)
+{
+    return open_common(rest, 0, 1, out, errbuf, errlen);
+}
 
-const struct idem_store_ops idem__store_redis_sentinel_ops = {
-    .name = "redis",
-    .scheme = "redis+sentinel",
-    .open = sentinel_open,
-    .close = redis_close,
-    .exec = redis_exec,
-    .get = redis_get,
-    .sweep = redis_sweep,
-    .ping = redis_ping,
-};
+static idem_err_t rediss_sentinel_open(const char *rest, idem_store_t **out, char *errbuf,
+                                       size_t errlen)
+{
+    return open_common(rest, 1, 1, out, errbuf, errlen);
+}
+
+#define REDIS_OPS(scheme_, open_)                                                            \
+    {                                                                                        \
+        .name = "redis", .scheme = scheme_, .open = open_, .close = redis_close,            \
+        .exec = redis_exec, .get = redis_get, .sweep = redis_sweep, .ping = redis_ping,     \
+    }
+
+const struct idem_store_ops idem__store_redis_ops = REDIS_OPS("redis", redis_open);
+const struct idem_store_ops idem__store_redis_sentinel_ops =
+    REDIS_OPS("redis+sentinel", sentinel_open);
+const struct idem_store_ops idem__store_rediss_ops = REDIS_OPS("rediss", rediss_open);
+const struct idem_store_ops idem__store_rediss_sentinel_ops =
+    REDIS_OPS("rediss+sentinel", rediss_sentinel_open);
