@@ -81,7 +81,10 @@ redisContext *fx_redis_connect(void)
 {
     char host[256];
     int port = 0, db = 0;
-    const char *base = fx_getenv("IDEM_TEST_REDIS_URL");
+    /* A rediss:// store URL: the same server's plain port, for hiredis. */
+    const char *base = fx_getenv("IDEM_TEST_REDIS_DIRECT_URL");
+    if (base == NULL)
+        base = fx_getenv("IDEM_TEST_REDIS_URL");
     if (base == NULL || sscanf(base, "redis://%255[^:/]:%d/%d", host, &port, &db) < 2)
         return NULL;
     struct timeval tv = {5, 0};

@@ -63,7 +63,9 @@ int fx_url_with(char *out, size_t len, const char *base, const char *param, cons
 
 /* A direct connection (not through the store) to the server of
  * $IDEM_TEST_REDIS_URL (redis://host:port[/db], no password), its db
- * selected, with 5 s timeouts.
+ * selected, with 5 s timeouts.  When the store URL is a rediss:// one,
+ * $IDEM_TEST_REDIS_DIRECT_URL names the same server's plain port (hiredis
+ * 0.14 has no TLS), and is used instead.
  * @return the connection (redisFree it), or NULL when the variable is unset
  *         or not of that form, or the server does not answer */
 redisContext *fx_redis_connect(void);

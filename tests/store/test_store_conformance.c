@@ -2061,6 +2061,42 @@ Test(store, redis_urls_are_checked_with_a_message)
     }
 }
 
+/* rediss:// (TLS): each refusal names its parameter; the files are read
+ * by the check too.  tests/blackbox/test_redis_tls.py talks to servers. */
+Test(store, rediss_urls_are_checked_with_a_message)
+{
+    expect_bad_url_saying("redis://h?ca=/etc/ssl/certs/ca-certificates.crt", "rediss://");
+    expect_bad_url_saying("redis+sentinel://h/m?verify=false", "rediss://");
+    expect_bad_url_saying("rediss://h?verify=maybe", "verify=maybe");
+    expect_bad_url_saying("rediss://h?verify=", "verify=");
+    expect_bad_url_saying("rediss://h?ca=", "ca=");
+    expect_bad_url_saying("rediss://h?cert=/x.pem", "key=");
+    expect_bad_url_saying("rediss://h?key=/x.key", "cert=");
+    expect_bad_url_saying("rediss://h?sni=a%20b", "sni=");
+    expect_bad_url_saying("rediss://h?ca=/no/such/ca.pem", "ca=/no/such/ca.pem: No such file");
+    expect_bad_url_saying("rediss://h?ca=%2Fno%20such.pem", "ca=/no such.pem");
+    expect_bad_url_saying("rediss://h?ca=%zz", "percent");
+    expect_bad_url_saying("rediss://h?cert=/no/c.pem&key=/no/k.pem", "cert=/no/c.pem");
+    expect_bad_url_saying("rediss://h?colour=red", "verify");
+    expect_bad_url_saying("rediss://a:1,b:2", "rediss+sentinel://");
+
+    char long_ca[1100] = "rediss://h?ca=/";
+    memset(long_ca + 15, 'c', 1030);
+    expect_bad_url_saying(long_ca, "ca=");
+
+    const char *good[] = {
+        "rediss://localhost:6380/0",
+        "rediss://127.0.0.1:6380?verify=false",
+        "rediss://h?sni=redis.internal&verify=true&prefix=x:&pool=2&timeout=1s",
+        "rediss+sentinel://a:1,b:2/mymaster/2?verify=0",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char err[256] = "";
+        cr_expect_eq(idem_store_check_url(good[i], err, sizeof err), IDEM_OK, "%s: %s", good[i],
+                     err);
+    }
+}
+
 /* ---- Redis servers the tests own -------------------------------------------- */
 
 #define OWN_MAX 4
