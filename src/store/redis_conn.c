@@ -88,6 +88,25 @@ static int wait_fd(idem__rconn_t *c, short events)
     }
 }
 
+/* The server closed a TLS connection while we wrote: what it said before
+ * (an alert: "certificate required", "unknown ca") is in the socket's
+ * receive queue, ahead of the reset, and is a better reason than
+ * "Connection reset by peer".  Sets the session's failure if it finds one. */
+static void salvage_alert(idem__rconn_t *c)
+{
+    char buf[IO_CHUNK], pt[256];
+    for (int i = 0; i < 16; i++) {
+        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0 || idem__tls_feed(c->tls, buf, (size_t)n) < 0)
+            break;
+    }
+    int r;
+    while ((r = idem__tls_read(c->tls, pt, sizeof pt)) > 0)
+        ;
+    if (r < 0 && r != IDEM_TLS_E_CLOSED && r != IDEM_TLS_E_TOOBIG)
+        set_err(c, IDEM__RCONN_E_TLS, "TLS: %s", idem__tls_errstr(c->tls));
+}
+
 static int send_all(idem__rconn_t *c, const char *p, size_t n)
 {
     while (n > 0) {
@@ -99,7 +118,10 @@ static int send_all(idem__rconn_t *c, const char *p, size_t n)
             if (wait_fd(c, POLLOUT) != 1)
                 return -1;
         } else if (w < 0 && errno != EINTR) {
-            set_err(c, IDEM__RCONN_E_IO, "%s", strerror(errno));
+            int e = errno;
+            if (c->tls != NULL && (e == ECONNRESET || e == EPIPE))
+                salvage_alert(c);
+            set_err(c, IDEM__RCONN_E_IO, "%s", strerror(e));
             return -1;
         }
     }
