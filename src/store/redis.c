@@ -1,4 +1,5 @@
-/* src/store/redis.c - the networked store on Redis ("redis://", "redis+sentinel://").
+/* src/store/redis.c - the networked store on Redis ("redis://", "redis+sentinel://",
+ * and over TLS "rediss://", "rediss+sentinel://").
  *
  * Many idemd instances share one Redis.  Every op of a batch is one Lua
  * script, run by EVALSHA, that reads the key's record, decides and writes in
@@ -55,11 +56,14 @@
  * Connections.  The store API is blocking and called from several threads
  * (idemd's writer doing exec, workers and the admin thread doing get and
  * ping), so the handle keeps a pool (src/store/pool.c, shared with
- * postgres.c) of at most pool= blocking hiredis connections, each with
- * connect and command timeouts (timeout=).  A new connection authenticates
+ * postgres.c) of at most pool= blocking connections of our own
+ * (src/store/redis_conn.c: a socket, hiredis's command formatter and reply
+ * reader, and under TLS a session of core/tls.h), each with connect and
+ * command timeouts (timeout=).  A new connection authenticates
  * (AUTH pass, or AUTH user pass), selects the db, and loads every script
- * (SCRIPT LOAD, pipelined); an idle connection the server has closed (poll
- * says readable: the pool's healthy callback) is dropped before use.  A
+ * (SCRIPT LOAD, pipelined); an idle connection the server has closed (or
+ * sent something unasked: the pool's healthy callback) is dropped before
+ * use.  A
  * connection that fails mid-call is dropped, and so are the idle ones
  * opened before it: the server probably restarted.  If opening a
  * connection fails, the store is "down": the next attempt is allowed only
@@ -86,10 +90,16 @@
  * answer READONLY.  The URL's user and password are the master's; the
  * sentinels are asked without AUTH.
  *
- * SIGPIPE: hiredis 0.14 writes with write(2), which raises SIGPIPE on a
- * socket the server closed.  The library must not kill its caller, so every
- * call blocks SIGPIPE in the calling thread for its duration and discards
- * one that it raised.
+ * TLS: rediss:// (and rediss+sentinel://, sentinels included) makes one
+ * client context at open from ca=, cert=, key= and verify= (core/tls.h;
+ * its file errors are turned into ones that name the URL's parameter), and
+ * every connection a session under it, checked against sni= or the host
+ * it connects to.  A certificate that fails is a connect that fails: the
+ * open fails, or the store is down, with "TLS: certificate verify failed:
+ * ..." in the reason.
+ *
+ * SIGPIPE: redis_conn.c writes with MSG_NOSIGNAL, so a server that closed
+ * the socket cannot kill the caller.
  *
  * THREADING: every op except open and close may be called from any number
  * of threads at once.  The pool's lock guards the connections and the
