@@ -16,6 +16,7 @@ only (`--port 0 --tls-port P`), on free loopback ports, no persistence:
   expired   the CA's certificate for localhost and 127.0.0.1, valid in 2020
   mutual    as good, and `--tls-auth-clients yes`: a client must present a
             certificate of the CA
+  sentinel  a Sentinel on TLS only, monitoring `good` as mymaster over TLS
 
 What is checked, each through an idemd started on the URL:
   ca= the CA, by name and by address     a keyed POST runs once, is replayed
@@ -32,6 +33,8 @@ What is checked, each through an idemd started on the URL:
   client certificates required           cert=&key= of the CA work; none, or
                                          one of another CA, is refused at
                                          start with one line
+  rediss+sentinel://                     the sentinel and the master it names
+                                         over TLS; another CA refused at start
 A store that cannot be reached at start is always exit 2 (the Redis store
 connects once in its open, before idemd listens), as for plain redis://.
 """
@@ -128,6 +131,27 @@ class TlsRedis:
         return "rediss://%s:%d/0%s" % (host, self.port, "?" + q if q else "")
 
 
+class TlsSentinel(TlsRedis):
+    """A Sentinel that speaks TLS only, to its clients and to the master it
+    monitors (`good`, as mymaster)."""
+
+    def __init__(self, topdir, certs, master):
+        super().__init__(topdir, "sentinel", certs, "server")
+        conf = os.path.join(self.dir, "sentinel.conf")
+        with open(conf, "w", encoding="ascii") as f:
+            f.write("bind %s\nport 0\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\n"
+                    "tls-ca-cert-file %s\ntls-replication yes\ntls-auth-clients no\n"
+                    "dir %s\nlogfile %s\nsentinel monitor mymaster %s %d 1\n"
+                    % (h.HOST, self.port, certs["server"], certs["server_key"], certs["ca"],
+                       self.dir, self.log, h.HOST, master.port))
+        self.argv = [REDIS, conf, "--sentinel"]
+
+    def url(self, host="localhost", **params):
+        q = "&".join("%s=%s" % (k, v) for k, v in params.items())
+        return "rediss+sentinel://%s:%d/mymaster/0%s" % (host, self.port,
+                                                          "?" + q if q else "")
+
+
 @unittest.skipUnless(REDIS and shutil.which("openssl"), "needs redis-server and openssl")
 class RedisOverTls(h.IdemTestCase):
     @classmethod
@@ -140,7 +164,8 @@ class RedisOverTls(h.IdemTestCase):
             cls.wrong = TlsRedis(cls.top, "wrong", cls.certs, "wrong_name")
             cls.expired = TlsRedis(cls.top, "expired", cls.certs, "expired")
             cls.mutual = TlsRedis(cls.top, "mutual", cls.certs, "server", mutual=True)
-            cls.servers = [cls.good, cls.wrong, cls.expired, cls.mutual]
+            cls.sentinel = TlsSentinel(cls.top, cls.certs, cls.good)
+            cls.servers = [cls.good, cls.wrong, cls.expired, cls.mutual, cls.sentinel]
             for s in cls.servers:
                 s.start()
         except BaseException:
@@ -262,6 +287,16 @@ class RedisOverTls(h.IdemTestCase):
         # redis:// speaks no TLS: the server drops what it cannot read.
         line = self.refused_at_start("redis://%s:%d/0?timeout=2s" % (h.HOST, self.good.port))
         self.assertIn(":%d" % self.good.port, line)
+
+    def test_sentinel_and_master_over_tls(self):
+        # The sentinel answers with the master's address (127.0.0.1), which
+        # the server's certificate names too.
+        self.runs_once_and_replays(self.sentinel.url(ca=self.certs["ca"]))
+
+    def test_sentinel_of_another_ca_is_refused_at_start(self):
+        line = self.refused_at_start(self.sentinel.url(ca=self.certs["other_ca"]))
+        self.assertIn("no sentinel gave the address of master mymaster", line)
+        self.assertIn(":%d: TLS: certificate verify failed: " % self.sentinel.port, line)
 
     def test_a_missing_ca_file_names_the_parameter(self):
         path = os.path.join(self.tmp, "no-such-ca.pem")
