@@ -35,6 +35,10 @@ What is checked, each through an idemd started on the URL:
                                          start with one line
   rediss+sentinel://                     the sentinel and the master it names
                                          over TLS; another CA refused at start
+  a certificate that turns bad           after start (CONFIG SET tls-cert-file,
+                                         CLIENT KILL): /readyz 503 naming it,
+                                         keyed requests 503, and ready again
+                                         once the good one is back
 A store that cannot be reached at start is always exit 2 (the Redis store
 connects once in its open, before idemd listens), as for plain redis://.
 """
@@ -43,6 +47,7 @@ import atexit
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -129,6 +134,28 @@ class TlsRedis:
         """A rediss:// URL of this server with params as its query."""
         q = "&".join("%s=%s" % (k, v) for k, v in params.items())
         return "rediss://%s:%d/0%s" % (host, self.port, "?" + q if q else "")
+
+
+def redis_tls_command(port, *args):
+    """Send one command to the TLS-only server on port (its certificate not
+    checked: the tests change it) and return its reply's first line."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection((h.HOST, port), timeout=10) as raw:
+        with ctx.wrap_socket(raw) as s:
+            cmd = b"*%d\r\n" % len(args)
+            for a in args:
+                a = a.encode() if isinstance(a, str) else a
+                cmd += b"$%d\r\n%s\r\n" % (len(a), a)
+            s.sendall(cmd)
+            buf = b""
+            while b"\r\n" not in buf:
+                got = s.recv(4096)
+                if not got:
+                    break
+                buf += got
+            return buf.split(b"\r\n", 1)[0].decode("utf-8", "replace")
 
 
 class TlsSentinel(TlsRedis):
@@ -297,6 +324,45 @@ class RedisOverTls(h.IdemTestCase):
         line = self.refused_at_start(self.sentinel.url(ca=self.certs["other_ca"]))
         self.assertIn("no sentinel gave the address of master mymaster", line)
         self.assertIn(":%d: TLS: certificate verify failed: " % self.sentinel.port, line)
+
+    def test_a_certificate_that_turns_bad_after_start_is_an_outage_with_its_reason(self):
+        srv = TlsRedis(self.tmp, "turns", self.certs, "server")
+        self.addCleanup(srv.stop)
+        srv.start()
+        up, d = self.setup_pair(store=srv.url(ca=self.certs["ca"]))
+        key = h.new_key()
+        first = d.post(key=key)
+        self.assertEqual(first.status, 200, first)
+        # The server takes the expired certificate for new connections and
+        # drops idemd's: every new connection fails verification.
+        self.assertEqual(redis_tls_command(srv.port, "CONFIG", "SET",
+                                           "tls-cert-file", self.certs["expired"],
+                                           "tls-key-file", self.certs["expired_key"]), "+OK")
+        self.assertTrue(redis_tls_command(srv.port, "CLIENT", "KILL", "TYPE", "normal")
+                        .startswith(":"))
+        seen = {}
+
+        def says_expired():
+            r = d.admin("GET", "/readyz")
+            seen["last"] = r
+            return r.status == 503 and "TLS: certificate verify failed: certificate has " \
+                                       "expired" in r.text
+
+        h.wait_until(says_expired, 30, what="/readyz naming the expired certificate")
+        detail = seen["last"].json()["detail"]
+        self.assertIn(":%d: TLS: certificate verify failed" % srv.port, detail)
+        self.assertNotIn("\n", detail)
+        # A keyed request fails closed meanwhile; nothing reaches the upstream.
+        r = d.post(key=h.new_key())
+        self.assertEqual(r.status, 503, r)
+        self.assertEqual(up.count(), 1)
+        # The good certificate back: the store recovers without a restart.
+        self.assertEqual(redis_tls_command(srv.port, "CONFIG", "SET",
+                                           "tls-cert-file", self.certs["server"],
+                                           "tls-key-file", self.certs["server_key"]), "+OK")
+        h.wait_until(lambda: d.admin("GET", "/readyz").status == 200, 30,
+                     what="/readyz ready again")
+        self.assertReplayOf(d.post(key=key), first)
 
     def test_a_missing_ca_file_names_the_parameter(self):
         path = os.path.join(self.tmp, "no-such-ca.pem")
