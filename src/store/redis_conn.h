@@ -49,7 +49,7 @@ typedef struct idem__rconn idem__rconn_t;
 typedef struct idem__rconn_cfg {
     const char *host; /* a name or an address, without IPv6 brackets */
     int port;
-    int timeout_ms;     /* >= 1 */
+    int timeout_ms;      /* >= 1 */
     idem_tls_ctx_t *tls; /* a client context: speak TLS; NULL: plain TCP */
     /* TLS: the name sent as SNI and checked against the certificate; NULL
      * or "": host (an address is checked against the IP names and sends no
