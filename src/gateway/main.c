@@ -6,9 +6,11 @@
  *
  * Start-up order: bind the public and the admin listening sockets (so an
  * address in use fails before anything is opened: no SO_REUSEPORT, so a
- * second idemd cannot share a port), open the store, start the writer
- * thread, give each worker and the admin thread a dup() of its socket,
- * start the admin thread, then the workers.  Handing each a listening
+ * second idemd cannot share a port), open the store and run its self-check
+ * (selfcheck.h: a store that does not claim, fence and delete as it must
+ * stops idemd here, exit 2), start the writer thread, give each worker and
+ * the admin thread a dup() of its socket, start the admin thread, then the
+ * workers.  Handing each a listening
  * socket, not an address, leaves room for one inherited from systemd or an
  * old process later.  SIGTERM/SIGINT reverse the start: workers stop
  * accepting and finish what is in flight (their completions go through the
@@ -32,9 +34,11 @@
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/log.h"
+#include "gateway/selfcheck.h"
 #include "gateway/thread.h"
 #include "core/tls.h"
 #include "gateway/worker.h"
+#include "idem/clock.h"
 #include "idem/units.h"
 #include "idem/version.h"
 
@@ -412,6 +416,16 @@ int main(int argc, char **argv)
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
         return fail(msg);
+    }
+    /* The store proves it claims, fences and deletes (selfcheck.h) before
+     * any thread serves: /readyz cannot answer until the admin thread starts. */
+    if (idem__selfcheck_run(gw.store, idem_clock_now(NULL), err, sizeof err) != 0) {
+        idem_store_close(gw.store);
+        close(listen_fd);
+        close(admin_fd);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
+        idem__config_cleanup(&cfg);
+        return fail(err);
     }
     if (cfg.local_cache > 0) {
         gw.cache = idem__cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
