@@ -419,7 +419,10 @@ int main(int argc, char **argv)
     }
     /* The store proves it claims, fences and deletes (selfcheck.h) before
      * any thread serves: /readyz cannot answer until the admin thread starts. */
-    if (idem__selfcheck_run(gw.store, idem_clock_now(NULL), err, sizeof err) != 0) {
+    int checked = idem__selfcheck_run(gw.store, idem_clock_now(NULL), err, sizeof err);
+    if (checked > 0)
+        idem__log(&gw, "warn", "%s", err); /* a full store: it starts as before */
+    if (checked < 0) {
         idem_store_close(gw.store);
         close(listen_fd);
         close(admin_fd);

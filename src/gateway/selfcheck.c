@@ -79,13 +79,28 @@ static int fail(struct check *c, const char *step, const char *expected, const c
     return -1;
 }
 
-/* A store error as "<words> (<the store's detail>)". */
+/* A store error as "<words> (<the store's detail>)".  A full store is not a
+ * broken one: it refuses new records until room is made, which idemd
+ * reports and rides out like any time it fills up (/readyz store-full,
+ * 503 store-unavailable), so the check stops there and says so (1). */
 static int fail_err(struct check *c, const char *step, const char *expected, idem_err_t e)
 {
     const char *detail = idem_store_errstr(c->store);
+    char why[480];
     if (detail[0] == '\0')
-        return fail(c, step, expected, "%s", idem_strerror(e));
-    return fail(c, step, expected, "%s (%.400s)", idem_strerror(e), detail);
+        snprintf(why, sizeof why, "%s", idem_strerror(e));
+    else
+        snprintf(why, sizeof why, "%s (%.400s)", idem_strerror(e), detail);
+    if (e != IDEM_E_STORE_FULL)
+        return fail(c, step, expected, "%s", why);
+    if (c->err != NULL && c->errlen > 0) {
+        snprintf(c->err, c->errlen,
+                 "store self-check not finished: %s: the store has no room for the check's "
+                 "record: %s; starting without it",
+                 step, why);
+        one_line(c->err);
+    }
+    return 1;
 }
 
 /* A record in words, into buf. */
@@ -113,7 +128,7 @@ static void claim_op(const struct check *c, idem_op_t *op)
     op->expires_at_ms = c->now + IDEM_SELFCHECK_TTL_MS;
 }
 
-/* Run one claim; 0 with *d set, or -1 with err set (step, expected). */
+/* Run one claim; 0 with *d set, else fail_err's answer. */
 static int run_claim(struct check *c, const char *step, const char *expected,
                      idem_decision_t *d)
 {
@@ -145,7 +160,8 @@ static idem_err_t run_complete(struct check *c, uint64_t fence, int status, cons
     return e != IDEM_OK ? e : op.err;
 }
 
-/* The eight steps, in order; 0 or -1 at the first that fails. */
+/* The eight steps, in order: 0, or at the first that fails -1 (or 1 when
+ * the store is full). */
 static int steps(struct check *c)
 {
     char what[160];
@@ -153,16 +169,18 @@ static int steps(struct check *c)
 
     /* 1. A fresh key is claimed with the first fence. */
     const char *want = "a claim with fence 1";
-    if (run_claim(c, "claim", want, &d) != 0)
-        return -1;
+    int rc = run_claim(c, "claim", want, &d);
+    if (rc != 0)
+        return rc;
     if (d.kind != IDEM_DECIDE_CLAIM || d.fence != 1)
         return fail(c, "claim", want, "%s with fence %llu", idem_decision_name(d.kind),
                     (unsigned long long)d.fence);
 
     /* 2. The same request again while the lease runs: the first holds it. */
     want = "in_flight with fence 1 (the first claim holds the key)";
-    if (run_claim(c, "claim again", want, &d) != 0)
-        return -1;
+    rc = run_claim(c, "claim again", want, &d);
+    if (rc != 0)
+        return rc;
     if (idem_decision_forwards(d.kind))
         return fail(c, "claim again", want,
                     "%s with fence %llu: two claims of one key both forward, the store does "
@@ -258,10 +276,11 @@ int idem__selfcheck_run(idem_store_t *store, int64_t now_ms, char *err, size_t e
         return fail(&c, "key", "random bytes for the check's key", "%s", idem_strerror(e));
     snprintf(c.id.scope, sizeof c.id.scope, "%s", IDEM_SELFCHECK_SCOPE);
     snprintf(c.id.key, sizeof c.id.key, "%ld-%s", (long)getpid(), token);
-    if (steps(&c) == 0)
+    int rc = steps(&c);
+    if (rc == 0)
         return 0;
     /* Leave nothing behind that need not be: a store that took the claim
      * and failed later may still delete it (else it expires). */
     (void)idem_store_delete(store, &c.id);
-    return -1;
+    return rc;
 }

@@ -12,7 +12,9 @@
  * so no caller can have it): claim, claim again, read, complete with a
  * stale fence, complete, read, delete, read.  The first step that does not
  * come back as a working store answers it is named in one line, and idemd
- * exits 2 (docs/stores.md, "The start-up self-check").
+ * exits 2 (docs/stores.md, "The start-up self-check").  A store that
+ * refuses the check's writes for want of room is full, not broken: idemd
+ * starts on it with a warning, as it did before the check existed.
  *
  * The key is "<pid>-<32 random hex digits>": the pid tells an operator who
  * left it (every idemd in a container may be pid 1, hence the random part),
@@ -38,12 +40,17 @@
 #define IDEM_SELFCHECK_TTL_MS 60000
 
 /** Run the self-check on store at time now_ms (idem_clock_now).
- * @param[out] err, errlen  on failure, one line (no newline, control
- *             characters replaced by spaces): "store self-check failed:
- *             <step>: expected <what>, got <what came back>[: <meaning>]".
- * @return 0 when the store did everything as a store must; -1 otherwise
- *         (err set).  The check's record is deleted either way, as far as
- *         the store lets it be. */
+ * @param[out] err, errlen  unless 0 is returned, one line (no newline,
+ *             control characters replaced by spaces): "store self-check
+ *             failed: <step>: expected <what>, got <what came back>[:
+ *             <meaning>]" for -1, "store self-check not finished: <step>:
+ *             the store has no room ...; starting without it" for 1.
+ * @return 0 when the store did everything as a store must; -1 when it did
+ *         not (idemd must not serve on it); 1 when a write was refused as
+ *         IDEM_E_STORE_FULL, so the rest could not be checked: a full store
+ *         is not a broken one, and idemd starts on it as before (a warning).
+ *         The check's record is deleted either way, as far as the store
+ *         lets it be. */
 int idem__selfcheck_run(idem_store_t *store, int64_t now_ms, char *err, size_t errlen);
 
 #endif /* IDEM_GATEWAY_SELFCHECK_H */

@@ -10,7 +10,9 @@
  * kept nothing, one whose reads see none of its writes, one whose delete
  * does nothing.  Each is refused with the
  * exact line idemd prints, and the wrapper's inner store is left empty
- * wherever the store lets the check delete its record.
+ * wherever the store lets the check delete its record.  A full store (one
+ * that refuses writes for want of room) is not refused: the check says it
+ * could not finish (1), and idemd starts with that warning.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -35,6 +37,7 @@ typedef enum breakage {
     LOSES_WRITES,  /* a claim says "claim" and writes nothing */
     NO_DELETE,     /* a delete says done and does nothing */
     EMPTY_READS,   /* reads come from somewhere that has none of the writes */
+    FULL,          /* every write refused for want of room, as Redis at maxmemory */
 } breakage_t;
 
 struct broken {
@@ -76,6 +79,10 @@ static void b_one(struct broken *b, idem_op_t *op)
 static idem_err_t b_exec(idem_store_t *s, idem_op_t *ops, size_t n)
 {
     struct broken *b = (struct broken *)s;
+    if (b->mode == FULL) {
+        idem__store_seterr(s, "OOM command not allowed when used memory > 'maxmemory'.");
+        return IDEM_E_STORE_FULL;
+    }
     if (b->mode == READONLY) {
         /* libpq and Redis may say more than one line; the check prints one */
         idem__store_seterr(s, "READONLY You can't write against a read only replica.\nagain");
@@ -239,6 +246,17 @@ Test(selfcheck, a_delete_that_does_nothing_is_refused)
                    "store self-check failed: read after delete: expected no record, got a "
                    "completed record with fence 1 and status 200: the store did not delete it",
                    1);
+}
+
+Test(selfcheck, a_full_store_is_not_checked_but_not_refused)
+{
+    idem_store_t *s = broken_store(FULL);
+    char err[1024];
+    cr_expect_eq(idem__selfcheck_run(s, T0, err, sizeof err), 1);
+    cr_expect_str_eq(err, "store self-check not finished: claim: the store has no room for the "
+                          "check's record: store full (OOM command not allowed when used memory "
+                          "> 'maxmemory'.); starting without it");
+    idem_store_close(s);
 }
 
 /* ---- out of memory ------------------------------------------------------------ */
