@@ -81,14 +81,6 @@ IDEM_EXTERN void idem_record_encode_into(const idem_record_t *rec, uint8_t *buf)
  * @return IDEM_OK, IDEM_E_CORRUPT, IDEM_E_NOMEM. */
 IDEM_EXTERN idem_err_t idem_record_decode(const uint8_t *buf, size_t len, idem_record_t *rec);
 
-/** idem_record_decode for a value whose fingerprint (bytes 10..41) was put
- * in after encoding: Redis's completion script splices the stored
- * fingerprint into a record encoded with a zero one.  The checksum is
- * verified as if those bytes were zero; the caller must check the
- * fingerprint against its own copy of it. */
-IDEM_EXTERN idem_err_t idem_record_decode_spliced(const uint8_t *buf, size_t len,
-                                                  idem_record_t *rec);
-
 /** Parse only the fixed header (no headers/body, nothing allocated); for
  * decisions that need no response.  @return IDEM_OK or IDEM_E_CORRUPT. */
 IDEM_EXTERN idem_err_t idem_record_decode_head(const uint8_t *buf, size_t len,

@@ -44,6 +44,7 @@
 
 #include "core/crc32c.h"
 #include "idem/alloc.h"
+#include "core/record_splice.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <nmmintrin.h>
@@ -423,7 +424,7 @@ idem_err_t idem_record_decode(const uint8_t *buf, size_t len, idem_record_t *rec
     return decode(buf, len, 0, rec);
 }
 
-idem_err_t idem_record_decode_spliced(const uint8_t *buf, size_t len, idem_record_t *rec)
+idem_err_t idem__record_decode_spliced(const uint8_t *buf, size_t len, idem_record_t *rec)
 {
     return decode(buf, len, 1, rec);
 }

@@ -24,7 +24,7 @@
  * with the caller's fence and a zero fingerprint, and the script splices the
  * stored fingerprint into bytes 10..41 (the record's fixed layout), so r is
  * always the exact record; its checksum (record.h, version 2) was computed
- * with the zero fingerprint, so r is decoded with idem_record_decode_spliced,
+ * with the zero fingerprint, so r is decoded with idem__record_decode_spliced,
  * which checks every other byte, and its fingerprint is compared with the
  * field fp.  Records without a response (in_progress, tokens)
  * have no r: C rebuilds them from the fields.  A get or replay whose r does
@@ -122,6 +122,7 @@
 #include "core/url.h"
 #include "idem/alloc.h"
 #include "idem/units.h"
+#include "core/record_splice.h"
 #include "store/pool.h"
 #include "store/redis_conn.h"
 #include "store/store_impl.h"
@@ -1241,7 +1242,7 @@ static idem_err_t rec_from_fields(redisReply *const *f, idem_record_t *rec)
     if (reply_is(f[6], REDIS_REPLY_STRING)) {
         /* r's fingerprint was spliced in by lua_complete: its checksum was
          * computed with a zero one, and the fp field is compared below. */
-        idem_err_t err = idem_record_decode_spliced((const uint8_t *)f[6]->str, f[6]->len, rec);
+        idem_err_t err = idem__record_decode_spliced((const uint8_t *)f[6]->str, f[6]->len, rec);
         if (err != IDEM_OK)
             return err;
         if ((int64_t)rec->state != st || (int64_t)rec->flags != fl || rec->fence != (uint64_t)fe ||

@@ -41,6 +41,7 @@
 
 #include "idem/alloc.h"
 #include "idem/store.h"
+#include "core/record_splice.h"
 #include "store/store_impl.h" /* IDEM_STORE_BATCH_MAX, IDEM_STORE_KEY_MAX */
 #include "store_fixture.h"
 
@@ -1931,7 +1932,7 @@ Test(store_redis, record_layout_and_native_ttl, .init = setup_redis, .fini = tea
     /* r is the exact record, fingerprint included: spliced in by the
      * script, so its checksum was computed with a zero fingerprint. */
     idem_record_t rec;
-    cr_assert_eq(idem_record_decode_spliced((const uint8_t *)r->element[1]->str,
+    cr_assert_eq(idem__record_decode_spliced((const uint8_t *)r->element[1]->str,
                                             r->element[1]->len, &rec), IDEM_OK);
     uint8_t fp[IDEM_FP_LEN];
     fp_fill(fp, 1);

@@ -17,6 +17,7 @@
 #include "core/crc32c.h"
 #include "idem/alloc.h"
 #include "idem/record.h"
+#include "core/record_splice.h"
 
 static const idem_header_t hdrs[] = {
     {"Content-Type", 12, "application/json", 16},
@@ -596,7 +597,7 @@ Test(record, spliced_fingerprint_is_checked_as_zero)
     memset(buf + 9, 0x5A, IDEM_FP_LEN);
 
     cr_expect_eq(dec_exact(buf, len, &out), IDEM_E_CORRUPT); /* not as encoded */
-    cr_assert_eq(idem_record_decode_spliced(buf, len, &out), IDEM_OK);
+    cr_assert_eq(idem__record_decode_spliced(buf, len, &out), IDEM_OK);
     uint8_t fp[IDEM_FP_LEN];
     memset(fp, 0x5A, IDEM_FP_LEN);
     cr_expect_eq(memcmp(out.fingerprint, fp, IDEM_FP_LEN), 0);
@@ -608,7 +609,7 @@ Test(record, spliced_fingerprint_is_checked_as_zero)
         if (i >= 9 && i < 9 + IDEM_FP_LEN)
             continue;
         buf[i] ^= 0x10;
-        cr_expect_eq(idem_record_decode_spliced(buf, len, &out), IDEM_E_CORRUPT, "byte %zu", i);
+        cr_expect_eq(idem__record_decode_spliced(buf, len, &out), IDEM_E_CORRUPT, "byte %zu", i);
         buf[i] ^= 0x10;
     }
     idem_free(buf);
