@@ -59,6 +59,8 @@ static void usage(FILE *f)
           "                      rocksdb:PATH[?sync=always|interval],\n"
           "                      redis://[user:pass@]host:port[/db][?prefix=P],\n"
           "                      redis+sentinel://host:port[,host:port]/master[/db],\n"
+          "                      rediss://... and rediss+sentinel://... (TLS: ?ca=&cert=&key=\n"
+          "                      &sni=&verify=),\n"
           "                      postgres://user@host:port/db[?table=T], or memory:\n"
           "                      (default lmdb:./idem-data)\n"
           "  --admin ADDR:PORT   admin listener: /healthz /readyz /metrics /keys (default 127.0.0.1:8081)\n"
