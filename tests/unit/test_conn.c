@@ -25,7 +25,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +38,7 @@
 #include "gateway/gateway.h"
 #include "gateway/handler.h"
 #include "idem/alloc.h"
+#include "net_fixture.h"
 
 /* ---- the test handler ------------------------------------------------------- */
 
@@ -497,9 +497,7 @@ static void pump(void)
     uv_run(&loop, UV_RUN_NOWAIT);
     for (int i = 0; i < n_clients; i++)
         client_recv(&clients[i]);
-    struct pollfd p = {.fd = uv_backend_fd(&loop), .events = POLLIN};
-    int t = uv_backend_timeout(&loop);
-    poll(&p, 1, t < 0 || t > 2 ? 2 : t);
+    tnet_loop_wait(&loop);
 }
 
 /* Turns of the loop for a while, for something that must not happen. */
@@ -510,14 +508,7 @@ static void pump_n(int n)
 }
 
 #define RUN_UNTIL(cond)                                                                      \
-    do {                                                                                     \
-        uint64_t until_ = uv_hrtime() + 20ull * 1000000000ull;                               \
-        while (!(cond)) {                                                                    \
-            cr_assert_lt(uv_hrtime(), until_, "hang waiting for: %s (events %s)", #cond,     \
-                         H.events);                                                          \
-            pump();                                                                          \
-        }                                                                                    \
-    } while (0)
+    TNET_RUN_UNTIL(cond, pump(), "hang waiting for: %s (events %s)", #cond, H.events)
 
 static void client_send(client_t *c, const char *s, size_t n)
 {

@@ -24,10 +24,7 @@
  */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,76 +40,27 @@
 #include "gateway/worker.h"
 #include "idem/alloc.h"
 #include "idem/store.h"
+#include "net_fixture.h"
 
 #define BIG (2u << 20)          /* the /big answer's body */
 #define CAPTURE 4096            /* max_response_bytes: /big is streamed */
 
 /* ---- the upstream ------------------------------------------------------------- */
 
-#define UP_MAX_CONNS 64
-
 static struct {
-    int lfd;
-    int port;
-    pthread_t acceptor;
-    pthread_t conns[UP_MAX_CONNS];
-    int fds[UP_MAX_CONNS];
-    atomic_int n_conns;
+    tnet_server_t net;
     atomic_int executions; /* requests executed */
-    atomic_bool stop;
 } up;
 
-static size_t up_read_request(int fd, char *buf, size_t cap)
+static void up_serve(void *ctx, int fd, int index)
 {
-    size_t len = 0;
-    char *end = NULL;
-    while (end == NULL) {
-        if (len + 1 >= cap)
-            return 0;
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n <= 0)
-            return 0;
-        len += (size_t)n;
-        buf[len] = '\0';
-        end = strstr(buf, "\r\n\r\n");
-    }
-    size_t head = (size_t)(end - buf) + 4;
-    size_t body = 0;
-    const char *cl = strcasestr(buf, "\r\nContent-Length:");
-    if (cl != NULL && cl < end)
-        body = strtoul(cl + 17, NULL, 10);
-    while (len < head + body) {
-        if (len + 1 >= cap)
-            return 0;
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n <= 0)
-            return 0;
-        len += (size_t)n;
-        buf[len] = '\0';
-    }
-    return len;
-}
-
-static bool up_write(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-static void *up_conn_main(void *arg)
-{
-    int fd = (int)(intptr_t)arg;
+    (void)ctx;
+    (void)index;
     char buf[8192];
     static char big[BIG];
     memset(big, 'q', sizeof big);
     for (;;) {
-        if (up_read_request(fd, buf, sizeof buf) == 0)
+        if (tnet_read_request(fd, buf, sizeof buf) == 0)
             break;
         atomic_fetch_add(&up.executions, 1);
         if (strncmp(buf, "POST /big", 9) == 0) {
@@ -121,74 +69,32 @@ static void *up_conn_main(void *arg)
                              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                              "Content-Length: %u\r\n\r\n",
                              BIG);
-            if (!up_write(fd, head, (size_t)n))
+            if (!tnet_write_all(fd, head, (size_t)n))
                 break;
             bool ok = true;
             for (size_t off = 0; ok && off < BIG; off += 65536)
-                ok = up_write(fd, big + off, BIG - off < 65536 ? BIG - off : 65536);
+                ok = tnet_write_all(fd, big + off, BIG - off < 65536 ? BIG - off : 65536);
             if (!ok)
                 break;
         } else {
             const char *a = "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
                             "Content-Length: 7\r\n\r\ncreated";
-            if (!up_write(fd, a, strlen(a)))
+            if (!tnet_write_all(fd, a, strlen(a)))
                 break;
         }
     }
     shutdown(fd, SHUT_RDWR);
-    return NULL;
-}
-
-static void *up_accept_main(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        int fd = accept(up.lfd, NULL, NULL);
-        if (fd < 0) {
-            if (atomic_load(&up.stop))
-                return NULL;
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            return NULL;
-        }
-        int i = atomic_fetch_add(&up.n_conns, 1);
-        if (atomic_load(&up.stop) || i >= UP_MAX_CONNS) {
-            close(fd);
-            continue;
-        }
-        up.fds[i] = fd;
-        pthread_create(&up.conns[i], NULL, up_conn_main, (void *)(intptr_t)fd);
-    }
+    close(fd);
 }
 
 static void up_start(void)
 {
     memset(&up, 0, sizeof up);
-    up.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert_geq(up.lfd, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(bind(up.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    cr_assert_eq(listen(up.lfd, 64), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(up.lfd, (struct sockaddr *)&sa, &sl);
-    up.port = ntohs(sa.sin_port);
-    pthread_create(&up.acceptor, NULL, up_accept_main, NULL);
+    tnet_server_start(&up.net, up_serve, NULL);
 }
 
 /* Once idemd's side of every connection is closed. */
-static void up_stop(void)
-{
-    atomic_store(&up.stop, true);
-    shutdown(up.lfd, SHUT_RDWR);
-    pthread_join(up.acceptor, NULL);
-    close(up.lfd);
-    int n = atomic_load(&up.n_conns);
-    for (int i = 0; i < n && i < UP_MAX_CONNS; i++) {
-        pthread_join(up.conns[i], NULL);
-        close(up.fds[i]);
-    }
-}
+static void up_stop(void) { tnet_server_stop(&up.net); }
 
 /* ---- the test output ----------------------------------------------------------- */
 
@@ -307,9 +213,9 @@ static void setup(void)
     cr_assert_eq(idem_store_open("memory:", &gw.store, err, sizeof err), IDEM_OK, "%s", err);
     struct sockaddr_in *sa = (struct sockaddr_in *)&gw.upstream_addr;
     sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)up.port);
+    sa->sin_port = htons((uint16_t)up.net.port);
     sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    snprintf(gw.upstream_hostport, sizeof gw.upstream_hostport, "127.0.0.1:%d", up.port);
+    snprintf(gw.upstream_hostport, sizeof gw.upstream_hostport, "127.0.0.1:%d", up.net.port);
     snprintf(gw.upstream_host, sizeof gw.upstream_host, "127.0.0.1");
     gw.nworkers = 1;
     gw.workers = &w;
@@ -378,9 +284,7 @@ static void pump(void)
         cur.o->proceeds++;
         w.handler.ops->on_proceed(cur.r);
     }
-    struct pollfd p = {.fd = uv_backend_fd(&w.loop), .events = POLLIN};
-    int t = uv_backend_timeout(&w.loop);
-    poll(&p, 1, t < 0 || t > 2 ? 2 : t);
+    tnet_loop_wait(&w.loop);
 }
 
 static void pump_n(int n)
@@ -393,19 +297,12 @@ static long sweep_n;
 static bool no_requests(void);
 static const char *req_dump(void);
 #define RUN_UNTIL(cond)                                                                  \
-    do {                                                                                 \
-        uint64_t until_ = uv_hrtime() + 20ull * 1000000000ull;                           \
-        while (!(cond)) {                                                                \
-            cr_assert_lt(uv_hrtime(), until_,                                            \
-                         "hang waiting for: %s (sweep n=%ld; requests %s; output: %d "   \
-                         "starts, status %d, %d finals, %d aborts, %d sends)",           \
-                         #cond, sweep_n, req_dump(),                                     \
-                         cur.o ? cur.o->starts : -1, cur.o ? cur.o->status : -1,         \
-                         cur.o ? cur.o->finals : -1, cur.o ? cur.o->aborts : -1,         \
-                         cur.o ? cur.o->sends : -1);                                     \
-            pump();                                                                      \
-        }                                                                                \
-    } while (0)
+    TNET_RUN_UNTIL(cond, pump(),                                                         \
+                   "hang waiting for: %s (sweep n=%ld; requests %s; output: %d "         \
+                   "starts, status %d, %d finals, %d aborts, %d sends)",                 \
+                   #cond, sweep_n, req_dump(), cur.o ? cur.o->starts : -1,               \
+                   cur.o ? cur.o->status : -1, cur.o ? cur.o->finals : -1,               \
+                   cur.o ? cur.o->aborts : -1, cur.o ? cur.o->sends : -1)
 
 static bool no_requests(void) { return idem_list_empty(&w.reqs); }
 

@@ -19,46 +19,16 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include "cert_fixture.h"
 #include "core/tls.h"
 #include "idem/alloc.h"
 
 /* ---- fixtures ----------------------------------------------------------- */
 
-static const char *cert(const char *name)
-{
-    static char bufs[8][512];
-    static int next;
-    const char *dir = getenv("IDEM_TEST_CERTS");
-    cr_assert(dir, "IDEM_TEST_CERTS is not set (run through meson test)");
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
-/* The lowercase hex SHA-256 of the DER of the first certificate in path. */
-static void der_sha256(const char *path, char out[65])
-{
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s", path);
-    X509 *x = PEM_read_X509(f, NULL, NULL, NULL);
-    fclose(f);
-    cr_assert(x);
-    unsigned char *der = NULL;
-    int n = i2d_X509(x, &der);
-    cr_assert(n > 0);
-    unsigned char md[32];
-    unsigned len = 0;
-    cr_assert(EVP_Digest(der, (size_t)n, md, &len, EVP_sha256(), NULL) == 1);
-    for (unsigned i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
-    OPENSSL_free(der);
-    X509_free(x);
-}
-
 static idem_tls_ctx_t *server_ctx(const char *crt, const char *key, const char *client_ca)
 {
-    idem_tls_server_opts_t o = {.cert_file = cert(crt), .key_file = cert(key),
-                                .client_ca_file = client_ca ? cert(client_ca) : NULL};
+    idem_tls_server_opts_t o = {.cert_file = tcert(crt), .key_file = tcert(key),
+                                .client_ca_file = client_ca ? tcert(client_ca) : NULL};
     idem_tls_ctx_t *c = NULL;
     char err[256];
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), 0, "%s", err);
@@ -67,8 +37,8 @@ static idem_tls_ctx_t *server_ctx(const char *crt, const char *key, const char *
 
 static idem_tls_ctx_t *client_ctx(const char *ca, const char *crt, const char *key)
 {
-    idem_tls_client_opts_t o = {.ca_file = cert(ca), .cert_file = crt ? cert(crt) : NULL,
-                                .key_file = key ? cert(key) : NULL};
+    idem_tls_client_opts_t o = {.ca_file = tcert(ca), .cert_file = crt ? tcert(crt) : NULL,
+                                .key_file = key ? tcert(key) : NULL};
     idem_tls_ctx_t *c = NULL;
     char err[256];
     cr_assert_eq(idem__tls_client_ctx_create(&o, &c, err, sizeof err), 0, "%s", err);
@@ -161,10 +131,10 @@ Test(tls, handshake_data_alpn_and_client_certificate)
     cr_assert_str_eq(idem__tls_alpn(c.t), "http/1.1");
 
     char want[65], got[65];
-    der_sha256(cert("client-a.pem"), want);
+    tcert_der_sha256(tcert("client-a.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(s.t, got));
     cr_assert_str_eq(got, want);
-    der_sha256(cert("server.pem"), want);
+    tcert_der_sha256(tcert("server.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(c.t, got));
     cr_assert_str_eq(got, want);
 
@@ -419,7 +389,7 @@ Test(tls, session_resumed_on_a_second_connection)
     cr_assert(idem__tls_session_reused(c.t), "the client resumed");
     cr_assert(idem__tls_session_reused(s.t), "the server resumed");
     char want[65], got[65];
-    der_sha256(cert("client-b.pem"), want);
+    tcert_der_sha256(tcert("client-b.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(s.t, got), "a resumed session knows its client");
     cr_assert_str_eq(got, want);
     cr_assert_eq(idem__tls_write(c.t, "again", 5), 0);
@@ -457,8 +427,8 @@ Test(tls, reload_keeps_the_old_context_on_a_bad_file)
     char crt[512], key[512];
     snprintf(crt, sizeof crt, "%s/live.pem", dir);
     snprintf(key, sizeof key, "%s/live.key", dir);
-    copy_file(cert("server.pem"), crt);
-    copy_file(cert("server.key"), key);
+    copy_file(tcert("server.pem"), crt);
+    copy_file(tcert("server.key"), key);
 
     idem_tls_server_t holder;
     idem_tls_server_opts_t o = {.cert_file = crt, .key_file = key};
@@ -481,7 +451,7 @@ Test(tls, reload_keeps_the_old_context_on_a_bad_file)
     cr_assert_eq(still, first);
     pair(&c, &s, cctx, "localhost", still, NULL);
     cr_assert_eq(c.rc, 0, "%s", idem__tls_errstr(c.t));
-    der_sha256(cert("server.pem"), want);
+    tcert_der_sha256(tcert("server.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(c.t, got));
     cr_assert_str_eq(got, want);
     unpair(&c, &s);
@@ -492,14 +462,14 @@ Test(tls, reload_keeps_the_old_context_on_a_bad_file)
     idem__tls_ctx_unref(first);
 
     /* A good new pair: new sessions get it. */
-    copy_file(cert("wrong-name.pem"), crt);
-    copy_file(cert("wrong-name.key"), key);
+    copy_file(tcert("wrong-name.pem"), crt);
+    copy_file(tcert("wrong-name.key"), key);
     cr_assert_eq(idem__tls_server_reload(&holder, err, sizeof err), 0, "%s", err);
     idem_tls_ctx_t *fresh = idem__tls_server_current(&holder);
     cr_assert_neq(fresh, first);
     pair(&c, &s, cctx, "other.invalid", fresh, NULL);
     cr_assert_eq(c.rc, 0, "%s", idem__tls_errstr(c.t));
-    der_sha256(cert("wrong-name.pem"), want);
+    tcert_der_sha256(tcert("wrong-name.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(c.t, got));
     cr_assert_str_eq(got, want);
     unpair(&c, &s);
@@ -511,7 +481,7 @@ Test(tls, reload_keeps_the_old_context_on_a_bad_file)
     s.t = old_s;
     shuttle(&c, &s);
     cr_assert_eq(c.rc, 0, "the old session still has its certificate: %s", idem__tls_errstr(c.t));
-    der_sha256(cert("server.pem"), want);
+    tcert_der_sha256(tcert("server.pem"), want);
     cr_assert(idem__tls_peer_cert_sha256_hex(c.t, got));
     cr_assert_str_eq(got, want);
     idem__tls_server_cleanup(&holder); /* sessions outlive the holder */
@@ -529,35 +499,35 @@ Test(tls, file_errors_name_the_file_and_the_reason)
 {
     idem_tls_ctx_t *c = NULL;
     char err[256];
-    idem_tls_server_opts_t o = {.cert_file = "/nonexistent/x.pem", .key_file = cert("server.key")};
+    idem_tls_server_opts_t o = {.cert_file = "/nonexistent/x.pem", .key_file = tcert("server.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert_null(c);
     cr_assert_str_eq(err, "listen_tls.cert_file: /nonexistent/x.pem: No such file or directory");
 
-    o = (idem_tls_server_opts_t){.cert_file = cert("server.pem"), .key_file = cert("client-a.key")};
+    o = (idem_tls_server_opts_t){.cert_file = tcert("server.pem"), .key_file = tcert("client-a.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "listen_tls.key_file: ") && strstr(err, "client-a.key: key does not match certificate"),
               "%s", err);
 
-    o = (idem_tls_server_opts_t){.cert_file = cert("server.key"), .key_file = cert("server.key")};
+    o = (idem_tls_server_opts_t){.cert_file = tcert("server.key"), .key_file = tcert("server.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "listen_tls.cert_file: ") && strstr(err, "server.key: no start line"), "%s",
               err);
     cr_assert_null(strchr(err, '\n'));
 
-    o = (idem_tls_server_opts_t){.cert_file = cert("server.pem"), .key_file = cert("server.pem")};
+    o = (idem_tls_server_opts_t){.cert_file = tcert("server.pem"), .key_file = tcert("server.pem")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "server.pem: no unencrypted PEM private key in it"), "%s", err);
 
-    o = (idem_tls_server_opts_t){.cert_file = cert("server.pem"), .key_file = cert("server.key"),
-                                 .client_ca_file = cert("server.key")};
+    o = (idem_tls_server_opts_t){.cert_file = tcert("server.pem"), .key_file = tcert("server.key"),
+                                 .client_ca_file = tcert("server.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "listen_tls.client_ca_file: ") && strstr(err, "server.key: "), "%s", err);
 
     idem_tls_client_opts_t co = {.name = "upstream_tls", .ca_file = "/nonexistent/ca.pem"};
     cr_assert_eq(idem__tls_client_ctx_create(&co, &c, err, sizeof err), -1);
     cr_assert_str_eq(err, "upstream_tls.ca_file: /nonexistent/ca.pem: No such file or directory");
-    co = (idem_tls_client_opts_t){.cert_file = cert("client-a.pem")};
+    co = (idem_tls_client_opts_t){.cert_file = tcert("client-a.pem")};
     cr_assert_eq(idem__tls_client_ctx_create(&co, &c, err, sizeof err), -1, "a cert without a key");
 }
 
@@ -565,7 +535,7 @@ Test(tls, alpn_without_a_common_protocol_refused)
 {
     idem_tls_ctx_t *sctx = server_ctx("server.pem", "server.key", NULL);
     const char *const h2[] = {"h2", NULL};
-    idem_tls_client_opts_t o = {.ca_file = cert("ca.pem"), .alpn = h2};
+    idem_tls_client_opts_t o = {.ca_file = tcert("ca.pem"), .alpn = h2};
     idem_tls_ctx_t *cctx = NULL;
     char err[256];
     cr_assert_eq(idem__tls_client_ctx_create(&o, &cctx, err, sizeof err), 0, "%s", err);
@@ -578,7 +548,7 @@ Test(tls, alpn_without_a_common_protocol_refused)
 
     /* A server that also accepts h2 picks it for such a client. */
     const char *const both[] = {"h2", "http/1.1", NULL};
-    idem_tls_server_opts_t so = {.cert_file = cert("server.pem"), .key_file = cert("server.key"),
+    idem_tls_server_opts_t so = {.cert_file = tcert("server.pem"), .key_file = tcert("server.key"),
                                  .alpn = both};
     cr_assert_eq(idem__tls_server_ctx_create(&so, &sctx, err, sizeof err), 0, "%s", err);
     cr_assert_eq(idem__tls_client_ctx_create(&o, &cctx, err, sizeof err), 0, "%s", err);
@@ -597,7 +567,7 @@ Test(tls, out_of_memory_is_an_error)
     cr_assert_null(idem__tls_create_server(sctx));
     idem_tls_ctx_t *c = NULL;
     char err[256];
-    idem_tls_server_opts_t o = {.cert_file = cert("server.pem"), .key_file = cert("server.key")};
+    idem_tls_server_opts_t o = {.cert_file = tcert("server.pem"), .key_file = tcert("server.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert_str_eq(err, "listen_tls: out of memory");
     idem_tls_server_t holder;

@@ -20,6 +20,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "cert_fixture.h"
 #include "gateway/transport.h"
 #include "idem/alloc.h"
 
@@ -115,8 +116,6 @@ static void w_close(peer_t *p)
 }
 
 /* ---- the callbacks ------------------------------------------------------- */
-
-static void hex_of(const char *path, char out[65]);
 
 static void on_ready(void *data)
 {
@@ -220,35 +219,6 @@ static const idem_transport_cbs_t cbs = {
 
 /* ---- set-up -------------------------------------------------------------- */
 
-static const char *cert(const char *name)
-{
-    static char bufs[4][512];
-    static int next;
-    const char *dir = getenv("IDEM_TEST_CERTS");
-    cr_assert(dir, "IDEM_TEST_CERTS is not set (run through meson test)");
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
-static void hex_of(const char *path, char out[65])
-{
-    FILE *f = fopen(path, "r");
-    cr_assert(f);
-    X509 *x = PEM_read_X509(f, NULL, NULL, NULL);
-    fclose(f);
-    cr_assert(x);
-    unsigned char *der = NULL;
-    int n = i2d_X509(x, &der);
-    unsigned char md[32];
-    unsigned len = 0;
-    cr_assert(n > 0 && EVP_Digest(der, (size_t)n, md, &len, EVP_sha256(), NULL) == 1);
-    for (unsigned i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
-    OPENSSL_free(der);
-    X509_free(x);
-}
-
 static void small_buffers(uv_handle_t *h)
 {
     int v = 32 * 1024;
@@ -340,12 +310,13 @@ static void run(size_t n, size_t pause_at)
 
 static void make_tls(const char *client_ca)
 {
-    idem_tls_server_opts_t so = {.cert_file = cert("server.pem"), .key_file = cert("server.key"),
-                                 .client_ca_file = client_ca ? cert(client_ca) : NULL};
+    idem_tls_server_opts_t so = {.cert_file = tcert("server.pem"),
+                                 .key_file = tcert("server.key"),
+                                 .client_ca_file = client_ca ? tcert(client_ca) : NULL};
     char err[256];
     cr_assert_eq(idem__tls_server_ctx_create(&so, &server_tls, err, sizeof err), 0, "%s", err);
-    idem_tls_client_opts_t co = {.ca_file = cert("ca.pem"), .cert_file = cert("client-a.pem"),
-                                 .key_file = cert("client-a.key")};
+    idem_tls_client_opts_t co = {.ca_file = tcert("ca.pem"), .cert_file = tcert("client-a.pem"),
+                                 .key_file = tcert("client-a.key")};
     cr_assert_eq(idem__tls_client_ctx_create(&co, &client_tls, err, sizeof err), 0, "%s", err);
 }
 
@@ -387,9 +358,9 @@ Test(transport, tls_echo_with_a_client_certificate, .timeout = 60)
     make_tls("ca.pem");
     run(100000, 0);
     char want[65];
-    hex_of(cert("client-a.pem"), want);
+    tcert_der_sha256(tcert("client-a.pem"), want);
     cr_assert_str_eq(srv.peer_hash, want, "the server knows the client's certificate at on_ready");
-    hex_of(cert("server.pem"), want);
+    tcert_der_sha256(tcert("server.pem"), want);
     cr_assert_str_eq(cli.peer_hash, want);
     cr_assert_str_eq(srv.alpn, "http/1.1");
     cr_assert(idem__transport_eof_clean(&cli.tr), "the server sent close_notify");
@@ -415,11 +386,11 @@ Test(transport, tls_large_write_with_backpressure, .timeout = 120)
 
 Test(transport, tls_wrong_name_sends_nothing, .timeout = 60)
 {
-    idem_tls_server_opts_t so = {.cert_file = cert("wrong-name.pem"),
-                                 .key_file = cert("wrong-name.key")};
+    idem_tls_server_opts_t so = {.cert_file = tcert("wrong-name.pem"),
+                                 .key_file = tcert("wrong-name.key")};
     char err[256];
     cr_assert_eq(idem__tls_server_ctx_create(&so, &server_tls, err, sizeof err), 0, "%s", err);
-    idem_tls_client_opts_t co = {.ca_file = cert("ca.pem")};
+    idem_tls_client_opts_t co = {.ca_file = tcert("ca.pem")};
     cr_assert_eq(idem__tls_client_ctx_create(&co, &client_tls, err, sizeof err), 0, "%s", err);
     run(1000, 0);
     cr_assert(cli.error);

@@ -23,8 +23,6 @@
  * that never answers, where a timeout is the only possible end.
  */
 #include <criterion/criterion.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,7 +36,9 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "cert_fixture.h"
 #include "gateway/upstream.h"
+#include "net_fixture.h"
 
 /* ---- the upstream -------------------------------------------------------- */
 
@@ -48,11 +48,8 @@ typedef enum {
     SRV_SILENT, /* read the request, say nothing until the client goes */
 } srv_mode_t;
 
-#define SRV_MAX_CONNS 16
-
 typedef struct {
-    int lfd;
-    int port;
+    tnet_server_t net; /* port, accepts */
     srv_mode_t mode;
     const char *answer; /* SRV_ANSWER: sent after each request */
     bool close_after;   /* SRV_ANSWER: close once it is sent */
@@ -60,60 +57,18 @@ typedef struct {
      * silence when later_silent. */
     const char *later_answer;
     bool later_silent;
-    atomic_int accepts;
     atomic_int requests;
-    pthread_t acceptor;
-    pthread_t conns[SRV_MAX_CONNS];
-    atomic_int n_conns;
     char last_request[4096]; /* the last request head and body, NUL-terminated */
     pthread_mutex_t mu;
 } srv_t;
 
-typedef struct {
-    srv_t *s;
-    int fd;
-} srv_conn_t;
-
-/* Read one request (head, then Content-Length bytes of body) from fd into
- * buf.  @return its length, or 0 at EOF or error. */
-static size_t read_request(int fd, char *buf, size_t cap)
+static void srv_serve(void *ctx, int fd, int index)
 {
-    size_t len = 0;
-    char *end = NULL;
-    while (end == NULL) {
-        if (len + 1 >= cap)
-            return 0;
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n <= 0)
-            return 0;
-        len += (size_t)n;
-        buf[len] = '\0';
-        end = strstr(buf, "\r\n\r\n");
-    }
-    size_t head = (size_t)(end - buf) + 4;
-    size_t body = 0;
-    const char *cl = strcasestr(buf, "\r\nContent-Length:");
-    if (cl != NULL && cl < end)
-        body = strtoul(cl + 17, NULL, 10);
-    while (len < head + body) {
-        if (len + 1 >= cap)
-            return 0;
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n <= 0)
-            return 0;
-        len += (size_t)n;
-        buf[len] = '\0';
-    }
-    return len;
-}
-
-static void *srv_conn_main(void *arg)
-{
-    srv_conn_t *sc = arg;
-    srv_t *s = sc->s;
+    (void)index;
+    srv_t *s = ctx;
     char buf[4096];
     for (;;) {
-        size_t n = read_request(sc->fd, buf, sizeof buf);
+        size_t n = tnet_read_request(fd, buf, sizeof buf);
         if (n == 0)
             break;
         atomic_fetch_add(&s->requests, 1);
@@ -124,43 +79,17 @@ static void *srv_conn_main(void *arg)
         if (s->mode == SRV_CLOSE)
             break;
         if (s->mode == SRV_SILENT || (later && s->later_silent)) {
-            while (read(sc->fd, buf, sizeof buf) > 0) {
+            while (read(fd, buf, sizeof buf) > 0) {
             }
             break;
         }
         const char *answer = later && s->later_answer ? s->later_answer : s->answer;
-        size_t answer_len = strlen(answer);
-        size_t off = 0;
-        while (off < answer_len) {
-            ssize_t w = write(sc->fd, answer + off, answer_len - off);
-            if (w <= 0)
-                break;
-            off += (size_t)w;
-        }
+        if (!tnet_write_all(fd, answer, strlen(answer)))
+            break;
         if (s->close_after)
             break;
     }
-    close(sc->fd);
-    free(sc);
-    return NULL;
-}
-
-static void *srv_accept_main(void *arg)
-{
-    srv_t *s = arg;
-    for (;;) {
-        int fd = accept(s->lfd, NULL, NULL);
-        if (fd < 0)
-            return NULL; /* shut down */
-        atomic_fetch_add(&s->accepts, 1);
-        int i = atomic_fetch_add(&s->n_conns, 1);
-        srv_conn_t *sc = malloc(sizeof *sc);
-        if (i >= SRV_MAX_CONNS || sc == NULL)
-            abort(); /* more connections than any test makes */
-        sc->s = s;
-        sc->fd = fd;
-        pthread_create(&s->conns[i], NULL, srv_conn_main, sc);
-    }
+    close(fd);
 }
 
 static void srv_start(srv_t *s, srv_mode_t mode, const char *answer, bool close_after)
@@ -170,25 +99,13 @@ static void srv_start(srv_t *s, srv_mode_t mode, const char *answer, bool close_
     s->mode = mode;
     s->answer = answer;
     s->close_after = close_after;
-    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(s->lfd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(listen(s->lfd, 16), 0);
-    socklen_t al = sizeof a;
-    getsockname(s->lfd, (struct sockaddr *)&a, &al);
-    s->port = ntohs(a.sin_port);
-    pthread_create(&s->acceptor, NULL, srv_accept_main, s);
+    tnet_server_start(&s->net, srv_serve, s);
 }
 
 /* After the client has closed every connection: join every thread. */
 static void srv_stop(srv_t *s)
 {
-    shutdown(s->lfd, SHUT_RDWR);
-    pthread_join(s->acceptor, NULL);
-    close(s->lfd);
-    for (int i = 0; i < atomic_load(&s->n_conns); i++)
-        pthread_join(s->conns[i], NULL);
+    tnet_server_stop(&s->net);
     pthread_mutex_destroy(&s->mu);
 }
 
@@ -327,13 +244,9 @@ static void run_until_ended(fix_t *f, rec_t *r)
  * it while the test runs) but not listening, so a connect is refused. */
 static int dead_port(int *fd_out)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t al = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &al);
-    *fd_out = fd;
-    return ntohs(a.sin_port);
+    int port;
+    *fd_out = tnet_bind_loopback(&port);
+    return port;
 }
 
 /* ---- the outcomes ------------------------------------------------------------- */
@@ -399,7 +312,7 @@ Test(upstream, success_runs_head_body_done_in_order)
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 201 Created\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
               false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, "POST /p HTTP/1.1\r\nHost: up\r\nContent-Length: 3\r\n\r\n", "abc");
@@ -428,7 +341,7 @@ Test(upstream, chunked_body_comes_whole_and_interim_answers_are_skipped)
               "3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
               false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -450,7 +363,7 @@ Test(upstream, close_delimited_body_ends_at_close)
     srv_t s;
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end", true);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -468,7 +381,7 @@ Test(upstream, close_before_an_answer_is_broken)
     srv_t s;
     srv_start(&s, SRV_CLOSE, NULL, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -485,7 +398,7 @@ Test(upstream, close_inside_a_body_is_broken)
     srv_t s;
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", true);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -509,7 +422,7 @@ Test(upstream, silence_is_a_timeout)
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false);
     s.later_silent = true;
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     f.client.timeout_ms = 100;
@@ -523,7 +436,7 @@ Test(upstream, silence_is_a_timeout)
     fix_cleanup(&f);
     srv_stop(&s);
     cr_assert_eq(atomic_load(&s.requests), 2, "the request was sent before the timeout");
-    cr_assert_eq(atomic_load(&s.accepts), 1);
+    cr_assert_eq(atomic_load(&s.net.accepts), 1);
 }
 
 Test(upstream, garbage_is_a_bad_response)
@@ -531,7 +444,7 @@ Test(upstream, garbage_is_a_bad_response)
     srv_t s;
     srv_start(&s, SRV_ANSWER, "this is not HTTP\r\n\r\n", false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -548,7 +461,7 @@ Test(upstream, switching_protocols_is_a_bad_response)
     srv_t s;
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -578,14 +491,14 @@ Test(upstream, keep_alive_connection_is_reused)
     srv_t s;
     srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     rec_t r1 = {0}, r2 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
     call_once(&f, &r2);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
     cr_assert_eq(atomic_load(&s.requests), 2);
-    cr_assert_eq(atomic_load(&s.accepts), 1, "the second call took the pooled connection");
+    cr_assert_eq(atomic_load(&s.net.accepts), 1, "the second call took the pooled connection");
     fix_cleanup(&f);
     srv_stop(&s);
 }
@@ -596,12 +509,12 @@ Test(upstream, connection_close_answer_is_not_pooled)
     srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
               true);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     rec_t r1 = {0}, r2 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 0);
     call_once(&f, &r2);
-    cr_assert_eq(atomic_load(&s.accepts), 2);
+    cr_assert_eq(atomic_load(&s.net.accepts), 2);
     fix_cleanup(&f);
     srv_stop(&s);
 }
@@ -611,12 +524,12 @@ Test(upstream, pool_keeps_at_most_idle_max)
     srv_t s;
     srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 0);
+    fix_init(&f, s.net.port, 5000, 0);
     rec_t r1 = {0}, r2 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 0);
     call_once(&f, &r2);
-    cr_assert_eq(atomic_load(&s.accepts), 2);
+    cr_assert_eq(atomic_load(&s.net.accepts), 2);
     fix_cleanup(&f);
     srv_stop(&s);
 }
@@ -626,7 +539,7 @@ Test(upstream, stopped_client_pools_nothing)
     srv_t s;
     srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     rec_t r1 = {0}, r2 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
@@ -652,7 +565,7 @@ static void paused_then_resumed(bool hold)
     srv_t s;
     srv_start(&s, SRV_ANSWER, CHUNKED_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {.pause_after = 1, .pause_hold = hold};
     start(&f, &ur, &r, GET, NULL);
@@ -703,7 +616,7 @@ Test(upstream, held_call_runs_no_timeout)
     srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
     s.later_answer = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n";
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     f.client.timeout_ms = 1000;
@@ -738,7 +651,7 @@ Test(upstream, cancel_inside_on_body_ends_the_call)
     srv_t s;
     srv_start(&s, SRV_ANSWER, CHUNKED_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {.cancel_in_body = true};
     start(&f, &ur, &r, GET, NULL);
@@ -759,7 +672,7 @@ Test(upstream, cancel_while_connecting_hears_nothing)
     srv_t s;
     srv_start(&s, SRV_ANSWER, OK_ANSWER, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -793,42 +706,21 @@ typedef enum {
 #define STOLEN "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstolen" /* 44 bytes */
 
 typedef struct {
-    int lfd;
-    int port;
+    tnet_server_t net; /* port, accepts */
     mis_mode_t mode;
     const char *first;
     const char *late;
     int go[2];   /* the test writes a byte: send late now */
     int done[2]; /* the upstream writes a byte: late is sent, or the connection closed */
     int stop[2]; /* mis_stop closes its write end */
-    atomic_int accepts;
     atomic_int requests;       /* on every connection */
     atomic_int first_requests; /* on the first connection */
-    pthread_t acceptor;
-    pthread_t conns[SRV_MAX_CONNS];
-    atomic_int n_conns;
 } mis_t;
-
-typedef struct {
-    mis_t *m;
-    int fd;
-    int index;
-} mis_conn_t;
-
-static void write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
-}
 
 static void signal_byte(int fd)
 {
-    write_all(fd, "x", 1);
+    ssize_t w = write(fd, "x", 1);
+    (void)w; /* the reader fails its wait if this is lost */
 }
 
 static void wait_byte(int fd)
@@ -842,28 +734,28 @@ static void mis_first_conn(mis_t *m, int fd)
 {
     char buf[4096];
     if (m->mode == MIS_SPEAK_FIRST) {
-        write_all(fd, m->late, strlen(m->late));
+        tnet_write_all(fd, m->late, strlen(m->late));
         signal_byte(m->done[1]);
-    } else if (read_request(fd, buf, sizeof buf) > 0) {
+    } else if (tnet_read_request(fd, buf, sizeof buf) > 0) {
         atomic_fetch_add(&m->requests, 1);
         atomic_fetch_add(&m->first_requests, 1);
-        write_all(fd, m->first, strlen(m->first));
+        tnet_write_all(fd, m->first, strlen(m->first));
         switch (m->mode) {
         case MIS_LATE_ON_GO:
             wait_byte(m->go[0]);
-            write_all(fd, m->late, strlen(m->late));
+            tnet_write_all(fd, m->late, strlen(m->late));
             signal_byte(m->done[1]);
             break;
         case MIS_LATE_ON_NEXT:
         case MIS_CLOSE_ON_NEXT:
-            if (read_request(fd, buf, sizeof buf) > 0) {
+            if (tnet_read_request(fd, buf, sizeof buf) > 0) {
                 atomic_fetch_add(&m->requests, 1);
                 atomic_fetch_add(&m->first_requests, 1);
                 if (m->mode == MIS_CLOSE_ON_NEXT) {
                     close(fd);
                     return;
                 }
-                write_all(fd, m->late, strlen(m->late));
+                tnet_write_all(fd, m->late, strlen(m->late));
             }
             break;
         case MIS_CLOSE:
@@ -875,7 +767,7 @@ static void mis_first_conn(mis_t *m, int fd)
         }
     }
     /* To the end of what the client sends (counting requests), then hold. */
-    while (read_request(fd, buf, sizeof buf) > 0) {
+    while (tnet_read_request(fd, buf, sizeof buf) > 0) {
         atomic_fetch_add(&m->requests, 1);
         atomic_fetch_add(&m->first_requests, 1);
     }
@@ -883,41 +775,19 @@ static void mis_first_conn(mis_t *m, int fd)
     close(fd);
 }
 
-static void *mis_conn_main(void *arg)
+static void mis_serve(void *ctx, int fd, int index)
 {
-    mis_conn_t *mc = arg;
-    mis_t *m = mc->m;
-    if (mc->index == 0) {
-        mis_first_conn(m, mc->fd);
-    } else {
-        char buf[4096];
-        while (read_request(mc->fd, buf, sizeof buf) > 0) {
-            atomic_fetch_add(&m->requests, 1);
-            write_all(mc->fd, FRESH_ANSWER, strlen(FRESH_ANSWER));
-        }
-        close(mc->fd);
+    mis_t *m = ctx;
+    if (index == 0) {
+        mis_first_conn(m, fd);
+        return;
     }
-    free(mc);
-    return NULL;
-}
-
-static void *mis_accept_main(void *arg)
-{
-    mis_t *m = arg;
-    for (;;) {
-        int fd = accept(m->lfd, NULL, NULL);
-        if (fd < 0)
-            return NULL;
-        atomic_fetch_add(&m->accepts, 1);
-        int i = atomic_fetch_add(&m->n_conns, 1);
-        mis_conn_t *mc = malloc(sizeof *mc);
-        if (i >= SRV_MAX_CONNS || mc == NULL)
-            abort();
-        mc->m = m;
-        mc->fd = fd;
-        mc->index = i;
-        pthread_create(&m->conns[i], NULL, mis_conn_main, mc);
+    char buf[4096];
+    while (tnet_read_request(fd, buf, sizeof buf) > 0) {
+        atomic_fetch_add(&m->requests, 1);
+        tnet_write_all(fd, FRESH_ANSWER, strlen(FRESH_ANSWER));
     }
+    close(fd);
 }
 
 static void mis_start(mis_t *m, mis_mode_t mode, const char *first, const char *late)
@@ -929,26 +799,14 @@ static void mis_start(mis_t *m, mis_mode_t mode, const char *first, const char *
     cr_assert_eq(pipe(m->go), 0);
     cr_assert_eq(pipe(m->done), 0);
     cr_assert_eq(pipe(m->stop), 0);
-    m->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(m->lfd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(m->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(listen(m->lfd, 16), 0);
-    socklen_t al = sizeof a;
-    getsockname(m->lfd, (struct sockaddr *)&a, &al);
-    m->port = ntohs(a.sin_port);
-    pthread_create(&m->acceptor, NULL, mis_accept_main, m);
+    tnet_server_start(&m->net, mis_serve, m);
 }
 
 /* After the client has closed every connection. */
 static void mis_stop(mis_t *m)
 {
     close(m->stop[1]);
-    shutdown(m->lfd, SHUT_RDWR);
-    pthread_join(m->acceptor, NULL);
-    close(m->lfd);
-    for (int i = 0; i < atomic_load(&m->n_conns); i++)
-        pthread_join(m->conns[i], NULL);
+    tnet_server_stop(&m->net);
     close(m->stop[0]);
     close(m->go[0]);
     close(m->go[1]);
@@ -990,7 +848,7 @@ static void second_call_is_answered_fresh(fix_t *f, mis_t *m, const char *head)
     cr_assert_eq(r.order[r.n - 1], 'd', "%s (why %d)", r.order, (int)r.why);
     cr_assert_eq(r.body_len, 5, "the second call got %.*s", (int)r.body_len, r.body);
     cr_assert_arr_eq(r.body, "fresh", 5);
-    cr_assert_eq(atomic_load(&m->accepts), 2, "the second call went on a new connection");
+    cr_assert_eq(atomic_load(&m->net.accepts), 2, "the second call went on a new connection");
     idem__upstream_req_cleanup(&ur);
 }
 
@@ -1002,7 +860,7 @@ static void late_bytes_waiting(const char *first, const char *late)
     mis_t m;
     mis_start(&m, MIS_LATE_ON_GO, first, late);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
@@ -1039,7 +897,7 @@ static void doubtful_framing(const char *method_head, const char *first)
     mis_t m;
     mis_start(&m, MIS_LATE_ON_NEXT, first, STOLEN);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r1 = {0};
     start(&f, &ur, &r1, method_head, NULL);
@@ -1086,7 +944,7 @@ static void reused_after(const char *method_head, const char *answer)
     srv_t s;
     srv_start(&s, SRV_ANSWER, answer, false);
     fix_t f;
-    fix_init(&f, s.port, 5000, 8);
+    fix_init(&f, s.net.port, 5000, 8);
     for (int i = 0; i < 2; i++) {
         idem_upstream_req_t ur;
         rec_t r = {0};
@@ -1096,7 +954,7 @@ static void reused_after(const char *method_head, const char *answer)
         idem__upstream_req_cleanup(&ur);
         cr_assert_eq(idem__upstream_idle_count(&f.client), 1, "%s", answer);
     }
-    cr_assert_eq(atomic_load(&s.accepts), 1, "not reused after %s", answer);
+    cr_assert_eq(atomic_load(&s.net.accepts), 1, "not reused after %s", answer);
     fix_cleanup(&f);
     srv_stop(&s);
 }
@@ -1117,7 +975,7 @@ Test(upstream_mixing, fresh_connection_that_speaks_first_sends_nothing)
     mis_t m;
     mis_start(&m, MIS_SPEAK_FIRST, NULL, STOLEN);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
@@ -1141,7 +999,7 @@ Test(upstream_unsent, pooled_connection_closed_by_the_upstream_is_not_used)
     mis_t m;
     mis_start(&m, MIS_CLOSE, OK_ANSWER, NULL);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
@@ -1161,7 +1019,7 @@ Test(upstream_unsent, write_refused_before_any_byte_is_retried_on_a_new_connecti
     mis_t m;
     mis_start(&m, MIS_HOLD, OK_ANSWER, NULL);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
@@ -1179,7 +1037,7 @@ Test(upstream_unsent, break_after_the_request_left_stays_broken)
     mis_t m;
     mis_start(&m, MIS_CLOSE_ON_NEXT, OK_ANSWER, NULL);
     fix_t f;
-    fix_init(&f, m.port, 5000, 8);
+    fix_init(&f, m.net.port, 5000, 8);
     rec_t r1 = {0};
     call_once(&f, &r1);
     idem_upstream_req_t ur;
@@ -1191,7 +1049,7 @@ Test(upstream_unsent, break_after_the_request_left_stays_broken)
     idem__upstream_req_cleanup(&ur);
     fix_cleanup(&f);
     mis_stop(&m);
-    cr_assert_eq(atomic_load(&m.accepts), 1, "the call was sent again");
+    cr_assert_eq(atomic_load(&m.net.accepts), 1, "the call was sent again");
     cr_assert_eq(atomic_load(&m.requests), 2);
 }
 
@@ -1204,10 +1062,8 @@ Test(upstream_unsent, break_after_the_request_left_stays_broken)
  * handshake delivered not one byte of the request. */
 
 typedef struct {
+    tnet_server_t net; /* port, accepts */
     SSL_CTX *ctx;
-    int lfd;
-    int port;
-    atomic_int accepts;
     atomic_int handshakes;
     atomic_int resumed;
     atomic_int requests;
@@ -1215,63 +1071,38 @@ typedef struct {
     bool shutdown_after; /* end each connection with close_notify after one answer */
     bool bare_close_after; /* end each connection with a bare FIN after one answer */
     const char *answer;    /* instead of OK_ANSWER when set */
-    pthread_t acceptor;
-    pthread_t conns[SRV_MAX_CONNS];
-    atomic_int n_conns;
 } tsrv_t;
 
 typedef struct {
     tsrv_t *s;
-    int fd;
-} tsrv_conn_t;
+    SSL *ssl;
+} tsrv_src_t;
 
-static void cert_path(char *out, size_t cap, const char *name)
+/* A tnet_read_fn over a TLS session: every byte read is counted in
+ * plain_in. */
+static ssize_t tsrv_read(void *src, char *buf, size_t cap)
 {
-    const char *dir = getenv("IDEM_TEST_CERTS");
-    cr_assert(dir, "IDEM_TEST_CERTS is not set (run through meson test)");
-    snprintf(out, cap, "%s/%s", dir, name);
+    tsrv_src_t *t = src;
+    int n = SSL_read(t->ssl, buf, (int)cap);
+    if (n > 0)
+        atomic_fetch_add(&t->s->plain_in, n);
+    return n;
 }
 
-/* One request (head, then Content-Length bytes) from ssl; its length, or 0
- * at the end.  Every byte read is counted in plain_in. */
-static size_t tls_read_request(tsrv_t *s, SSL *ssl, char *buf, size_t cap)
+static void tsrv_serve(void *ctx, int fd, int index)
 {
-    size_t len = 0;
-    char *end = NULL;
-    size_t want = 0;
-    for (;;) {
-        if (end != NULL && len >= want)
-            return len;
-        if (len + 1 >= cap)
-            return 0;
-        int n = SSL_read(ssl, buf + len, (int)(cap - 1 - len));
-        if (n <= 0)
-            return 0;
-        atomic_fetch_add(&s->plain_in, n);
-        len += (size_t)n;
-        buf[len] = '\0';
-        if (end == NULL && (end = strstr(buf, "\r\n\r\n")) != NULL) {
-            want = (size_t)(end - buf) + 4;
-            const char *cl = strcasestr(buf, "\r\nContent-Length:");
-            if (cl != NULL && cl < end)
-                want += strtoul(cl + 17, NULL, 10);
-        }
-    }
-}
-
-static void *tsrv_conn_main(void *arg)
-{
-    tsrv_conn_t *sc = arg;
-    tsrv_t *s = sc->s;
+    (void)index;
+    tsrv_t *s = ctx;
     SSL *ssl = SSL_new(s->ctx);
     cr_assert(ssl);
-    SSL_set_fd(ssl, sc->fd);
+    SSL_set_fd(ssl, fd);
     if (SSL_accept(ssl) == 1) {
         atomic_fetch_add(&s->handshakes, 1);
         if (SSL_session_reused(ssl))
             atomic_fetch_add(&s->resumed, 1);
         char buf[4096];
-        while (tls_read_request(s, ssl, buf, sizeof buf) > 0) {
+        tsrv_src_t src = {.s = s, .ssl = ssl};
+        while (tnet_read_request_from(tsrv_read, &src, buf, sizeof buf) > 0) {
             atomic_fetch_add(&s->requests, 1);
             const char *answer = s->answer ? s->answer : OK_ANSWER;
             if (SSL_write(ssl, answer, (int)strlen(answer)) <= 0)
@@ -1289,32 +1120,12 @@ static void *tsrv_conn_main(void *arg)
          * could overtake the alert (with TLS 1.3 a client has sent its
          * request by the time it hears of a refused certificate). */
         char junk[4096];
-        while (read(sc->fd, junk, sizeof junk) > 0) {
+        while (read(fd, junk, sizeof junk) > 0) {
         }
     }
     SSL_free(ssl);
     ERR_clear_error();
-    close(sc->fd);
-    free(sc);
-    return NULL;
-}
-
-static void *tsrv_accept_main(void *arg)
-{
-    tsrv_t *s = arg;
-    for (;;) {
-        int fd = accept(s->lfd, NULL, NULL);
-        if (fd < 0)
-            return NULL;
-        atomic_fetch_add(&s->accepts, 1);
-        int i = atomic_fetch_add(&s->n_conns, 1);
-        tsrv_conn_t *sc = malloc(sizeof *sc);
-        if (i >= SRV_MAX_CONNS || sc == NULL)
-            abort();
-        sc->s = s;
-        sc->fd = fd;
-        pthread_create(&s->conns[i], NULL, tsrv_conn_main, sc);
-    }
+    close(fd);
 }
 
 /* A TLS upstream with the certificate cert (and key) of the test set; with
@@ -1323,39 +1134,24 @@ static void tsrv_start(tsrv_t *s, const char *cert, const char *key, const char 
 {
     memset(s, 0, sizeof *s);
     signal(SIGPIPE, SIG_IGN);
-    char p[1024];
     s->ctx = SSL_CTX_new(TLS_server_method());
     cr_assert(s->ctx);
     SSL_CTX_set_min_proto_version(s->ctx, TLS1_2_VERSION);
-    cert_path(p, sizeof p, cert);
-    cr_assert_eq(SSL_CTX_use_certificate_chain_file(s->ctx, p), 1);
-    cert_path(p, sizeof p, key);
-    cr_assert_eq(SSL_CTX_use_PrivateKey_file(s->ctx, p, SSL_FILETYPE_PEM), 1);
+    cr_assert_eq(SSL_CTX_use_certificate_chain_file(s->ctx, tcert(cert)), 1);
+    cr_assert_eq(SSL_CTX_use_PrivateKey_file(s->ctx, tcert(key), SSL_FILETYPE_PEM), 1);
     SSL_CTX_set_session_id_context(s->ctx, (const unsigned char *)"t", 1);
     if (client_ca) {
-        cert_path(p, sizeof p, client_ca);
+        const char *p = tcert(client_ca);
         cr_assert_eq(SSL_CTX_load_verify_locations(s->ctx, p, NULL), 1);
         SSL_CTX_set_client_CA_list(s->ctx, SSL_load_client_CA_file(p));
         SSL_CTX_set_verify(s->ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
     }
-    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(s->lfd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(listen(s->lfd, 16), 0);
-    socklen_t al = sizeof a;
-    getsockname(s->lfd, (struct sockaddr *)&a, &al);
-    s->port = ntohs(a.sin_port);
-    pthread_create(&s->acceptor, NULL, tsrv_accept_main, s);
+    tnet_server_start(&s->net, tsrv_serve, s);
 }
 
 static void tsrv_stop(tsrv_t *s)
 {
-    shutdown(s->lfd, SHUT_RDWR);
-    pthread_join(s->acceptor, NULL);
-    close(s->lfd);
-    for (int i = 0; i < atomic_load(&s->n_conns); i++)
-        pthread_join(s->conns[i], NULL);
+    tnet_server_stop(&s->net);
     SSL_CTX_free(s->ctx);
 }
 
@@ -1366,16 +1162,10 @@ static void tls_fix_init(fix_t *f, int port, uint64_t timeout_ms, const char *ca
                          const char *client, const char *client_key, const char *server_name,
                          bool verify)
 {
-    char cap[1024], certp[1024], keyp[1024];
-    cert_path(cap, sizeof cap, ca);
-    if (client) {
-        cert_path(certp, sizeof certp, client);
-        cert_path(keyp, sizeof keyp, client_key);
-    }
     idem_tls_client_opts_t o = {
-        .ca_file = cap,
-        .cert_file = client ? certp : NULL,
-        .key_file = client ? keyp : NULL,
+        .ca_file = tcert(ca),
+        .cert_file = client ? tcert(client) : NULL,
+        .key_file = client ? tcert(client_key) : NULL,
         .no_verify = !verify,
     };
     idem_tls_ctx_t *ctx = NULL;
@@ -1419,7 +1209,7 @@ Test(upstream_tls, call_over_tls_succeeds)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", NULL);
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
     cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
     cr_assert_eq(idem__upstream_idle_count(&f.client), 1);
     fix_cleanup(&f);
@@ -1433,18 +1223,18 @@ Test(upstream_tls, pooled_connection_is_reused_and_a_new_one_resumes)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", NULL);
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
     bool resumed = true;
     cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
     cr_assert_not(resumed, "the first connection had nothing to resume");
     cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
-    cr_assert_eq(atomic_load(&s.accepts), 1, "the second call took the pooled connection");
+    cr_assert_eq(atomic_load(&s.net.accepts), 1, "the second call took the pooled connection");
     cr_assert_eq(atomic_load(&s.handshakes), 1);
     /* A new connection, once the pooled one is gone: it resumes. */
     idem__upstream_close_idle(&f.client);
     cr_assert_eq(tls_call(&f, NULL, 0, &resumed), IDEM_UP_OK);
     cr_assert(resumed, "the new connection resumed the session");
-    cr_assert_eq(atomic_load(&s.accepts), 2);
+    cr_assert_eq(atomic_load(&s.net.accepts), 2);
     fix_cleanup(&f);
     tsrv_stop(&s);
     cr_assert_eq(atomic_load(&s.requests), 3);
@@ -1459,7 +1249,7 @@ static void refused(const char *cert, const char *key, const char *ca, const cha
     tsrv_t s;
     tsrv_start(&s, cert, key, NULL);
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, ca, NULL, NULL, name, true);
+    tls_fix_init(&f, s.net.port, 5000, ca, NULL, NULL, name, true);
     char reason[256];
     cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
     cr_assert(strstr(reason, want) != NULL, "reason '%s' names '%s'", reason, want);
@@ -1490,7 +1280,7 @@ Test(upstream_tls, verify_false_accepts_a_wrong_name)
     tsrv_t s;
     tsrv_start(&s, "wrong-name.pem", "wrong-name.key", NULL);
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "other-ca.pem", NULL, NULL, "localhost", false);
+    tls_fix_init(&f, s.net.port, 5000, "other-ca.pem", NULL, NULL, "localhost", false);
     cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
     fix_cleanup(&f);
     tsrv_stop(&s);
@@ -1501,7 +1291,7 @@ Test(upstream_tls, client_certificate_when_required)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", "ca.pem");
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", "client-a.pem", "client-a.key", "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", "client-a.pem", "client-a.key", "localhost", true);
     cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
     fix_cleanup(&f);
     tsrv_stop(&s);
@@ -1513,7 +1303,7 @@ Test(upstream_tls, no_client_certificate_when_required_sends_nothing)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", "ca.pem");
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
     char reason[256];
     cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
     cr_assert(strstr(reason, "alert") != NULL, "reason '%s'", reason);
@@ -1528,7 +1318,7 @@ Test(upstream_tls, client_certificate_of_another_ca_sends_nothing)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", "ca.pem");
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", "client-other.pem", "client-other.key", "localhost",
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", "client-other.pem", "client-other.key", "localhost",
                  true);
     char reason[256];
     cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
@@ -1545,7 +1335,7 @@ Test(upstream_tls, stalled_handshake_times_out_as_nothing_sent)
     srv_t s;
     srv_start(&s, SRV_SILENT, NULL, false);
     fix_t f;
-    tls_fix_init(&f, s.port, 200, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 200, "ca.pem", NULL, NULL, "localhost", true);
     char reason[256];
     cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
     cr_assert_str_eq(reason, "TLS handshake timed out");
@@ -1561,7 +1351,7 @@ Test(upstream_tls, pooled_connection_closed_by_the_upstream_is_not_used)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", NULL);
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
     s.shutdown_after = true;
     /* The server ends the connection right after its answer: a close_notify
      * and FIN reach the connection, idle by then, which reads them and
@@ -1570,7 +1360,7 @@ Test(upstream_tls, pooled_connection_closed_by_the_upstream_is_not_used)
     while (idem__upstream_idle_count(&f.client) != 0)
         uv_run(&f.loop, UV_RUN_ONCE);
     cr_assert_eq(tls_call(&f, NULL, 0, NULL), IDEM_UP_OK);
-    cr_assert_eq(atomic_load(&s.accepts), 2);
+    cr_assert_eq(atomic_load(&s.net.accepts), 2);
     fix_cleanup(&f);
     tsrv_stop(&s);
 }
@@ -1585,7 +1375,7 @@ static void close_delimited(bool clean)
     s.shutdown_after = clean;
     s.bare_close_after = !clean;
     fix_t f;
-    tls_fix_init(&f, s.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", NULL, NULL, "localhost", true);
     idem_upstream_req_t ur;
     rec_t r = {0};
     start(&f, &ur, &r, GET, NULL);
