@@ -637,6 +637,28 @@ static int count_resp(const client_t *c, int max)
     return responses(c, NULL, r, max);
 }
 
+/* A new client sends req; once the connection has closed, its one answer
+ * is parsed into r. */
+static client_t *send_until_eof(const char *req, resp_t *r)
+{
+    client_t *c = client_new(false);
+    client_puts(c, req);
+    RUN_UNTIL(c->eof);
+    cr_assert(parse_resp(c->in, c->len, false, true, r));
+    return c;
+}
+
+/* A client (with a small receive buffer) that asks for /stream and reads
+ * nothing, until the handler has been told to wait. */
+static client_t *stream_told_to_wait(void)
+{
+    client_t *c = client_new(true);
+    client_puts(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    c->reading = false;
+    RUN_UNTIL(H.last != NULL && H.last->waits > 0);
+    return c;
+}
+
 /* ---- the cases --------------------------------------------------------------- */
 
 Test(conn, pipelined_requests_are_answered_in_order_one_at_a_time)
@@ -666,11 +688,8 @@ Test(conn, pipelined_requests_are_answered_in_order_one_at_a_time)
 
 Test(conn, http10_unknown_length_is_close_delimited)
 {
-    client_t *c = client_new(false);
-    client_puts(c, "GET /eof HTTP/1.0\r\n\r\n");
-    RUN_UNTIL(c->eof);
     resp_t r;
-    cr_assert(parse_resp(c->in, c->len, false, true, &r));
+    send_until_eof("GET /eof HTTP/1.0\r\n\r\n", &r);
     cr_expect_eq(r.status, 200);
     cr_expect(!r.has_length && !r.chunked, "neither length nor chunks for HTTP/1.0");
     cr_expect_str_eq(r.body, "abcdef");
@@ -678,11 +697,8 @@ Test(conn, http10_unknown_length_is_close_delimited)
 
 Test(conn, http10_known_length_has_content_length_and_closes)
 {
-    client_t *c = client_new(false);
-    client_puts(c, "GET /end/x HTTP/1.0\r\n\r\nGET /end/y HTTP/1.0\r\n\r\n");
-    RUN_UNTIL(c->eof);
     resp_t r;
-    cr_assert(parse_resp(c->in, c->len, false, true, &r));
+    client_t *c = send_until_eof("GET /end/x HTTP/1.0\r\n\r\nGET /end/y HTTP/1.0\r\n\r\n", &r);
     cr_expect(r.has_length);
     cr_expect_eq(r.length, 5);
     cr_expect_str_eq(r.body, "end/x");
@@ -723,15 +739,12 @@ Test(conn, head_gets_no_body_but_keeps_content_length)
 
 Test(conn, refusal_at_the_head_closes_and_its_body_is_never_a_request)
 {
-    client_t *c = client_new(false);
     const char *smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
     char req[256];
     snprintf(req, sizeof req, "POST /close HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
              strlen(smuggled), smuggled);
-    client_puts(c, req);
-    RUN_UNTIL(c->eof);
     resp_t r;
-    cr_assert(parse_resp(c->in, c->len, false, true, &r));
+    client_t *c = send_until_eof(req, &r);
     cr_expect_eq(r.status, 413);
     cr_expect(r.closes);
     cr_expect_eq(r.consumed, c->len, "nothing follows the refusal");
@@ -772,10 +785,7 @@ Test(conn, client_gone_mid_body_is_told_once_from_the_loop)
 
 Test(conn, client_reset_mid_stream_is_told_once_from_the_loop)
 {
-    client_t *c = client_new(true);
-    client_puts(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
-    c->reading = false;
-    RUN_UNTIL(H.last != NULL && H.last->waits > 0);
+    client_t *c = stream_told_to_wait();
     /* An abortive close: the connection's next write fails. */
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -790,10 +800,7 @@ Test(conn, client_reset_mid_stream_is_told_once_from_the_loop)
 
 Test(conn, a_send_the_client_does_not_read_waits_for_on_proceed)
 {
-    client_t *c = client_new(true);
-    client_puts(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
-    c->reading = false;
-    RUN_UNTIL(H.last != NULL && H.last->waits > 0);
+    client_t *c = stream_told_to_wait();
     treq_t *q = H.last;
     size_t sent_at_wait = q->sent;
     /* The mark counts what is queued with its overhead (a write's buffer
@@ -825,10 +832,7 @@ Test(conn, on_proceed_comes_once_the_queue_is_under_half_the_mark)
      * read only a piece: what the client has not read at on_proceed is at
      * most half the mark (counted with overhead, so less payload) plus the
      * sockets' small buffers. */
-    client_t *c = client_new(true);
-    client_puts(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
-    c->reading = false;
-    RUN_UNTIL(H.last != NULL && H.last->waits > 0);
+    client_t *c = stream_told_to_wait();
     treq_t *q = H.last;
     size_t sent_at_wait = q->sent;
     c->reading = true;
@@ -843,11 +847,8 @@ Test(conn, on_proceed_comes_once_the_queue_is_under_half_the_mark)
 
 Test(conn, abort_with_a_length_shows_a_short_body_then_eof)
 {
-    client_t *c = client_new(false);
-    client_puts(c, "GET /abortlen HTTP/1.1\r\nHost: x\r\n\r\n");
-    RUN_UNTIL(c->eof);
     resp_t r;
-    cr_assert(parse_resp(c->in, c->len, false, true, &r));
+    send_until_eof("GET /abortlen HTTP/1.1\r\nHost: x\r\n\r\n", &r);
     cr_expect(r.has_length);
     cr_expect_eq(r.length, 1000);
     cr_expect_eq(r.body_len, 100);
@@ -856,11 +857,8 @@ Test(conn, abort_with_a_length_shows_a_short_body_then_eof)
 
 Test(conn, abort_chunked_has_no_last_chunk_then_eof)
 {
-    client_t *c = client_new(false);
-    client_puts(c, "GET /abortchunk HTTP/1.1\r\nHost: x\r\n\r\n");
-    RUN_UNTIL(c->eof);
     resp_t r;
-    cr_assert(parse_resp(c->in, c->len, false, true, &r));
+    send_until_eof("GET /abortchunk HTTP/1.1\r\nHost: x\r\n\r\n", &r);
     cr_expect(r.chunked);
     cr_expect(!r.last_chunk);
     cr_expect_str_eq(r.body, "abcabc");

@@ -249,6 +249,34 @@ static int dead_port(int *fd_out)
     return port;
 }
 
+/* A test upstream, a client of it, and one call on it that has ended:
+ * the test looks at r, ur and the client, then one_end. */
+typedef struct {
+    srv_t s;
+    fix_t f;
+    idem_upstream_req_t ur;
+    rec_t r;
+} one_t;
+
+/* Start an upstream (srv_start's mode, answer, close_after), and make the
+ * call of head and body on a new client until it ends. */
+static void one_call(one_t *o, srv_mode_t mode, const char *answer, bool close_after,
+                     const char *head, const char *body)
+{
+    srv_start(&o->s, mode, answer, close_after);
+    fix_init(&o->f, o->s.net.port, 5000, 8);
+    memset(&o->r, 0, sizeof o->r);
+    start(&o->f, &o->ur, &o->r, head, body);
+    run_until_ended(&o->f, &o->r);
+}
+
+static void one_end(one_t *o)
+{
+    idem__upstream_req_cleanup(&o->ur);
+    fix_cleanup(&o->f);
+    srv_stop(&o->s);
+}
+
 /* ---- the outcomes ------------------------------------------------------------- */
 
 Test(upstream, connect_refused_is_reported_later)
@@ -308,107 +336,70 @@ Test(upstream, cancelled_before_its_failure_is_reported_hears_nothing)
 
 Test(upstream, success_runs_head_body_done_in_order)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER, "HTTP/1.1 201 Created\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
-              false);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, "POST /p HTTP/1.1\r\nHost: up\r\nContent-Length: 3\r\n\r\n", "abc");
-    run_until_ended(&f, &r);
-    cr_assert_str_eq(r.order, "hbd");
-    cr_assert_eq(r.status, 201);
-    cr_assert_eq(r.body_len, 5);
-    cr_assert_arr_eq(r.body, "hello", 5);
-    cr_assert_eq(ur.resp.n_fields, 2);
-    cr_assert(ur.resp.fields[1].value.ptr >= ur.resp_head, "resp points into the call's copy");
-    cr_assert(!r.ran_inside);
-    pthread_mutex_lock(&s.mu);
-    cr_assert(strstr(s.last_request, "\r\n\r\nabc") != NULL, "the body went after the head");
-    pthread_mutex_unlock(&s.mu);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER, "HTTP/1.1 201 Created\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello",
+             false, "POST /p HTTP/1.1\r\nHost: up\r\nContent-Length: 3\r\n\r\n", "abc");
+    cr_assert_str_eq(o.r.order, "hbd");
+    cr_assert_eq(o.r.status, 201);
+    cr_assert_eq(o.r.body_len, 5);
+    cr_assert_arr_eq(o.r.body, "hello", 5);
+    cr_assert_eq(o.ur.resp.n_fields, 2);
+    cr_assert(o.ur.resp.fields[1].value.ptr >= o.ur.resp_head,
+              "resp points into the call's copy");
+    cr_assert(!o.r.ran_inside);
+    pthread_mutex_lock(&o.s.mu);
+    cr_assert(strstr(o.s.last_request, "\r\n\r\nabc") != NULL, "the body went after the head");
+    pthread_mutex_unlock(&o.s.mu);
+    one_end(&o);
 }
 
 Test(upstream, chunked_body_comes_whole_and_interim_answers_are_skipped)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER,
-              "HTTP/1.1 100 Continue\r\n\r\n"
-              "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-              "3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
-              false);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_eq(r.order[0], 'h');
-    cr_assert_eq(r.order[r.n - 1], 'd');
-    for (size_t i = 1; i + 1 < r.n; i++)
-        cr_assert_eq(r.order[i], 'b', "%s", r.order);
-    cr_assert_eq(r.status, 200);
-    cr_assert_eq(r.body_len, 7);
-    cr_assert_arr_eq(r.body, "abcdefg", 7);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER,
+             "HTTP/1.1 100 Continue\r\n\r\n"
+             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
+             false, GET, NULL);
+    cr_assert_eq(o.r.order[0], 'h');
+    cr_assert_eq(o.r.order[o.r.n - 1], 'd');
+    for (size_t i = 1; i + 1 < o.r.n; i++)
+        cr_assert_eq(o.r.order[i], 'b', "%s", o.r.order);
+    cr_assert_eq(o.r.status, 200);
+    cr_assert_eq(o.r.body_len, 7);
+    cr_assert_arr_eq(o.r.body, "abcdefg", 7);
+    one_end(&o);
 }
 
 Test(upstream, close_delimited_body_ends_at_close)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end", true);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_eq(r.order[r.n - 1], 'd', "%s", r.order);
-    cr_assert_eq(r.body_len, 13);
-    cr_assert_eq(idem__upstream_idle_count(&f.client), 0, "a closed connection is not pooled");
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end", true,
+             GET, NULL);
+    cr_assert_eq(o.r.order[o.r.n - 1], 'd', "%s", o.r.order);
+    cr_assert_eq(o.r.body_len, 13);
+    cr_assert_eq(idem__upstream_idle_count(&o.f.client), 0, "a closed connection is not pooled");
+    one_end(&o);
 }
 
 Test(upstream, close_before_an_answer_is_broken)
 {
-    srv_t s;
-    srv_start(&s, SRV_CLOSE, NULL, false);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_str_eq(r.order, "f");
-    cr_assert_eq(r.why, IDEM_UP_BROKEN);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_CLOSE, NULL, false, GET, NULL);
+    cr_assert_str_eq(o.r.order, "f");
+    cr_assert_eq(o.r.why, IDEM_UP_BROKEN);
+    one_end(&o);
 }
 
 Test(upstream, close_inside_a_body_is_broken)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", true);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_eq(r.order[0], 'h');
-    cr_assert_eq(r.order[r.n - 1], 'f', "%s", r.order);
-    cr_assert_eq(r.why, IDEM_UP_BROKEN);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", true, GET,
+             NULL);
+    cr_assert_eq(o.r.order[0], 'h');
+    cr_assert_eq(o.r.order[o.r.n - 1], 'f', "%s", o.r.order);
+    cr_assert_eq(o.r.why, IDEM_UP_BROKEN);
+    one_end(&o);
 }
 
 static void call_once(fix_t *f, rec_t *r);
@@ -441,36 +432,21 @@ Test(upstream, silence_is_a_timeout)
 
 Test(upstream, garbage_is_a_bad_response)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER, "this is not HTTP\r\n\r\n", false);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_str_eq(r.order, "f");
-    cr_assert_eq(r.why, IDEM_UP_BAD_RESPONSE);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER, "this is not HTTP\r\n\r\n", false, GET, NULL);
+    cr_assert_str_eq(o.r.order, "f");
+    cr_assert_eq(o.r.why, IDEM_UP_BAD_RESPONSE);
+    one_end(&o);
 }
 
 Test(upstream, switching_protocols_is_a_bad_response)
 {
-    srv_t s;
-    srv_start(&s, SRV_ANSWER, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", false);
-    fix_t f;
-    fix_init(&f, s.net.port, 5000, 8);
-    idem_upstream_req_t ur;
-    rec_t r = {0};
-    start(&f, &ur, &r, GET, NULL);
-    run_until_ended(&f, &r);
-    cr_assert_str_eq(r.order, "f");
-    cr_assert_eq(r.why, IDEM_UP_BAD_RESPONSE);
-    idem__upstream_req_cleanup(&ur);
-    fix_cleanup(&f);
-    srv_stop(&s);
+    one_t o;
+    one_call(&o, SRV_ANSWER, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", false, GET,
+             NULL);
+    cr_assert_str_eq(o.r.order, "f");
+    cr_assert_eq(o.r.why, IDEM_UP_BAD_RESPONSE);
+    one_end(&o);
 }
 
 /* ---- the pool ---------------------------------------------------------------- */
