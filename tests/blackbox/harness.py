@@ -310,14 +310,39 @@ def request(port, method, path, body=None, headers=None, key=None, timeout=15.0,
             conn.close()
 
 
-def raw_exchange(port, data, timeout=5.0, host=HOST, shut_write=False):
-    """Send raw bytes, read until the server closes (or timeout); return bytes.
-
-    Returns (received, closed) where closed says whether the server closed
-    the connection before the timeout."""
+def connect(port, timeout, host=HOST):
+    """A TCP connection to host:port with TCP_NODELAY (each send goes at
+    once), its operations bounded by timeout."""
     s = socket.create_connection((host, port), timeout=timeout)
-    received = b""
-    closed = False
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def read_until_closed(s, timeout):
+    """Read from s until the peer closes it (a reset counts) or timeout:
+    (data, closed)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return data, False
+        s.settimeout(left)
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            return data, False
+        except (ConnectionResetError, BrokenPipeError):
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+
+
+def send_then_read_until_closed(s, data, timeout, shut_write=False):
+    """Send data on s (the peer may close before it has all of it, which is
+    what the caller checks), read until the peer closes or timeout, and
+    close s: (received, closed)."""
     try:
         try:
             s.sendall(data)
@@ -325,26 +350,18 @@ def raw_exchange(port, data, timeout=5.0, host=HOST, shut_write=False):
                 s.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            s.settimeout(left)
-            try:
-                chunk = s.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not chunk:
-                closed = True
-                break
-            received += chunk
+        return read_until_closed(s, timeout)
     finally:
         s.close()
-    return received, closed
+
+
+def raw_exchange(port, data, timeout=5.0, host=HOST, shut_write=False):
+    """Send raw bytes, read until the server closes (or timeout); return bytes.
+
+    Returns (received, closed) where closed says whether the server closed
+    the connection before the timeout."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    return send_then_read_until_closed(s, data, timeout, shut_write)
 
 
 def parse_responses(data, head_only_statuses=(204, 304)):
@@ -680,6 +697,77 @@ class Upstream:
 
 
 # --------------------------------------------------------------------------
+# a PostgreSQL server of a test's own (test_shared_stores, test_pg_tls)
+
+
+def running_as_root():
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def pg_bin():
+    """The directory of PostgreSQL's initdb and pg_ctl, or None."""
+    base = "/usr/lib/postgresql"
+    try:
+        versions = sorted((d for d in os.listdir(base) if d.isdigit()), key=int)
+    except OSError:
+        versions = []
+    for v in reversed(versions):
+        b = os.path.join(base, v, "bin")
+        if os.path.exists(os.path.join(b, "initdb")) and os.path.exists(os.path.join(b, "pg_ctl")):
+            return b
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+def pg_available():
+    """Whether a test can run a PostgreSQL server of its own: initdb and
+    pg_ctl, and as root (which PostgreSQL refuses) a postgres user and
+    runuser to run them as it."""
+    if pg_bin() is None:
+        return False
+    if running_as_root():
+        try:
+            import pwd
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return False
+        return shutil.which("runuser") is not None
+    return True
+
+
+def give_to_pg_server(path):
+    """Make path the server's (the postgres user's when we are root)."""
+    if running_as_root():
+        shutil.chown(path, "postgres", "postgres")
+
+
+def as_pg_server(argv):
+    """argv run as the postgres user when we are root."""
+    return ["runuser", "-u", "postgres", "--"] + list(argv) if running_as_root() else list(argv)
+
+
+def tail_of(path, n=2000):
+    """The last n characters of the file at path, or "" when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-n:]
+    except OSError:
+        return ""
+
+
+def run_as_pg_server(argv, log=None, timeout=120):
+    """Run argv (as_pg_server); on failure an AssertionError with its stderr
+    and the tail of the server's log file log."""
+    p = subprocess.run(as_pg_server(argv), stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=timeout, check=False)
+    if p.returncode != 0:
+        raise AssertionError("%s failed (%d): %s\n%s" % (
+            " ".join(argv[:2]), p.returncode, p.stderr.decode("utf-8", "replace")[-2000:],
+            tail_of(log) if log is not None else ""))
+    return p
+
+
+# --------------------------------------------------------------------------
 # idemd
 
 
@@ -818,6 +906,32 @@ class Idemd:
         if self.proc is not None:
             self.proc.wait()
             _LIVE.discard(self.proc)
+
+    def spawn(self, tag, env=None):
+        """Start the process on new free ports without waiting for it to be
+        ready (a start that is to fail); its stderr goes to
+        <workdir>/<name>.<tag>.stderr, whose path is returned.  env: the
+        environment instead of the Idemd's own."""
+        self.port, self.admin_port = free_ports(2)
+        log = os.path.join(self.workdir, "%s.%s.stderr" % (self.name, tag))
+        self.logs.append(log)
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=err,
+                                         stderr=err, cwd=self.cwd,
+                                         env=self.env if env is None else env)
+        _LIVE.add(self.proc)
+        return log
+
+    def wait_exit(self, timeout):
+        """The exit status of a process that ends by itself, or None when it
+        still runs after timeout (it is then killed)."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        _LIVE.discard(self.proc)
+        return rc
 
     def log_text(self):
         out = []

@@ -30,12 +30,10 @@ import unittest
 
 try:
     from . import harness as h
-    from .test_limits import GENEROUS, connect, head, read_response, read_until_closed, \
-        server_has_read
+    from .test_limits import GENEROUS, connect, head, read_response, server_has_read
 except ImportError:
     import harness as h
-    from test_limits import GENEROUS, connect, head, read_response, read_until_closed, \
-        server_has_read
+    from test_limits import GENEROUS, connect, head, read_response, server_has_read
 
 
 def _server_side_state(s):
@@ -324,15 +322,8 @@ class PerAddress(h.IdemTestCase):
                 r = self.served_on(s, "/held/%d" % i)
                 self.assertIsNotNone(r)
                 self.assertEqual(r.status, 200)
-            fourth = connect_from("127.0.0.1", d.port)
-            try:
-                try:
-                    fourth.sendall(head("GET", "/fourth"))
-                except OSError:
-                    pass
-                data, closed = read_until_closed(fourth)
-            finally:
-                fourth.close()
+            data, closed = h.send_then_read_until_closed(connect_from("127.0.0.1", d.port),
+                                                         head("GET", "/fourth"), GENEROUS)
             self.assertTrue(closed, "a 4th connection from one address was kept")
             rs = h.parse_responses(data)
             self.assertTrue(rs, "the 4th connection was closed without a word")

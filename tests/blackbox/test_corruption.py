@@ -21,7 +21,6 @@ whatever IDEM_BB_STORE says, because they edit its files.
 
 import os
 import signal
-import subprocess
 import time
 import unittest
 import uuid
@@ -73,16 +72,9 @@ class Corruption(h.IdemTestCase):
 
     def start_refused(self, d):
         """Start d, which must exit by itself; return (status, stderr lines)."""
-        d.port, d.admin_port = h.free_ports(2)
-        log = os.path.join(self.tmp, "%s.refused.stderr" % d.name)
-        d.logs.append(log)
-        with open(log, "wb") as err:
-            d.proc = subprocess.Popen(d.argv(), stdin=subprocess.DEVNULL, stdout=err,
-                                      stderr=err, cwd=self.tmp)
-        try:
-            rc = d.proc.wait(EXIT_BOUND)
-        except subprocess.TimeoutExpired:
-            d.kill()
+        log = d.spawn("refused")
+        rc = d.wait_exit(EXIT_BOUND)
+        if rc is None:
             self.fail("idemd did not exit within %.0fs on a damaged data.mdb" % EXIT_BOUND)
         with open(log, "rb") as f:
             lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]

@@ -52,29 +52,11 @@ def head(method="POST", path="/pay", headers=(), key=None, host="example"):
 
 
 def connect(port):
-    s = socket.create_connection((h.HOST, port), timeout=GENEROUS)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
+    return h.connect(port, GENEROUS)
 
 
 def read_until_closed(s, timeout=GENEROUS):
-    """Read until the peer closes or timeout: (data, closed)."""
-    data = b""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return data, False
-        s.settimeout(left)
-        try:
-            chunk = s.recv(65536)
-        except socket.timeout:
-            return data, False
-        except (ConnectionResetError, BrokenPipeError):
-            return data, True
-        if not chunk:
-            return data, True
-        data += chunk
+    return h.read_until_closed(s, timeout)
 
 
 def read_response(s, timeout=GENEROUS):
@@ -290,15 +272,8 @@ class MaxConnections(LimitsCase):
                 r = read_response(s)
                 self.assertIsNotNone(r)
                 self.assertEqual(r.status, 200)
-            extra = connect(d.port)
-            try:
-                try:
-                    extra.sendall(head("GET", "/third"))
-                except OSError:
-                    pass
-                data, closed = read_until_closed(extra)
-            finally:
-                extra.close()
+            data, closed = h.send_then_read_until_closed(connect(d.port), head("GET", "/third"),
+                                                         GENEROUS)
             self.assertTrue(closed, "a connection over max_connections was kept open")
             if data:
                 self.problem_of(data, 503, "overloaded")
@@ -380,15 +355,8 @@ class MaxConnections(LimitsCase):
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
                 h.wait_until(lambda: server_has_read([s]), GENEROUS, 0.02,
                              "idemd to read half head %d" % i)
-            extra = connect(d.admin_port)
-            try:
-                try:
-                    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-                except OSError:
-                    pass
-                data, closed = read_until_closed(extra)
-            finally:
-                extra.close()
+            probe = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            data, closed = h.send_then_read_until_closed(connect(d.admin_port), probe, GENEROUS)
             self.assertTrue(closed, "an admin connection over the cap was kept open")
             rs = h.parse_responses(data)
             if rs:

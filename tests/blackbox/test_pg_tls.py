@@ -55,42 +55,8 @@ START_TIMEOUT = 60      # s for pg_ctl start -w (a busy machine)
 EXIT_TIMEOUT = 30.0     # s for idemd to give up on a store it cannot open
 
 
-def _root():
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _pg_bin():
-    """The directory of initdb and pg_ctl, or None."""
-    base = "/usr/lib/postgresql"
-    try:
-        versions = sorted((d for d in os.listdir(base) if d.isdigit()), key=int)
-    except OSError:
-        versions = []
-    for v in reversed(versions):
-        b = os.path.join(base, v, "bin")
-        if os.path.exists(os.path.join(b, "initdb")) and os.path.exists(os.path.join(b, "pg_ctl")):
-            return b
-    initdb = shutil.which("initdb")
-    return os.path.dirname(initdb) if initdb else None
-
-
 def _available():
-    if _pg_bin() is None or shutil.which("openssl") is None:
-        return False
-    if _root():
-        try:
-            import pwd
-            pwd.getpwnam("postgres")
-        except KeyError:
-            return False
-        return shutil.which("runuser") is not None
-    return True
-
-
-def _give_to_server(path):
-    """Make path the server's (the postgres user's when we are root)."""
-    if _root():
-        shutil.chown(path, "postgres", "postgres")
+    return h.pg_available() and shutil.which("openssl") is not None
 
 
 _CLUSTERS = []  # stopped at exit too, even after ^C
@@ -114,17 +80,17 @@ class TlsCluster:
         self.port = h.free_port()
         self.running = False
         os.makedirs(self.dir)
-        _give_to_server(self.dir)
+        h.give_to_pg_server(self.dir)
         # A copy keeps the owner when we are root (cp -a), and the modes
         # PostgreSQL insists on (0700 for the data directory).
-        run_as_server(["cp", "-a", template, self.data])
+        h.run_as_pg_server(["cp", "-a", template, self.data])
         crt = os.path.join(self.dir, "server.crt")
         key = os.path.join(self.dir, "server.key")
         shutil.copyfile(certs[cert], crt)
         shutil.copyfile(certs[cert + "_key"], key)
         os.chmod(key, 0o600)  # PostgreSQL refuses a key others can read
-        _give_to_server(crt)
-        _give_to_server(key)
+        h.give_to_pg_server(crt)
+        h.give_to_pg_server(key)
         with open(os.path.join(self.data, "postgresql.conf"), "a", encoding="ascii") as f:
             f.write("\n# tests/blackbox/test_pg_tls.py\n"
                     "listen_addresses = '%s'\n"
@@ -143,13 +109,13 @@ class TlsCluster:
     def start(self):
         self.running = True  # from here on, stop() must try
         _CLUSTERS.append(self)
-        run_as_server([os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log,
+        h.run_as_pg_server([os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log,
                        "-w", "-t", str(START_TIMEOUT), "start"], log=self.log)
 
     def stop(self):
         if self.running:
             self.running = False
-            subprocess.run(as_server([os.path.join(self.bin, "pg_ctl"), "-D", self.data,
+            subprocess.run(h.as_pg_server([os.path.join(self.bin, "pg_ctl"), "-D", self.data,
                                       "-m", "immediate", "-w", "stop"]),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=60, check=False)
@@ -162,27 +128,6 @@ class TlsCluster:
         return "postgres://postgres@%s:%d/postgres%s" % (host, self.port, "?" + q if q else "")
 
 
-def as_server(argv):
-    return ["runuser", "-u", "postgres", "--"] + argv if _root() else argv
-
-
-def run_as_server(argv, log=None):
-    p = subprocess.run(as_server(argv), stdin=subprocess.DEVNULL, capture_output=True,
-                       timeout=120, check=False)
-    if p.returncode != 0:
-        text = ""
-        if log is not None:
-            try:
-                with open(log, "rb") as f:
-                    text = f.read().decode("utf-8", "replace")[-2000:]
-            except OSError:
-                pass
-        raise AssertionError("%s failed (%d): %s\n%s" % (
-            " ".join(argv[:2]), p.returncode, p.stderr.decode("utf-8", "replace")[-2000:],
-            text))
-    return p
-
-
 @unittest.skipUnless(_available(), "needs PostgreSQL's initdb and pg_ctl, and openssl")
 class PostgresOverTls(h.IdemTestCase):
     @classmethod
@@ -190,15 +135,15 @@ class PostgresOverTls(h.IdemTestCase):
         cls.top = tempfile.mkdtemp(prefix="idem-bb-pgtls-")
         cls.clusters = []
         try:
-            if _root():
+            if h.running_as_root():
                 os.chmod(cls.top, 0o755)  # the postgres user must reach its files
             cls.certs = make_certs(os.path.join(cls.top, "certs"))
-            bindir = _pg_bin()
+            bindir = h.pg_bin()
             tpl_parent = os.path.join(cls.top, "template")
             os.makedirs(tpl_parent)
-            _give_to_server(tpl_parent)
+            h.give_to_pg_server(tpl_parent)
             template = os.path.join(tpl_parent, "data")
-            run_as_server([os.path.join(bindir, "initdb"), "-D", template, "-U", "postgres",
+            h.run_as_pg_server([os.path.join(bindir, "initdb"), "-D", template, "-U", "postgres",
                            "-A", "trust", "--no-sync"])
             cls.good = TlsCluster(bindir, template, cls.top, "good", cls.certs, "server")
             cls.wrong = TlsCluster(bindir, template, cls.top, "wrong", cls.certs, "wrong_name")
@@ -223,15 +168,9 @@ class PostgresOverTls(h.IdemTestCase):
         stderr, which is returned."""
         up = self.start_upstream()
         d = self.make_idemd(up, store=url + "&table=never_made")
-        d.port, d.admin_port = h.free_ports(2)
-        log = os.path.join(self.tmp, "refused.%d.stderr" % len(d.logs))
-        d.logs.append(log)
-        with open(log, "wb") as err:
-            d.proc = subprocess.Popen(d.argv(), stdin=subprocess.DEVNULL, stdout=err,
-                                      stderr=err, cwd=self.tmp)
-        try:
-            rc = d.proc.wait(EXIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
+        d.spawn("refused")
+        rc = d.wait_exit(EXIT_TIMEOUT)
+        if rc is None:
             self.fail("idemd on %s still runs after %.0fs:\n%s" % (url, EXIT_TIMEOUT,
                                                                   d.log_text()))
         text = d.log_text()

@@ -70,25 +70,6 @@ LONG_OUTAGE = 6.0           # s: longer than the stores' longest reconnect backo
 SERVER_START_TIMEOUT = 30.0
 
 
-def _root():
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _pg_bin():
-    """The directory of initdb and pg_ctl, or None."""
-    base = "/usr/lib/postgresql"
-    try:
-        versions = sorted((d for d in os.listdir(base) if d.isdigit()), key=int)
-    except OSError:
-        versions = []
-    for v in reversed(versions):
-        b = os.path.join(base, v, "bin")
-        if os.path.exists(os.path.join(b, "initdb")):
-            return b
-    initdb = shutil.which("initdb")
-    return os.path.dirname(initdb) if initdb else None
-
-
 def _with_option(url, name, value):
     """url with ?name=value (or &name=value) appended."""
     return "%s%s%s=%s" % (url, "&" if "?" in url else "?", name, value)
@@ -163,7 +144,7 @@ def redis_delete_prefix(url, prefix):
 
 def pg_drop_table(url, table):
     """DROP the table a test made on the server of a postgres:// URL."""
-    psql = shutil.which("psql") or os.path.join(_pg_bin() or "", "psql")
+    psql = shutil.which("psql") or os.path.join(h.pg_bin() or "", "psql")
     u = urllib.parse.urlsplit(url)
     conn = urllib.parse.urlunsplit((u.scheme, u.netloc, u.path, "", ""))
     subprocess.run([psql, "-q", "-X", "-d", conn, "-c", 'DROP TABLE IF EXISTS "%s"' % table],
@@ -257,7 +238,7 @@ class OwnPostgres:
     name = "postgres"
 
     def __init__(self, workdir):
-        self.bin = _pg_bin()
+        self.bin = h.pg_bin()
         self.dir = os.path.join(workdir, "pg")
         os.makedirs(self.dir, exist_ok=True)
         self.data = os.path.join(self.dir, "data")
@@ -265,35 +246,17 @@ class OwnPostgres:
         self.port = h.free_port()
         self.initialized = False
         self.running = False
-        if _root():
+        if h.running_as_root():
             # the postgres user must reach its directory
             os.chmod(workdir, 0o755)
             shutil.chown(self.dir, "postgres", "postgres")
 
     @staticmethod
     def available():
-        b = _pg_bin()
-        if b is None or not os.path.exists(os.path.join(b, "pg_ctl")):
-            return False
-        if _root():
-            try:
-                import pwd
-                pwd.getpwnam("postgres")
-            except KeyError:
-                return False
-            return shutil.which("runuser") is not None
-        return True
+        return h.pg_available()
 
     def _run(self, *argv, timeout=60):
-        cmd = list(argv)
-        if _root():
-            cmd = ["runuser", "-u", "postgres", "--"] + cmd
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        if p.returncode != 0:
-            raise AssertionError("%s failed (%d): %s\n%s" % (
-                " ".join(argv[:2]), p.returncode,
-                p.stderr.decode("utf-8", "replace")[-2000:], self.log_text()))
-        return p
+        return h.run_as_pg_server(argv, log=self.log, timeout=timeout)
 
     def url(self, tag):
         return "postgres://postgres@%s:%d/postgres?table=%s" % (h.HOST, self.port,
@@ -329,11 +292,7 @@ class OwnPostgres:
         _OWN_SERVERS.discard(self)
 
     def log_text(self):
-        try:
-            with open(self.log, "rb") as f:
-                return f.read().decode("utf-8", "replace")[-2000:]
-        except OSError:
-            return ""
+        return h.tail_of(self.log)
 
 
 # --------------------------------------------------------------------------

@@ -36,13 +36,7 @@ class ThreadStartFails(h.IdemTestCase):
         thread is not started through idem__thread_create)."""
         up = self.start_upstream()
         d = self.make_idemd(up, {"workers": workers})
-        d.port, d.admin_port = h.free_ports(2)
-        log = os.path.join(self.tmp, "%s.stderr" % what.replace(":", "-"))
-        d.logs.append(log)
-        env = dict(os.environ, IDEM_TEST_THREAD_FAIL=what)
-        with open(log, "wb") as err:
-            d.proc = subprocess.Popen(d.argv(), stdin=subprocess.DEVNULL, stdout=err,
-                                      stderr=err, cwd=self.tmp, env=env)
+        log = d.spawn(what.replace(":", "-"), env=dict(os.environ, IDEM_TEST_THREAD_FAIL=what))
         deadline = time.monotonic() + HANG_BOUND
         while d.proc.poll() is None:
             try:

@@ -41,7 +41,6 @@ import http.client
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -134,26 +133,11 @@ def client_hello(ctx, server_hostname="localhost"):
 
 def wait_closed(s, timeout):
     """Read (and drop) until the peer closes s: True, or False at timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        s.settimeout(left)
-        try:
-            chunk = s.recv(65536)
-        except socket.timeout:
-            return False
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        if not chunk:
-            return True
+    return h.read_until_closed(s, timeout)[1]
 
 
 def connect(port):
-    s = socket.create_connection((h.HOST, port), timeout=GENEROUS)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
+    return h.connect(port, GENEROUS)
 
 
 class TLSCase(h.IdemTestCase):
@@ -467,26 +451,13 @@ class Hostile(TLSCase):
         # nor an SSLv2-style hello (high bit): those would make OpenSSL wait
         # for the rest of a record, and only header_timeout would end it.
         garbage = bytes([0x42]) + os.urandom(1023)
-        s = connect(self.tls_port)
-        try:
-            try:
-                s.sendall(garbage)
-            except OSError:
-                pass
-            self.assertTrue(wait_closed(s, SHORT), "1 KiB of garbage (%s...) kept the "
-                            "connection open" % garbage[:16].hex())
-        finally:
-            s.close()
+        _, closed = h.send_then_read_until_closed(connect(self.tls_port), garbage, SHORT)
+        self.assertTrue(closed, "1 KiB of garbage (%s...) kept the "
+                        "connection open" % garbage[:16].hex())
         # plain HTTP on the TLS port is garbage too
-        s = connect(self.tls_port)
-        try:
-            try:
-                s.sendall(b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-            except OSError:
-                pass
-            self.assertTrue(wait_closed(s, SHORT), "plain HTTP on the TLS port kept open")
-        finally:
-            s.close()
+        plain = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        _, closed = h.send_then_read_until_closed(connect(self.tls_port), plain, SHORT)
+        self.assertTrue(closed, "plain HTTP on the TLS port kept open")
         self.assertServed(d)
         self.assertEqual(up.count(), 1)
 
@@ -689,15 +660,9 @@ class MaxConnections(TLSCase):
             h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_connections") >= 5, GENEROUS,
                          what="idemd to hold the 5 half handshakes")
             # a 6th plain connection is refused
-            s = connect(d.port)
-            try:
-                try:
-                    s.sendall(b"GET /sixth HTTP/1.1\r\nHost: x\r\n\r\n")
-                except OSError:
-                    pass
-                self.assertTrue(wait_closed(s, GENEROUS), "a 6th plain connection was kept")
-            finally:
-                s.close()
+            _, closed = h.send_then_read_until_closed(
+                connect(d.port), b"GET /sixth HTTP/1.1\r\nHost: x\r\n\r\n", GENEROUS)
+            self.assertTrue(closed, "a 6th plain connection was kept")
             # a 6th TLS connection is refused
             with self.assertRaises(CLIENT_REFUSED + (OSError,)):
                 tls_request(self.tls_port, self.ctx(), "GET", "/sixth-tls", body=None)
