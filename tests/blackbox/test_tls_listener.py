@@ -170,6 +170,17 @@ class TLSCase(h.IdemTestCase):
         return client_ctx(self.certs["ca"], self.certs[client], self.certs[client + "_key"],
                           **kw)
 
+    def handshake_refused(self, ctx):
+        """A handshake with ctx on a new connection to the TLS port, which
+        must fail: the text of its SSLError, lowercase."""
+        s = connect(self.tls_port)
+        try:
+            with self.assertRaises(ssl.SSLError) as cm:
+                ctx.wrap_socket(s, server_hostname="localhost")
+        finally:
+            s.close()
+        return str(cm.exception).lower()
+
     def assertServed(self, d, ctx=None, path="/pay"):
         r, _ = tls_request(self.tls_port, ctx or self.ctx(), "GET", path, body=None)
         self.assertEqual(r.status, 200, "a normal TLS client: %r" % r)
@@ -288,14 +299,8 @@ class Refusals(TLSCase):
                 self.assertIdemdRefuses(self.ctx("client_other", max_version=version))
                 self.assertIdemdRefuses(self.ctx(None, max_version=version))
         # TLS 1.2: the refusal is in the handshake itself, as an alert
-        s = connect(self.tls_port)
-        try:
-            ctx = self.ctx("client_other", max_version=ssl.TLSVersion.TLSv1_2)
-            with self.assertRaises(ssl.SSLError) as cm:
-                ctx.wrap_socket(s, server_hostname="localhost")
-            self.assertIn("unknown ca", str(cm.exception).lower())
-        finally:
-            s.close()
+        ctx = self.ctx("client_other", max_version=ssl.TLSVersion.TLSv1_2)
+        self.assertIn("unknown ca", self.handshake_refused(ctx))
         self.assertEqual(up.count(), 0, "a refused client reached the upstream")
         # a client with a certificate by the CA is served
         r, _ = tls_request(self.tls_port, self.ctx("client_a"), key=h.new_key())
@@ -461,30 +466,28 @@ class Hostile(TLSCase):
         self.assertServed(d)
         self.assertEqual(up.count(), 1)
 
+    def assert_closed_at_header_timeout(self, data, what):
+        """Send data on a new connection to the TLS port of an idemd with a
+        header_timeout of 2 s: idemd must close it, and not before then."""
+        t0 = time.monotonic()  # before the connect: idemd's timer starts later
+        s = connect(self.tls_port)
+        try:
+            s.sendall(data)
+            self.assertTrue(wait_closed(s, GENEROUS), "%s was never closed" % what)
+            elapsed = time.monotonic() - t0
+        finally:
+            s.close()
+        self.assertGreaterEqual(elapsed, 1.5, "closed before header_timeout")
+
     def test_a_partial_client_hello_is_closed_at_header_timeout(self):
         up, d = self.start_tls({"header_timeout": "2s"})
         hello = client_hello(self.ctx())
         self.assertGreater(len(hello), 40)
-        t0 = time.monotonic()  # before the connect: idemd's timer starts later
-        s = connect(self.tls_port)
-        try:
-            s.sendall(hello[:len(hello) // 2])
-            self.assertTrue(wait_closed(s, GENEROUS), "a half ClientHello was never closed")
-            elapsed = time.monotonic() - t0
-        finally:
-            s.close()
-        self.assertGreaterEqual(elapsed, 1.5, "closed before header_timeout")
+        self.assert_closed_at_header_timeout(hello[:len(hello) // 2], "a half ClientHello")
         # a whole ClientHello, the server's answer read, then nothing: the
         # handshake never ends, and header_timeout ends it too
-        t0 = time.monotonic()
-        s = connect(self.tls_port)
-        try:
-            s.sendall(client_hello(self.ctx(max_version=ssl.TLSVersion.TLSv1_2)))
-            self.assertTrue(wait_closed(s, GENEROUS), "a stalled handshake was never closed")
-            elapsed = time.monotonic() - t0
-        finally:
-            s.close()
-        self.assertGreaterEqual(elapsed, 1.5, "closed before header_timeout")
+        self.assert_closed_at_header_timeout(
+            client_hello(self.ctx(max_version=ssl.TLSVersion.TLSv1_2)), "a stalled handshake")
         # a ClientHello trickled a byte at a time: header_timeout runs from
         # the accept and no byte restarts it (at this pace the hello would
         # take about 100 s, far beyond the bound)
@@ -547,13 +550,7 @@ class Hostile(TLSCase):
             conn.close()
         ctx = self.ctx()
         ctx.set_alpn_protocols(["h2"])
-        s = connect(self.tls_port)
-        try:
-            with self.assertRaises(ssl.SSLError) as cm:
-                ctx.wrap_socket(s, server_hostname="localhost")
-        finally:
-            s.close()
-        self.assertIn("no application protocol", str(cm.exception).lower())
+        self.assertIn("no application protocol", self.handshake_refused(ctx))
         self.assertEqual(up.count(), 1)
 
     def test_fifty_half_handshakes_do_not_stop_a_normal_client(self):
@@ -586,13 +583,7 @@ class Hostile(TLSCase):
         # OpenSSL 3's default security level would refuse TLS 1.1 in the
         # client itself, before anything is sent; level 0 lets it ask.
         ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
-        s = connect(self.tls_port)
-        try:
-            with self.assertRaises(ssl.SSLError) as cm:
-                ctx.wrap_socket(s, server_hostname="localhost")
-        finally:
-            s.close()
-        self.assertIn("protocol version", str(cm.exception).lower())
+        self.assertIn("protocol version", self.handshake_refused(ctx))
         self.assertServed(d)
 
     def test_renegotiation_is_refused(self):
