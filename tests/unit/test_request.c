@@ -432,16 +432,23 @@ Test(request, a_streamed_answer_honours_backpressure)
     tout_cleanup(&o);
 }
 
+/* Drive a POST /big with key through o, which answers "wait" from the first
+ * send, until the request is told to wait. */
+static void big_until_told_to_wait(tout_t *o, const char *key)
+{
+    tout_init(o);
+    o->backpressure = true;
+    drive(o, "/big", key, "{}");
+    RUN_UNTIL(o->waiting || o->ended);
+    cr_assert(!o->ended);
+}
+
 Test(request, the_first_captured_piece_waiting_keeps_the_upstream_paused)
 {
     /* idem__req_start_stream relays what was captured, then must not read
      * on if the output said wait. */
     static tout_t o; /* outlives the case: teardown may look at it */
-    tout_init(&o);
-    o.backpressure = true;
-    drive(&o, "/big", "k-first", "{}");
-    RUN_UNTIL(o.waiting || o.ended);
-    cr_assert(!o.ended);
+    big_until_told_to_wait(&o, "k-first");
     pump_n(20);
     cr_expect_eq(o.sends_while_waiting, 0, "%d sends after the first wait (%zu bytes in all)",
                  o.sends_while_waiting, o.len);
@@ -456,11 +463,7 @@ Test(request, the_first_captured_piece_waiting_keeps_the_upstream_paused)
 Test(request, on_gone_mid_stream_cancels_the_relay_and_the_request_ends)
 {
     static tout_t o; /* outlives the case: teardown may look at it */
-    tout_init(&o);
-    o.backpressure = true;
-    drive(&o, "/big", "k-gone", "{}");
-    RUN_UNTIL(o.waiting || o.ended);
-    cr_assert(!o.ended);
+    big_until_told_to_wait(&o, "k-gone");
     size_t at_gone = o.len;
     hang_up();
     RUN_UNTIL(no_requests());

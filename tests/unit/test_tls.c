@@ -105,6 +105,23 @@ static void unpair(side_t *c, side_t *s)
     idem__tls_destroy(s->t);
 }
 
+/* Pair c and s (client context cctx asking for name, server sctx) in a
+ * handshake that the client refuses when it verifies the server. */
+static void client_refuses(side_t *c, side_t *s, idem_tls_ctx_t *cctx, const char *name,
+                           idem_tls_ctx_t *sctx)
+{
+    pair(c, s, cctx, name, sctx, NULL);
+    cr_assert_eq(c->rc, IDEM_TLS_E_VERIFY, "%d %s", c->rc, idem__tls_errstr(c->t));
+}
+
+/* The same, refused by the server when it verifies the client. */
+static void server_refuses(side_t *c, side_t *s, idem_tls_ctx_t *cctx, const char *name,
+                           idem_tls_ctx_t *sctx)
+{
+    pair(c, s, cctx, name, sctx, NULL);
+    cr_assert_eq(s->rc, IDEM_TLS_E_VERIFY, "%d %s", s->rc, idem__tls_errstr(s->t));
+}
+
 /* ---- tests -------------------------------------------------------------- */
 
 Test(tls, handshake_data_alpn_and_client_certificate)
@@ -176,8 +193,7 @@ Test(tls, client_certificate_required)
     idem_tls_ctx_t *sctx = server_ctx("server.pem", "server.key", "ca.pem");
     idem_tls_ctx_t *cctx = client_ctx("ca.pem", NULL, NULL);
     static side_t c, s;
-    pair(&c, &s, cctx, "localhost", sctx, NULL);
-    cr_assert_eq(s.rc, IDEM_TLS_E_VERIFY, "%d %s", s.rc, idem__tls_errstr(s.t));
+    server_refuses(&c, &s, cctx, "localhost", sctx);
     cr_assert(strstr(idem__tls_errstr(s.t), "no certificate"), "%s", idem__tls_errstr(s.t));
     cr_assert(c.rc < 0, "the client hears the alert");
     cr_assert_eq(s.got_n, 0);
@@ -186,8 +202,7 @@ Test(tls, client_certificate_required)
 
     /* A client certificate by another CA. */
     cctx = client_ctx("ca.pem", "client-other.pem", "client-other.key");
-    pair(&c, &s, cctx, "localhost", sctx, NULL);
-    cr_assert_eq(s.rc, IDEM_TLS_E_VERIFY, "%d %s", s.rc, idem__tls_errstr(s.t));
+    server_refuses(&c, &s, cctx, "localhost", sctx);
     cr_assert(strstr(idem__tls_errstr(s.t), "certificate verify failed: "), "%s",
               idem__tls_errstr(s.t));
     char h[65];
@@ -202,8 +217,7 @@ Test(tls, wrong_ca_refused)
     idem_tls_ctx_t *sctx = server_ctx("server.pem", "server.key", NULL);
     idem_tls_ctx_t *cctx = client_ctx("other-ca.pem", NULL, NULL);
     static side_t c, s;
-    pair(&c, &s, cctx, "localhost", sctx, NULL);
-    cr_assert_eq(c.rc, IDEM_TLS_E_VERIFY, "%d %s", c.rc, idem__tls_errstr(c.t));
+    client_refuses(&c, &s, cctx, "localhost", sctx);
     cr_assert(strstr(idem__tls_errstr(c.t), "certificate verify failed: unable to get local issuer"),
               "%s", idem__tls_errstr(c.t));
     cr_assert_not(idem__tls_handshake_done(c.t));
@@ -219,12 +233,10 @@ Test(tls, wrong_name_refused)
     idem_tls_ctx_t *sctx = server_ctx("wrong-name.pem", "wrong-name.key", NULL);
     idem_tls_ctx_t *cctx = client_ctx("ca.pem", NULL, NULL);
     static side_t c, s;
-    pair(&c, &s, cctx, "localhost", sctx, NULL);
-    cr_assert_eq(c.rc, IDEM_TLS_E_VERIFY, "%d %s", c.rc, idem__tls_errstr(c.t));
+    client_refuses(&c, &s, cctx, "localhost", sctx);
     cr_assert_str_eq(idem__tls_errstr(c.t), "certificate verify failed: hostname mismatch");
     unpair(&c, &s);
-    pair(&c, &s, cctx, "127.0.0.1", sctx, NULL);
-    cr_assert_eq(c.rc, IDEM_TLS_E_VERIFY, "%d %s", c.rc, idem__tls_errstr(c.t));
+    client_refuses(&c, &s, cctx, "127.0.0.1", sctx);
     cr_assert(strstr(idem__tls_errstr(c.t), "mismatch"), "%s", idem__tls_errstr(c.t));
     unpair(&c, &s);
     pair(&c, &s, cctx, "other.invalid", sctx, NULL);
@@ -241,8 +253,7 @@ Test(tls, expired_certificate_refused)
     idem_tls_ctx_t *sctx = server_ctx("expired.pem", "expired.key", NULL);
     idem_tls_ctx_t *cctx = client_ctx("ca.pem", NULL, NULL);
     static side_t c, s;
-    pair(&c, &s, cctx, "localhost", sctx, NULL);
-    cr_assert_eq(c.rc, IDEM_TLS_E_VERIFY, "%d %s", c.rc, idem__tls_errstr(c.t));
+    client_refuses(&c, &s, cctx, "localhost", sctx);
     cr_assert_str_eq(idem__tls_errstr(c.t), "certificate verify failed: certificate has expired");
     unpair(&c, &s);
     idem__tls_ctx_unref(cctx);
