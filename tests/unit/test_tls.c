@@ -515,7 +515,8 @@ Test(tls, file_errors_name_the_file_and_the_reason)
     cr_assert_null(c);
     cr_assert_str_eq(err, "listen_tls.cert_file: /nonexistent/x.pem: No such file or directory");
 
-    o = (idem_tls_server_opts_t){.cert_file = tcert("server.pem"), .key_file = tcert("client-a.key")};
+    o = (idem_tls_server_opts_t){.cert_file = tcert("server.pem"),
+                                 .key_file = tcert("client-a.key")};
     cr_assert_eq(idem__tls_server_ctx_create(&o, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "listen_tls.key_file: ") && strstr(err, "client-a.key: key does not match certificate"),
               "%s", err);

@@ -1294,8 +1294,8 @@ Test(upstream_tls, client_certificate_of_another_ca_sends_nothing)
     tsrv_t s;
     tsrv_start(&s, "server.pem", "server.key", "ca.pem");
     fix_t f;
-    tls_fix_init(&f, s.net.port, 5000, "ca.pem", "client-other.pem", "client-other.key", "localhost",
-                 true);
+    tls_fix_init(&f, s.net.port, 5000, "ca.pem", "client-other.pem", "client-other.key",
+                 "localhost", true);
     char reason[256];
     cr_assert_eq(tls_call(&f, reason, sizeof reason, NULL), IDEM_UP_CONNECT_FAILED);
     cr_assert(strstr(reason, "alert") != NULL, "reason '%s'", reason);
