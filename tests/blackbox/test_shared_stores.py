@@ -753,5 +753,40 @@ class PostgresOutage(OutageCases, h.IdemTestCase):
     server_cls = OwnPostgres
 
 
+class ShutdownDeadline(h.IdemTestCase):
+    """At the forced-shutdown deadline (upstream_timeout + 5 s) a request
+    whose store job is still out is neither lost nor leaked: the loop goes
+    on until the store answers (the writer stops after the workers), the
+    request ends logged, and idemd exits 0.  The store here is a Redis
+    stopped with SIGSTOP, so the claim is out until the URL's timeout."""
+
+    def test_a_request_waiting_on_the_store_at_the_deadline_ends_logged(self):
+        if not OwnRedis.available():
+            self.skipTest("no redis-server")
+        srv = OwnRedis(self.tmp)
+        srv.start()
+        self.addCleanup(srv.close)
+        up = self.start_upstream()
+        url = srv.url("deadline") + "&timeout=8s"
+        d = self.start_idemd(up, {"upstream_timeout": "1s"}, store=url)
+        key = h.new_key()
+        srv.proc.send_signal(signal.SIGSTOP)  # every store call now waits for its timeout
+        self.addCleanup(lambda: srv.proc.poll() is None and srv.proc.send_signal(signal.SIGCONT))
+        bg = h.Background(lambda: d.post(key=key))
+        # the claim is with the writer when the signal comes
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_in_flight") >= 1, 20.0, 0.05,
+                     "the request in flight")
+        d.send_signal(signal.SIGTERM)
+        self.assertEqual(d.stop(timeout=60), 0)
+        log = d.log_text()
+        self.assertIn("shutdown deadline reached with 1 requests in flight", log)
+        ended = [ln for ln in log.splitlines() if "request " in ln and ("key=%s" % key) in ln]
+        self.assertTrue(ended, "the request out at the deadline was never logged:\n%s" % log)
+        try:
+            bg.result()
+        except Exception:  # its connection was closed at the deadline
+            pass
+
+
 if __name__ == "__main__":
     unittest.main()
