@@ -83,6 +83,16 @@
  * refused for memory wrote nothing); READONLY -> IDEM_E_STORE_DOWN and the
  * pool is renewed.  When no op of a batch ran, the error is the batch's.
  *
+ * Replicas: wait=N (0..16, 0 the default: off) sends WAIT N timeout on the
+ * same connection after every batch in which a script ran (any op: a claim
+ * that only replays wrote nothing, and its WAIT answers at once unless the
+ * connection's earlier writes are still unacknowledged), and after ping.
+ * Fewer than N acknowledgements is IDEM_E_STORE_DOWN for the whole batch,
+ * "WAIT: 0 of 1 replicas acknowledged within 500 ms" in errstr: the writes
+ * are on the master, but the caller acts on none of them (a claim is not
+ * forwarded, a completion not answered), so a failover cannot lose a key
+ * idemd acted on.  docs/stores.md says what each deployment can lose.
+ *
  * Sentinel: redis+sentinel://host:port[,host:port...]/master-name[/db][?...]
  * asks each sentinel in turn SENTINEL get-master-addr-by-name, connects to
  * the answer and checks that ROLE says master.  Every new connection asks
@@ -134,6 +144,7 @@
 #define POOL_MAX 64
 #define DEFAULT_TIMEOUT_MS 2000
 #define TIMEOUT_MAX_MS 60000
+#define WAIT_MAX 16 /* wait=N: at most this many replicas */
 #define HOST_MAX IDEM__URL_HOST_MAX
 #define USER_MAX 128
 #define PASS_MAX 512
@@ -369,6 +380,7 @@ struct rcfg {
     size_t prefix_len;
     int pool;       /* most connections open at once */
     int timeout_ms; /* connect and command timeout */
+    int wait;       /* wait=N: replicas that must acknowledge a batch's writes; 0 off */
     /* rediss:// and rediss+sentinel://: TLS to every server, sentinels too */
     int tls;
     char ca[PATH_OPT_MAX + 1];   /* "": the system's trust store */
@@ -565,6 +577,21 @@ static int parse_tls_opt(const idem__url_param_t *p, struct rcfg *cfg, char *err
     return 1;
 }
 
+/* wait=N: 0 (off, the default) to WAIT_MAX replicas. */
+static int parse_wait(const char *value, struct rcfg *cfg, char *errbuf, size_t errlen)
+{
+    uint64_t n;
+    if (!idem__url_number(value, strlen(value), 2, &n) || n > WAIT_MAX) {
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store option wait=%s: expected a number of replicas from 0 "
+                           "(off) to %d",
+                           value, WAIT_MAX);
+        return -1;
+    }
+    cfg->wait = (int)n;
+    return 0;
+}
+
 static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t errlen)
 {
     char name[IDEM_STORE_OPT_MAX + 1], value[IDEM_STORE_OPT_MAX + 1];
@@ -622,10 +649,13 @@ static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t 
                 return -1;
             }
             cfg->timeout_ms = (int)ms;
+        } else if (strcmp(name, "wait") == 0) {
+            if (parse_wait(value, cfg, errbuf, errlen) != 0)
+                return -1;
         } else {
             idem__store_errbuf(errbuf, errlen,
                                "unknown option \"%s\" for store redis (known: prefix, pool, "
-                               "timeout%s)",
+                               "timeout, wait%s)",
                                name, cfg->tls ? ", ca, cert, key, sni, verify" : "");
             return -1;
         }
@@ -1427,6 +1457,52 @@ lost:
     return IDEM_E_STORE_DOWN;
 }
 
+/* wait=N: have N replicas acknowledged every write this connection made?
+ * WAIT N T on k's connection, after a batch's EXEC (the server counts the
+ * replicas whose acknowledged offset reached this connection's last write,
+ * blocking up to T, the URL's timeout).  The socket waits a second longer
+ * than the server may hold the answer.  Fewer than N is a store error with
+ * the count in errstr: the batch's writes are on the master, but a failover
+ * now could lose them, so the caller must not act on them (a claim stays
+ * in_progress until its lease ends, docs/stores.md).  IDEM_OK, or
+ * IDEM_E_STORE_DOWN (*broken set when the connection is lost or the server
+ * is no master). */
+static idem_err_t wait_replicas(struct redis_store *s, struct conn *k, int *broken)
+{
+    char n[12], t[12];
+    say(n, sizeof n, "%d", s->cfg.wait);
+    say(t, sizeof t, "%d", s->cfg.timeout_ms);
+    const char *argv[] = {"WAIT", n, t};
+    const size_t len[] = {4, strlen(n), strlen(t)};
+    idem__rconn_set_timeout(k->c, s->cfg.timeout_ms + 1000);
+    redisReply *r = command(k->c, 3, argv, len);
+    idem__rconn_set_timeout(k->c, s->cfg.timeout_ms);
+    idem_err_t err = IDEM_E_STORE_DOWN;
+    if (r == NULL) {
+        char why[200];
+        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms + 1000);
+        idem__store_seterr(&s->base, "redis %s; WAIT %d: the batch's replication is unknown",
+                           why, s->cfg.wait);
+        *broken = 1;
+    } else if (reply_is(r, REDIS_REPLY_ERROR)) {
+        map_error(r->str, broken);
+        idem__store_seterr(&s->base, "redis %s: WAIT %d: %.150s", s->where, s->cfg.wait,
+                           r->str);
+    } else if (!reply_is(r, REDIS_REPLY_INTEGER)) {
+        *broken = 1;
+        idem__store_seterr(&s->base, "redis %s: WAIT %d: unexpected answer", s->where,
+                           s->cfg.wait);
+    } else if (r->integer < s->cfg.wait) {
+        idem__store_seterr(&s->base,
+                           "redis %s: WAIT: %lld of %d replicas acknowledged within %d ms",
+                           s->where, (long long)r->integer, s->cfg.wait, s->cfg.timeout_ms);
+    } else {
+        err = IDEM_OK;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
 static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
 {
     struct redis_store *s = (struct redis_store *)base;
@@ -1487,6 +1563,8 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         }
         break;
     }
+    if (err == IDEM_OK && ran > 0 && s->cfg.wait > 0)
+        err = wait_replicas(s, k, &broken); /* unacknowledged: the batch fails closed */
     release(s, k, broken);
     if (err == IDEM_OK && ran == 0 && failed > 0)
         err = first; /* nothing ran: the batch failed as a whole */
@@ -1769,6 +1847,8 @@ static idem_err_t redis_ping(idem_store_t *base)
         if (reply_is(r, REDIS_REPLY_ERROR))
             map_error(r->str, &broken);
         err = IDEM_E_STORE_DOWN;
+    } else if (s->cfg.wait > 0) {
+        err = wait_replicas(s, k, &broken); /* /readyz says the replicas do not answer */
     }
     freeReplyObject(r);
     release(s, k, broken);

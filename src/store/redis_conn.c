@@ -444,6 +444,11 @@ bool idem__rconn_idle_ok(idem__rconn_t *c)
     }
 }
 
+void idem__rconn_set_timeout(idem__rconn_t *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms < 1 ? 1 : timeout_ms;
+}
+
 idem__rconn_err_t idem__rconn_err(const idem__rconn_t *c)
 {
     return c->err;

@@ -76,6 +76,11 @@ int idem__rconn_get_reply(idem__rconn_t *c, redisReply **out);
  * it nor sent anything unasked (a TLS session ticket is not a reply). */
 bool idem__rconn_idle_ok(idem__rconn_t *c);
 
+/** Change the timeout of every later wait (>= 1 ms): redis.c lengthens it
+ * around a command the server itself may hold for the URL's timeout
+ * (WAIT), so that the server's answer comes before the socket gives up. */
+void idem__rconn_set_timeout(idem__rconn_t *c, int timeout_ms);
+
 idem__rconn_err_t idem__rconn_err(const idem__rconn_t *c);
 /** Why it failed, one line ("Connection refused", "TLS: certificate verify
  * failed: certificate has expired"); "" while it has not. */
