@@ -57,7 +57,7 @@ static void usage(FILE *f)
           "                      (default http://127.0.0.1:9000; TLS: upstream_tls in the config)\n"
           "  --store URL         lmdb:PATH[?sync=always|interval&map_size=auto|SIZE],\n"
           "                      rocksdb:PATH[?sync=always|interval],\n"
-          "                      redis://[user:pass@]host:port[/db][?prefix=P],\n"
+          "                      redis://[user:pass@]host:port[/db][?prefix=P&wait=N],\n"
           "                      redis+sentinel://host:port[,host:port]/master[/db],\n"
           "                      rediss://... and rediss+sentinel://... (TLS: ?ca=&cert=&key=\n"
           "                      &sni=&verify=),\n"

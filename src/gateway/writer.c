@@ -96,6 +96,32 @@ static void hand_back(idem_wjob_t *job)
     uv_async_send(&w->done_async);
 }
 
+#define BATCH_FAILURE_LOG_MS 5000 /* at most one line about failed batches this often */
+
+/* A batch the store refused: the store's own reason (a Redis WAIT that
+ * timed out, a connection refused, a READONLY replica), which the requests
+ * only see as an error code, goes to the log, at most every
+ * BATCH_FAILURE_LOG_MS so that an outage logs a line, not one per batch. */
+static void writer_log_failure(idem_store_t *store, idem_wjob_t **jobs, size_t n, idem_err_t err)
+{
+    static _Atomic int64_t last_ms;
+    static _Atomic uint64_t unlogged;
+    int64_t now = (int64_t)(idem_clock_mono_ns() / 1000000);
+    int64_t prev = atomic_load(&last_ms);
+    if ((prev != 0 && now - prev < BATCH_FAILURE_LOG_MS) ||
+        !atomic_compare_exchange_strong(&last_ms, &prev, now)) {
+        atomic_fetch_add(&unlogged, 1);
+        return;
+    }
+    if (n == 0 || jobs[0]->worker == NULL)
+        return;
+    const char *why = idem_store_errstr(store);
+    idem__log(jobs[0]->worker->gw, "error",
+              "store: a batch of %zu ops failed: %s%s%s (%llu more failed batches not logged)", n,
+              idem_strerror(err), why && *why ? ": " : "", why ? why : "",
+              (unsigned long long)atomic_exchange(&unlogged, 0));
+}
+
 idem_err_t idem__writer_jobs_apply(idem_store_t *store, idem_metrics_t *metrics,
                                    idem_wjob_t **jobs, size_t n)
 {
@@ -107,8 +133,10 @@ idem_err_t idem__writer_jobs_apply(idem_store_t *store, idem_metrics_t *metrics,
     idem__hist_observe(&metrics->store_latency, idem_clock_mono_ns() - t0);
     atomic_fetch_add(&metrics->store_batches, 1);
     atomic_fetch_add(&metrics->store_ops, n);
-    if (err != IDEM_OK)
+    if (err != IDEM_OK) {
         atomic_fetch_add(&metrics->store_errors, 1);
+        writer_log_failure(store, jobs, n, err);
+    }
     for (size_t i = 0; i < n; i++) {
         jobs[i]->op = ops[i];
         jobs[i]->batch_err = err;
