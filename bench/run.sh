@@ -117,7 +117,9 @@
 #                         beside this one on copies of the same preloaded store, and
 #                         rows base-new-always, base-new-interval and base-replay,
 #                         interleaved with the others, measure it in the same run, so
-#                         before and after share one nginx and one machine's load [none]
+#                         before and after share one nginx and one machine's load; with
+#                         the server stores also base-new-pg (a second idemd on the
+#                         same PostgreSQL) [none]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -187,7 +189,7 @@ fi
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
           idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay
-          base-new-always base-new-interval base-replay
+          base-new-always base-new-interval base-replay base-new-pg
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
           idemd-steady)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
@@ -201,7 +203,8 @@ want_row() {
   [[ $BENCH_ROWS == all || -z $BENCH_ROWS || ,$BENCH_ROWS, == *",$1,"* ]]
 }
 if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
-  ! want_row idemd-new-pg && ! want_row idemd-replay-pg; then
+  ! want_row idemd-new-pg && ! want_row idemd-replay-pg &&
+  ! { [[ -n $BENCH_BASE_BUILD ]] && want_row base-new-pg; }; then
   BENCH_SERVER_STORES=0
 fi
 if [[ $BENCH_EXPRESS == 1 ]] && ! want_row express-new && ! want_row express-replay; then
@@ -235,11 +238,13 @@ fi
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
 PRELOAD_BIN=$IDEM_BUILD/bench/idem-preload
-BASE_IDEMD=
+BASE_IDEMD= BASE_PG_IDEMD=
 if [[ -n $BENCH_BASE_BUILD ]]; then
   case $BENCH_BASE_BUILD in /*) ;; *) BENCH_BASE_BUILD=$ROOT/$BENCH_BASE_BUILD ;; esac
   BASE_IDEMD=$BENCH_BASE_BUILD/idemd
   [[ -x $BASE_IDEMD ]] || die "BENCH_BASE_BUILD: $BASE_IDEMD is missing"
+  # The base build's idemd on PostgreSQL (row base-new-pg).
+  [[ $BENCH_SERVER_STORES == 1 ]] && want_row base-new-pg && BASE_PG_IDEMD=$BASE_IDEMD
   ((EMBEDDED_ROWS == 1)) || BASE_IDEMD=  # no base row chosen: not started
 fi
 LUA=$ROOT/bench/post.lua
@@ -310,14 +315,14 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Twenty-seven distinct free loopback ports (held open together while picked).
+# Twenty-nine distinct free loopback ports (held open together while picked).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
   BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT \
   TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
-  IDEM_H_PORT ADMIN_H_PORT < <(python3 - <<'PY'
+  IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(27)]
+socks = [socket.socket() for _ in range(29)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -363,9 +368,39 @@ cpu_ticks() {
   echo $((_f[11] + _f[12]))
 }
 
+# tree_ticks PID: cpu_ticks of PID, plus what its reaped children used
+# (cutime + cstime) and every live child's own utime + stime + cutime +
+# cstime: the CPU of a server made of processes (PostgreSQL's postmaster,
+# one backend per connection, the WAL writer, autovacuum...), including the
+# backends that ended during the run.  0 when PID is gone.
+tree_ticks() {
+  local st c total
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return 0; }
+  st=${st##*) }
+  read -r -a _f <<<"$st"
+  total=$((_f[11] + _f[12] + _f[13] + _f[14]))
+  for c in $(pgrep -P "$1" || true); do
+    st=$(cat "/proc/$c/stat" 2>/dev/null) || continue
+    st=${st##*) }
+    read -r -a _f <<<"$st"
+    total=$((total + _f[11] + _f[12] + _f[13] + _f[14]))
+  done
+  echo "$total"
+}
+
+# store_pid KIND: the pid of the Redis server or of PostgreSQL's postmaster
+# that scripts/services.sh started (empty when it is not running).
+store_pid() {
+  case $1 in
+    redis) cat "$WORK/services/redis/redis.pid" 2>/dev/null || true ;;
+    pg) head -1 "$WORK/services/pg/data/postmaster.pid" 2>/dev/null || true ;;
+  esac
+}
+
 # row_pids ROW: "ROLE PID" lines, the processes whose CPU a row records:
-# server (what is measured) and upstream (nginx's upstream worker, when it
-# is not the server's own process).
+# server (what is measured), upstream (nginx's upstream worker, when it
+# is not the server's own process) and store (the Redis or PostgreSQL
+# server of the row, all its processes: tree_ticks).
 row_pids() {
   case $1 in
     nginx-direct | nginx-proxy) echo "server $NGINX_WORKER" ;;
@@ -376,8 +411,12 @@ row_pids() {
     idemd-https-upstream) printf 'server %s\nupstream %s\n' "$HTTPS_PID" "$NGINX_WORKER" ;;
     base-new-always | base-replay) printf 'server %s\nupstream %s\n' "$BASE_ALWAYS_PID" "$NGINX_WORKER" ;;
     base-new-interval) printf 'server %s\nupstream %s\n' "$BASE_INTERVAL_PID" "$NGINX_WORKER" ;;
-    idemd-new-redis | idemd-replay-redis) printf 'server %s\nupstream %s\n' "$REDIS_PID" "$NGINX_WORKER" ;;
-    idemd-new-pg | idemd-replay-pg) printf 'server %s\nupstream %s\n' "$PG_PID" "$NGINX_WORKER" ;;
+    idemd-new-redis | idemd-replay-redis)
+      printf 'server %s\nupstream %s\nstore %s\n' "$REDIS_PID" "$NGINX_WORKER" "$(store_pid redis)" ;;
+    idemd-new-pg | idemd-replay-pg)
+      printf 'server %s\nupstream %s\nstore %s\n' "$PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
+    base-new-pg)
+      printf 'server %s\nupstream %s\nstore %s\n' "$BASE_PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
     express-new | express-replay) printf 'server %s\nupstream %s\n' "$EXPRESS_PID" "$NGINX_WORKER" ;;
   esac
 }
@@ -386,7 +425,12 @@ row_pids() {
 cpu_snapshot() {
   local role pid
   while read -r role pid; do
-    [[ -n $role ]] && printf '%s %s %s\n' "$role" "$pid" "$(cpu_ticks "$pid")"
+    [[ -n $role && -n $pid ]] || continue
+    if [[ $role == store ]]; then
+      printf '%s %s %s\n' "$role" "$pid" "$(tree_ticks "$pid")"
+    else
+      printf '%s %s %s\n' "$role" "$pid" "$(cpu_ticks "$pid")"
+    fi
   done < <(row_pids "$1") >"$2"
 }
 
@@ -841,6 +885,13 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   check_key "$IDEM_P_URL" "$RUNID-check-pg"
   check_key "$IDEM_R_URL" "$REPLAY_KEY-r"
   check_key "$IDEM_P_URL" "$REPLAY_KEY-p"
+  if [[ -n $BASE_PG_IDEMD ]]; then
+    IDEMD_BIN=$BASE_PG_IDEMD start_idemd base-pg "$BASE_P_PORT" "$BASE_P_ADMIN" "$PG_STORE"
+    BASE_PG_PID=$IDEMD_PID
+    BASE_P_URL=http://127.0.0.1:$BASE_P_PORT/
+    check_key "$BASE_P_URL" "$RUNID-check-base-pg"
+    write_meta base_idemd="$BASE_PG_IDEMD ($("$BASE_PG_IDEMD" --version 2>/dev/null || echo '?'))"
+  fi
   write_meta redis_store="$REDIS_STORE" pg_store="$PG_STORE" preload_server="$BENCH_PRELOAD_SERVER"
 fi
 
@@ -906,6 +957,8 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
       measure idemd-new-pg "$r" "$IDEM_P_URL" unique "$RUNID-g$r" "http://127.0.0.1:$ADMIN_P_PORT"
     want_row idemd-replay-pg &&
       measure idemd-replay-pg "$r" "$IDEM_P_URL" fixed "$REPLAY_KEY-p" "http://127.0.0.1:$ADMIN_P_PORT"
+    [[ -n $BASE_PG_IDEMD ]] &&
+      measure base-new-pg "$r" "$BASE_P_URL" unique "$RUNID-bg$r" "http://127.0.0.1:$BASE_P_ADMIN"
   fi
   if [[ $BENCH_EXPRESS == 1 ]]; then
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
@@ -942,6 +995,7 @@ fi
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-redis "$REDIS_PID"
   stop_idemd idemd-pg "$PG_PID"
+  [[ -n $BASE_PG_IDEMD ]] && stop_idemd base-pg "$BASE_PG_PID"
 fi
 if [[ $BENCH_EXPRESS == 1 ]]; then
   # Its memory at the end: the in-memory store holds every key of the run.
