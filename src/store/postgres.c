@@ -20,27 +20,30 @@
  *
  * Semantics.  Nothing is decided in SQL: exec reads the rows of the batch,
  * runs idem__store_apply (the code memory: and lmdb: run) on the `record`
- * bytes in C, and writes what it says.  One exec is one transaction:
+ * bytes in C, and writes what it says, only if every row it writes still
+ * holds what was read (a compare-and-set):
  *
- *   round trip 1  BEGIN; SELECT scope, key, fence, record ... JOIN
- *                 unnest($scopes, $keys) ... ORDER BY scope, key
- *                 FOR UPDATE OF t (one statement for the whole batch)
+ *   round trip 1  SELECT scope, key, fence, record ... JOIN
+ *                 unnest($scopes, $keys) (one statement for the whole
+ *                 batch, no lock, its own implicit transaction)
  *   in C          apply every op in order against an in-memory map of this
  *                 batch's keys (a later op sees an earlier op's result)
- *   round trip 2  at most three statements, each for all rows at once from
- *                 arrays: INSERT ... ON CONFLICT (scope, key) DO NOTHING
- *                 RETURNING scope, key for keys that were absent;
- *                 UPDATE ... WHERE scope, key AND fence = the fence read;
- *                 DELETE ... WHERE scope, key AND fence = the fence read
- *   round trip 3  COMMIT (or ROLLBACK when nothing was written: a batch of
- *                 repeats costs no WAL flush)
+ *   round trip 2  only when something changed: at most three statements,
+ *                 each for all rows at once from arrays, in one implicit
+ *                 transaction that the server commits at the flight's Sync:
+ *                 INSERT for keys that were absent; UPDATE ... WHERE scope,
+ *                 key, fence and record = what was read; DELETE likewise
  *
- * so a batch of any size costs three round trips and one WAL flush (the
- * group commit of the writer thread).  COMMIT cannot ride with the writes:
- * whether to commit depends on what the INSERT returned (see below).
- * Values travel in binary (arrays in
- * PostgreSQL's binary array format), statements are prepared once per
- * connection, and each round trip is one libpq pipeline segment.
+ * so a batch that writes costs two round trips and one WAL flush (the
+ * group commit of the writer thread), and a batch that only reads (repeats,
+ * replays) one round trip, no transaction of its own to end and no WAL.
+ * Until issue 20 a batch was BEGIN and SELECT ... FOR UPDATE, the writes,
+ * then COMMIT: three round trips, a lock written to every row read (WAL
+ * too) and two more statements; measured, that took about a fifth more of
+ * the server's and idemd's CPU per new key (bench/README.md).  Values
+ * travel in binary (arrays in PostgreSQL's binary array format), statements
+ * are prepared once per connection, and each round trip is one libpq
+ * pipeline segment.
  *
  * Plans.  Our connections run with enable_seqscan = off.  A prepared
  * statement soon runs on a cached generic plan, and one planned while the
@@ -50,28 +53,31 @@
  * primary key or the expires_at index, so forbidding sequential scans only
  * keeps the plans on the indexes; the connections run nothing else.
  *
- * Why READ COMMITTED is enough.  Every decision is made either on a row the
- * transaction holds locked, or on an absence that the unique index later
- * confirms.  A row that exists is locked by SELECT ... FOR UPDATE; if
- * another transaction holds it, ours waits, and READ COMMITTED then
- * re-reads the newest committed version (or skips a deleted one), so the
- * decision sees the latest state and nobody changes the row until we
- * commit.  A key that does not exist cannot be locked, so two transactions
- * may both decide to claim it; both INSERT ... ON CONFLICT DO NOTHING, the
- * primary key makes the second wait for the first, and if the first
- * committed the second inserts nothing.  RETURNING tells exec which keys
- * lost such a race: it resets that key's ops, reads the row again FOR
- * UPDATE (a new statement, so a new snapshot that sees the winner), applies
- * them again and writes again, up to CONFLICT_ROUNDS times in the same
- * transaction.  So of any number of claims of one key in any number of
- * processes, exactly one forwards.  The fenced UPDATE and DELETE compare the
- * fence column with the value read under the lock, which cannot differ
- * (belt and braces: a mismatch fails the batch).  Ops on different keys do
- * not depend on each other, so SERIALIZABLE would add aborts, not safety.
- * Rows are locked in (scope, key) order and inserted in the same order
- * (COLLATE "C", byte order), so concurrent batches of several idemd do not
- * deadlock in the common case; a deadlock_detected or serialization_failure
- * that happens anyway retries the whole batch (BATCH_TRIES times).
+ * Why the compare-and-set is enough.  A decision is a function of the ops
+ * and the record bytes they were applied to, nothing else.  The write
+ * flight inserts a key only where none exists (the primary key refuses the
+ * INSERT otherwise) and updates or deletes a row only where it still holds
+ * the fence and the record bytes the batch read; the UPDATE and the DELETE
+ * check in the same statement that they touched every row they were
+ * given.  So when the flight commits, every key it writes held, at that
+ * moment, exactly what its ops were applied to, and the decisions are the
+ * ones that would be made on the rows as they are then: the batch is
+ * linearised at its commit.  A key the batch only reads is linearised at
+ * the read, a committed version (READ COMMITTED), like a get.  If another
+ * transaction changed or inserted a row in between, its lock makes our
+ * statement wait until it ends (READ COMMITTED then rechecks the WHERE on
+ * the newest version); the statement fails (unique_violation, or the
+ * count check's division by zero), the server skips the rest of the flight
+ * and rolls it back at the Sync, nothing of the batch is written, and exec
+ * runs the whole batch again from the read, which sees the winner's row
+ * (BATCH_TRIES times).  So of any number of claims of one key in any
+ * number of processes, exactly one forwards, and a takeover, a completion
+ * or a token spent races the same way.  Ops on different keys do not
+ * depend on each other, so SERIALIZABLE would add aborts, not safety.  Rows
+ * are written in (scope, key) order (COLLATE "C", byte order), so
+ * concurrent batches of several idemd do not deadlock in the common case;
+ * a deadlock_detected or serialization_failure that happens anyway retries
+ * the whole batch too.
  *
  * Pool and outages.  Up to pool=N blocking connections in the pool of
  * src/store/pool.c (shared with redis.c); exec, get, sweep and ping each
@@ -88,17 +94,19 @@
  * connect timeout), then one caller tries to connect while the others go
  * on failing fast; the first success ends the outage.  Any connection or
  * server error is IDEM_E_STORE_DOWN (disk full, SQLSTATE 53100, is
- * IDEM_E_STORE_FULL), with libpq's text in idem_store_errstr.  A COMMIT
- * whose answer was lost (the connection broke after it was sent) has an
- * unknown outcome: exec returns STORE_DOWN although the batch may have
- * committed.
+ * IDEM_E_STORE_FULL), with libpq's text in idem_store_errstr.  A write
+ * flight whose answer was lost (the connection broke after it was sent)
+ * has an unknown outcome: exec returns STORE_DOWN although the batch may
+ * have committed.
  *
- * Durability is the server's: a batch is durable when COMMIT returns with
- * the server's synchronous_commit (default on).  get reads a row with
+ * Durability is the server's: a batch is durable when the server answers
+ * its write flight's Sync, which it does after the commit, with the
+ * server's synchronous_commit (default on).  get reads a row with
  * expires_at > now; sweep deletes rows with expires_at <= now (the same
  * boundaries as memory: and lmdb:), oldest first, in transactions of at most
- * SWEEP_CHUNK rows, skipping rows a batch holds locked.  An allocation
- * failure in exec fails the whole batch (IDEM_E_NOMEM, nothing written).
+ * SWEEP_CHUNK rows, skipping rows a batch's write flight holds locked.  An
+ * allocation failure in exec fails the whole batch (IDEM_E_NOMEM, nothing
+ * written).
  *
  * Limits of this backend: a scope or key must be valid UTF-8 (it is a text
  * column; the client encoding is UTF8; the check is src/core/utf8.c, the
@@ -108,7 +116,7 @@
  * THREADING: any number of threads may call exec, get, sweep and ping at
  * once; each holds its own connection while it runs, and nothing
  * serialises them: concurrent batches are concurrent transactions, ordered
- * by PostgreSQL's row locks (see "Why READ COMMITTED is enough").  The
+ * by PostgreSQL's row locks (see "Why the compare-and-set is enough").  The
  * pool's mutex guards the idle list, the counts and the outage state.
  * After fork() a child must open its own store and neither use nor close
  * its parent's (closing would end the parent's sessions).
@@ -137,8 +145,7 @@
 #define TIMEOUT_MAX_MS 60000
 #define DEADLINE_SLACK_MS 1000 /* the client waits this much longer than the server */
 #define URL_MAX 2048
-#define BATCH_TRIES 5     /* whole-batch attempts (deadlock, lost races, stale connection) */
-#define CONFLICT_ROUNDS 4 /* re-reads of keys that lost an insert race, per attempt */
+#define BATCH_TRIES 8     /* whole-batch attempts (deadlock, lost races, stale connection) */
 #define SWEEP_CHUNK 1000  /* rows deleted per sweep transaction */
 #define VALUE_MAX 0x3fffff00u /* a bytea value (1 GiB) less some slack */
 
@@ -455,8 +462,8 @@ static bool send_plain(PGconn *pq, const char *sql)
 /* Queue a prepared statement whose parameters are all binary. */
 static bool send_prepared(PGconn *pq, int st, int np, struct arr *a)
 {
-    const char *values[10];
-    int lengths[10], formats[10];
+    const char *values[11];
+    int lengths[11], formats[11];
     for (int i = 0; i < np; i++) {
         values[i] = (const char *)a[i].p;
         lengths[i] = (int)a[i].len;
@@ -743,7 +750,7 @@ struct kent {
     const char *scope, *key; /* into the first op's id */
     size_t slen, klen;
     /* what the transaction read */
-    const uint8_t *orig; /* into a held result; NULL when absent */
+    const uint8_t *orig; /* into the held result; NULL when absent */
     size_t orig_len;
     int64_t orig_fence;  /* the fence column */
     /* this batch's view after the ops applied so far */
@@ -751,8 +758,6 @@ struct kent {
     size_t cur_len;
     uint8_t *owned;     /* an encoded record of ours */
     bool changed;       /* an op wrote or deleted it */
-    bool round;         /* in the set being read and written now */
-    bool inserted;      /* the INSERT of this round wrote it */
 };
 
 struct batch {
@@ -761,9 +766,8 @@ struct batch {
     size_t *op_key; /* the kent of each op, NO_KEY for ops not applied here */
     struct kent *keys;
     size_t nkeys;
-    PGresult *held[1 + CONFLICT_ROUNDS]; /* results the kents point into */
-    size_t nheld;
-    struct arr a[10]; /* parameter buffers */
+    PGresult *held; /* the SELECT's result, which the kents point into */
+    struct arr a[11]; /* parameter buffers */
 };
 
 static int cmp_bytes(const char *a, size_t al, const char *b, size_t bl)
@@ -873,12 +877,12 @@ static idem_err_t batch_init(struct batch *b, idem_op_t *ops, size_t n)
     return IDEM_OK;
 }
 
-/* Forget what the ops of the keys in this round decided (all keys when all
- * is set), so that they can be applied again. */
-static void batch_reset(struct batch *b, bool all)
+/* Forget what the ops decided and what was read, so that the batch can run
+ * again from the start. */
+static void batch_reset(struct batch *b)
 {
     for (size_t i = 0; i < b->n; i++) {
-        if (b->op_key[i] == NO_KEY || !(all || b->keys[b->op_key[i]].round))
+        if (b->op_key[i] == NO_KEY)
             continue;
         idem_op_t *op = &b->ops[i];
         idem_record_cleanup(&op->record);
@@ -888,30 +892,22 @@ static void batch_reset(struct batch *b, bool all)
     }
     for (size_t i = 0; i < b->nkeys; i++) {
         struct kent *k = &b->keys[i];
-        if (!(all || k->round))
-            continue;
         idem_free(k->owned);
         k->owned = NULL;
         k->orig = k->cur = NULL;
         k->orig_len = k->cur_len = 0;
         k->orig_fence = 0;
-        k->changed = k->inserted = false;
-        if (all)
-            k->round = true;
+        k->changed = false;
     }
-    if (all) {
-        for (size_t i = 0; i < b->nheld; i++)
-            PQclear(b->held[i]);
-        b->nheld = 0;
-    }
+    PQclear(b->held);
+    b->held = NULL;
 }
 
 static void batch_free(struct batch *b)
 {
     for (size_t i = 0; i < b->nkeys; i++)
         idem_free(b->keys[i].owned);
-    for (size_t i = 0; i < b->nheld; i++)
-        PQclear(b->held[i]);
+    PQclear(b->held);
     for (size_t i = 0; i < sizeof b->a / sizeof b->a[0]; i++)
         idem_free(b->a[i].p);
     idem_free(b->keys);
@@ -926,53 +922,48 @@ static bool arrs_nomem(const struct batch *b, int np)
     return false;
 }
 
-/* Fill a[0..1] with the keys of this round, for ST_SEL.  false when out of memory. */
+/* Fill a[0..1] with the batch's keys, for ST_SEL.  false when out of memory. */
 static bool build_select(struct batch *b)
 {
     arr_start(&b->a[0], OID_TEXT);
     arr_start(&b->a[1], OID_TEXT);
     for (size_t i = 0; i < b->nkeys; i++) {
-        if (b->keys[i].round) {
-            arr_add(&b->a[0], b->keys[i].scope, b->keys[i].slen);
-            arr_add(&b->a[1], b->keys[i].key, b->keys[i].klen);
-        }
+        arr_add(&b->a[0], b->keys[i].scope, b->keys[i].slen);
+        arr_add(&b->a[1], b->keys[i].key, b->keys[i].klen);
     }
     arr_end(&b->a[0]);
     arr_end(&b->a[1]);
     return !arrs_nomem(b, 2);
 }
 
-/* Take the rows of a SELECT ... FOR UPDATE (scope, key, fence, record):
- * the keys of this round that have one exist, the others are absent. */
+/* Take the rows of the batch's SELECT (scope, key, fence, record):
+ * the keys that have one exist, the others are absent. */
 static void take_rows(struct batch *b, PGresult *r)
 {
-    b->held[b->nheld++] = r;
+    b->held = r;
     for (int row = 0; row < PQntuples(r); row++) {
         struct kent *k = find_key(b, PQgetvalue(r, row, 0), (size_t)PQgetlength(r, row, 0),
                                   PQgetvalue(r, row, 1), (size_t)PQgetlength(r, row, 1));
-        if (k == NULL || !k->round || PQgetlength(r, row, 2) != 8)
+        if (k == NULL || PQgetlength(r, row, 2) != 8)
             continue; /* not asked for: cannot happen */
         k->orig_fence = (int64_t)get64((const uint8_t *)PQgetvalue(r, row, 2));
         k->orig = (const uint8_t *)PQgetvalue(r, row, 3);
         k->orig_len = (size_t)PQgetlength(r, row, 3);
     }
     for (size_t i = 0; i < b->nkeys; i++) {
-        struct kent *k = &b->keys[i];
-        if (k->round) {
-            k->cur = k->orig;
-            k->cur_len = k->orig_len;
-        }
+        b->keys[i].cur = b->keys[i].orig;
+        b->keys[i].cur_len = b->keys[i].orig_len;
     }
 }
 
-/* Apply, in order, the ops of the keys in this round.  IDEM_OK or
- * IDEM_E_NOMEM (a new record could not be encoded). */
-static idem_err_t apply_round(struct batch *b)
+/* Apply every op in order.  IDEM_OK or IDEM_E_NOMEM (a new record could
+ * not be encoded). */
+static idem_err_t apply_ops(struct batch *b)
 {
     idem_record_t next;
 
     for (size_t i = 0; i < b->n; i++) {
-        if (b->op_key[i] == NO_KEY || !b->keys[b->op_key[i]].round)
+        if (b->op_key[i] == NO_KEY)
             continue;
         struct kent *k = &b->keys[b->op_key[i]];
         idem_op_t *op = &b->ops[i];
@@ -1007,8 +998,9 @@ static idem_err_t apply_round(struct batch *b)
 /* The element types of the INSERT's and the UPDATE's array parameters. */
 static const uint32_t ins_types[9] = {OID_TEXT, OID_TEXT, OID_INT2, OID_INT4, OID_BYTEA,
                                       OID_INT8, OID_INT8, OID_INT8, OID_BYTEA};
-static const uint32_t upd_types[10] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT2, OID_INT4,
-                                       OID_BYTEA, OID_INT8, OID_INT8, OID_INT8, OID_BYTEA};
+static const uint32_t upd_types[11] = {OID_TEXT, OID_TEXT, OID_INT8, OID_INT2, OID_INT4,
+                                       OID_BYTEA, OID_INT8, OID_INT8, OID_INT8, OID_BYTEA,
+                                       OID_BYTEA};
 
 /* Add kent k's new record to the column arrays a[first..first+6]:
  * state, flags, fingerprint, fence, lease_until, expires_at, record. */
@@ -1026,21 +1018,25 @@ static void add_record(struct arr *a, const struct kent *k)
     arr_add(&a[6], k->cur, k->cur_len);
 }
 
-/* Write what this round changed: INSERT for keys that were absent, UPDATE
- * and DELETE (fenced by the fence read) for keys that existed.  Sets
- * *conflicts to the number of keys whose INSERT lost a race (their round
- * flag stays set, every other key's is cleared). */
-static enum outcome write_round(struct pg_store *s, PGconn *pq, struct batch *b, size_t *conflicts,
-                                idem_err_t *err)
+/* Which statements the write flight queued: the index of each one's result
+ * (-1 when not sent) and how many there are. */
+struct flight {
+    int ins, upd, del, nq;
+};
+
+/* Queue what the ops changed: INSERT for keys that were absent, UPDATE and
+ * DELETE (fenced by the fence read, each checking in SQL that it touched
+ * every row it was given) for keys that existed.  R_OK, R_FAIL (out of
+ * memory, *err set) or R_STALE (libpq could not queue). */
+static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b,
+                                 struct flight *f, idem_err_t *err)
 {
     size_t nins = 0, nupd = 0, ndel = 0;
-    int nq = 0, qi_ins = -1, qi_upd = -1, qi_del = -1;
-    PGresult *res[3];
 
-    *conflicts = 0;
+    *f = (struct flight){-1, -1, -1, 0};
     for (size_t i = 0; i < b->nkeys; i++) {
         const struct kent *k = &b->keys[i];
-        if (!k->round || !k->changed)
+        if (!k->changed)
             continue;
         if (k->orig == NULL && k->cur != NULL)
             nins++;
@@ -1054,7 +1050,7 @@ static enum outcome write_round(struct pg_store *s, PGconn *pq, struct batch *b,
             arr_start(&b->a[c], ins_types[c]);
         for (size_t i = 0; i < b->nkeys; i++) {
             const struct kent *k = &b->keys[i];
-            if (k->round && k->changed && k->orig == NULL && k->cur != NULL) {
+            if (k->changed && k->orig == NULL && k->cur != NULL) {
                 arr_add(&b->a[0], k->scope, k->slen);
                 arr_add(&b->a[1], k->key, k->klen);
                 add_record(&b->a[2], k);
@@ -1066,90 +1062,52 @@ static enum outcome write_round(struct pg_store *s, PGconn *pq, struct batch *b,
             goto nomem;
         if (!send_prepared(pq, ST_INS, 9, b->a))
             goto lost;
-        qi_ins = nq++;
+        f->ins = f->nq++;
     }
     /* Each statement's parameters are copied into libpq's output buffer when
      * it is queued, so the arrays may be reused for the next one. */
     if (nupd > 0) {
-        for (int c = 0; c < 10; c++)
+        for (int c = 0; c < 11; c++)
             arr_start(&b->a[c], upd_types[c]);
         for (size_t i = 0; i < b->nkeys; i++) {
             const struct kent *k = &b->keys[i];
-            if (k->round && k->changed && k->orig != NULL && k->cur != NULL) {
+            if (k->changed && k->orig != NULL && k->cur != NULL) {
                 arr_add(&b->a[0], k->scope, k->slen);
                 arr_add(&b->a[1], k->key, k->klen);
                 arr_i64(&b->a[2], k->orig_fence);
                 add_record(&b->a[3], k);
+                arr_add(&b->a[10], k->orig, k->orig_len);
             }
         }
-        for (int c = 0; c < 10; c++)
+        for (int c = 0; c < 11; c++)
             arr_end(&b->a[c]);
-        if (arrs_nomem(b, 10))
+        if (arrs_nomem(b, 11))
             goto nomem;
-        if (!send_prepared(pq, ST_UPD, 10, b->a))
+        if (!send_prepared(pq, ST_UPD, 11, b->a))
             goto lost;
-        qi_upd = nq++;
+        f->upd = f->nq++;
     }
     if (ndel > 0) {
         arr_start(&b->a[0], OID_TEXT);
         arr_start(&b->a[1], OID_TEXT);
         arr_start(&b->a[2], OID_INT8);
+        arr_start(&b->a[3], OID_BYTEA);
         for (size_t i = 0; i < b->nkeys; i++) {
             const struct kent *k = &b->keys[i];
-            if (k->round && k->changed && k->orig != NULL && k->cur == NULL) {
+            if (k->changed && k->orig != NULL && k->cur == NULL) {
                 arr_add(&b->a[0], k->scope, k->slen);
                 arr_add(&b->a[1], k->key, k->klen);
                 arr_i64(&b->a[2], k->orig_fence);
+                arr_add(&b->a[3], k->orig, k->orig_len);
             }
         }
-        for (int c = 0; c < 3; c++)
+        for (int c = 0; c < 4; c++)
             arr_end(&b->a[c]);
-        if (arrs_nomem(b, 3))
+        if (arrs_nomem(b, 4))
             goto nomem;
-        if (!send_prepared(pq, ST_DEL, 3, b->a))
+        if (!send_prepared(pq, ST_DEL, 4, b->a))
             goto lost;
-        qi_del = nq++;
-    }
-    for (size_t i = 0; i < b->nkeys; i++)
-        b->keys[i].inserted = false;
-    if (nq == 0) {
-        for (size_t i = 0; i < b->nkeys; i++)
-            b->keys[i].round = false;
-        return R_OK;
-    }
-    if (seg_run(s, pq, nq, res) != R_OK)
-        return R_STALE; /* nothing committed: the server rolls the transaction back */
-
-    enum outcome o = R_OK;
-    for (int q = 0; q < nq && o == R_OK; q++) {
-        ExecStatusType want = q == qi_ins ? PGRES_TUPLES_OK : PGRES_COMMAND_OK;
-        if (PQresultStatus(res[q]) != want)
-            o = classify(s, pq, res[q], "writing", err);
-    }
-    if (o == R_OK && qi_ins >= 0) {
-        PGresult *r = res[qi_ins];
-        for (int row = 0; row < PQntuples(r); row++) {
-            struct kent *k = find_key(b, PQgetvalue(r, row, 0), (size_t)PQgetlength(r, row, 0),
-                                      PQgetvalue(r, row, 1), (size_t)PQgetlength(r, row, 1));
-            if (k != NULL)
-                k->inserted = true;
-        }
-    }
-    if (o == R_OK && ((qi_upd >= 0 && strtoull(PQcmdTuples(res[qi_upd]), NULL, 10) != nupd) ||
-                      (qi_del >= 0 && strtoull(PQcmdTuples(res[qi_del]), NULL, 10) != ndel))) {
-        idem__store_seterr(&s->base, "postgres: a row locked by this batch changed under the lock");
-        *err = IDEM_E_STORE_DOWN;
-        o = R_FAIL;
-    }
-    for (int q = 0; q < nq; q++)
-        PQclear(res[q]);
-    if (o != R_OK)
-        return o;
-    for (size_t i = 0; i < b->nkeys; i++) {
-        struct kent *k = &b->keys[i];
-        bool lost = k->round && k->changed && k->orig == NULL && k->cur != NULL && !k->inserted;
-        k->round = lost;
-        *conflicts += lost;
+        f->del = f->nq++;
     }
     return R_OK;
 
@@ -1162,91 +1120,86 @@ lost:
     return R_STALE;
 }
 
-/* Before COMMIT is sent nothing can have been written: a connection that
- * broke then is only stale, and the batch may run again on another. */
-static enum outcome before_commit(enum outcome o)
+/* What the failed statement q of the write flight means.  The server
+ * skipped the statements after it and rolled the flight's implicit
+ * transaction back at its Sync: nothing was written. */
+static enum outcome write_failed(struct pg_store *s, PGconn *pq, const PGresult *r, int q,
+                                 const struct flight *f, idem_err_t *err)
 {
-    return o == R_BROKEN ? R_STALE : o;
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    if (q == f->ins && state != NULL && strcmp(state, "23505") == 0) {
+        /* unique_violation: a key that was absent when read was inserted
+         * by another transaction, which has committed since. */
+        idem__store_seterr(&s->base, "postgres: a key of this batch was claimed by another "
+                                     "transaction at the same time");
+        *err = IDEM_E_STORE_DOWN;
+        return R_RETRY;
+    }
+    if ((q == f->upd || q == f->del) && state != NULL && strcmp(state, "22012") == 0) {
+        /* The statement's check (build_sql): a row changed since it was
+         * read, by a transaction that has committed since. */
+        idem__store_seterr(&s->base, "postgres: a row of this batch changed since it was read");
+        *err = IDEM_E_STORE_DOWN;
+        return R_RETRY;
+    }
+    return classify(s, pq, r, "writing", err);
 }
 
-/* One attempt at a batch in one transaction on connection pq. */
+/* One attempt at a batch on connection pq: one round trip for a batch that
+ * writes nothing, two for one that writes (see the opening comment). */
 static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, idem_err_t *err)
 {
-    PGresult *res[2];
+    PGresult *res[3];
+    struct flight f;
     enum outcome o;
 
-    /* Round trip 1: lock and read every row of the batch. */
+    /* Round trip 1: read every row of the batch (no lock). */
     if (!build_select(b))
         goto nomem;
-    if (!send_plain(pq, "BEGIN") || !send_prepared(pq, ST_SEL, 2, b->a)) {
+    if (!send_prepared(pq, ST_SEL, 2, b->a)) {
         idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
         return R_STALE;
     }
-    if (seg_run(s, pq, 2, res) != R_OK)
+    if (seg_run(s, pq, 1, res) != R_OK)
         return R_STALE;
-    o = R_OK;
-    if (PQresultStatus(res[0]) != PGRES_COMMAND_OK)
-        o = classify(s, pq, res[0], "BEGIN", err);
-    else if (PQresultStatus(res[1]) != PGRES_TUPLES_OK)
-        o = classify(s, pq, res[1], "reading the batch's rows", err);
-    PQclear(res[0]);
-    if (o != R_OK) {
-        PQclear(res[1]);
-        return before_commit(o);
+    if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
+        o = classify(s, pq, res[0], "reading the batch's rows", err);
+        PQclear(res[0]);
+        return o == R_BROKEN ? R_STALE : o; /* nothing was written */
     }
-    take_rows(b, res[1]);
+    take_rows(b, res[0]);
 
-    /* In C: every op in order; then round trip 2, the writes, repeated for
-     * keys that lost an insert race (each re-read in the same transaction). */
-    size_t conflicts = 0;
-    bool wrote = false;
-    for (int round = 0;; round++) {
-        if ((*err = apply_round(b)) != IDEM_OK) {
-            idem__store_seterr(&s->base, "postgres: out of memory applying the batch");
-            return R_FAIL;
-        }
-        for (size_t i = 0; i < b->nkeys; i++)
-            wrote = wrote || (b->keys[i].round && b->keys[i].changed);
-        if ((o = write_round(s, pq, b, &conflicts, err)) != R_OK)
-            return before_commit(o);
-        if (conflicts == 0)
-            break;
-        if (round == CONFLICT_ROUNDS || b->nheld == sizeof b->held / sizeof b->held[0]) {
-            idem__store_seterr(&s->base, "postgres: %zu key(s) kept losing insert races",
-                               conflicts);
-            return R_RETRY;
-        }
-        batch_reset(b, false);
-        if (!build_select(b))
-            goto nomem;
-        if (!send_prepared(pq, ST_SEL, 2, b->a) || seg_run(s, pq, 1, res) != R_OK)
-            return R_STALE;
-        if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
-            o = classify(s, pq, res[0], "reading rows again", err);
-            PQclear(res[0]);
-            return before_commit(o);
-        }
-        take_rows(b, res[0]);
+    /* In C: every op in order, a later op seeing an earlier one's result. */
+    if ((*err = apply_ops(b)) != IDEM_OK) {
+        idem__store_seterr(&s->base, "postgres: out of memory applying the batch");
+        return R_FAIL;
     }
 
-    /* Round trip 3.  A batch that wrote nothing only held row locks:
-     * ROLLBACK releases them without waiting for a WAL flush. */
-    if (run_one(s, pq, wrote ? "COMMIT" : "ROLLBACK", &res[0]) != R_OK) {
-        if (!wrote)
-            return R_STALE; /* nothing to lose: it may run again */
-        idem__store_seterr(&s->base, "postgres: connection lost during COMMIT: the batch may "
+    /* Round trip 2, when anything changed: the writes, one implicit
+     * transaction that the server commits at the flight's Sync, before it
+     * answers the Sync (with its synchronous_commit). */
+    if ((o = queue_writes(s, pq, b, &f, err)) != R_OK)
+        return o;
+    if (f.nq == 0)
+        return R_OK;
+    if (seg_run(s, pq, f.nq, res) != R_OK) {
+        idem__store_seterr(&s->base, "postgres: connection lost during the commit: the batch may "
                                      "or may not have been written");
         return R_BROKEN;
     }
     o = R_OK;
-    if (PQresultStatus(res[0]) != PGRES_COMMAND_OK) {
-        o = classify(s, pq, res[0], "COMMIT", err); /* a failed COMMIT rolled back */
-    } else if (wrote && strcmp(PQcmdStatus(res[0]), "COMMIT") != 0) {
-        idem__store_seterr(&s->base, "postgres: COMMIT answered %s", PQcmdStatus(res[0]));
-        *err = IDEM_E_STORE_DOWN;
-        o = R_FAIL;
+    for (int q = 0; q < f.nq && o == R_OK; q++) {
+        ExecStatusType want = q == f.ins ? PGRES_COMMAND_OK : PGRES_TUPLES_OK;
+        if (PQresultStatus(res[q]) != want)
+            o = write_failed(s, pq, res[q], q, &f, err);
     }
-    PQclear(res[0]);
+    for (int q = 0; q < f.nq; q++)
+        PQclear(res[q]);
+    if (o == R_OK && PQtransactionStatus(pq) != PQTRANS_IDLE) {
+        idem__store_seterr(&s->base, "postgres: the write flight left a transaction open");
+        *err = IDEM_E_STORE_DOWN;
+        return R_BROKEN;
+    }
     return o;
 
 nomem:
@@ -1271,8 +1224,6 @@ static idem_err_t pg_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         batch_free(&b);
         return IDEM_OK; /* every op refused alone: no transaction needed */
     }
-    for (size_t k = 0; k < b.nkeys; k++)
-        b.keys[k].round = true;
     for (int attempt = 0;; attempt++) {
         struct pgc *c;
         bool fresh;
@@ -1299,7 +1250,7 @@ static idem_err_t pg_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             break;
         }
         retried_stale = retried_stale || o == R_STALE;
-        batch_reset(&b, true);
+        batch_reset(&b);
     }
     batch_free(&b);
     return err;
@@ -1608,26 +1559,37 @@ static void build_sql(struct pg_store *s)
     const char *t = s->cfg.table;
     snprintf(s->sql[ST_SEL], SQL_MAX,
              "SELECT t.scope, t.key, t.fence, t.record FROM \"%s\" t "
-             "JOIN unnest($1::text[], $2::text[]) AS u(s, k) ON t.scope = u.s AND t.key = u.k "
-             "ORDER BY t.scope, t.key FOR UPDATE OF t",
+             "JOIN unnest($1::text[], $2::text[]) AS u(s, k) ON t.scope = u.s AND t.key = u.k",
              t);
+    /* A key some other transaction inserted since it was read makes the
+     * INSERT fail (unique_violation), and with it the whole write flight:
+     * the batch runs again (write_failed). */
     snprintf(s->sql[ST_INS], SQL_MAX,
              "INSERT INTO \"%s\" (scope, key, state, flags, fingerprint, fence, lease_until, "
              "expires_at, record) SELECT * FROM unnest($1::text[], $2::text[], $3::int2[], "
-             "$4::int4[], $5::bytea[], $6::int8[], $7::int8[], $8::int8[], $9::bytea[]) "
-             "ON CONFLICT (scope, key) DO NOTHING RETURNING scope, key",
+             "$4::int4[], $5::bytea[], $6::int8[], $7::int8[], $8::int8[], $9::bytea[])",
              t);
+    /* The UPDATE and the DELETE touch a row only if it still holds the
+     * fence and the record bytes the batch read, and check in the same
+     * statement that they touched every row they were given: a row that
+     * changed since it was read makes a shortfall, which divides by zero
+     * and fails the whole write flight, so the batch runs again
+     * (write_failed). */
     snprintf(s->sql[ST_UPD], SQL_MAX,
-             "UPDATE \"%s\" t SET state = u.state, flags = u.flags, fingerprint = u.fp, "
+             "WITH w AS (UPDATE \"%s\" t SET state = u.state, flags = u.flags, fingerprint = u.fp, "
              "fence = u.fence, lease_until = u.lease, expires_at = u.exp, record = u.rec "
              "FROM unnest($1::text[], $2::text[], $3::int8[], $4::int2[], $5::int4[], "
-             "$6::bytea[], $7::int8[], $8::int8[], $9::int8[], $10::bytea[]) "
-             "AS u(s, k, old, state, flags, fp, fence, lease, exp, rec) "
-             "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.old",
+             "$6::bytea[], $7::int8[], $8::int8[], $9::int8[], $10::bytea[], $11::bytea[]) "
+             "AS u(s, k, old, state, flags, fp, fence, lease, exp, rec, was) "
+             "WHERE t.scope = u.s AND t.key = u.k AND t.fence = u.old AND t.record = u.was "
+             "RETURNING 1) "
+             "SELECT 1 / (count(*) = cardinality($1::text[]))::int FROM w",
              t);
     snprintf(s->sql[ST_DEL], SQL_MAX,
-             "DELETE FROM \"%s\" t USING unnest($1::text[], $2::text[], $3::int8[]) "
-             "AS d(s, k, f) WHERE t.scope = d.s AND t.key = d.k AND t.fence = d.f",
+             "WITH w AS (DELETE FROM \"%s\" t USING unnest($1::text[], $2::text[], $3::int8[], "
+             "$4::bytea[]) AS d(s, k, f, was) WHERE t.scope = d.s AND t.key = d.k AND t.fence = d.f "
+             "AND t.record = d.was RETURNING 1) "
+             "SELECT 1 / (count(*) = cardinality($1::text[]))::int FROM w",
              t);
     snprintf(s->sql[ST_GET], SQL_MAX,
              "SELECT record FROM \"%s\" WHERE scope = $1::text AND key = $2::text "

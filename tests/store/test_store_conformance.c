@@ -3309,6 +3309,96 @@ Test(store_postgres, insert_race_against_a_rolled_back_insert_claims, .init = se
     cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
 }
 
+/* The store reads without locking and writes a row only if it still holds
+ * what was read: here the row changes between the read and the write (the
+ * store's UPDATE waits for another transaction that deleted it and wrote a
+ * claim of its own, fence 7).  The batch then runs again, decides on what
+ * the other wrote, and its other key is claimed exactly once. */
+Test(store_postgres, lost_update_race_reads_the_winner_again, .init = setup_postgres,
+     .fini = teardown)
+{
+    char sql[256];
+    cr_assert_eq(claim("contested", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    PGconn *other = pg_direct(), *watch = pg_direct();
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "DELETE FROM \"%s\" WHERE key = 'contested'", pg_tables[0]);
+    pg_sql(other, sql);
+
+    /* The lease is over: a takeover (fence 2) of contested, a claim of free. */
+    struct pg_claimer c;
+    memset(&c, 0, sizeof c);
+    c.ops[0] = claim_op("contested", 1, T0 + LEASE);
+    c.ops[1] = claim_op("free", 1, T0 + LEASE);
+    c.n = 2;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pg_claimer_main, &c), 0);
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+             "AND query LIKE 'WITH w AS (UPDATE \"%s\"%%'",
+             pg_tables[0]);
+    int i = 0;
+    for (; i < 500 && pg_num(watch, sql) == 0; i++)
+        usleep(10000);
+    cr_assert_lt(i, 500, "the store's UPDATE never waited for the other transaction");
+    pg_insert_claim(other, "contested", 1, 7, T0 + 3 * LEASE);
+    pg_sql(other, "COMMIT");
+    pthread_join(t, NULL);
+
+    cr_assert_eq(c.rc, IDEM_OK, "%s", c.err);
+    cr_expect_eq(c.ops[0].decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    cr_expect_eq(c.ops[0].decision.fence, 7);
+    cr_expect_eq(c.ops[1].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(c.ops[1].decision.fence, 1);
+    for (int k = 0; k < 2; k++)
+        idem_record_cleanup(&c.ops[k].record);
+    cr_expect_eq(claim("free", 1, T0 + LEASE + 1).kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(other);
+    PQfinish(watch);
+}
+
+/* A batch's writes travel in one flight, one transaction: a write the
+ * server refuses (here a CHECK the test adds, on the second statement,
+ * after the INSERT of another key ran) must leave nothing of the batch
+ * committed and the connection fit for the next batch. */
+Test(store_postgres, a_refused_write_commits_nothing_of_its_batch, .init = setup_postgres,
+     .fini = teardown)
+{
+    char sql[512];
+    cr_assert_eq(claim("held", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    PGconn *c = pg_direct();
+    snprintf(sql, sizeof sql,
+             "ALTER TABLE \"%s\" ADD CONSTRAINT no_second_fence CHECK (key <> 'held' OR fence < 2)",
+             pg_tables[0]);
+    pg_sql(c, sql);
+
+    /* An INSERT (fresh) and, the lease over, a takeover's UPDATE (held, fence 2). */
+    idem_op_t ops[2] = {claim_op("fresh", 1, T0 + LEASE), claim_op("held", 1, T0 + LEASE)};
+    idem_err_t rc = idem_store_exec(st, ops, 2);
+    cr_expect_neq(rc, IDEM_OK);
+    cr_expect_neq(strstr(idem_store_errstr(st), "no_second_fence"), NULL, "%s",
+                  idem_store_errstr(st));
+    for (int i = 0; i < 2; i++)
+        idem_record_cleanup(&ops[i].record);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM \"%s\" WHERE key = 'fresh'", pg_tables[0]);
+    cr_expect_eq(pg_num(c, sql), 0, "the INSERT before the refused UPDATE was committed");
+    snprintf(sql, sizeof sql, "SELECT fence FROM \"%s\" WHERE key = 'held'", pg_tables[0]);
+    cr_expect_eq(pg_num(c, sql), 1);
+
+    snprintf(sql, sizeof sql, "ALTER TABLE \"%s\" DROP CONSTRAINT no_second_fence",
+             pg_tables[0]);
+    pg_sql(c, sql);
+    PQfinish(c);
+    ops[0] = claim_op("fresh", 1, T0 + LEASE);
+    ops[1] = claim_op("held", 1, T0 + LEASE);
+    cr_assert_eq(idem_store_exec(st, ops, 2), IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(ops[0].decision.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(ops[0].decision.fence, 1);
+    cr_expect_eq(ops[1].decision.kind, IDEM_DECIDE_TAKEOVER);
+    cr_expect_eq(ops[1].decision.fence, 2);
+    for (int i = 0; i < 2; i++)
+        idem_record_cleanup(&ops[i].record);
+}
+
 Test(store_postgres, sweep_deletes_in_bounded_batches_and_skips_locked_rows,
      .init = setup_postgres, .fini = teardown)
 {
@@ -3692,8 +3782,10 @@ Test(store_postgres, deadlocked_batch_runs_again, .init = setup_postgres, .fini 
     PQfinish(watch);
 }
 
-/* A lock held longer than timeout: the batch fails (statement_timeout) but
- * the store is not down, and the next batch works at once. */
+/* A lock held longer than timeout on a row the batch writes: the batch
+ * fails (statement_timeout) but the store is not down, and the next batch
+ * works at once.  (Reading takes no lock: a batch that only reads the
+ * locked row answers from its last committed version.) */
 Test(store_postgres, lock_held_past_the_timeout_fails_the_batch_alone, .init = setup_postgres,
      .fini = teardown)
 {
@@ -3709,6 +3801,11 @@ Test(store_postgres, lock_held_past_the_timeout_fails_the_batch_alone, .init = s
     pg_sql(other, sql);
     int64_t started = mono_now_ms();
     idem_op_t op = claim_op("a", 1, T0 + 1);
+    cr_expect_eq(idem_store_claim(s, &op), IDEM_OK, "%s", idem_store_errstr(s));
+    cr_expect_eq(op.decision.kind, IDEM_DECIDE_IN_FLIGHT);
+    idem_record_cleanup(&op.record);
+    started = mono_now_ms();
+    op = claim_op("a", 1, T0 + LEASE); /* a takeover: writes the row */
     cr_expect_eq(idem_store_claim(s, &op), IDEM_E_STORE_DOWN);
     /* 57014 is what shows the server's statement_timeout ended it (the
      * client's deadline, 1.2 s, says "no answer"); the time only has to
