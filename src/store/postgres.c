@@ -760,6 +760,11 @@ struct kent {
     bool changed;       /* an op wrote or deleted it */
 };
 
+/* Where each write statement's parameters live in batch.a (the SELECT's
+ * use the first two): each has its own, so that every array is built
+ * before anything is queued (queue_writes). */
+enum { A_INS = 0, A_UPD = 9, A_DEL = 20, A_COUNT = 24 };
+
 struct batch {
     idem_op_t *ops;
     size_t n;
@@ -767,7 +772,7 @@ struct batch {
     struct kent *keys;
     size_t nkeys;
     PGresult *held; /* the SELECT's result, which the kents point into */
-    struct arr a[11]; /* parameter buffers */
+    struct arr a[A_COUNT]; /* parameter buffers */
 };
 
 static int cmp_bytes(const char *a, size_t al, const char *b, size_t bl)
@@ -914,10 +919,10 @@ static void batch_free(struct batch *b)
     idem_free(b->op_key);
 }
 
-static bool arrs_nomem(const struct batch *b, int np)
+static bool arrs_nomem(const struct arr *a, int np)
 {
     for (int i = 0; i < np; i++)
-        if (b->a[i].nomem)
+        if (a[i].nomem)
             return true;
     return false;
 }
@@ -933,7 +938,7 @@ static bool build_select(struct batch *b)
     }
     arr_end(&b->a[0]);
     arr_end(&b->a[1]);
-    return !arrs_nomem(b, 2);
+    return !arrs_nomem(b->a, 2);
 }
 
 /* Take the rows of the batch's SELECT (scope, key, fence, record):
@@ -1025,12 +1030,16 @@ struct flight {
 };
 
 /* Queue what the ops changed: INSERT for keys that were absent, UPDATE and
- * DELETE (fenced by the fence read, each checking in SQL that it touched
- * every row it was given) for keys that existed.  R_OK, R_FAIL (out of
- * memory, *err set) or R_STALE (libpq could not queue). */
+ * DELETE (where the row still holds the fence and the record read, each
+ * checking in SQL that it touched every row it was given) for keys that
+ * existed.  Every parameter is built first, so that running out of memory
+ * queues nothing (a statement queued without its Sync would run with the
+ * next flight).  R_OK, R_FAIL (out of memory, *err set) or R_STALE (libpq
+ * could not queue: the connection must be closed, which discards it). */
 static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b,
                                  struct flight *f, idem_err_t *err)
 {
+    struct arr *ins = &b->a[A_INS], *upd = &b->a[A_UPD], *del = &b->a[A_DEL];
     size_t nins = 0, nupd = 0, ndel = 0;
 
     *f = (struct flight){-1, -1, -1, 0};
@@ -1045,76 +1054,64 @@ static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b
         else if (k->orig != NULL)
             ndel++;
     }
-    if (nins > 0) {
-        for (int c = 0; c < 9; c++)
-            arr_start(&b->a[c], ins_types[c]);
-        for (size_t i = 0; i < b->nkeys; i++) {
-            const struct kent *k = &b->keys[i];
-            if (k->changed && k->orig == NULL && k->cur != NULL) {
-                arr_add(&b->a[0], k->scope, k->slen);
-                arr_add(&b->a[1], k->key, k->klen);
-                add_record(&b->a[2], k);
-            }
+    for (int c = 0; c < 9 && nins > 0; c++)
+        arr_start(&ins[c], ins_types[c]);
+    for (int c = 0; c < 11 && nupd > 0; c++)
+        arr_start(&upd[c], upd_types[c]);
+    if (ndel > 0) {
+        arr_start(&del[0], OID_TEXT);
+        arr_start(&del[1], OID_TEXT);
+        arr_start(&del[2], OID_INT8);
+        arr_start(&del[3], OID_BYTEA);
+    }
+    for (size_t i = 0; i < b->nkeys; i++) {
+        const struct kent *k = &b->keys[i];
+        if (!k->changed || (k->orig == NULL && k->cur == NULL))
+            continue;
+        struct arr *a = k->orig == NULL ? ins : k->cur != NULL ? upd : del;
+        arr_add(&a[0], k->scope, k->slen);
+        arr_add(&a[1], k->key, k->klen);
+        if (a == ins) {
+            add_record(&a[2], k);
+            continue;
         }
-        for (int c = 0; c < 9; c++)
-            arr_end(&b->a[c]);
-        if (arrs_nomem(b, 9))
-            goto nomem;
-        if (!send_prepared(pq, ST_INS, 9, b->a))
+        arr_i64(&a[2], k->orig_fence);
+        if (a == upd) {
+            add_record(&a[3], k);
+            arr_add(&a[10], k->orig, k->orig_len);
+        } else {
+            arr_add(&a[3], k->orig, k->orig_len);
+        }
+    }
+    for (int c = 0; c < 9 && nins > 0; c++)
+        arr_end(&ins[c]);
+    for (int c = 0; c < 11 && nupd > 0; c++)
+        arr_end(&upd[c]);
+    for (int c = 0; c < 4 && ndel > 0; c++)
+        arr_end(&del[c]);
+    if ((nins > 0 && arrs_nomem(ins, 9)) || (nupd > 0 && arrs_nomem(upd, 11)) ||
+        (ndel > 0 && arrs_nomem(del, 4))) {
+        *err = IDEM_E_NOMEM;
+        idem__store_seterr(&s->base, "postgres: out of memory building the batch");
+        return R_FAIL;
+    }
+    if (nins > 0) {
+        if (!send_prepared(pq, ST_INS, 9, ins))
             goto lost;
         f->ins = f->nq++;
     }
-    /* Each statement's parameters are copied into libpq's output buffer when
-     * it is queued, so the arrays may be reused for the next one. */
     if (nupd > 0) {
-        for (int c = 0; c < 11; c++)
-            arr_start(&b->a[c], upd_types[c]);
-        for (size_t i = 0; i < b->nkeys; i++) {
-            const struct kent *k = &b->keys[i];
-            if (k->changed && k->orig != NULL && k->cur != NULL) {
-                arr_add(&b->a[0], k->scope, k->slen);
-                arr_add(&b->a[1], k->key, k->klen);
-                arr_i64(&b->a[2], k->orig_fence);
-                add_record(&b->a[3], k);
-                arr_add(&b->a[10], k->orig, k->orig_len);
-            }
-        }
-        for (int c = 0; c < 11; c++)
-            arr_end(&b->a[c]);
-        if (arrs_nomem(b, 11))
-            goto nomem;
-        if (!send_prepared(pq, ST_UPD, 11, b->a))
+        if (!send_prepared(pq, ST_UPD, 11, upd))
             goto lost;
         f->upd = f->nq++;
     }
     if (ndel > 0) {
-        arr_start(&b->a[0], OID_TEXT);
-        arr_start(&b->a[1], OID_TEXT);
-        arr_start(&b->a[2], OID_INT8);
-        arr_start(&b->a[3], OID_BYTEA);
-        for (size_t i = 0; i < b->nkeys; i++) {
-            const struct kent *k = &b->keys[i];
-            if (k->changed && k->orig != NULL && k->cur == NULL) {
-                arr_add(&b->a[0], k->scope, k->slen);
-                arr_add(&b->a[1], k->key, k->klen);
-                arr_i64(&b->a[2], k->orig_fence);
-                arr_add(&b->a[3], k->orig, k->orig_len);
-            }
-        }
-        for (int c = 0; c < 4; c++)
-            arr_end(&b->a[c]);
-        if (arrs_nomem(b, 4))
-            goto nomem;
-        if (!send_prepared(pq, ST_DEL, 4, b->a))
+        if (!send_prepared(pq, ST_DEL, 4, del))
             goto lost;
         f->del = f->nq++;
     }
     return R_OK;
 
-nomem:
-    *err = IDEM_E_NOMEM;
-    idem__store_seterr(&s->base, "postgres: out of memory building the batch");
-    return R_FAIL;
 lost:
     idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
     return R_STALE;
