@@ -135,6 +135,7 @@
 #include "core/record_splice.h"
 #include "store/pool.h"
 #include "store/redis_conn.h"
+#include "store/redis_impl.h"
 #include "store/store_impl.h"
 
 #define DEFAULT_PORT 6379
@@ -145,15 +146,15 @@
 #define DEFAULT_TIMEOUT_MS 2000
 #define TIMEOUT_MAX_MS 60000
 #define WAIT_MAX 16 /* wait=N: at most this many replicas */
-#define HOST_MAX IDEM__URL_HOST_MAX
+#define HOST_MAX IDEM__REDIS_HOST_MAX
 #define USER_MAX 128
 #define PASS_MAX 512
 #define MASTER_MAX 64
-#define SENTINELS_MAX 16
-#define PATH_OPT_MAX 1024 /* ca=, cert=, key=: a file's path, percent-decoded */
+#define SENTINELS_MAX IDEM__REDIS_SEEDS_MAX
+#define PATH_OPT_MAX IDEM__REDIS_PATH_OPT_MAX /* ca=, cert=, key=: a path, decoded */
 #define DB_MAX 2147483647ll
 #define EXACT_MAX ((int64_t)1 << 53) /* Lua numbers are doubles */
-#define KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
+#define KEYBUF IDEM__REDIS_KEYBUF
 #define SWEEP_SCAN_COUNT "1000"    /* hash slots one SCAN step looks at */
 #define SWEEP_STEPS_MAX 16         /* SCAN steps in one sweep call: a bounded stall */
 #define SWEEP_KEYS_PER_CALL 500    /* keys in one sweep script call */
@@ -332,19 +333,6 @@ static const char lua_sweep[] =
     "end\n"
     "return n\n";
 
-enum script {
-    S_CLAIM,
-    S_COMPLETE,
-    S_HOLD,
-    S_RENEW,
-    S_RELEASE,
-    S_DELETE,
-    S_TOKEN_ISSUE,
-    S_TOKEN_USE,
-    S_TOKEN_RESTORE,
-    S_SWEEP,
-    NSCRIPTS
-};
 
 static const char *const script_text[NSCRIPTS] = {
     [S_CLAIM] = lua_claim,
@@ -360,35 +348,6 @@ static const char *const script_text[NSCRIPTS] = {
 };
 
 /* ---- the handle ----------------------------------------------------------- */
-
-struct endpoint {
-    char host[HOST_MAX + 1]; /* a name or an address, without IPv6 brackets */
-    int port;
-};
-
-/* What the URL says. */
-struct rcfg {
-    int sentinel;                      /* redis+sentinel:// */
-    struct endpoint ep[SENTINELS_MAX]; /* the server, or the sentinels to ask */
-    int nep;
-    char master[MASTER_MAX + 1]; /* sentinel: the master's name */
-    char user[USER_MAX + 1];     /* "" for AUTH with the password alone */
-    char pass[PASS_MAX + 1];
-    int has_pass; /* the URL has user:pass@ or :pass@ */
-    long long db;
-    char prefix[IDEM_STORE_OPT_MAX + 1];
-    size_t prefix_len;
-    int pool;       /* most connections open at once */
-    int timeout_ms; /* connect and command timeout */
-    int wait;       /* wait=N: replicas that must acknowledge a batch's writes; 0 off */
-    /* rediss:// and rediss+sentinel://: TLS to every server, sentinels too */
-    int tls;
-    char ca[PATH_OPT_MAX + 1];   /* "": the system's trust store */
-    char cert[PATH_OPT_MAX + 1]; /* "": no client certificate */
-    char key[PATH_OPT_MAX + 1];
-    char sni[HOST_MAX + 1]; /* "": each server's host as the URL or the sentinels give it */
-    int no_verify;          /* verify=false */
-};
 
 /* One pooled connection. */
 struct conn {
@@ -517,7 +476,7 @@ static int parse_tls_opt(const idem__url_param_t *p, struct rcfg *cfg, char *err
     if (!cfg->tls) {
         idem__store_errbuf(errbuf, errlen,
                            "redis store option %s= is for TLS: the URL must be rediss:// (or "
-                           "rediss+sentinel://)",
+                           "rediss+sentinel://, rediss+cluster://)",
                            name);
         return -1;
     }
@@ -674,15 +633,17 @@ static int parse_opts(const char *query, struct rcfg *cfg, char *errbuf, size_t 
 
 /* rest: what follows "redis:", "redis+sentinel:", "rediss:" or
  * "rediss+sentinel:". */
-static int parse_url(const char *rest, int sentinel, int tls, struct rcfg *cfg, char *errbuf,
-                     size_t errlen)
+int idem__redis_parse_url(const char *rest, int form, int tls, struct rcfg *cfg, char *errbuf,
+                          size_t errlen)
 {
-    const char *scheme = tls ? (sentinel ? "rediss+sentinel" : "rediss")
-                             : (sentinel ? "redis+sentinel" : "redis");
+    int sentinel = form == IDEM__REDIS_SENTINEL, cluster = form == IDEM__REDIS_CLUSTER;
+    const char *scheme = tls ? (sentinel ? "rediss+sentinel" : cluster ? "rediss+cluster" : "rediss")
+                             : (sentinel ? "redis+sentinel" : cluster ? "redis+cluster" : "redis");
     idem__url_t u;
 
     memset(cfg, 0, sizeof *cfg);
     cfg->sentinel = sentinel;
+    cfg->cluster = cluster;
     cfg->tls = tls;
     memcpy(cfg->prefix, DEFAULT_PREFIX, sizeof DEFAULT_PREFIX);
     cfg->prefix_len = sizeof DEFAULT_PREFIX - 1;
@@ -692,9 +653,11 @@ static int parse_url(const char *rest, int sentinel, int tls, struct rcfg *cfg, 
     /* The parts (core/url.c); rest has no scheme of its own. */
     if (idem__url_parse(rest, strlen(rest), &u) != IDEM__URL_OK || u.scheme_len != 0) {
         idem__store_errbuf(errbuf, errlen,
-                           sentinel ? "store URL %s: must be %s://host:port[,host:port...]"
-                                      "/master-name[/db]"
-                                    : "store URL %s: must be %s://[user:password@]host:port[/db]",
+                           sentinel  ? "store URL %s: must be %s://host:port[,host:port...]"
+                                       "/master-name[/db]"
+                           : cluster ? "store URL %s: must be %s://[user:password@]host:port"
+                                       "[,host:port...]"
+                                     : "store URL %s: must be %s://[user:password@]host:port[/db]",
                            scheme, scheme);
         return -1;
     }
@@ -728,10 +691,10 @@ static int parse_url(const char *rest, int sentinel, int tls, struct rcfg *cfg, 
     while (h <= end) {
         const char *comma = memchr(h, ',', (size_t)(end - h));
         const char *stop = comma ? comma : end;
-        if (cfg->nep == (sentinel ? SENTINELS_MAX : 1)) {
-            if (sentinel)
-                idem__store_errbuf(errbuf, errlen, "store URL %s: more than %d sentinels",
-                                   scheme, SENTINELS_MAX);
+        if (cfg->nep == (sentinel || cluster ? SENTINELS_MAX : 1)) {
+            if (sentinel || cluster)
+                idem__store_errbuf(errbuf, errlen, "store URL %s: more than %d %s", scheme,
+                                   SENTINELS_MAX, sentinel ? "sentinels" : "seed nodes");
             else
                 idem__store_errbuf(errbuf, errlen,
                                    "store URL %s: one host only; use %s+sentinel:// for several",
@@ -787,14 +750,31 @@ static int parse_url(const char *rest, int sentinel, int tls, struct rcfg *cfg, 
             pathlen = 0;
         }
     }
+    if (cluster && pathlen > 0) {
+        idem__store_errbuf(errbuf, errlen,
+                           "store URL %s: a cluster has no databases; nothing may follow the "
+                           "hosts but ?options",
+                           scheme);
+        return -1;
+    }
     if (parse_db(path, pathlen, cfg, errbuf, errlen) != 0)
         return -1;
-    return parse_opts(u.query, cfg, errbuf, errlen);
+    if (parse_opts(u.query, cfg, errbuf, errlen) != 0)
+        return -1;
+    if (cluster && strpbrk(cfg->prefix, "{}") != NULL) {
+        /* A brace in the prefix would make it every key's hash tag: one slot. */
+        idem__store_errbuf(errbuf, errlen,
+                           "redis store option prefix=%s: no '{' or '}' on a cluster (the "
+                           "prefix would be every key's hash tag)",
+                           cfg->prefix);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- connections ------------------------------------------------------------ */
 
-static void errtext_io(char *err, size_t errlen, const char *who, const idem__rconn_t *c,
+void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const idem__rconn_t *c,
                        int timeout_ms)
 {
     const char *why = idem__rconn_errstr(c);
@@ -824,7 +804,7 @@ static idem__rconn_t *connect_to(const struct redis_store *s, const struct endpo
         return NULL;
     }
     if (idem__rconn_err(c)) {
-        errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
         idem__rconn_free(c);
         return NULL;
     }
@@ -869,7 +849,7 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
         if (r == NULL) {
             char who[HOST_MAX + 24];
             say(who, sizeof who, "sentinel %s:%d", cfg->ep[i].host, cfg->ep[i].port);
-            errtext_io(last, sizeof last, who, c, cfg->timeout_ms);
+            idem__redis_errtext_io(last, sizeof last, who, c, cfg->timeout_ms);
         } else if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 2 &&
                    reply_is(r->element[0], REDIS_REPLY_STRING) &&
                    reply_is(r->element[1], REDIS_REPLY_STRING) &&
@@ -903,9 +883,9 @@ static int discover(struct redis_store *s, struct endpoint *master, char *err, s
 }
 
 /* Load every script on c, pipelined; the SHAs go to k. */
-static int load_scripts(struct conn *k, char *err, size_t errlen, int timeout_ms)
+int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err, size_t errlen,
+                             int timeout_ms)
 {
-    idem__rconn_t *c = k->c;
     for (int i = 0; i < NSCRIPTS; i++) {
         const char *argv[] = {"SCRIPT", "LOAD", script_text[i]};
         size_t len[] = {6, 4, strlen(script_text[i])};
@@ -915,11 +895,11 @@ static int load_scripts(struct conn *k, char *err, size_t errlen, int timeout_ms
     for (int i = 0; i < NSCRIPTS; i++) {
         redisReply *r = NULL;
         if (get_reply(c, &r) != 0) {
-            errtext_io(err, errlen, "SCRIPT LOAD", c, timeout_ms);
+            idem__redis_errtext_io(err, errlen, "SCRIPT LOAD", c, timeout_ms);
             return -1;
         }
         if (reply_is(r, REDIS_REPLY_STRING) && r->len == 40) {
-            memcpy(k->sha[i], r->str, 41);
+            memcpy(sha[i], r->str, 41);
         } else if (!failed) {
             failed = 1;
             say(err, errlen, "SCRIPT LOAD: %.150s",
@@ -986,7 +966,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
     for (int i = 0; i < nsent; i++) {
         redisReply *r = NULL;
         if (get_reply(k->c, &r) != 0) {
-            errtext_io(err, errlen, who, k->c, cfg->timeout_ms);
+            idem__redis_errtext_io(err, errlen, who, k->c, cfg->timeout_ms);
             bad = 2;
             break;
         }
@@ -1004,7 +984,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
         }
         freeReplyObject(r);
     }
-    if (!bad && load_scripts(k, err, errlen, cfg->timeout_ms) != 0) {
+    if (!bad && idem__redis_load_scripts(k->c, k->sha, err, errlen, cfg->timeout_ms) != 0) {
         /* Prefix the server so the message says where. */
         char tmp[256];
         say(tmp, sizeof tmp, "%s: %s", who, err);
@@ -1101,43 +1081,43 @@ static void release(struct redis_store *s, struct conn *k, int broken)
 
 /* ---- exec ------------------------------------------------------------------- */
 
-static int in_range(int64_t v)
+int idem__redis_in_range(int64_t v)
 {
     return v > -EXACT_MAX && v < EXACT_MAX;
 }
 
 /* Whether the numbers an op sends are exact as Lua doubles. */
-static int op_in_range(const idem_op_t *op)
+int idem__redis_op_in_range(const idem_op_t *op)
 {
     switch (op->kind) {
     case IDEM_OP_CLAIM:
-        return in_range(op->now_ms) && in_range(op->lease_until_ms) &&
-               in_range(op->expires_at_ms);
+        return idem__redis_in_range(op->now_ms) && idem__redis_in_range(op->lease_until_ms) &&
+               idem__redis_in_range(op->expires_at_ms);
     case IDEM_OP_COMPLETE:
-        return op->fence < (uint64_t)EXACT_MAX && in_range(op->expires_at_ms);
+        return op->fence < (uint64_t)EXACT_MAX && idem__redis_in_range(op->expires_at_ms);
     case IDEM_OP_HOLD:
-        return op->fence < (uint64_t)EXACT_MAX && in_range(op->lease_until_ms) &&
-               in_range(op->expires_at_ms);
+        return op->fence < (uint64_t)EXACT_MAX && idem__redis_in_range(op->lease_until_ms) &&
+               idem__redis_in_range(op->expires_at_ms);
     case IDEM_OP_RENEW:
-        return op->fence < (uint64_t)EXACT_MAX && in_range(op->lease_until_ms);
+        return op->fence < (uint64_t)EXACT_MAX && idem__redis_in_range(op->lease_until_ms);
     case IDEM_OP_RELEASE:
         return op->fence < (uint64_t)EXACT_MAX;
     case IDEM_OP_DELETE:
         return 1;
     case IDEM_OP_TOKEN_ISSUE:
-        return in_range(op->now_ms) && in_range(op->expires_at_ms);
+        return idem__redis_in_range(op->now_ms) && idem__redis_in_range(op->expires_at_ms);
     case IDEM_OP_TOKEN_USE:
     case IDEM_OP_TOKEN_RESTORE:
-        return in_range(op->now_ms);
+        return idem__redis_in_range(op->now_ms);
     }
     return 0;
 }
 
 /* The Redis key of an identity: prefix scope ':' key. */
-static size_t make_key(const struct redis_store *s, const idem_key_id_t *id, char *buf)
+size_t idem__redis_make_key(const struct rcfg *cfg, const idem_key_id_t *id, char *buf)
 {
-    size_t sl = strlen(id->scope), kl = strlen(id->key), n = s->cfg.prefix_len;
-    memcpy(buf, s->cfg.prefix, n);
+    size_t sl = strlen(id->scope), kl = strlen(id->key), n = cfg->prefix_len;
+    memcpy(buf, cfg->prefix, n);
     memcpy(buf + n, id->scope, sl);
     buf[n + sl] = ':';
     memcpy(buf + n + sl + 1, id->key, kl);
@@ -1145,7 +1125,8 @@ static size_t make_key(const struct redis_store *s, const idem_key_id_t *id, cha
 }
 
 /* Append one op's EVALSHA to c's output buffer. */
-static idem_err_t append_op(struct redis_store *s, struct conn *k, const idem_op_t *op)
+idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
+                                 idem__redis_shas_t sha, const idem_op_t *op)
 {
     static const enum script kind_script[] = {
         [IDEM_OP_CLAIM] = S_CLAIM,
@@ -1166,12 +1147,12 @@ static idem_err_t append_op(struct redis_store *s, struct conn *k, const idem_op
 
     argv[0] = "EVALSHA";
     len[0] = 7;
-    argv[1] = k->sha[kind_script[op->kind]];
+    argv[1] = sha[kind_script[op->kind]];
     len[1] = 40;
     argv[2] = "1";
     len[2] = 1;
     argv[3] = key;
-    len[3] = make_key(s, &op->id, key);
+    len[3] = idem__redis_make_key(cfg, &op->id, key);
 
 #define ARG_NUM(i, fmt, v)                                                    \
     do {                                                                      \
@@ -1234,7 +1215,7 @@ static idem_err_t append_op(struct redis_store *s, struct conn *k, const idem_op
         break;
     }
 #undef ARG_NUM
-    int rc = idem__rconn_append(k->c, argc, argv, len);
+    int rc = idem__rconn_append(c, argc, argv, len);
     idem_free(rec);
     return rc == 0 ? IDEM_OK : IDEM_E_NOMEM;
 }
@@ -1258,7 +1239,7 @@ static int num_field(const redisReply *r, int64_t *out)
 }
 
 /* Build a record from its fields st fl fp fe lu ex r (f[0..6]). */
-static idem_err_t rec_from_fields(redisReply *const *f, idem_record_t *rec)
+idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec)
 {
     int64_t st, fl, fe, lu, ex;
     const uint32_t known = IDEM_REC_HELD | IDEM_REC_NOT_RETAINED | IDEM_REC_TOKEN;
@@ -1295,11 +1276,11 @@ static idem_err_t rec_from_fields(redisReply *const *f, idem_record_t *rec)
 }
 
 /* Set an op's outputs from its script's reply. */
-static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *r)
+void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisReply *r)
 {
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements < 1 ||
         !reply_is(r->element[0], REDIS_REPLY_INTEGER)) {
-        idem__store_seterr(&s->base, "redis: unexpected answer from a script");
+        idem__store_seterr(store, "redis: unexpected answer from a script");
         op->err = IDEM_E_IO;
         return;
     }
@@ -1313,7 +1294,7 @@ static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *
         op->err = IDEM_E_EXISTS;
         return;
     case ST_CORRUPT:
-        idem__store_seterr(&s->base, "redis: the value of key \"%.64s\" of scope %.16s... is "
+        idem__store_seterr(store, "redis: the value of key \"%.64s\" of scope %.16s... is "
                            "not an idem record", op->id.key, op->id.scope);
         op->err = IDEM_E_CORRUPT;
         return;
@@ -1339,7 +1320,7 @@ static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *
         !reply_is(r->element[2], REDIS_REPLY_INTEGER) ||
         !reply_is(r->element[3], REDIS_REPLY_INTEGER) || r->element[1]->integer < 1 ||
         r->element[1]->integer > IDEM_DECIDE_NOT_RETAINED || r->element[2]->integer < 0) {
-        idem__store_seterr(&s->base, "redis: unexpected answer from the claim script");
+        idem__store_seterr(store, "redis: unexpected answer from the claim script");
         op->err = IDEM_E_IO;
         return;
     }
@@ -1351,12 +1332,12 @@ static void take_result(struct redis_store *s, idem_op_t *op, const redisReply *
             op->err = IDEM_E_IO;
             return;
         }
-        op->err = rec_from_fields(r->element + 4, &op->record);
+        op->err = idem__redis_rec_from_fields(r->element + 4, &op->record);
     }
 }
 
 /* Map a Redis error reply to ours. */
-static idem_err_t map_error(const char *msg, int *broken)
+idem_err_t idem__redis_map_error(const char *msg, int *broken)
 {
     if (strstr(msg, "OOM") != NULL)
         return IDEM_E_STORE_FULL;
@@ -1392,7 +1373,7 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
     for (size_t i = 0; i < n; i++) {
         if (!MARKED(mark, i))
             continue;
-        idem_err_t err = append_op(s, k, &ops[i]);
+        idem_err_t err = idem__redis_append_op(&s->cfg, c, k->sha, &ops[i]);
         if (err != IDEM_OK) {
             /* Nothing was sent yet; the half-written buffer goes with the connection. */
             out->broken = 1;
@@ -1416,7 +1397,7 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != sent) {
         idem_err_t err = IDEM_E_STORE_DOWN;
         const char *msg = qerr[0] ? qerr : reply_is(r, REDIS_REPLY_ERROR) ? r->str : "";
-        err = map_error(msg, &out->broken);
+        err = idem__redis_map_error(msg, &out->broken);
         if (!reply_is(r, REDIS_REPLY_ERROR))
             out->broken = 1; /* not even an error: the conversation is lost */
         idem__store_seterr(&s->base, "redis %s: batch refused: %.150s", s->where,
@@ -1435,13 +1416,13 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
         }
         UNMARK(mark, i);
         if (reply_is(e, REDIS_REPLY_ERROR)) {
-            ops[i].err = map_error(e->str, &out->broken);
+            ops[i].err = idem__redis_map_error(e->str, &out->broken);
             idem__store_seterr(&s->base, "redis %s: %.150s", s->where, e->str);
             if (out->failed++ == 0)
                 out->first = ops[i].err;
             continue;
         }
-        take_result(s, &ops[i], e);
+        idem__redis_take_result(&s->base, &ops[i], e);
         out->ran++;
     }
     freeReplyObject(r);
@@ -1451,7 +1432,7 @@ lost:
     out->broken = 1;
     {
         char why[200];
-        errtext_io(why, sizeof why, s->where, c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(why, sizeof why, s->where, c, s->cfg.timeout_ms);
         idem__store_seterr(&s->base, "redis %s; the batch's outcome is unknown", why);
     }
     return IDEM_E_STORE_DOWN;
@@ -1514,7 +1495,7 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (ops[i].err != IDEM_OK)
             continue;
-        if (!op_in_range(&ops[i])) {
+        if (!idem__redis_op_in_range(&ops[i])) {
             idem__store_seterr(base, "redis: times and fences must lie within +-2^53");
             ops[i].err = IDEM_E_INVAL;
             continue;
@@ -1545,7 +1526,7 @@ static idem_err_t redis_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         if (rd.noscript == 0)
             break;
         char why[256];
-        if (pass == 0 && load_scripts(k, why, sizeof why, s->cfg.timeout_ms) == 0)
+        if (pass == 0 && idem__redis_load_scripts(k->c, k->sha, why, sizeof why, s->cfg.timeout_ms) == 0)
             continue;
         /* Scripts that cannot be loaded, or vanish again at once. */
         if (pass == 0) {
@@ -1579,7 +1560,7 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
     struct redis_store *s = (struct redis_store *)base;
     char key[KEYBUF];
     const char *argv[] = {"HMGET", key, "st", "fl", "fp", "fe", "lu", "ex", "r"};
-    size_t len[] = {5, make_key(s, id, key), 2, 2, 2, 2, 2, 2, 1};
+    size_t len[] = {5, idem__redis_make_key(&s->cfg, id, key), 2, 2, 2, 2, 2, 2, 1};
     struct conn *k;
 
     idem_err_t err = acquire(s, &k, NULL);
@@ -1590,13 +1571,13 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
     int broken = 0;
     if (r == NULL) {
         char why[200];
-        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
         idem__store_seterr(base, "redis %s", why);
         broken = 1;
         err = IDEM_E_STORE_DOWN;
     } else if (reply_is(r, REDIS_REPLY_ERROR)) {
         idem__store_seterr(base, "redis %s: %.150s", s->where, r->str);
-        err = strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT : map_error(r->str, &broken);
+        err = strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT : idem__redis_map_error(r->str, &broken);
     } else if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7) {
         idem__store_seterr(base, "redis %s: unexpected answer to HMGET", s->where);
         broken = 1;
@@ -1608,7 +1589,7 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
         if (!present) {
             err = IDEM_E_NOTFOUND;
         } else {
-            err = rec_from_fields(r->element, rec);
+            err = idem__redis_rec_from_fields(r->element, rec);
             if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
                 idem_record_cleanup(rec);
                 err = IDEM_E_NOTFOUND;
@@ -1645,7 +1626,7 @@ static idem_err_t sweep_keys(struct redis_store *s, struct conn *k, redisReply *
         redisReply *r = command(k->c, (int)(4 + nkeys), argv, len);
         if (r == NULL) {
             char why[200];
-            errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+            idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
             idem__store_seterr(&s->base, "redis %s", why);
             *broken = 1;
             return IDEM_E_STORE_DOWN;
@@ -1658,12 +1639,12 @@ static idem_err_t sweep_keys(struct redis_store *s, struct conn *k, redisReply *
         int noscript = reply_is(r, REDIS_REPLY_ERROR) && strncmp(r->str, "NOSCRIPT", 8) == 0;
         idem__store_seterr(&s->base, "redis %s: sweep: %.150s", s->where,
                            reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
-        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? map_error(r->str, broken) : IDEM_E_IO;
+        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? idem__redis_map_error(r->str, broken) : IDEM_E_IO;
         freeReplyObject(r);
         char why[256];
         if (!noscript || pass > 0)
             return err;
-        if (load_scripts(k, why, sizeof why, s->cfg.timeout_ms) != 0) {
+        if (idem__redis_load_scripts(k->c, k->sha, why, sizeof why, s->cfg.timeout_ms) != 0) {
             idem__store_seterr(&s->base, "redis %s: %s", s->where, why);
             *broken = 1;
             return IDEM_E_STORE_DOWN;
@@ -1682,7 +1663,7 @@ static idem_err_t scan_step(struct redis_store *s, struct conn *k, int *broken)
     redisReply *r = command(k->c, 6, argv, len);
     if (r == NULL) {
         char why[200];
-        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
         idem__store_seterr(&s->base, "redis %s", why);
         *broken = 1;
         return IDEM_E_STORE_DOWN;
@@ -1694,7 +1675,7 @@ static idem_err_t scan_step(struct redis_store *s, struct conn *k, int *broken)
         r->element[0]->len >= sizeof buf || !reply_is(r->element[1], REDIS_REPLY_ARRAY)) {
         idem__store_seterr(&s->base, "redis %s: SCAN: %.150s", s->where,
                            reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
-        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? map_error(r->str, broken) : IDEM_E_IO;
+        idem_err_t err = reply_is(r, REDIS_REPLY_ERROR) ? idem__redis_map_error(r->str, broken) : IDEM_E_IO;
         freeReplyObject(r);
         return err;
     }
@@ -1731,14 +1712,14 @@ static idem_err_t server_time(struct redis_store *s, struct conn *k, int64_t *ms
     redisReply *r = command(k->c, 1, (const char *[]){"TIME"}, (const size_t[]){4});
     if (r == NULL) {
         char why[200];
-        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
         idem__store_seterr(&s->base, "redis %s", why);
         *broken = 1;
         return IDEM_E_STORE_DOWN;
     }
     if (reply_is(r, REDIS_REPLY_ERROR)) {
         idem__store_seterr(&s->base, "redis %s: TIME: %.150s", s->where, r->str);
-        idem_err_t err = map_error(r->str, broken);
+        idem_err_t err = idem__redis_map_error(r->str, broken);
         freeReplyObject(r);
         return err;
     }
@@ -1769,7 +1750,7 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
     int steps = 0, broken = 0;
 
     *removed = 0;
-    if (!in_range(now_ms)) {
+    if (!idem__redis_in_range(now_ms)) {
         idem__store_seterr(base, "redis: times must lie within +-2^53");
         return IDEM_E_INVAL;
     }
@@ -1837,7 +1818,7 @@ static idem_err_t redis_ping(idem_store_t *base)
     int broken = 0;
     if (r == NULL) {
         char why[200];
-        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
         idem__store_seterr(base, "redis %s", why);
         broken = 1;
         err = IDEM_E_STORE_DOWN;
@@ -1845,7 +1826,7 @@ static idem_err_t redis_ping(idem_store_t *base)
         idem__store_seterr(base, "redis %s: PING: %.150s", s->where,
                            reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
         if (reply_is(r, REDIS_REPLY_ERROR))
-            map_error(r->str, &broken);
+            idem__redis_map_error(r->str, &broken);
         err = IDEM_E_STORE_DOWN;
     } else if (s->cfg.wait > 0) {
         err = wait_replicas(s, k, &broken); /* /readyz says the replicas do not answer */
@@ -1871,7 +1852,7 @@ static void redis_close(idem_store_t *base)
  * line naming the parameter ("redis store option ca=/x.pem: No such file
  * or directory"): core/tls.c names the fields as "R.ca_file: ", which
  * becomes the parameter here. */
-static idem_err_t tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
+idem_err_t idem__redis_tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
                               size_t errlen)
 {
     static const char *const none[] = {NULL}; /* Redis speaks no ALPN */
@@ -1908,10 +1889,10 @@ static idem_err_t open_common(const char *rest, int sentinel, int tls, idem_stor
     struct rcfg cfg;
     idem_tls_ctx_t *ctx = NULL;
 
-    if (parse_url(rest, sentinel, tls, &cfg, errbuf, errlen) != 0)
+    if (idem__redis_parse_url(rest, sentinel, tls, &cfg, errbuf, errlen) != 0)
         return IDEM_E_INVAL;
     if (tls) {
-        idem_err_t terr = tls_context(&cfg, &ctx, errbuf, errlen);
+        idem_err_t terr = idem__redis_tls_context(&cfg, &ctx, errbuf, errlen);
         if (terr != IDEM_OK)
             return terr;
     }

@@ -360,6 +360,11 @@ static int write_out(idem__rconn_t *c)
     return flush_tls(c);
 }
 
+int idem__rconn_flush(idem__rconn_t *c)
+{
+    return c->err || write_out(c) != 0 ? -1 : 0;
+}
+
 static int feed_reader(idem__rconn_t *c, const char *p, size_t n)
 {
     if (redisReaderFeed(c->reader, p, n) != REDIS_OK) {

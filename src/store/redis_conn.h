@@ -67,6 +67,11 @@ void idem__rconn_free(idem__rconn_t *c); /* NULL: no-op */
  * @return 0, or -1 when out of memory (the connection has failed). */
 int idem__rconn_append(idem__rconn_t *c, int argc, const char **argv, const size_t *len);
 
+/** Send what is buffered without waiting for a reply (redis_cluster.c
+ * writes every node's pipeline before it reads any).
+ * @return 0, or -1 (the connection has failed). */
+int idem__rconn_flush(idem__rconn_t *c);
+
 /** Send what is buffered, then read the next reply.
  * @return 0 with *out (freeReplyObject), or -1 with *out NULL (the
  *         connection has failed: idem__rconn_err, idem__rconn_errstr). */

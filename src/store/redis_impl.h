@@ -1,0 +1,123 @@
+/* src/store/redis_impl.h - what src/store/redis.c shares with
+ * src/store/redis_cluster.c: the URL's parts, the scripts and how an op is
+ * sent to one and its answer read.
+ *
+ * redis.c owns the scripts (one Lua script per op kind), the record's
+ * layout in a Redis hash and the URL grammar; redis_cluster.c adds only
+ * what a cluster needs on top (the slot map, a pool per master, MOVED and
+ * ASK), so the decisions the conformance suite proves on redis:// are the
+ * very same code on redis+cluster://.  Each op touches one Redis key, so on
+ * a cluster every op is one script on one slot.
+ *
+ * THREADING: every function here is safe from any thread; a connection is
+ * used by one thread at a time.
+ */
+#ifndef IDEM_STORE_REDIS_IMPL_H
+#define IDEM_STORE_REDIS_IMPL_H
+
+#include <hiredis/hiredis.h>
+#include <stddef.h>
+
+#include "core/tls.h"
+#include "core/url.h"
+#include "idem/store.h"
+#include "store/redis_conn.h"
+#include "store/store_impl.h"
+
+#define IDEM__REDIS_HOST_MAX IDEM__URL_HOST_MAX
+#define IDEM__REDIS_SEEDS_MAX 16 /* sentinels, or a cluster's seed nodes */
+#define IDEM__REDIS_PATH_OPT_MAX 1024
+/* A Redis key: the prefix, scope ':' key. */
+#define IDEM__REDIS_KEYBUF (IDEM_STORE_OPT_MAX + IDEM_STORE_KEY_MAX + 1)
+
+/* The URL forms parse_url reads. */
+enum { IDEM__REDIS_SINGLE = 0, IDEM__REDIS_SENTINEL = 1, IDEM__REDIS_CLUSTER = 2 };
+
+struct endpoint {
+    char host[IDEM__REDIS_HOST_MAX + 1]; /* a name or an address, without IPv6 brackets */
+    int port;
+};
+
+/* What the URL says. */
+struct rcfg {
+    int sentinel;                               /* redis+sentinel:// */
+    int cluster;                                /* redis+cluster:// */
+    struct endpoint ep[IDEM__REDIS_SEEDS_MAX];  /* the server, sentinels or seed nodes */
+    int nep;
+    char master[64 + 1];     /* sentinel: the master's name */
+    char user[128 + 1];      /* "" for AUTH with the password alone */
+    char pass[512 + 1];
+    int has_pass; /* the URL has user:pass@ or :pass@ */
+    long long db;
+    char prefix[IDEM_STORE_OPT_MAX + 1];
+    size_t prefix_len;
+    int pool;       /* most connections open at once (per node on a cluster) */
+    int timeout_ms; /* connect and command timeout */
+    /* rediss:// and rediss+sentinel://: TLS to every server, sentinels too */
+    int tls;
+    char ca[IDEM__REDIS_PATH_OPT_MAX + 1];   /* "": the system's trust store */
+    char cert[IDEM__REDIS_PATH_OPT_MAX + 1]; /* "": no client certificate */
+    char key[IDEM__REDIS_PATH_OPT_MAX + 1];
+    char sni[IDEM__REDIS_HOST_MAX + 1]; /* "": each server's host */
+    int no_verify;                      /* verify=false */
+};
+
+enum script {
+    S_CLAIM,
+    S_COMPLETE,
+    S_HOLD,
+    S_RENEW,
+    S_RELEASE,
+    S_DELETE,
+    S_TOKEN_ISSUE,
+    S_TOKEN_USE,
+    S_TOKEN_RESTORE,
+    S_SWEEP,
+    NSCRIPTS
+};
+
+/* The SHA1 of every script as one server knows them. */
+typedef char idem__redis_shas_t[NSCRIPTS][41];
+
+/** Read a URL rest (after "redis:" ...) of the given form; 0, or -1 with
+ * one line in errbuf. */
+int idem__redis_parse_url(const char *rest, int form, int tls, struct rcfg *cfg, char *errbuf,
+                          size_t errlen);
+
+/** The TLS client context of a rediss URL (its files read now). */
+idem_err_t idem__redis_tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
+                                   size_t errlen);
+
+/** SCRIPT LOAD every script on c, pipelined, the SHAs into sha; 0, or -1
+ * with err set. */
+int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err, size_t errlen,
+                             int timeout_ms);
+
+/** The Redis key of an identity (prefix scope ':' key) into buf
+ * (IDEM__REDIS_KEYBUF bytes); its length. */
+size_t idem__redis_make_key(const struct rcfg *cfg, const idem_key_id_t *id, char *buf);
+
+/** Append op's EVALSHA to c's output buffer. */
+idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
+                                 idem__redis_shas_t sha, const idem_op_t *op);
+
+/** Set op's outputs from its script's reply (errors named for store). */
+void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisReply *r);
+
+/** Whether the numbers op sends are exact as Lua doubles. */
+int idem__redis_op_in_range(const idem_op_t *op);
+int idem__redis_in_range(int64_t v);
+
+/** A record from the reply to HMGET key st fl fp fe lu ex r. */
+idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec);
+
+/** An error reply's code as ours; *broken set when the connection should be
+ * dropped (READONLY, MASTERDOWN). */
+idem_err_t idem__redis_map_error(const char *msg, int *broken);
+
+/** One line for a failed connection: "who: why", or "who: no answer within
+ * N ms". */
+void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const idem__rconn_t *c,
+                            int timeout_ms);
+
+#endif /* IDEM_STORE_REDIS_IMPL_H */
