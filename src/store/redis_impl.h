@@ -120,4 +120,9 @@ idem_err_t idem__redis_map_error(const char *msg, int *broken);
 void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const idem__rconn_t *c,
                             int timeout_ms);
 
+/* redis_cluster.c: CRC16/XMODEM as the Redis Cluster spec hashes keys
+ * ("123456789" -> 0x31C3), and a key's slot (its hash tag's, if any). */
+uint16_t idem__redis_crc16(const char *p, size_t n);
+unsigned idem__redis_keyslot(const char *key, size_t len);
+
 #endif /* IDEM_STORE_REDIS_IMPL_H */

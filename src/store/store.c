@@ -2,7 +2,8 @@
  *
  * idem_store_open picks a backend by the URL's scheme from a table (one line
  * per scheme: "memory:", "lmdb:", "rocksdb:", "redis:", "redis+sentinel:", "rediss:",
- * "rediss+sentinel:", "postgres:", "postgresql:") and hands it the rest of the URL.  RocksDB,
+ * "rediss+sentinel:", "redis+cluster:", "rediss+cluster:", "postgres:", "postgresql:")
+ * and hands it the rest of the URL.  RocksDB,
  * Redis and PostgreSQL are optional parts of the build (meson_options.txt):
  * a scheme whose backend
  * was left out is still known by name, so its URL is refused with a sentence
@@ -53,6 +54,8 @@ static const struct idem_store_ops *const backends[] = {
     &idem__store_redis_sentinel_ops,
     &idem__store_rediss_ops,
     &idem__store_rediss_sentinel_ops,
+    &idem__store_redis_cluster_ops,
+    &idem__store_rediss_cluster_ops,
 #endif
 #if IDEM_HAVE_POSTGRES
     &idem__store_postgres_ops,
@@ -73,6 +76,8 @@ static const struct {
     {"redis+sentinel", "://", "Redis", "hiredis", "redis"},
     {"rediss", "://", "Redis", "hiredis", "redis"},
     {"rediss+sentinel", "://", "Redis", "hiredis", "redis"},
+    {"redis+cluster", "://", "Redis", "hiredis", "redis"},
+    {"rediss+cluster", "://", "Redis", "hiredis", "redis"},
 #endif
 #if !IDEM_HAVE_POSTGRES
     {"postgres", "://", "PostgreSQL", "libpq", "postgres"},
@@ -427,7 +432,8 @@ static idem_err_t open_or_check(const char *url, idem_store_t **out, char *errbu
     idem__store_errbuf(errbuf, errlen,
                        "unknown store scheme \"%.*s\" (this build knows lmdb:%s%s%s and memory:)",
                        (int)sl, url, IDEM_HAVE_ROCKSDB ? ", rocksdb:" : "",
-                       IDEM_HAVE_REDIS ? ", redis://, redis+sentinel://, rediss://, rediss+sentinel://" : "",
+                       IDEM_HAVE_REDIS ? ", redis://, redis+sentinel://, rediss://, rediss+sentinel://, "
+                                         "redis+cluster://, rediss+cluster://" : "",
                        IDEM_HAVE_POSTGRES ? ", postgres://, postgresql://" : "");
     return IDEM_E_INVAL;
 }

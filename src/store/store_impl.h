@@ -87,6 +87,8 @@ extern const struct idem_store_ops idem__store_redis_ops;          /* redis:// *
 extern const struct idem_store_ops idem__store_redis_sentinel_ops; /* redis+sentinel:// */
 extern const struct idem_store_ops idem__store_rediss_ops;          /* rediss:// (TLS) */
 extern const struct idem_store_ops idem__store_rediss_sentinel_ops; /* rediss+sentinel:// */
+extern const struct idem_store_ops idem__store_redis_cluster_ops;   /* redis+cluster:// */
+extern const struct idem_store_ops idem__store_rediss_cluster_ops;  /* rediss+cluster:// */
 extern const struct idem_store_ops idem__store_postgres_ops, idem__store_postgresql_ops;
 
 /* ---- helpers for backends (store.c) -------------------------------------- */
