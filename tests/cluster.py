@@ -75,7 +75,10 @@ class Node:
             a += ["--port", "0", "--tls-port", str(self.port), "--tls-cluster", "yes",
                   "--tls-replication", "yes", "--tls-cert-file", self.tls["server"],
                   "--tls-key-file", self.tls["server_key"], "--tls-ca-cert-file",
-                  self.tls["ca"], "--tls-auth-clients", "no"]
+                  self.tls["ca"], "--tls-auth-clients", "no",
+                  # the bus always wants a client certificate (clientAuth)
+                  "--tls-client-cert-file", self.tls["client_a"],
+                  "--tls-client-key-file", self.tls["client_a_key"]]
         else:
             a += ["--port", str(self.port)]
         return a
@@ -202,12 +205,13 @@ class Cluster:
         if r.returncode != 0:
             raise AssertionError("redis-cli --cluster create failed:\n%s"
                                  % (r.stdout + r.stderr).decode("utf-8", "replace")[-2000:])
-        self.wait_ok(deadline)
+        self.wait_ok(deadline, replicas=self.nmasters * self.replicas)
         return self
 
-    def wait_ok(self, deadline=None, masters=None):
+    def wait_ok(self, deadline=None, masters=None, replicas=0):
         """Until every live node says cluster_state:ok and knows the same
-        count of masters with slots (masters: that count)."""
+        count of masters with slots (masters: that count), and at least
+        replicas replicas are attached (as the first live node sees it)."""
         deadline = deadline or time.monotonic() + START_TIMEOUT
         want = masters or self.nmasters
         while True:
@@ -215,7 +219,10 @@ class Cluster:
             infos = [self.info(n.port) for n in live]
             if all(i.get("cluster_state") == "ok" and i.get("cluster_size") == str(want)
                    for i in infos):
-                return
+                tab = self.nodes_table(live[0].port) if replicas else []
+                if sum(1 for r in tab if "slave" in r["flags"] and r["master"] != "-"
+                       and r["link"] == "connected") >= replicas:
+                    return
             if time.monotonic() > deadline:
                 raise AssertionError("cluster not ok: %r" % infos)
             time.sleep(0.1)
