@@ -115,7 +115,9 @@ struct cluster_store {
     unsigned long epoch;      /* map_lock: bumped by every refresh that read a map */
     pthread_mutex_t refresh_lock;
     pthread_mutex_t sweep_lock;
-    int sweep_master; /* the master index (into a map's master list) being swept */
+    int sweep_master;       /* the master index (into a map's master list) being swept */
+    redisReply *sweep_keys; /* the last SCAN's answer, its keys visited up to sweep_next */
+    size_t sweep_next;
     char match[2 * IDEM_STORE_OPT_MAX + 2];
 };
 
@@ -495,40 +497,51 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         pthread_rwlock_unlock(&s->map_lock);
         memset(conn, 0, sizeof conn);
 
-        /* A connection per master, and each master's pipeline. */
+        /* A connection per master, borrowed in the order of the nodes'
+         * indices: two callers that need the same masters never hold one
+         * each while waiting for the other's (the pools are bounded). */
+        uint8_t want[NODES_MAX] = {0};
         for (size_t i = 0; i < n; i++) {
             if (st[i].state != P_SEND)
                 continue;
-            int t = st[i].target;
-            if (t == NO_NODE) {
+            if (st[i].target == NO_NODE) {
                 say(why, sizeof why, "slot %u has no master", (unsigned)st[i].slot);
                 need_refresh = 1;
                 continue;
             }
-            if (dead[t]) {
-                st[i].asked = 0;
+            want[st[i].target] = 1;
+        }
+        for (int t = 0; t < NODES_MAX; t++) {
+            if (!want[t])
+                continue;
+            struct idem__pool_conn *pc;
+            idem__pool_fail_t f;
+            if (idem__pool_borrow(&s->nodes[t]->pool, &pc, NULL, &f) != IDEM_OK) {
+                say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+                    f.why[0] ? f.why : "unreachable");
+                if (f.kind != IDEM__POOL_BUSY)
+                    need_refresh = 1;
+                dead[t] = 1;
                 continue;
             }
-            if (conn[t] == NULL) {
-                struct idem__pool_conn *pc;
-                idem__pool_fail_t f;
-                if (idem__pool_borrow(&s->nodes[t]->pool, &pc, NULL, &f) != IDEM_OK) {
-                    say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
-                        f.why[0] ? f.why : "unreachable");
-                    need_refresh = 1;
-                    st[i].asked = 0;
-                    dead[t] = 1;
-                    continue;
-                }
-                conn[t] = (struct cconn *)pc;
-                used[nused++] = (uint8_t)t;
+            conn[t] = (struct cconn *)pc;
+            used[nused++] = (uint8_t)t;
+        }
+        /* Each master's pipeline, the ops in the batch's order. */
+        for (size_t i = 0; i < n; i++) {
+            if (st[i].state != P_SEND || st[i].target == NO_NODE)
+                continue;
+            int t = st[i].target;
+            if (dead[t]) {
+                st[i].asked = st[i].ask = 0; /* not sent: where the map says, next round */
+                continue;
             }
             if (st[i].ask)
                 idem__rconn_append(conn[t]->c, 1, (const char *[]){"ASKING"},
                                    (const size_t[]){6});
             idem_err_t err = idem__redis_append_op(&s->cfg, conn[t]->c, conn[t]->sha, &ops[i]);
             if (err != IDEM_OK) {
-                /* Only NOMEM or an unencodable completion: this op alone. */
+                /* Only NOMEM: this op alone. */
                 ops[i].err = err;
                 st[i].state = P_DONE;
                 todo--;
@@ -905,11 +918,32 @@ static idem_err_t cluster_sweep(idem_store_t *base, int64_t now_ms, size_t max, 
     size_t visited = 0, total = 0;
     idem_err_t err = IDEM_OK;
     pthread_mutex_lock(&s->sweep_lock);
-    for (int steps = 0; steps < SWEEP_STEPS_MAX && visited < max; steps++) {
+    for (int steps = 0; visited < max;) {
+        const redisReply *pending = s->sweep_keys ? s->sweep_keys->element[1] : NULL;
+        if (pending != NULL && s->sweep_next < pending->elements) {
+            const redisReply *key = pending->element[s->sweep_next++];
+            if (key->type != REDIS_REPLY_STRING)
+                continue;
+            /* One key per call: one slot.  A key that moved meanwhile is
+             * followed; one that fails is left for Redis's own expiry. */
+            const char *sargv[] = {"EVALSHA", NULL, "1", key->str, nowbuf};
+            size_t slen[] = {7, 40, 1, key->len, nowlen};
+            redisReply *g = slot_command(s, idem__redis_keyslot(key->str, key->len), 1, 5,
+                                         sargv, slen);
+            if (g != NULL && g->type == REDIS_REPLY_INTEGER && g->integer > 0)
+                total += (size_t)g->integer;
+            freeReplyObject(g);
+            visited++;
+            continue;
+        }
+        freeReplyObject(s->sweep_keys);
+        s->sweep_keys = NULL;
         if (s->sweep_master >= nm) {
             s->sweep_master = 0; /* a whole pass over every master is done */
             break;
         }
+        if (steps++ == SWEEP_STEPS_MAX)
+            break;
         struct node *nd = s->nodes[m[s->sweep_master]];
         char cur[24];
         const char *argv[] = {"SCAN", cur, "MATCH", s->match, "COUNT", SWEEP_SCAN_COUNT};
@@ -930,24 +964,10 @@ static idem_err_t cluster_sweep(idem_store_t *base, int64_t now_ms, size_t max, 
             break;
         }
         nd->sweep_cursor = strtoull(r->element[0]->str, NULL, 10);
-        for (size_t i = 0; i < r->element[1]->elements; i++) {
-            const redisReply *key = r->element[1]->element[i];
-            if (key->type != REDIS_REPLY_STRING)
-                continue;
-            /* One key per call: one slot.  A key that moved meanwhile is
-             * followed; one that fails is left for Redis's own expiry. */
-            const char *sargv[] = {"EVALSHA", NULL, "1", key->str, nowbuf};
-            size_t slen[] = {7, 40, 1, key->len, nowlen};
-            redisReply *g = slot_command(s, idem__redis_keyslot(key->str, key->len), 1, 5,
-                                         sargv, slen);
-            if (g != NULL && g->type == REDIS_REPLY_INTEGER && g->integer > 0)
-                total += (size_t)g->integer;
-            freeReplyObject(g);
-            visited++;
-        }
-        freeReplyObject(r);
         if (nd->sweep_cursor == 0)
-            s->sweep_master++;
+            s->sweep_master++; /* this master's pass ends with these keys */
+        s->sweep_keys = r;
+        s->sweep_next = 0;
     }
     pthread_mutex_unlock(&s->sweep_lock);
     *removed = total;
@@ -968,6 +988,7 @@ static void cluster_close(idem_store_t *base)
     pthread_rwlock_destroy(&s->map_lock);
     pthread_mutex_destroy(&s->refresh_lock);
     pthread_mutex_destroy(&s->sweep_lock);
+    freeReplyObject(s->sweep_keys);
     idem__tls_ctx_unref(s->tls);
     idem_free(s);
 }
