@@ -436,7 +436,51 @@ struct opst {
     uint8_t target; /* the node it goes to this round */
     uint8_t ask;    /* ASKING first (target from an ASK) */
     uint8_t asked;  /* target was set by ASK, kept for the next round */
+    uint8_t ran;    /* its script ran (this round): wait=N covers it */
 };
+
+/* wait=N: after node t answered the ops sent to it this round, WAIT N
+ * replicas (blocking on the server for 3/4 of the timeout, so its answer
+ * comes before the socket's own deadline).  Too few: the ops that ran there
+ * fail closed with IDEM_E_STORE_DOWN, as redis.c's batch does (a failover
+ * could lose what they wrote).  Returns nonzero when the connection failed. */
+static int wait_replicas(struct cluster_store *s, int t, struct cconn *k, idem_op_t *ops,
+                         const struct opst *st, size_t n)
+{
+    int ran = 0;
+    for (size_t i = 0; i < n; i++)
+        if (st[i].state == P_DONE && st[i].target == t && st[i].ran)
+            ran = 1;
+    if (!ran)
+        return 0;
+    char nb[16], tb[16];
+    int tw = s->cfg.timeout_ms * 3 / 4 > 0 ? s->cfg.timeout_ms * 3 / 4 : 1;
+    const char *argv[] = {"WAIT", nb, tb};
+    size_t len[] = {4, (size_t)snprintf(nb, sizeof nb, "%d", s->cfg.wait),
+                    (size_t)snprintf(tb, sizeof tb, "%d", tw)};
+    redisReply *r = NULL;
+    int broken = idem__rconn_append(k->c, 3, argv, len) != 0 ||
+                 idem__rconn_get_reply(k->c, &r) != 0;
+    int ok = !broken && r->type == REDIS_REPLY_INTEGER && r->integer >= s->cfg.wait;
+    if (!ok)
+        idem__store_seterr(&s->base, "redis %s:%d: WAIT %d: %s", s->nodes[t]->ep.host,
+                           s->nodes[t]->ep.port, s->cfg.wait,
+                           broken                          ? "no answer"
+                           : r->type == REDIS_REPLY_ERROR ? r->str
+                                                          : "too few replicas acknowledged");
+    freeReplyObject(r);
+    if (ok)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (st[i].state == P_DONE && st[i].target == t && st[i].ran) {
+            if (ops[i].err == IDEM_OK && ops[i].kind == IDEM_OP_CLAIM &&
+                ops[i].decision.kind == IDEM_DECIDE_REPLAY)
+                idem_record_cleanup(&ops[i].record);
+            ops[i].err = IDEM_E_STORE_DOWN;
+        }
+    }
+    return broken;
+}
 
 /* What a reply's error says about where the op goes next. */
 static int error_kind(const char *msg)
@@ -489,6 +533,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         pthread_rwlock_rdlock(&s->map_lock);
         unsigned long epoch = s->epoch;
         for (size_t i = 0; i < n; i++) {
+            st[i].ran = 0;
             if (st[i].state != P_SEND)
                 continue;
             if (!st[i].asked)
@@ -622,10 +667,13 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                     continue;
                 }
                 idem__redis_take_result(base, &ops[i], r);
+                st[i].ran = 1;
                 freeReplyObject(r);
                 todo--;
                 ran++;
             }
+            if (s->cfg.wait > 0 && !broken)
+                broken = wait_replicas(s, t, k, ops, st, n);
             if (noscript && !broken) {
                 char e[256];
                 if (idem__redis_load_scripts(k->c, k->sha, e, sizeof e, s->cfg.timeout_ms) != 0)

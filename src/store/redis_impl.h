@@ -53,6 +53,10 @@ struct rcfg {
     size_t prefix_len;
     int pool;       /* most connections open at once (per node on a cluster) */
     int timeout_ms; /* connect and command timeout */
+    /* wait=N: replicas that must acknowledge an op's writes (0: off).  Read
+     * by parse_opts once the replicas' branch (issue 20 item 3) is merged;
+     * redis_cluster.c already honours it. */
+    int wait;
     /* rediss:// and rediss+sentinel://: TLS to every server, sentinels too */
     int tls;
     char ca[IDEM__REDIS_PATH_OPT_MAX + 1];   /* "": the system's trust store */
