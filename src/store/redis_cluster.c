@@ -34,8 +34,11 @@
  *              left as it is (the slot is migrating);
  *   TRYAGAIN, CLUSTERDOWN, NOSCRIPT   did not run: again after a short
  *              pause (NOSCRIPT: after SCRIPT LOAD);
- * all within the URL's timeout and at most ROUNDS_MAX rounds; what is left
- * then fails with IDEM_E_STORE_DOWN.  A master that cannot be reached
+ * all within the URL's timeout and at most ROUNDS_MAX rounds, the second
+ * retry on after a pause that doubles (10 ms to 250 ms): a slot whose move
+ * is being announced node by node can bounce between two masters for a
+ * moment.  What is left then fails with IDEM_E_STORE_DOWN.  MOVED names
+ * the slot's new master, which the map takes at once.  A master that cannot be reached
  * before anything was sent to it is like MOVED (its ops were not sent:
  * safe to send elsewhere once the map names a new master).  A connection
  * that fails AFTER a pipeline was written leaves the outcome of the ops
@@ -77,7 +80,7 @@
 #define SLOTS 16384
 #define NODES_MAX 250        /* nodes a handle ever learns of */
 #define NO_NODE 255          /* a slot with no master */
-#define ROUNDS_MAX 16        /* sends of one batch, redirects and retries together */
+#define ROUNDS_MAX 64        /* sends of one batch, redirects and retries together */
 #define PAUSE_MIN_MS 10      /* the first pause before TRYAGAIN/CLUSTERDOWN is retried */
 #define PAUSE_MAX_MS 250
 #define SWEEP_SCAN_COUNT "1000"
@@ -310,6 +313,19 @@ static int redirect_node(struct cluster_store *s, const char *msg)
 }
 
 /* ---- the slot map --------------------------------------------------------- */
+
+/* MOVED: the slot's master is the one the reply names; 0, or -1 when the
+ * reply names none we can use (the whole map is read again then). */
+static int moved(struct cluster_store *s, unsigned slot, const char *msg)
+{
+    int to = redirect_node(s, msg);
+    if (to < 0)
+        return -1;
+    pthread_rwlock_wrlock(&s->map_lock);
+    s->slot_node[slot] = (uint8_t)to;
+    pthread_rwlock_unlock(&s->map_lock);
+    return 0;
+}
 
 /* Read CLUSTER SLOTS from one node into map (NO_NODE where nobody serves). */
 static int read_slots(struct cluster_store *s, const struct endpoint *ep, uint8_t *map,
@@ -640,7 +656,8 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                     if (kind != 0) {
                         st[i].state = P_SEND; /* did not run: again */
                         if (kind == 1) {
-                            need_refresh = 1;
+                            if (moved(s, st[i].slot, r->str) != 0)
+                                need_refresh = 1;
                         } else if (kind == 2) {
                             int to = redirect_node(s, r->str);
                             if (to >= 0) {
@@ -687,7 +704,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             break;
         if (need_refresh && refresh(s, epoch) != 0)
             need_pause = 1;
-        if (need_pause || (need_refresh && map_epoch(s) == epoch)) {
+        if (need_pause || round >= 1) {
             int64_t left = deadline - idem__pool_mono_ms();
             pause_ms((int)(pause < left ? pause : left > 0 ? left : 0));
             pause = pause * 2 > PAUSE_MAX_MS ? PAUSE_MAX_MS : pause * 2;
@@ -768,7 +785,7 @@ static redisReply *slot_command(struct cluster_store *s, unsigned slot, int use_
                     say(why, sizeof why, "%s:%d: %.150s", s->nodes[t]->ep.host,
                         s->nodes[t]->ep.port, r->str);
                     if (kind == 1)
-                        need_refresh = 1;
+                        need_refresh = moved(s, slot, r->str) != 0;
                     else if (kind == 2)
                         ask = redirect_node(s, r->str);
                     else if (kind == 4) {
@@ -789,9 +806,9 @@ static redisReply *slot_command(struct cluster_store *s, unsigned slot, int use_
         }
         if (idem__pool_mono_ms() >= deadline)
             break;
-        if (need_refresh && refresh(s, epoch) == 0 && map_epoch(s) != epoch)
-            continue;
-        if (ask >= 0)
+        if (need_refresh)
+            refresh(s, epoch);
+        if (round == 0)
             continue;
         int64_t left = deadline - idem__pool_mono_ms();
         pause_ms((int)(pause < left ? pause : left > 0 ? left : 0));
