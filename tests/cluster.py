@@ -227,6 +227,38 @@ class Cluster:
                 raise AssertionError("cluster not ok: %r" % infos)
             time.sleep(0.1)
 
+    def add_master(self, deadline=None):
+        """Start one more node, empty, and have it meet the cluster; return
+        its port once every live node knows it by its id, it knows them all,
+        and it says cluster_state:ok (it has learnt the slots)."""
+        deadline = deadline or time.monotonic() + START_TIMEOUT
+        n = Node(self.topdir, cluster_ports(1)[0], self.tls)
+        self.nodes.append(n)
+        n.start()
+        while self.cli(n.port, "PING", timeout=5) != "PONG":
+            if not n.alive() or time.monotonic() > deadline:
+                raise AssertionError("redis-server %d did not start" % n.port)
+            time.sleep(0.05)
+        first = [m for m in self.nodes if m.alive() and m is not n][0]
+        out = self.cli(first.port, "CLUSTER", "MEET", HOST, n.port)
+        if out != "OK":
+            raise AssertionError("CLUSTER MEET: %s" % out)
+        myid = self.cli(n.port, "CLUSTER", "MYID")
+        while True:
+            # Known by its own id (not a handshake's provisional one).
+            seen = [any(r["id"] == myid and r["link"] == "connected"
+                        and "handshake" not in r["flags"]
+                        for r in self.nodes_table(m.port))
+                    for m in self.nodes if m.alive()]
+            known = [r for r in self.nodes_table(n.port) if r["link"] == "connected"
+                     and "handshake" not in r["flags"] and "fail" not in r["flags"]]
+            if (all(seen) and len(known) >= sum(1 for m in self.nodes if m.alive()) - 1
+                    and self.info(n.port).get("cluster_state") == "ok"):
+                return n.port
+            if time.monotonic() > deadline:
+                raise AssertionError("node %d not seen by every node" % n.port)
+            time.sleep(0.1)
+
     def stop(self):
         for n in self.nodes:
             n.stop()
