@@ -44,8 +44,11 @@
  * that fails AFTER a pipeline was written leaves the outcome of the ops
  * not yet answered unknown: a claim may have run.  Such ops are NOT sent
  * again (a claim sent twice would find its own in_progress record and
- * answer in_flight): they fail with IDEM_E_STORE_DOWN, idemd answers 503,
- * and the lease covers a claim that did land, as on redis://.
+ * answer in_flight), and exec returns IDEM_E_STORE_DOWN for the whole
+ * batch, as redis.c does for a lost EXEC: a per-op error promises that the
+ * op wrote nothing (store_impl.h), which cannot be said here, so the
+ * answers of the other masters are given up too.  idemd answers 503, and
+ * the lease covers a claim that did land.
  *
  * get follows MOVED and ASK the same way (a read is safe to repeat).
  * sweep walks every master: Redis expires records itself (redis.c), so a
@@ -534,6 +537,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         todo++;
     }
     size_t ran = 0, failed = 0;
+    int unknown = 0; /* an op was sent and its answer lost */
     idem_err_t first = IDEM_OK;
     int64_t deadline = idem__pool_mono_ms() + s->cfg.timeout_ms;
     int pause = PAUSE_MIN_MS;
@@ -619,7 +623,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         for (int u = 0; u < nused; u++) {
             int t = used[u];
             struct cconn *k = conn[t];
-            int broken = 0, noscript = 0;
+            int broken = 0, noscript = 0, drop = 0; /* drop: READONLY and kin */
             for (size_t i = 0; i < n; i++) {
                 if (st[i].state != P_SEND + 1 || st[i].target != t)
                     continue;
@@ -644,8 +648,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                                        s->nodes[t]->ep.host, s->nodes[t]->ep.port, w);
                     ops[i].err = IDEM_E_STORE_DOWN;
                     todo--;
-                    if (failed++ == 0)
-                        first = IDEM_E_STORE_DOWN;
+                    unknown = 1;
                     need_refresh = 1;
                     continue;
                 }
@@ -674,7 +677,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                     } else {
                         int br = 0;
                         ops[i].err = idem__redis_map_error(r->str, &br);
-                        broken |= br ? 2 : 0;
+                        drop |= br;
                         idem__store_seterr(base, "redis %s", why);
                         todo--;
                         if (failed++ == 0)
@@ -696,7 +699,9 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                 if (idem__redis_load_scripts(k->c, k->sha, e, sizeof e, s->cfg.timeout_ms) != 0)
                     broken = 1;
             }
-            idem__pool_give_back(&s->nodes[t]->pool, &k->pc, broken != 0);
+            idem__pool_give_back(&s->nodes[t]->pool, &k->pc, broken || drop);
+            if (drop)
+                need_refresh = 1;
         }
         if (todo == 0)
             break;
@@ -721,6 +726,8 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         }
     }
     idem_free(st);
+    if (unknown)
+        return IDEM_E_STORE_DOWN; /* an outcome is unknown: the batch's is (store_impl.h) */
     if (ran == 0 && failed > 0)
         return first; /* nothing ran: the batch failed as a whole */
     return IDEM_OK;
