@@ -74,6 +74,8 @@ class ClusterCase(h.IdemTestCase):
             cls.cluster.start()
         except BaseException:
             cls.cluster.stop()
+            if not h.KEEP:
+                shutil.rmtree(cls.top, True)
             raise
 
     @classmethod
