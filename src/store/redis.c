@@ -1461,12 +1461,12 @@ static idem_err_t wait_replicas(struct redis_store *s, struct conn *k, int *brok
     idem_err_t err = IDEM_E_STORE_DOWN;
     if (r == NULL) {
         char why[200];
-        errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms + 1000);
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms + 1000);
         idem__store_seterr(&s->base, "redis %s; WAIT %d: the batch's replication is unknown",
                            why, s->cfg.wait);
         *broken = 1;
     } else if (reply_is(r, REDIS_REPLY_ERROR)) {
-        map_error(r->str, broken);
+        idem__redis_map_error(r->str, broken);
         idem__store_seterr(&s->base, "redis %s: WAIT %d: %.150s", s->where, s->cfg.wait,
                            r->str);
     } else if (!reply_is(r, REDIS_REPLY_INTEGER)) {
