@@ -784,19 +784,17 @@ void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const ide
         say(err, errlen, "%s: %s", who, why[0] ? why : "connection lost");
 }
 
-/* Connect to ep (plain, or TLS under s's context): the connection, or NULL
- * with err set to one line that names ep. */
-static idem__rconn_t *connect_to(const struct redis_store *s, const struct endpoint *ep,
-                                 char *err, size_t errlen)
+idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
+                                   const struct endpoint *ep, char *err, size_t errlen)
 {
     char who[HOST_MAX + 16];
     say(who, sizeof who, "%s:%d", ep->host, ep->port);
     idem__rconn_cfg_t rc = {
         .host = ep->host,
         .port = ep->port,
-        .timeout_ms = s->cfg.timeout_ms,
-        .tls = s->tls,
-        .server_name = s->cfg.sni,
+        .timeout_ms = cfg->timeout_ms,
+        .tls = tls,
+        .server_name = cfg->sni,
     };
     idem__rconn_t *c = idem__rconn_connect(&rc);
     if (c == NULL) {
@@ -804,11 +802,19 @@ static idem__rconn_t *connect_to(const struct redis_store *s, const struct endpo
         return NULL;
     }
     if (idem__rconn_err(c)) {
-        idem__redis_errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
+        idem__redis_errtext_io(err, errlen, who, c, cfg->timeout_ms);
         idem__rconn_free(c);
         return NULL;
     }
     return c;
+}
+
+/* Connect to ep (plain, or TLS under s's context): the connection, or NULL
+ * with err set to one line that names ep. */
+static idem__rconn_t *connect_to(const struct redis_store *s, const struct endpoint *ep,
+                                 char *err, size_t errlen)
+{
+    return idem__redis_connect(&s->cfg, s->tls, ep, err, errlen);
 }
 
 /* The next reply (redis_conn.c counts it as a store I/O for fault

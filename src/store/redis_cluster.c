@@ -171,23 +171,9 @@ static idem__rconn_t *connect_ep(const struct cluster_store *s, const struct end
 {
     char who[IDEM__REDIS_HOST_MAX + 16];
     say(who, sizeof who, "%s:%d", ep->host, ep->port);
-    idem__rconn_cfg_t rc = {
-        .host = ep->host,
-        .port = ep->port,
-        .timeout_ms = s->cfg.timeout_ms,
-        .tls = s->tls,
-        .server_name = s->cfg.sni,
-    };
-    idem__rconn_t *c = idem__rconn_connect(&rc);
-    if (c == NULL) {
-        say(err, errlen, "%s: out of memory", who);
+    idem__rconn_t *c = idem__redis_connect(&s->cfg, s->tls, ep, err, errlen);
+    if (c == NULL)
         return NULL;
-    }
-    if (idem__rconn_err(c)) {
-        idem__redis_errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
-        idem__rconn_free(c);
-        return NULL;
-    }
     /* AUTH, pipelined with nothing else: its answer is read here. */
     if (s->cfg.has_pass) {
         const char *argv[] = {"AUTH", s->cfg.user, s->cfg.pass};

@@ -89,6 +89,10 @@ int idem__redis_parse_url(const char *rest, int form, int tls, struct rcfg *cfg,
                           size_t errlen);
 
 /** The TLS client context of a rediss URL (its files read now). */
+/** Connect to ep as cfg says (its timeout, its sni), plain or under tls:
+ * the connection, or NULL with err set to one line that names ep. */
+idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
+                                   const struct endpoint *ep, char *err, size_t errlen);
 idem_err_t idem__redis_tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
                                    size_t errlen);
 
