@@ -53,6 +53,9 @@ ROWS = [
     ("idemd-replay-redis", "idemd replay, Redis"),
     ("idemd-new-pg", "idemd new key, PostgreSQL"),
     ("idemd-replay-pg", "idemd replay, PostgreSQL"),
+    # Issue 20: Redis over TLS, and a Redis Cluster of 3 masters (+3 replicas).
+    ("idemd-new-rediss", "idemd new key, rediss"),
+    ("idemd-new-redis-cluster", "idemd new key, Redis Cluster"),
     ("express-new", "express-idempotency new key"),
     ("express-replay", "express-idempotency replay"),
     # BENCH_BASE_BUILD: another build's idemd, measured in the same run.
@@ -78,11 +81,14 @@ CPU_TARGETS = {
 
 # Issue 20's target for the shared stores: the CPU per new key of idemd and
 # of the store server together (server + store, every process of the
-# store: PostgreSQL's backends, WAL writer, autovacuum...) at most this many
-# times nginx proxy_pass's CPU per request (its one worker) in the same run.
-# Printed beside the req/s target, and a missed one is listed likewise.
+# store: PostgreSQL's backends, WAL writer, autovacuum...; all six nodes of
+# the Redis Cluster, replicas included) at most this many times nginx
+# proxy_pass's CPU per request (its one worker) in the same run.  Printed
+# beside the req/s target, and a missed one is listed likewise.
 STORE_CPU_TARGETS = {
     "idemd-new-redis": 2.5,
+    "idemd-new-rediss": 2.5,
+    "idemd-new-redis-cluster": 2.5,
     "idemd-new-pg": 4.0,
     "base-new-pg": 4.0,  # BENCH_BASE_BUILD: shown, never listed as missed
 }
@@ -110,6 +116,12 @@ TARGETS = {
     "idemd-new-redis": (0.7, None),
     "idemd-new-pg": (0.4, None),
 }
+
+# Issue 20's req/s target between two rows: (other row, least ratio of
+# this row's req/s to the other's), the Redis Cluster of three masters
+# against one master.  Printed beside the store CPU target, and a missed
+# one is listed likewise.
+VS_ROW_TARGETS = {"idemd-new-redis-cluster": ("idemd-new-redis", 1.0)}
 
 # The steady-state verdict.  After the first key_ttl the sweeper removes
 # keys as fast as they come, so the store's size must stop growing; but a
@@ -266,7 +278,9 @@ def fmt_span(ab):
 
 
 def read_cpu(work, name, k, clk, requests):
-    """{role: microseconds of CPU per request} of one round, or None."""
+    """{role: microseconds of CPU per request} of one round, or None.  A
+    role's PID may be several, comma-joined (the store role of a Redis
+    Cluster: run.sh sums its nodes' ticks); it must match before and after."""
     paths = [os.path.join(work, "%s.r%d.cpu.%s" % (name, k, s)) for s in ("before", "after")]
     if not requests or not all(os.path.exists(p) for p in paths):
         return None
@@ -457,6 +471,17 @@ def main():
                     missed.append("%s: %.1fus + %.1fus (store) CPU a request, %.2fx nginx"
                                   " proxy_pass's %.1fus, target <= %.1fx"
                                   % (r["label"], mine, store, ratio, theirs, want))
+        if r["name"] in VS_ROW_TARGETS:
+            other, want = VS_ROW_TARGETS[r["name"]]
+            o = by.get(other)
+            if o and o["rps"] and r["rps"]:
+                ratio = r["rps"] / o["rps"]
+                r.setdefault("target", {}).update(
+                    {"rps_vs_row": other, "rps_vs_row_min": want, "rps_vs_row_ratio": ratio,
+                     "rps_vs_row_met": ratio >= want})
+                if ratio < want:
+                    missed.append("%s: %.2fx %s's req/s, target >= %.1fx"
+                                  % (r["label"], ratio, o["label"], want))
         if errs:
             missed.append("%s: %d non-2xx answers, socket errors %s"
                           % (r["label"], r["non_2xx_3xx"], r["socket_errors"]))
@@ -505,6 +530,10 @@ def main():
                 bits.append("cpu+store<=%.1fx %s (%.2fx)" % (
                     t["store_cpu_vs_proxy_max"], "MET" if t["store_cpu_met"] else "MISSED",
                     t["store_cpu_ratio"]))
+            if "rps_vs_row_ratio" in t:
+                bits.append("rps>=%.1fx %s %s (%.2fx)" % (
+                    t["rps_vs_row_min"], by[t["rps_vs_row"]]["label"],
+                    "MET" if t["rps_vs_row_met"] else "MISSED", t["rps_vs_row_ratio"]))
             tgt = ", ".join(bits)
         else:
             tgt = "(baseline)"
@@ -522,8 +551,9 @@ def main():
     if rows:
         print("  (cpu/req: CPU of the row's server process per request, all its threads: nginx's"
               " worker, idemd, the Express app; +upstr: nginx's upstream worker when it is another"
-              " process; +store: every process of the row's Redis or PostgreSQL server."
-              " nginx direct and nginx proxy_pass run in the upstream's own worker.)")
+              " process; +store: every process of the row's Redis or PostgreSQL server, a Redis"
+              " Cluster's six nodes summed. nginx direct and nginx proxy_pass run in the upstream's"
+              " own worker.)")
     if meta.get("https_upstream_skipped"):
         print("  (idemd new key, https upstream: skipped: %s)" % meta["https_upstream_skipped"])
         missed.append("idemd new key, https upstream: not measured: %s" % meta["https_upstream_skipped"])

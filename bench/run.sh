@@ -15,8 +15,15 @@
 #   idemd-new-pg        new keys, on a PostgreSQL cluster started here
 #                       (synchronous_commit on, fsync on: every batch is a WAL flush)
 #   idemd-replay-pg     replays on PostgreSQL (local_cache off)
+#   idemd-new-rediss    new keys, on a Redis of its own over TLS (rediss://,
+#                       --tls-port, the run's certificates, no client certificates)
+#   idemd-new-redis-cluster  new keys, on a Redis Cluster of 3 masters with a
+#                       replica each (tests/cluster.py), redis+cluster:// with
+#                       three seeds
 #   The Redis and PostgreSQL rows are skipped with BENCH_SERVER_STORES=0; their
-#   stores are preloaded with BENCH_PRELOAD_SERVER keys.
+#   stores are preloaded with BENCH_PRELOAD_SERVER keys.  The Redis rows also
+#   record the CPU of their Redis server processes ("store": the one server,
+#   or all six nodes of the cluster).
 #   express-new         wrk -> Node.js Express app with the express-idempotency
 #                       middleware (bench/express/app.js) -> the same upstream,
 #                       a fresh key per request
@@ -101,7 +108,8 @@
 #                         sync=always to mean anything [$TMPDIR or /tmp]
 #   BENCH_RESULTS         where the JSON goes [bench/results]
 #   BENCH_STRICT          1: exit 1 when a target is missed or a row had errors [0]
-#   BENCH_SERVER_STORES   1: also the Redis and PostgreSQL rows [1]
+#   BENCH_SERVER_STORES   1: also the Redis and PostgreSQL rows (and Redis over TLS,
+#                         Redis Cluster) [1]
 #   BENCH_PRELOAD_SERVER  completed keys preloaded into Redis and PostgreSQL [100000]
 #   BENCH_EXPRESS         1: also the express-idempotency rows [1]
 #   BENCH_EXPRESS_ADAPTER the middleware's store: map (a Map, O(1)) or default (the
@@ -188,7 +196,8 @@ fi
 ((BENCH_STEADY_SECONDS <= 86400)) || die "BENCH_STEADY_SECONDS must be at most 86400"
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
-          idemd-new-redis idemd-replay-redis idemd-new-pg idemd-replay-pg express-new express-replay
+          idemd-new-redis idemd-replay-redis idemd-new-rediss idemd-new-redis-cluster idemd-new-pg idemd-replay-pg
+          express-new express-replay
           base-new-always base-new-interval base-replay base-new-pg
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
           idemd-steady)
@@ -202,6 +211,12 @@ fi
 want_row() {
   [[ $BENCH_ROWS == all || -z $BENCH_ROWS || ,$BENCH_ROWS, == *",$1,"* ]]
 }
+# Issue 20: Redis over TLS and Redis Cluster, each with servers of its own.
+REDISS=0 RCLUSTER=0
+if [[ $BENCH_SERVER_STORES == 1 ]]; then
+  want_row idemd-new-rediss && REDISS=1
+  want_row idemd-new-redis-cluster && RCLUSTER=1
+fi
 if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
   ! want_row idemd-new-pg && ! want_row idemd-replay-pg &&
   ! { [[ -n $BENCH_BASE_BUILD ]] && want_row base-new-pg; }; then
@@ -315,14 +330,16 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Twenty-nine distinct free loopback ports (held open together while picked).
+# Thirty-four distinct free loopback ports (held open together while picked);
+# the cluster's nodes pick their own (tests/cluster.py).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
   BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT \
   TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
-  IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN < <(python3 - <<'PY'
+  IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN \
+  REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(29)]
+socks = [socket.socket() for _ in range(34)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -389,18 +406,36 @@ tree_ticks() {
 }
 
 # store_pid KIND: the pid of the Redis server or of PostgreSQL's postmaster
-# that scripts/services.sh started (empty when it is not running).
+# that scripts/services.sh started, of the TLS Redis (rediss), or the six
+# node pids of the Redis Cluster joined by commas (cluster); empty when it
+# is not running.
 store_pid() {
   case $1 in
     redis) cat "$WORK/services/redis/redis.pid" 2>/dev/null || true ;;
     pg) head -1 "$WORK/services/pg/data/postmaster.pid" 2>/dev/null || true ;;
+    rediss) echo "${REDISS_SERVER_PID:-}" ;;
+    cluster) local p=${CLUSTER_NODE_PIDS:-}; echo "${p// /,}" ;;
   esac
+}
+
+# store_ticks PID[,PID...]: tree_ticks of each, summed (a Redis Cluster's
+# nodes are one store); empty when one of them is gone, so that the role
+# has no figure rather than a wrong one.
+store_ticks() {
+  local p total=0
+  IFS=, read -r -a _pids <<<"$1"
+  for p in "${_pids[@]}"; do
+    [[ -d /proc/$p ]] || return 0
+    total=$((total + $(tree_ticks "$p")))
+  done
+  echo "$total"
 }
 
 # row_pids ROW: "ROLE PID" lines, the processes whose CPU a row records:
 # server (what is measured), upstream (nginx's upstream worker, when it
 # is not the server's own process) and store (the Redis or PostgreSQL
-# server of the row, all its processes: tree_ticks).
+# server of the row, all its processes: tree_ticks; for the Redis Cluster
+# its six nodes, as one comma-joined "pid": store_ticks sums them).
 row_pids() {
   case $1 in
     nginx-direct | nginx-proxy) echo "server $NGINX_WORKER" ;;
@@ -413,6 +448,10 @@ row_pids() {
     base-new-interval) printf 'server %s\nupstream %s\n' "$BASE_INTERVAL_PID" "$NGINX_WORKER" ;;
     idemd-new-redis | idemd-replay-redis)
       printf 'server %s\nupstream %s\nstore %s\n' "$REDIS_PID" "$NGINX_WORKER" "$(store_pid redis)" ;;
+    idemd-new-rediss)
+      printf 'server %s\nupstream %s\nstore %s\n' "$RS_PID" "$NGINX_WORKER" "$(store_pid rediss)" ;;
+    idemd-new-redis-cluster)
+      printf 'server %s\nupstream %s\nstore %s\n' "$RC_PID" "$NGINX_WORKER" "$(store_pid cluster)" ;;
     idemd-new-pg | idemd-replay-pg)
       printf 'server %s\nupstream %s\nstore %s\n' "$PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
     base-new-pg)
@@ -423,11 +462,12 @@ row_pids() {
 
 # cpu_snapshot ROW FILE: "ROLE PID TICKS" for each of row_pids ROW.
 cpu_snapshot() {
-  local role pid
+  local role pid t
   while read -r role pid; do
     [[ -n $role && -n $pid ]] || continue
     if [[ $role == store ]]; then
-      printf '%s %s %s\n' "$role" "$pid" "$(tree_ticks "$pid")"
+      t=$(store_ticks "$pid")
+      if [[ -n $t ]]; then printf '%s %s %s\n' "$role" "$pid" "$t"; fi
     else
       printf '%s %s %s\n' "$role" "$pid" "$(cpu_ticks "$pid")"
     fi
@@ -895,6 +935,84 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   write_meta redis_store="$REDIS_STORE" pg_store="$PG_STORE" preload_server="$BENCH_PRELOAD_SERVER"
 fi
 
+# ---- Redis over TLS and Redis Cluster (issue 20) ---------------------------------------
+#
+# Each with an idemd of its own, as the plain Redis row; preloaded like it.
+
+# preload_server URL: BENCH_PRELOAD_SERVER completed keys into URL's store.
+preload_server() {
+  ((BENCH_PRELOAD_SERVER > 0)) || return 0
+  say "preloading $BENCH_PRELOAD_SERVER keys into $1"
+  timeout --kill-after=5 "${BENCH_PRELOAD_TIMEOUT:-1800}" "$PRELOAD_BIN" "$1" \
+    "$BENCH_PRELOAD_SERVER" >>"$WORK/preload.log" 2>&1 ||
+    die "idem-preload $1 failed: $(tail -5 "$WORK/preload.log")"
+}
+
+if ((REDISS == 1)); then
+  mkdir -p "$WORK/rediss"
+  redis-server --bind 127.0.0.1 --port 0 --tls-port "$REDISS_PORT" --tls-cert-file "$CERTS/server.pem" \
+    --tls-key-file "$CERTS/server.key" --tls-ca-cert-file "$CERTS/ca.pem" --tls-auth-clients no \
+    --save '' --appendonly no --dir "$WORK/rediss" --logfile "$WORK/rediss/redis.log" \
+    </dev/null >/dev/null 2>&1 &
+  REDISS_SERVER_PID=$!
+  PIDS+=("$REDISS_SERVER_PID")
+  for ((i = 0; i < 300; i++)); do
+    [[ $(timeout 5 redis-cli --tls --cacert "$CERTS/ca.pem" -h 127.0.0.1 -p "$REDISS_PORT" ping 2>/dev/null) == PONG ]] &&
+      break
+    kill -0 "$REDISS_SERVER_PID" 2>/dev/null || i=300
+    sleep 0.1
+  done
+  ((i < 300)) || die "the TLS Redis did not start: $(tail -5 "$WORK/rediss/redis.log")"
+  REDISS_STORE="rediss://127.0.0.1:$REDISS_PORT/0?ca=$CERTS/ca.pem"
+  preload_server "$REDISS_STORE"
+  start_idemd idemd-rediss "$IDEM_RS_PORT" "$ADMIN_RS_PORT" "$REDISS_STORE"
+  RS_PID=$IDEMD_PID
+  IDEM_RS_URL=http://127.0.0.1:$IDEM_RS_PORT/
+  check_key "$IDEM_RS_URL" "$RUNID-check-rediss"
+  write_meta rediss_store="$REDISS_STORE" rediss_tls="$(tls_brief "$REDISS_PORT")"
+  say "Redis over TLS on :$REDISS_PORT ($(tls_brief "$REDISS_PORT"))"
+fi
+
+if ((RCLUSTER == 1)); then
+  # tests/cluster.py's Cluster, held by this Python process until it gets
+  # SIGTERM (stop_pid, in the EXIT trap too), which stops every node.  It
+  # writes the first three nodes (the seeds) and every node's pid.
+  python3 - "$ROOT/tests" "$WORK/cluster" "$WORK/cluster.info" >"$WORK/cluster.log" 2>&1 <<'PY' &
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import cluster
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+c = cluster.Cluster(sys.argv[2], masters=3, replicas=1)
+try:
+    c.start()
+    with open(sys.argv[3] + ".tmp", "w") as f:
+        f.write(",".join("%s:%d" % (cluster.HOST, n.port) for n in c.nodes[:3]) + "\n")
+        f.write(" ".join(str(n.proc.pid) for n in c.nodes) + "\n")
+    os.rename(sys.argv[3] + ".tmp", sys.argv[3])
+    while True:
+        signal.pause()
+finally:
+    c.stop()
+PY
+  CLUSTER_HOLDER=$!
+  PIDS+=("$CLUSTER_HOLDER")
+  for ((i = 0; i < 1200; i++)); do
+    [[ -f $WORK/cluster.info ]] && break
+    kill -0 "$CLUSTER_HOLDER" 2>/dev/null || die "the Redis Cluster did not start: $(tail -5 "$WORK/cluster.log")"
+    sleep 0.1
+  done
+  [[ -f $WORK/cluster.info ]] || die "the Redis Cluster did not start in 120s"
+  { read -r CLUSTER_SEEDS; read -r CLUSTER_NODE_PIDS; } <"$WORK/cluster.info"
+  RCLUSTER_STORE="redis+cluster://$CLUSTER_SEEDS"
+  preload_server "$RCLUSTER_STORE"
+  start_idemd idemd-redis-cluster "$IDEM_RC_PORT" "$ADMIN_RC_PORT" "$RCLUSTER_STORE"
+  RC_PID=$IDEMD_PID
+  IDEM_RC_URL=http://127.0.0.1:$IDEM_RC_PORT/
+  check_key "$IDEM_RC_URL" "$RUNID-check-cluster"
+  write_meta redis_cluster_store="$RCLUSTER_STORE" redis_cluster_pids="$CLUSTER_NODE_PIDS"
+  say "Redis Cluster, 3 masters + 3 replicas, seeds $CLUSTER_SEEDS"
+fi
+
 # ---- express-idempotency ----------------------------------------------------------------
 
 if [[ $BENCH_EXPRESS == 1 ]]; then
@@ -960,6 +1078,10 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
     [[ -n $BASE_PG_IDEMD ]] &&
       measure base-new-pg "$r" "$BASE_P_URL" unique "$RUNID-bg$r" "http://127.0.0.1:$BASE_P_ADMIN"
   fi
+  ((REDISS == 1)) &&
+    measure idemd-new-rediss "$r" "$IDEM_RS_URL" unique "$RUNID-rs$r" "http://127.0.0.1:$ADMIN_RS_PORT"
+  ((RCLUSTER == 1)) &&
+    measure idemd-new-redis-cluster "$r" "$IDEM_RC_URL" unique "$RUNID-rc$r" "http://127.0.0.1:$ADMIN_RC_PORT"
   if [[ $BENCH_EXPRESS == 1 ]]; then
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
     want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
@@ -997,6 +1119,8 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-pg "$PG_PID"
   [[ -n $BASE_PG_IDEMD ]] && stop_idemd base-pg "$BASE_PG_PID"
 fi
+((REDISS == 1)) && stop_idemd idemd-rediss "$RS_PID"
+((RCLUSTER == 1)) && stop_idemd idemd-redis-cluster "$RC_PID"
 if [[ $BENCH_EXPRESS == 1 ]]; then
   # Its memory at the end: the in-memory store holds every key of the run.
   write_meta express_rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$EXPRESS_PID/status" 2>/dev/null || echo 0)"
