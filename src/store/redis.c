@@ -1889,19 +1889,23 @@ idem_err_t idem__redis_tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out,
     return strstr(why, "out of memory") != NULL ? IDEM_E_NOMEM : IDEM_E_INVAL;
 }
 
+idem_err_t idem__redis_prepare(const char *rest, int form, int tls, struct rcfg *cfg,
+                               idem_tls_ctx_t **ctx, char *errbuf, size_t errlen)
+{
+    *ctx = NULL;
+    if (idem__redis_parse_url(rest, form, tls, cfg, errbuf, errlen) != 0)
+        return IDEM_E_INVAL;
+    return tls ? idem__redis_tls_context(cfg, ctx, errbuf, errlen) : IDEM_OK;
+}
+
 static idem_err_t open_common(const char *rest, int sentinel, int tls, idem_store_t **out,
                               char *errbuf, size_t errlen)
 {
     struct rcfg cfg;
-    idem_tls_ctx_t *ctx = NULL;
-
-    if (idem__redis_parse_url(rest, sentinel, tls, &cfg, errbuf, errlen) != 0)
-        return IDEM_E_INVAL;
-    if (tls) {
-        idem_err_t terr = idem__redis_tls_context(&cfg, &ctx, errbuf, errlen);
-        if (terr != IDEM_OK)
-            return terr;
-    }
+    idem_tls_ctx_t *ctx;
+    idem_err_t perr = idem__redis_prepare(rest, sentinel, tls, &cfg, &ctx, errbuf, errlen);
+    if (perr != IDEM_OK)
+        return perr;
     if (out == NULL) {
         idem__tls_ctx_unref(ctx);
         return IDEM_OK; /* idem_store_check_url: the URL and its files are good */

@@ -1055,15 +1055,11 @@ static idem_err_t open_cluster(const char *rest, int tls, idem_store_t **out, ch
                                size_t errlen)
 {
     struct rcfg cfg;
-    idem_tls_ctx_t *ctx = NULL;
-
-    if (idem__redis_parse_url(rest, IDEM__REDIS_CLUSTER, tls, &cfg, errbuf, errlen) != 0)
-        return IDEM_E_INVAL;
-    if (tls) {
-        idem_err_t terr = idem__redis_tls_context(&cfg, &ctx, errbuf, errlen);
-        if (terr != IDEM_OK)
-            return terr;
-    }
+    idem_tls_ctx_t *ctx;
+    idem_err_t perr =
+        idem__redis_prepare(rest, IDEM__REDIS_CLUSTER, tls, &cfg, &ctx, errbuf, errlen);
+    if (perr != IDEM_OK)
+        return perr;
     if (out == NULL) {
         idem__tls_ctx_unref(ctx);
         return IDEM_OK;

@@ -93,6 +93,12 @@ int idem__redis_parse_url(const char *rest, int form, int tls, struct rcfg *cfg,
  * the connection, or NULL with err set to one line that names ep. */
 idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
                                    const struct endpoint *ep, char *err, size_t errlen);
+/** What every Redis open begins with: parse the URL of form (sentinel,
+ * cluster or single) and, for TLS, load its files into *ctx (NULL for
+ * plain).  @return IDEM_OK, IDEM_E_INVAL (the URL; errbuf says why), or the
+ * TLS context's error (a file that does not load). */
+idem_err_t idem__redis_prepare(const char *rest, int form, int tls, struct rcfg *cfg,
+                               idem_tls_ctx_t **ctx, char *errbuf, size_t errlen);
 idem_err_t idem__redis_tls_context(const struct rcfg *cfg, idem_tls_ctx_t **out, char *errbuf,
                                    size_t errlen);
 
