@@ -784,6 +784,32 @@ void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const ide
         say(err, errlen, "%s: %s", who, why[0] ? why : "connection lost");
 }
 
+idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
+                                  int64_t now_ms, idem_record_t *rec, int *broken)
+{
+    if (r->type == REDIS_REPLY_ERROR) {
+        idem__store_seterr(base, "redis %s: %.150s", where, r->str);
+        return strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT
+                                                   : idem__redis_map_error(r->str, broken);
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 7) {
+        idem__store_seterr(base, "redis %s: unexpected answer to HMGET", where);
+        *broken = 1;
+        return IDEM_E_STORE_DOWN;
+    }
+    int present = 0;
+    for (size_t i = 0; i < 7; i++)
+        present |= r->element[i]->type != REDIS_REPLY_NIL;
+    if (!present)
+        return IDEM_E_NOTFOUND;
+    idem_err_t err = idem__redis_rec_from_fields(r->element, rec);
+    if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
+        idem_record_cleanup(rec);
+        err = IDEM_E_NOTFOUND;
+    }
+    return err;
+}
+
 idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
                                    const struct endpoint *ep, char *err, size_t errlen)
 {
@@ -1581,26 +1607,8 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
         idem__store_seterr(base, "redis %s", why);
         broken = 1;
         err = IDEM_E_STORE_DOWN;
-    } else if (reply_is(r, REDIS_REPLY_ERROR)) {
-        idem__store_seterr(base, "redis %s: %.150s", s->where, r->str);
-        err = strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT : idem__redis_map_error(r->str, &broken);
-    } else if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != 7) {
-        idem__store_seterr(base, "redis %s: unexpected answer to HMGET", s->where);
-        broken = 1;
-        err = IDEM_E_STORE_DOWN;
     } else {
-        int present = 0;
-        for (size_t i = 0; i < 7; i++)
-            present |= !reply_is(r->element[i], REDIS_REPLY_NIL);
-        if (!present) {
-            err = IDEM_E_NOTFOUND;
-        } else {
-            err = idem__redis_rec_from_fields(r->element, rec);
-            if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
-                idem_record_cleanup(rec);
-                err = IDEM_E_NOTFOUND;
-            }
-        }
+        err = idem__redis_get_answer(base, s->where, r, now_ms, rec, &broken);
     }
     freeReplyObject(r);
     release(s, k, broken);

@@ -823,30 +823,8 @@ static idem_err_t cluster_get(idem_store_t *base, const idem_key_id_t *id, int64
     redisReply *r = slot_command(s, idem__redis_keyslot(key, kl), 0, 9, argv, len);
     if (r == NULL)
         return IDEM_E_STORE_DOWN;
-    idem_err_t err;
-    if (r->type == REDIS_REPLY_ERROR) {
-        int broken = 0;
-        idem__store_seterr(base, "redis %s: %.150s", s->where, r->str);
-        err = strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT
-                                                   : idem__redis_map_error(r->str, &broken);
-    } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 7) {
-        idem__store_seterr(base, "redis %s: unexpected answer to HMGET", s->where);
-        err = IDEM_E_STORE_DOWN;
-    } else {
-        int none = 1;
-        for (int i = 0; i < 7; i++)
-            if (r->element[i]->type != REDIS_REPLY_NIL)
-                none = 0;
-        if (none) {
-            err = IDEM_E_NOTFOUND;
-        } else {
-            err = idem__redis_rec_from_fields(r->element, rec);
-            if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
-                idem_record_cleanup(rec);
-                err = IDEM_E_NOTFOUND;
-            }
-        }
-    }
+    int broken = 0; /* a cluster's node connections are the slot map's to drop */
+    idem_err_t err = idem__redis_get_answer(base, s->where, r, now_ms, rec, &broken);
     freeReplyObject(r);
     return err;
 }

@@ -124,6 +124,12 @@ int idem__redis_in_range(int64_t v);
 
 /** A record from the reply to HMGET key st fl fp fe lu ex r. */
 idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec);
+/** A record from r, the answer to HMGET of a record key's 7 fields: the
+ * record, IDEM_E_NOTFOUND (none, or expired by now_ms), IDEM_E_CORRUPT, or
+ * a store error (errstr set on base, *broken set when the connection is not
+ * to be reused). */
+idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
+                                  int64_t now_ms, idem_record_t *rec, int *broken);
 
 /** An error reply's code as ours; *broken set when the connection should be
  * dropped (READONLY, MASTERDOWN). */
