@@ -32,7 +32,7 @@ typedef struct idem_key_id {
  * @param[out] out         IDEM_KEY_MAX + 1 bytes; the unescaped key, NUL-
  *                         terminated; "" on failure.
  * @return IDEM_OK or IDEM_E_INVAL (empty, too long, bad character, bad quoting,
- *         trailing garbage). */
+ *         trailing garbage, a comma in a bare key: two fields joined). */
 IDEM_EXTERN idem_err_t idem_key_parse(const char *value, size_t len, char *out);
 
 /** The scope of a caller.

@@ -1338,6 +1338,105 @@ void idem__json_destroy(idem__json_t *doc)
     idem_free(doc);
 }
 
+/* ---- looking one value up (idemd's key_from: json:) ------------------------ */
+
+/* The offset of the value the token [t, end) names in the object at i, or
+ * SIZE_MAX.  An object of two or more members is searched in its sorted
+ * table; one of fewer has no table and is read directly. */
+static size_t object_member(const struct idem__json *d, size_t i, const char *t, const char *end)
+{
+    const struct obj *o = find_obj(d, i);
+
+    if (o != NULL) {
+        size_t lo = 0, hi = o->n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            int c = key_token_cmp(d, d->mem[o->first + mid], t, end);
+            if (c == 0)
+                return member_value(d, d->mem[o->first + mid]);
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        return SIZE_MAX;
+    }
+    i = skip_ws(d->text, d->len, i + 1);
+    if (d->text[i] == '}' || key_token_cmp(d, i, t, end) != 0)
+        return SIZE_MAX;
+    return member_value(d, i);
+}
+
+/* The offset of element [t, end) (an index) of the array at i, or SIZE_MAX. */
+static size_t array_element(const struct idem__json *d, size_t i, const char *t, const char *end)
+{
+    size_t want = token_index(t, end);
+
+    if (want == SIZE_MAX)
+        return SIZE_MAX;
+    i = skip_ws(d->text, d->len, i + 1);
+    if (d->text[i] == ']')
+        return SIZE_MAX;
+    for (size_t j = 0;; j++) {
+        if (j == want)
+            return i;
+        i = skip_ws(d->text, d->len, skip_value(d, i));
+        if (d->text[i] == ']')
+            return SIZE_MAX;
+        i = skip_ws(d->text, d->len, i + 1);
+    }
+}
+
+idem__json_kind_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
+                                  size_t *len)
+{
+    size_t i;
+
+    *off = 0;
+    *len = 0;
+    if (doc == NULL || !idem_json_pointer_valid(pointer))
+        return IDEM__JSON_NONE;
+    i = doc->root;
+    while (*pointer != '\0') {
+        const char *t = pointer + 1, *end = token_end(t);
+        if (doc->text[i] == '{')
+            i = object_member(doc, i, t, end);
+        else if (doc->text[i] == '[')
+            i = array_element(doc, i, t, end);
+        else
+            i = SIZE_MAX; /* a scalar has nothing inside to name */
+        if (i == SIZE_MAX)
+            return IDEM__JSON_NONE;
+        pointer = end;
+    }
+    *off = i;
+    *len = skip_value(doc, i) - i;
+    switch (doc->text[i]) {
+    case '"': return IDEM__JSON_STRING;
+    case '{': return IDEM__JSON_OBJECT;
+    case '[': return IDEM__JSON_ARRAY;
+    case 't': return IDEM__JSON_TRUE;
+    case 'f': return IDEM__JSON_FALSE;
+    case 'n': return IDEM__JSON_NULL;
+    default: return IDEM__JSON_NUMBER;
+    }
+}
+
+size_t idem__json_string(const idem__json_t *doc, size_t off, char *out, size_t cap)
+{
+    struct keyit it;
+    size_t n = 0;
+    int c;
+
+    keyit_init(&it, doc->text, doc->len, off);
+    while ((c = keyit_next(&it)) >= 0) {
+        if (n == cap)
+            return SIZE_MAX;
+        out[n++] = (char)c;
+    }
+    return n;
+}
+
 /* ---- the public face (include/idem/fingerprint.h) ---------------------------- */
 
 int idem_json_pointer_valid(const char *ptr)

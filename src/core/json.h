@@ -53,6 +53,37 @@ typedef int (*idem__json_sink_fn)(void *arg, const void *data, size_t len);
  * @return 1, or 0 when the sink stopped it. */
 int idem__json_emit(const idem__json_t *doc, idem__json_sink_fn sink, void *arg);
 
+/** What a value is (idem__json_find). */
+typedef enum idem__json_kind {
+    IDEM__JSON_NONE = 0, /* the pointer names nothing (or is malformed) */
+    IDEM__JSON_STRING,
+    IDEM__JSON_NUMBER,
+    IDEM__JSON_OBJECT,
+    IDEM__JSON_ARRAY,
+    IDEM__JSON_TRUE,
+    IDEM__JSON_FALSE,
+    IDEM__JSON_NULL,
+} idem__json_kind_t;
+
+/** Look up the value an RFC 6901 pointer names in doc, as received (the
+ * parse's fingerprint_ignore pointers drop nothing here): "/a/b" is member
+ * b of member a, ~1 and ~0 stand for / and ~ in a token, a token on an
+ * array is an index (no leading zero; "-" names nothing), "" is the whole
+ * document.  A document has no two members of one key (the parse refuses
+ * them), so a member is never ambiguous.  Reads each byte of the text at
+ * most once; allocates nothing.
+ * @param[out] off, len  the value's text: doc's text[*off .. *off + *len)
+ *                       (0 and 0 for NONE).
+ * @return its kind, or IDEM__JSON_NONE. */
+idem__json_kind_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
+                                  size_t *len);
+
+/** The decoded bytes (UTF-8, escapes resolved) of the string value whose
+ * opening quote is at off (from idem__json_find) into out[0..cap), not
+ * NUL-terminated.  @return their count, or SIZE_MAX when there are more
+ * than cap. */
+size_t idem__json_string(const idem__json_t *doc, size_t off, char *out, size_t cap);
+
 void idem__json_destroy(idem__json_t *doc); /* NULL is a no-op */
 
 #endif /* IDEM_CORE_JSON_H */

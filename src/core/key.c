@@ -10,8 +10,12 @@
  * 0x20-0x7E up to the closing quote, where \" and \\ stand for " and \ and
  * any other backslash is an error, and nothing may follow the closing quote.
  * Any other value is a bare token: every character 0x21-0x7E (so no space, no
- * control character, no DEL, no byte >= 0x80).  A quote or backslash inside
- * a bare token is kept as it is.  Either way the resulting key has 1 to
+ * control character, no DEL, no byte >= 0x80) but the comma: "a, b" or
+ * "a,b" is what an intermediary writes when it joins two Idempotency-Key
+ * fields into one (RFC 9110 section 5.3), so a bare key with a comma is
+ * refused rather than taken as one key that neither client sent.  A quoted
+ * key may hold a comma: inside an sf-string it is unambiguous.  A quote or
+ * backslash inside a bare token is kept as it is.  Either way the resulting key has 1 to
  * IDEM_KEY_MAX characters; a quoted key may hold spaces, even only spaces,
  * since docs/protocol.md section 2 allows space in a quoted string.
  *
@@ -67,7 +71,7 @@ static idem_err_t parse_bare(const unsigned char *p, size_t n, char *out)
     if (n == 0 || n > IDEM_KEY_MAX)
         return IDEM_E_INVAL;
     for (i = 0; i < n; i++)
-        if (p[i] < 0x21 || p[i] > 0x7E)
+        if (p[i] < 0x21 || p[i] > 0x7E || p[i] == ',')
             return IDEM_E_INVAL;
     memcpy(out, p, n);
     out[n] = '\0';
