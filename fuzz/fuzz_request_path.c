@@ -179,6 +179,7 @@ static void same_plan(const idem_gw_plan_t *a, const idem_gw_plan_t *b, bool inv
         CHECK(strcmp(a->refusal.detail, b->refusal.detail) == 0);
         CHECK(a->refusal.outcome == b->refusal.outcome);
         CHECK(a->refusal.allow_post == b->refusal.allow_post);
+        CHECK(a->refusal.allow_get == b->refusal.allow_get);
     }
     CHECK((a->target == NULL) == (b->target == NULL));
     if (a->target && a->target_rc == IDEM_TARGET_OK) {
@@ -481,7 +482,8 @@ static void check_plan(size_t ci, const idem_gw_plan_t *p, const char *in, size_
         CHECK(s == 400 || s == 405 || s == 413 || s == 431 || s == 500 || s == 501 || s == 505);
         CHECK(p->refusal.type != NULL && p->refusal.type[0] != '\0');
         CHECK(p->refusal.detail[0] != '\0');
-        CHECK(p->refusal.allow_post == (s == 405));
+        CHECK((p->refusal.allow_post || p->refusal.allow_get) == (s == 405));
+        CHECK(!(p->refusal.allow_post && p->refusal.allow_get));
         CHECK(p->upstream.len == 0);
         return;
     }
@@ -492,6 +494,13 @@ static void check_plan(size_t ci, const idem_gw_plan_t *p, const char *in, size_
               memcmp(p->target, IDEM_GW_TOKENS_PATH, p->t.path_len) == 0);
         CHECK(p->scoped && p->scope[0] != '\0');
         CHECK(p->upstream.len == 0);
+        return;
+    case IDEM_GW_PUBLISH:
+        CHECK(p->classified && p->cls.kind == IDEM_GW_POLICY);
+        CHECK(slice_is(p->msg.method, "GET", 3) || slice_is(p->msg.method, "HEAD", 4));
+        CHECK(p->t.path_len == strlen(IDEM_GW_POLICY_PATH) &&
+              memcmp(p->target, IDEM_GW_POLICY_PATH, p->t.path_len) == 0);
+        CHECK(!p->scoped && p->upstream.len == 0);
         return;
     case IDEM_GW_FORWARD:
         break;
@@ -537,16 +546,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t k = (size_t)((h >> 8) % (left + 1));
         char *prefix = exact_copy(msg, k);
         plan(cfg, fence, prefix, k, &c);
-        if (c.verdict == IDEM_GW_FORWARD || c.verdict == IDEM_GW_ISSUE) {
+        if (c.verdict == IDEM_GW_FORWARD || c.verdict == IDEM_GW_ISSUE ||
+            c.verdict == IDEM_GW_PUBLISH) {
             CHECK(a.verdict == c.verdict && k >= a.used);
             same_plan(&a, &c, false);
-        } else if (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE) {
+        } else if (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE ||
+                   a.verdict == IDEM_GW_PUBLISH) {
             CHECK(k < a.used && c.verdict == IDEM_GW_INCOMPLETE);
         }
         idem__gw_plan_cleanup(&c);
         free(prefix);
 
-        bool more = (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE) &&
+        bool more = (a.verdict == IDEM_GW_FORWARD || a.verdict == IDEM_GW_ISSUE ||
+                     a.verdict == IDEM_GW_PUBLISH) &&
                     a.msg.keep_alive && a.used < left;
         size_t used = a.used;
         idem__gw_plan_cleanup(&a);

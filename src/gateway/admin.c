@@ -36,6 +36,12 @@
  * ends), knowing nothing of sockets; admin_answer picks the endpoint after
  * the Host checks, and the answer goes out through the output stream.
  *
+ * Its problems carry no Link: rel="describedby" (the public listener's
+ * do, SPEC section 18): the policy it would name describes the public
+ * API's keys, is not served here (a relative /_idem/policy would be a 404
+ * on this listener), and an operator's tool has the docs instead
+ * (docs/protocol.md section 10).  So this handler's problem_link is NULL.
+ *
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
  */
@@ -442,7 +448,7 @@ static idem_hreq_t *admin_on_head(idem_handler_t *h, const idem_http_msg_t *m, c
     if (m->framing == IDEM_HTTP_BODY_CHUNKED ||
         (m->framing == IDEM_HTTP_BODY_LENGTH && m->content_length > ADMIN_BODY_MAX)) {
         (void)idem__ostream_problem(os, 413, "request-too-large", "admin requests carry no body",
-                                    0, IDEM_OS_CLOSE);
+                                    0, NULL, IDEM_OS_CLOSE);
         return NULL;
     }
     admin_req_t *r = idem_malloc(sizeof *r + head_len);
@@ -494,7 +500,7 @@ static void admin_on_body_end(idem_hreq_t *hr)
                                    a.body.len);
         if (rc != 0)
             rc = idem__ostream_problem(r->os, 500, "internal", "the answer could not be written",
-                                       0, IDEM_OS_CLOSE);
+                                       0, NULL, IDEM_OS_CLOSE);
     }
     answer_cleanup(&a);
     if (rc != 0)
@@ -508,10 +514,10 @@ static void admin_on_body_error(idem_hreq_t *hr, int rc)
     if (rc == IDEM_CONN_E_BODY_TIMEOUT)
         rc = idem__ostream_problem(r->os, 408, "request-timeout",
                                    "the request body paused for longer than body_timeout", 0,
-                                   IDEM_OS_CLOSE);
+                                   NULL, IDEM_OS_CLOSE);
     else
         rc = idem__ostream_problem(r->os, 400, "bad-request", "malformed admin request body", 0,
-                                   IDEM_OS_CLOSE);
+                                   NULL, IDEM_OS_CLOSE);
     if (rc != 0)
         r->os->ops->abort(r->os);
     idem_free(r);

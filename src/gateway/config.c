@@ -154,7 +154,10 @@ int idem__config_set_string(char **slot, const char *value)
     X(P_FP_HEADERS, "fingerprint_headers")       \
     X(P_FP_IGNORE, "fingerprint_ignore")         \
     X(P_MAX_RESPONSE, "max_response_bytes")      \
-    X(P_RELEASE, "release_statuses")
+    X(P_RELEASE, "release_statuses")              \
+    X(P_KEY_FROM, "key_from")                     \
+    X(P_REPLAY_DROP, "replay_drop_headers")       \
+    X(P_REPLAY_MARKER, "replay_marker")
 
 enum {
 #define X(id, name) id,
@@ -167,10 +170,17 @@ static void policy_cleanup(idem_policy_t *p)
 {
     free_strings(p->fingerprint_headers, &p->n_fingerprint_headers);
     free_strings(p->fingerprint_ignore, &p->n_fingerprint_ignore);
+    free_strings(p->replay_drop_headers, &p->n_replay_drop_headers);
+    free_strings(p->replay_marker, &p->n_replay_marker);
+    idem_free(p->key_from_arg);
+    p->key_from_arg = NULL;
 }
 
-static void policy_defaults(idem_policy_t *p)
+/* @return 0, or -1 when out of memory (p is then left for policy_cleanup). */
+static int policy_defaults(idem_policy_t *p)
 {
+    static char *const drop[] = {"set-cookie"};
+    static char *const marker[] = {"X-Idempotent-Replay"};
     memset(p, 0, sizeof *p);
     p->key_ttl_ms = 24LL * 3600 * 1000;
     p->failure_ttl_ms = 5 * 60 * 1000;
@@ -183,6 +193,12 @@ static void policy_defaults(idem_policy_t *p)
     p->release_statuses[0] = 429;
     p->release_statuses[1] = 503;
     p->n_release_statuses = 2;
+    p->key_from = IDEM_KEY_FROM_HEADER;
+    if (idem__config_set_string(&p->key_from_arg, "Idempotency-Key") != 0 ||
+        copy_strings(p->replay_drop_headers, &p->n_replay_drop_headers, drop, 1) != 0 ||
+        copy_strings(p->replay_marker, &p->n_replay_marker, marker, 1) != 0)
+        return -1;
+    return 0;
 }
 
 /* Copy one policy key (a P_* index) from src to dst. */
@@ -207,6 +223,15 @@ static int policy_copy_key(idem_policy_t *dst, const idem_policy_t *src, int key
         memcpy(dst->release_statuses, src->release_statuses, sizeof src->release_statuses);
         dst->n_release_statuses = src->n_release_statuses;
         break;
+    case P_KEY_FROM:
+        dst->key_from = src->key_from;
+        return idem__config_set_string(&dst->key_from_arg, src->key_from_arg);
+    case P_REPLAY_DROP:
+        return copy_strings(dst->replay_drop_headers, &dst->n_replay_drop_headers,
+                            src->replay_drop_headers, src->n_replay_drop_headers);
+    case P_REPLAY_MARKER:
+        return copy_strings(dst->replay_marker, &dst->n_replay_marker, src->replay_marker,
+                            src->n_replay_marker);
     default: break;
     }
     return 0;
@@ -261,7 +286,8 @@ int idem__config_defaults(idem_config_t *cfg)
     cfg->max_queued_bytes = 64u * 1024 * 1024;
     cfg->max_connections_per_address = 0;
     cfg->upstream_tls_verify = true;
-    policy_defaults(&cfg->defaults);
+    if (policy_defaults(&cfg->defaults) != 0)
+        goto nomem;
     if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
         idem__config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
         idem__config_set_string(&cfg->upstream, "http://127.0.0.1:9000") != 0 ||
@@ -290,7 +316,7 @@ void idem__config_cleanup(idem_config_t *cfg)
         &cfg->scope_header, &cfg->log_format, &cfg->listen_tls_address,
         &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
         &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
-        &cfg->upstream_tls_server_name,
+        &cfg->upstream_tls_server_name, &cfg->policy_link,
     };
     for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
         idem_free(*strings[i]);
@@ -427,6 +453,8 @@ typedef struct ctx {
     idem_config_t *cfg;
     bool routes_seen;   /* the file had `routes:` (they replaced cfg's) */
     bool defaults_seen; /* the file had `defaults:` */
+    const yaml_node_t *defaults_marker; /* defaults.replay_marker's key, if written */
+    const yaml_node_t *replay_header;   /* replay_header's value, if written */
     uint32_t route_set[IDEM_CONFIG_MAX_ROUTES]; /* P_* bits each file route set itself */
 } ctx_t;
 
@@ -643,7 +671,39 @@ static bool is_host_name(const char *s)
     return true;
 }
 
-typedef enum { L_METHOD, L_HEADER, L_POINTER, L_HOST } list_kind_t;
+/* L_FIELD: a header name idemd writes itself, kept as written; L_HEADER is
+ * one it only compares, lowercased. */
+/* policy_link: a URI reference (RFC 3986 characters, no space, no '<' or
+ * '>' that would end it inside Link: <...>), not empty, bounded. */
+static bool is_link_target(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > IDEM_CONFIG_MAX_LINK)
+        return false;
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              strchr("-._~:/?#[]@!$&'()*+,;=%", ch) != NULL))
+            return false;
+    }
+    return true;
+}
+
+typedef enum { L_METHOD, L_HEADER, L_POINTER, L_HOST, L_FIELD } list_kind_t;
+
+/* Fields a replay marker may not be: those that frame the answer or the
+ * connection, which the writer sets itself (or refuses). */
+static bool is_framing_field(const char *name)
+{
+    static const char *const names[] = {
+        "content-length", "transfer-encoding", "connection", "keep-alive",
+        "te", "trailer", "upgrade", "proxy-connection",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(name, names[i]) == 0)
+            return true;
+    return false;
+}
 
 /* A list of strings of one kind into dst/ndst (replaced only on success). */
 static int string_list(ctx_t *c, const yaml_node_t *n, const char *key, list_kind_t kind,
@@ -671,8 +731,12 @@ static int string_list(ctx_t *c, const yaml_node_t *n, const char *key, list_kin
                 fail(c, item, item_key, "not an uppercase method name: '%s'", shown);
                 goto fail;
             }
-        } else if (kind == L_HEADER && !is_token(v)) {
+        } else if ((kind == L_HEADER || kind == L_FIELD) && !is_token(v)) {
             fail(c, item, item_key, "not a header name: '%s'", shown);
+            goto fail;
+        } else if (kind == L_FIELD && is_framing_field(v)) {
+            fail(c, item, item_key, "a field that frames the message cannot mark a replay: '%s'",
+                 shown);
             goto fail;
         } else if (kind == L_POINTER && !is_json_pointer(v)) {
             fail(c, item, item_key, "not a JSON pointer (\"\" or starting with /): '%s'", shown);
@@ -727,6 +791,41 @@ static const char *const store_error_names[] = {"closed", "open"};
 static const char *const mode_names[] = {"required", "optional", "token", "off"};
 static const char *const log_format_names[] = {"json", "text"};
 
+/* `key_from`: header:NAME (a field name) or json:/pointer (RFC 6901, not
+ * the whole document: a key is a string or a number, never the body). */
+static int key_from(ctx_t *c, const yaml_node_t *n, const char *key, idem_policy_t *p)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (strlen(v) > 256)
+        return fail(c, n, key, "longer than 256 characters: '%s'", shown);
+    idem_key_from_t kind;
+    const char *arg;
+    if (strncmp(v, "header:", 7) == 0) {
+        kind = IDEM_KEY_FROM_HEADER;
+        arg = v + 7;
+        if (!is_token(arg))
+            return fail(c, n, key, "header:NAME needs a header name: '%s'", shown);
+    } else if (strncmp(v, "json:", 5) == 0) {
+        kind = IDEM_KEY_FROM_JSON;
+        arg = v + 5;
+        if (arg[0] != '/' || !is_json_pointer(arg))
+            return fail(c, n, key,
+                        "json:POINTER needs a JSON pointer starting with / (~0 for ~, ~1 "
+                        "for /): '%s'",
+                        shown);
+    } else {
+        return fail(c, n, key, "must be header:NAME or json:/pointer: '%s'", shown);
+    }
+    if (idem__config_set_string(&p->key_from_arg, arg) != 0)
+        return nomem(c, n, key);
+    p->key_from = kind;
+    return 0;
+}
+
 /* One key of `defaults` or of a route (index P_*) into p. */
 static int policy_key(ctx_t *c, const yaml_node_t *v, const char *key, int index,
                       idem_policy_t *p)
@@ -760,6 +859,12 @@ static int policy_key(ctx_t *c, const yaml_node_t *v, const char *key, int index
             return -1;
         p->fingerprint_body = (idem_fp_body_t)e;
         return 0;
+    case P_KEY_FROM: return key_from(c, v, key, p);
+    case P_REPLAY_DROP:
+        return string_list(c, v, key, L_HEADER, p->replay_drop_headers,
+                           &p->n_replay_drop_headers);
+    case P_REPLAY_MARKER:
+        return string_list(c, v, key, L_FIELD, p->replay_marker, &p->n_replay_marker);
     default: return -1;
     }
 }
@@ -792,6 +897,8 @@ static int parse_defaults(ctx_t *c, const yaml_node_t *n)
                            sizeof key);
         if (i < 0 || policy_key(c, node(c, pr->value), key, i, &c->cfg->defaults) != 0)
             return -1;
+        if (i == P_REPLAY_MARKER)
+            c->defaults_marker = node(c, pr->key);
     }
     return 0;
 }
@@ -895,7 +1002,7 @@ enum {
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
     T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
     T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT,
-    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_COUNT
+    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_POLICY_LINK, T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
@@ -903,7 +1010,7 @@ static const char *const top_names[] = {
     "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
     "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
     "scope_rate_limit", "max_queued_bytes", "max_connections_per_address", "listen_tls",
-    "upstream_tls",
+    "upstream_tls", "policy_link",
 };
 _Static_assert(T_COUNT <= 32, "lookup_key's seen set holds 32 keys");
 
@@ -1108,7 +1215,20 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
     case T_SCOPE_HEADER:
         if (!is_token(v))
             return fail(c, n, key, "not a header name: '%s'", shown);
+        if (index == T_REPLAY_HEADER && is_framing_field(v))
+            return fail(c, n, key, "a field that frames the message cannot mark a replay: '%s'",
+                        shown);
+        if (index == T_REPLAY_HEADER)
+            c->replay_header = n;
         slot = index == T_REPLAY_HEADER ? &cfg->replay_header : &cfg->scope_header;
+        break;
+    case T_POLICY_LINK:
+        if (!is_link_target(v))
+            return fail(c, n, key,
+                        "not a URI reference (at most %d characters of letters, digits and "
+                        "-._~:/?#[]@!$&'()*+,;=%%): '%s'",
+                        IDEM_CONFIG_MAX_LINK, shown);
+        slot = &cfg->policy_link;
         break;
     case T_LOG_FORMAT:
         if (choice(c, n, key, log_format_names, 2, &e) != 0)
@@ -1207,11 +1327,22 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
 }
 
 /* Routes take the file's defaults for every policy key they did not set.
- * Runs after the whole file, since `defaults` may follow `routes`. */
+ * Runs after the whole file, since `defaults` may follow `routes`.
+ * replay_header: X is the older spelling of defaults.replay_marker: [X]. */
 static int finish_routes(ctx_t *c)
 {
     idem_config_t *cfg = c->cfg;
-    if (!c->routes_seen && !c->defaults_seen)
+    if (c->replay_header != NULL) {
+        char *one[] = {cfg->replay_header};
+        if (c->defaults_marker != NULL)
+            return fail(c, c->defaults_marker, "defaults.replay_marker",
+                        "replay_header and defaults.replay_marker both name the replay "
+                        "marker; write replay_header: X as defaults.replay_marker: [X]");
+        if (copy_strings(cfg->defaults.replay_marker, &cfg->defaults.n_replay_marker, one,
+                         1) != 0)
+            return nomem(c, c->replay_header, "replay_header");
+    }
+    if (!c->routes_seen && !c->defaults_seen && c->replay_header == NULL)
         return 0;
     for (size_t i = 0; i < cfg->n_routes; i++) {
         uint32_t keep = c->routes_seen ? c->route_set[i] : 0;
@@ -1446,4 +1577,16 @@ const idem_route_t *idem__config_match(const idem_config_t *cfg, const char *met
             return r;
     }
     return NULL;
+}
+
+const char *idem__config_policy_link(const idem_config_t *cfg)
+{
+    return cfg->policy_link != NULL ? cfg->policy_link : IDEM_POLICY_PATH;
+}
+
+const char *idem__config_key_from_text(const idem_policy_t *p, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "%s:%s", p->key_from == IDEM_KEY_FROM_JSON ? "json" : "header",
+             p->key_from_arg != NULL ? p->key_from_arg : "Idempotency-Key");
+    return out;
 }

@@ -24,6 +24,11 @@ typedef enum { IDEM_CONFLICT_REJECT = 0, IDEM_CONFLICT_WAIT = 1 } idem_on_confli
 typedef enum { IDEM_UNKNOWN_EXPIRE = 0, IDEM_UNKNOWN_HOLD = 1 } idem_on_unknown_t;
 typedef enum { IDEM_FPBODY_RAW = 0, IDEM_FPBODY_JSON = 1 } idem_fp_body_t;
 typedef enum { IDEM_STORE_ERR_CLOSED = 0, IDEM_STORE_ERR_OPEN = 1 } idem_on_store_error_t;
+/* Where a route's key comes from (`key_from`, docs/configuration.md). */
+typedef enum { IDEM_KEY_FROM_HEADER = 0, IDEM_KEY_FROM_JSON = 1 } idem_key_from_t;
+
+#define IDEM_CONFIG_MAX_LINK 1024 /* characters of policy_link */
+#define IDEM_POLICY_PATH "/_idem/policy" /* the published policy; policy_link's default */
 typedef enum {
     IDEM_MODE_REQUIRED = 0,
     IDEM_MODE_OPTIONAL = 1,
@@ -47,6 +52,15 @@ typedef struct idem_policy {
     uint64_t max_response_bytes;
     int release_statuses[IDEM_CONFIG_MAX_LIST];
     size_t n_release_statuses;
+    /* Where the key is read, what a replay leaves out and how it is marked
+     * (SPEC section 15). */
+    idem_key_from_t key_from;
+    char *key_from_arg;    /* HEADER: the field name as written ("Idempotency-Key");
+                            * JSON: the RFC 6901 pointer ("/id"), never "" */
+    char *replay_drop_headers[IDEM_CONFIG_MAX_LIST]; /* lowercased; never stored */
+    size_t n_replay_drop_headers;
+    char *replay_marker[IDEM_CONFIG_MAX_LIST]; /* as written; "true" on a replay */
+    size_t n_replay_marker;
 } idem_policy_t;
 
 typedef struct idem_route {
@@ -66,7 +80,9 @@ typedef struct idem_config {
     int64_t upstream_timeout_ms;
     uint64_t max_request_bytes;
     idem_on_store_error_t on_store_error;
-    char *replay_header;   /* "X-Idempotent-Replay" */
+    char *replay_header;   /* "X-Idempotent-Replay"; the older spelling of
+                            * defaults.replay_marker: [NAME], which it sets */
+    char *policy_link;     /* Link: rel="describedby" of problems; NULL: IDEM_POLICY_PATH */
     char *scope_header;    /* "Authorization"; used only when n_scope is 0 */
     idem_scope_source_t scope[IDEM_SCOPE_MAX_SOURCES]; /* `scope:`, see scope.h */
     size_t n_scope;        /* 0: `scope:` not written, scope_header decides */
@@ -132,6 +148,14 @@ int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size
  * flags are applied: the message names the key, not where it came from.
  * @return 0, or -1 with err set ("listen: not HOST:PORT ...: 'x'"). */
 int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen);
+
+/** The URL every problem of the public listener links to with
+ * `Link: <URL>; rel="describedby"`: policy_link, else IDEM_POLICY_PATH. */
+const char *idem__config_policy_link(const idem_config_t *cfg);
+
+/** The key_from value of p as written ("header:Idempotency-Key",
+ * "json:/id") into out (outlen bytes, truncated).  @return out. */
+const char *idem__config_key_from_text(const idem_policy_t *p, char *out, size_t outlen);
 
 /** Free everything cfg owns. */
 void idem__config_cleanup(idem_config_t *cfg);

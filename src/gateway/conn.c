@@ -452,7 +452,8 @@ static void conn_fail(idem_conn_t *c, int status, const char *type, const char *
     idem__buf_init(&out, 0);
     /* Out of memory: nothing at all, rather than half an answer; the drain
      * still ends the connection. */
-    if (idem__problem_respond(&out, status, type, detail, retry_after, CLOSING_REPLY) == 0)
+    if (idem__problem_respond(&out, status, type, detail, retry_after,
+                              c->l->handler->problem_link, CLOSING_REPLY) == 0)
         conn_write_own(c, &out);
     idem__buf_cleanup(&out);
     conn_drain(c);
@@ -957,11 +958,11 @@ static bool conn_evict_idle(idem_listener_t *l)
 
 /* Say 503 on a connection about to be closed, if the socket takes it at
  * once (a plain listener only). */
-static void refuse_write(uv_tcp_t *t, const char *detail)
+static void refuse_write(uv_tcp_t *t, const char *detail, const char *link)
 {
     idem_buf_t out;
     idem__buf_init(&out, 0);
-    if (idem__problem_respond(&out, 503, "overloaded", detail, 1, CLOSING_REPLY) == 0) {
+    if (idem__problem_respond(&out, 503, "overloaded", detail, 1, link, CLOSING_REPLY) == 0) {
         uv_buf_t b = uv_buf_init(out.data, (unsigned)out.len);
         (void)uv_try_write((uv_stream_t *)t, &b, 1);
     }
@@ -982,7 +983,7 @@ static void conn_refuse(idem_listener_t *l, uv_stream_t *server, const char *det
         return;
     uv_tcp_init(l->loop, t);
     if (uv_accept(server, (uv_stream_t *)t) == 0 && l->tls == NULL)
-        refuse_write(t, detail);
+        refuse_write(t, detail, l->handler->problem_link);
     uv_close((uv_handle_t *)t, on_handle_closed_free);
 }
 
@@ -1049,8 +1050,10 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
                 conn_slot_give(l);
                 atomic_fetch_add(&l->gw->metrics.conns_refused, 1);
                 if (l->tls == NULL) /* a TLS client would read it as garbage */
-                    refuse_write(&c->tcp, "too many connections from this address "
-                                          "(max_connections_per_address); retry");
+                    refuse_write(&c->tcp,
+                                 "too many connections from this address "
+                                 "(max_connections_per_address); retry",
+                                 l->handler->problem_link);
                 uv_close((uv_handle_t *)&c->tcp, on_handle_closed_free);
                 return;
             }

@@ -23,10 +23,10 @@ int idem__ostream_respond(idem_ostream_t *os, const idem_http_response_t *r, uns
 }
 
 int idem__ostream_problem(idem_ostream_t *os, int status, const char *type, const char *detail,
-                          int64_t retry_after, unsigned flags)
+                          int64_t retry_after, const char *link, unsigned flags)
 {
     idem_problem_t p;
-    if (idem__problem_init(&p, status, type, detail, retry_after) != 0)
+    if (idem__problem_init(&p, status, type, detail, retry_after, link) != 0)
         return -1;
     int rc = idem__ostream_respond(os, &p.resp, flags, p.body, p.body_len);
     idem__problem_cleanup(&p);

@@ -134,6 +134,8 @@ struct idem_handler {
     uint64_t body_max;      /* the largest request body (max_request_bytes) */
     bool request_outlives;  /* a request goes on after its client left, and takes the
                                connection's place in max_connections with it */
+    const char *problem_link; /* the Link: rel="describedby" URL of the problems the
+                               * connection answers by itself (problem.h); NULL: none */
 };
 
 /** Answer at once with a whole response: start, then send(final) of
@@ -143,8 +145,10 @@ int idem__ostream_respond(idem_ostream_t *os, const idem_http_response_t *r, uns
                           const void *body, size_t n);
 /** Answer with idemd's own problem+json (problem.h).
  * @param retry_after  seconds for Retry-After, 0 for none.
+ * @param link         the URL its Link: rel="describedby" names (the
+ *                     handler's problem_link), or NULL for none.
  * @return 0, or -1 when it could not be written (out of memory). */
 int idem__ostream_problem(idem_ostream_t *os, int status, const char *type, const char *detail,
-                          int64_t retry_after, unsigned flags);
+                          int64_t retry_after, const char *link, unsigned flags);
 
 #endif /* IDEM_GATEWAY_HANDLER_H */

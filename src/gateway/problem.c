@@ -8,7 +8,8 @@
  * fixed per type, the detail says what happened to this request.  The
  * response around it is written by src/http's idem__http_write_response, so a
  * problem is framed like every other answer (HEAD, HTTP/1.0 keep-alive) and
- * is never half written.
+ * is never half written.  The Link to the published policy (SPEC section
+ * 18) is the caller's to give: problem.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +76,11 @@ char *idem__problem_body(int status, const char *type, const char *detail)
 }
 
 int idem__problem_init(idem_problem_t *p, int status, const char *type, const char *detail,
-                       int64_t retry_after)
+                       int64_t retry_after, const char *link)
 {
     memset(p, 0, sizeof *p);
+    if (link != NULL && strlen(link) > IDEM_PROBLEM_LINK_MAX)
+        return -1;
     p->body = idem__problem_body(status, type, detail);
     if (!p->body)
         return -1;
@@ -87,6 +90,10 @@ int idem__problem_init(idem_problem_t *p, int status, const char *type, const ch
     if (retry_after > 0) {
         int k = snprintf(p->seconds, sizeof p->seconds, "%lld", (long long)retry_after);
         p->fields[n++] = (idem_http_field_t){{"Retry-After", 11}, {p->seconds, (size_t)k}};
+    }
+    if (link != NULL) {
+        int k = snprintf(p->link, sizeof p->link, "<%s>; rel=\"describedby\"", link);
+        p->fields[n++] = (idem_http_field_t){{"Link", 4}, {p->link, (size_t)k}};
     }
     p->resp = (idem_http_response_t){.status = status, .fields = p->fields, .n_fields = n};
     return 0;
@@ -99,10 +106,10 @@ void idem__problem_cleanup(idem_problem_t *p)
 }
 
 int idem__problem_respond(idem_buf_t *out, int status, const char *type, const char *detail,
-                          int64_t retry_after, idem_http_reply_t to)
+                          int64_t retry_after, const char *link, idem_http_reply_t to)
 {
     idem_problem_t p;
-    if (idem__problem_init(&p, status, type, detail, retry_after) != 0)
+    if (idem__problem_init(&p, status, type, detail, retry_after, link) != 0)
         return -1;
     int rc = idem__http_write_response(out, &p.resp, to, p.body, p.body_len);
     idem__problem_cleanup(&p);

@@ -58,6 +58,7 @@
 #include "gateway/handler.h"
 #include "gateway/gateway.h"
 #include "gateway/log.h"
+#include "gateway/policy.h"
 #include "gateway/problem.h"
 #include "gateway/request.h"
 #include "gateway/worker.h"
@@ -195,7 +196,8 @@ static void req_problem_flags(idem_req_t *req, int status, const char *type, con
     if (os == NULL)
         return;
     /* Out of memory: the client must not wait for an answer forever. */
-    if (idem__ostream_problem(os, status, type, detail, retry_after, flags) != 0)
+    if (idem__ostream_problem(os, status, type, detail, retry_after,
+                              idem__config_policy_link(req_gw(req)->cfg), flags) != 0)
         os->ops->abort(os);
     req_stream_over(req);
 }
@@ -229,22 +231,37 @@ static void req_respond(idem_req_t *req, const idem_http_response_t *r, const vo
 
 #define REPLAY_FIELDS_LOCAL 32 /* a replay with more fields lists them on the heap */
 
-/* Replay a stored response (docs/protocol.md section 6, completed). */
+/* Replay a stored response (docs/protocol.md section 6, completed), with
+ * each of the route's replay_marker fields set to true.  A field of
+ * replay_drop_headers is not there to repeat: it was never stored
+ * (idem__gw_response_field_stored); one a record from before the policy
+ * named it holds is left out here too. */
 static void req_replay(idem_req_t *req, const idem_record_t *rec)
 {
     const idem_response_t *r = &rec->response;
-    const char *replay = req_gw(req)->cfg->replay_header;
+    const idem_policy_t *p = req->policy;
     idem_http_field_t local[REPLAY_FIELDS_LOCAL];
-    size_t n = r->n_headers + 1;
+    size_t n = r->n_headers + p->n_replay_marker;
     idem_http_field_t *f = n <= REPLAY_FIELDS_LOCAL ? local : calloc(n, sizeof *f);
     if (f == NULL) {
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
     }
-    for (size_t i = 0; i < r->n_headers; i++)
-        f[i] = (idem_http_field_t){{r->headers[i].name, r->headers[i].name_len},
-                                   {r->headers[i].value, r->headers[i].value_len}};
-    f[n - 1] = (idem_http_field_t){{replay, strlen(replay)}, {"true", 4}};
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_headers; i++) {
+        idem_slice_t name = {r->headers[i].name, r->headers[i].name_len};
+        bool dropped = false;
+        for (size_t d = 0; d < p->n_replay_drop_headers && !dropped; d++)
+            dropped = idem__slice_eq_ci(name, p->replay_drop_headers[d]);
+        for (size_t d = 0; d < p->n_replay_marker && !dropped; d++)
+            dropped = idem__slice_eq_ci(name, p->replay_marker[d]);
+        if (!dropped)
+            f[k++] = (idem_http_field_t){name, {r->headers[i].value, r->headers[i].value_len}};
+    }
+    for (size_t i = 0; i < p->n_replay_marker; i++)
+        f[k++] = (idem_http_field_t){{p->replay_marker[i], strlen(p->replay_marker[i])},
+                                     {"true", 4}};
+    n = k;
     /* The standard reason phrase: a record keeps the status, not the upstream's words. */
     idem_http_response_t resp = {.status = r->status, .fields = f, .n_fields = n};
     req_respond(req, &resp, r->body, r->body_len);
@@ -262,7 +279,7 @@ static size_t relayed_fields(const idem_req_t *req, idem_http_field_t *f)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *uf = &m->fields[i];
-        if (idem__gw_response_field_relayed(req_gw(req)->cfg, m, uf->name))
+        if (idem__gw_response_field_relayed(req->policy, m, uf->name))
             f[n++] = *uf;
     }
     if (req->bypassed)
@@ -663,7 +680,7 @@ static int req_collect_store_headers(idem_req_t *req)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (!idem__gw_response_field_stored(req_gw(req)->cfg, m, f->name))
+        if (!idem__gw_response_field_stored(req->policy, m, f->name))
             continue;
         req->store_headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr, f->value.len};
     }
@@ -1165,17 +1182,32 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
 {
     if (r->outcome != IDEM_OUT__COUNT)
         req->outcome = r->outcome;
-    if (!r->allow_post) {
+    if (!r->allow_post && !r->allow_get) {
         idem__req_problem(req, r->status, r->type, r->detail, 0);
         return;
     }
-    char *body = idem__problem_body(r->status, r->type, r->detail);
+    idem_problem_t p;
+    if (idem__problem_init(&p, r->status, r->type, r->detail, 0,
+                           idem__config_policy_link(req_gw(req)->cfg)) != 0) {
+        idem__req_problem(req, 500, "internal", "out of memory", 0);
+        return;
+    }
+    p.fields[p.resp.n_fields++] = r->allow_post
+                                      ? (idem_http_field_t){{"Allow", 5}, {"POST", 4}}
+                                      : (idem_http_field_t){{"Allow", 5}, {"GET, HEAD", 9}};
+    req_respond(req, &p.resp, p.body, p.body_len);
+    idem__problem_cleanup(&p);
+}
+
+/* GET /_idem/policy: the published policy (SPEC section 18, policy.h). */
+static void req_publish_policy(idem_req_t *req)
+{
+    char *body = idem__policy_document(req_gw(req)->cfg);
     if (body == NULL) {
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
     }
-    idem_http_field_t allow = {{"Allow", 5}, {"POST", 4}};
-    idem__req_send_json(req, r->status, "application/problem+json", body, &allow);
+    idem__req_send_json(req, 200, "application/json", body, NULL);
     free(body);
 }
 
@@ -1193,6 +1225,7 @@ static bool req_check_head(idem_req_t *req)
     req->kind = cls.kind;
     req->route = cls.route;
     req->policy = cls.policy;
+    req->key_in_body = cls.key_in_body;
     memcpy(req->id.key, cls.key, sizeof req->id.key);
     memcpy(req->token, cls.token, sizeof req->token);
     if (ok)
@@ -1237,11 +1270,83 @@ static void fp_after_work(uv_work_t *work, int status)
     idem__req_release(req, IDEM_HOLD_FINGERPRINT);
 }
 
+static void req_route(idem_req_t *req);
+
+/* key_from: json: the key in the body (idem__gw_key_from_body), into
+ * req->body_key and req->body_key_refusal; req->body_key_ok says which.
+ * Reads only the request's own body and (immutable) policy and route, so
+ * it may run in the thread pool. */
+static void req_read_body_key(idem_req_t *req)
+{
+    idem_gw_request_t rq = idem_req_view(req);
+    req->body_key = (idem_gw_class_t){.kind = req->kind, .route = req->route,
+                                      .policy = req->policy, .key_in_body = true};
+    req->body_key_ok = idem__gw_key_from_body(&rq, &req->body_key, &req->body_key_refusal);
+}
+
+/* The body's key is read: refused, passed (an optional route without one),
+ * or on as keyed with it; no key was claimed before this. */
+static void req_body_key_read(idem_req_t *req)
+{
+    req->key_in_body = false;
+    if (!req->body_key_ok) {
+        req_refuse(req, &req->body_key_refusal);
+        return;
+    }
+    req->kind = req->body_key.kind;
+    memcpy(req->id.key, req->body_key.key, sizeof req->id.key);
+    req_route(req);
+}
+
+static void key_work(uv_work_t *work)
+{
+    req_read_body_key(work->data);
+}
+
+static void key_after_work(uv_work_t *work, int status)
+{
+    idem_req_t *req = work->data;
+    if (status != 0) {
+        req->body_key_ok = false;
+        req->body_key_refusal = (idem_gw_refusal_t){.status = 500, .type = "internal",
+                                                    .outcome = IDEM_OUT__COUNT,
+                                                    .detail = "the key could not be read"};
+    }
+    req_body_key_read(req);
+    idem__req_release(req, IDEM_HOLD_FINGERPRINT);
+}
+
 static void req_dispatch(idem_req_t *req)
 {
     if (req->life.state < IDEM_REQ_CHECKED && !req_check_head(req))
         return;
     idem__req_enter(req, IDEM_REQ_DECIDING);
+    if (req->kind == IDEM_GW_POLICY) {
+        req_publish_policy(req);
+        return;
+    }
+    if (req->key_in_body) {
+        /* A JSON parse of the body: off the loop when it is large, as the
+         * fingerprint is, under the same hold (work on the body in the
+         * thread pool); fp_work is free, the fingerprint comes after. */
+        if (req->body.len >= FP_OFF_LOOP_BYTES) {
+            req_hold(req, IDEM_HOLD_FINGERPRINT);
+            req->fp_work.data = req;
+            if (uv_queue_work(&req->w->loop, &req->fp_work, key_work, key_after_work) == 0)
+                return;
+            idem__req_release(req, IDEM_HOLD_FINGERPRINT); /* the CALL hold keeps it */
+        }
+        req_read_body_key(req);
+        req_body_key_read(req);
+        return;
+    }
+    req_route(req);
+}
+
+/* The request's kind and key are known: on to the store, the tokens, or
+ * the upstream. */
+static void req_route(idem_req_t *req)
+{
     if (req->kind != IDEM_GW_TOKEN_ISSUE) {
         idem_gw_request_t rq = idem_req_view(req);
         idem_gw_refusal_t refusal;
@@ -1256,6 +1361,7 @@ static void req_dispatch(idem_req_t *req)
     case IDEM_GW_TOKEN: idem__req_spend_token(req); return;
     case IDEM_GW_PASS: req_passthrough(req); return;
     case IDEM_GW_KEYED: break;
+    case IDEM_GW_POLICY: req_publish_policy(req); return; /* handled at dispatch */
     }
     if (!idem__req_scope_admit(req, req->id.scope))
         return;
@@ -1384,7 +1490,8 @@ void idem__req_dispatch(idem_req_t *req)
 static void proxy_refuse_head(idem_worker_t *w, idem_ostream_t *os, const idem_gw_refusal_t *r)
 {
     idem__metrics_count(&w->gw->metrics, r->outcome);
-    (void)idem__ostream_problem(os, r->status, r->type, r->detail, 0, IDEM_OS_CLOSE);
+    (void)idem__ostream_problem(os, r->status, r->type, r->detail, 0,
+                                idem__config_policy_link(w->gw->cfg), IDEM_OS_CLOSE);
 }
 
 static idem_hreq_t *proxy_on_head(idem_handler_t *h, const idem_http_msg_t *m, const char *head,
@@ -1492,5 +1599,6 @@ void idem__proxy_handler_init(idem_handler_t *h, idem_worker_t *w)
         .data = w,
         .body_max = w->gw->cfg->max_request_bytes,
         .request_outlives = true,
+        .problem_link = idem__config_policy_link(w->gw->cfg),
     };
 }

@@ -60,6 +60,10 @@ struct idem_req {
     bool token_spent;             /* a token route's request spent its token (id names it) */
     idem_gw_kind_t kind;          /* what the head's checks decided (idem__gw_classify) */
     char token[IDEM_TOKEN_LEN + 1]; /* a token route's token, as those checks parsed it */
+    bool key_in_body;             /* KEYED, key_from: json:, the key not read yet */
+    bool body_key_ok;             /* what reading it said (request.c, req_read_body_key) */
+    idem_gw_class_t body_key;     /* the kind and key read from the body */
+    idem_gw_refusal_t body_key_refusal; /* why the body's key was refused */
     uint64_t body_charge;         /* bytes of max_buffered_bytes this request holds */
     bool holds_slot;              /* outlived its connection: counts in max_connections */
     idem_key_id_t id;

@@ -14,6 +14,8 @@
 
 #include "gateway/request_plan.h"
 
+#include "core/json.h"
+
 static void refuse(idem_gw_refusal_t *r, int status, const char *type, idem_outcome_t outcome,
                    const char *detail)
 {
@@ -21,6 +23,7 @@ static void refuse(idem_gw_refusal_t *r, int status, const char *type, idem_outc
     r->type = type;
     r->outcome = outcome;
     r->allow_post = false;
+    r->allow_get = false;
     snprintf(r->detail, sizeof r->detail, "%s", detail);
 }
 
@@ -148,6 +151,17 @@ bool idem__gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
         r->allow_post = true;
         return false;
     }
+    if (rq->path_len == sizeof IDEM_GW_POLICY_PATH - 1 &&
+        memcmp(rq->target, IDEM_GW_POLICY_PATH, rq->path_len) == 0) {
+        cls->kind = IDEM_GW_POLICY;
+        cls->policy = &cfg->defaults;
+        if (is_method(m, "GET") || is_method(m, "HEAD"))
+            return true;
+        refuse(r, 405, "method-not-allowed", IDEM_OUT_BAD_REQUEST,
+               "the policy is read with GET " IDEM_GW_POLICY_PATH);
+        r->allow_get = true;
+        return false;
+    }
     cls->route = idem__config_match(cfg, m->method.ptr, m->method.len, rq->target, rq->path_len);
     cls->policy = cls->route ? &cls->route->policy : &cfg->defaults;
     if (!cls->route || cls->route->mode == IDEM_MODE_OFF) {
@@ -174,28 +188,121 @@ bool idem__gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
         }
         return true;
     }
-    size_t n_keys = idem__http_count(m, "Idempotency-Key");
+    const idem_policy_t *p = cls->policy;
+    if (p->key_from == IDEM_KEY_FROM_JSON) {
+        /* Known only once the body is in: nothing is claimed before. */
+        cls->kind = IDEM_GW_KEYED;
+        cls->key_in_body = true;
+        return true;
+    }
+    const char *name = p->key_from_arg;
+    size_t n_keys = idem__http_count(m, name);
     if (n_keys == 0) {
         if (cls->route->mode == IDEM_MODE_OPTIONAL) {
             cls->kind = IDEM_GW_PASS;
             return true;
         }
         cls->kind = IDEM_GW_KEYED;
-        refuse(r, 400, "missing-key", IDEM_OUT_MISSING_KEY,
-               "this route requires an Idempotency-Key header");
+        refuse(r, 400, "missing-key", IDEM_OUT_MISSING_KEY, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "this route requires an idempotency key in the %.64s header", name);
         return false;
     }
     cls->kind = IDEM_GW_KEYED;
-    const idem_http_field_t *kf = idem__http_find(m, "Idempotency-Key");
+    const idem_http_field_t *kf = idem__http_find(m, name);
     if (n_keys > 1 || idem_key_parse(kf->value.ptr, kf->value.len, cls->key) != IDEM_OK) {
         cls->key[0] = '\0';
-        refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY,
-               n_keys > 1 ? "the Idempotency-Key header was given more than once"
-                          : "an Idempotency-Key is 1 to 255 visible ASCII characters, "
-                            "bare or as a quoted string");
+        refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY, "");
+        if (n_keys > 1)
+            snprintf(r->detail, sizeof r->detail, "the %.64s header was given more than once",
+                     name);
+        else
+            snprintf(r->detail, sizeof r->detail,
+                     "an idempotency key (%.64s) is 1 to 255 visible ASCII characters, bare "
+                     "(without a comma) or as a quoted string",
+                     name);
         return false;
     }
     return true;
+}
+
+/* A JSON integer written in decimal: -?(0|[1-9][0-9]*), no fraction, no
+ * exponent ("1.0" and "1e3" are numbers, not integers written in decimal). */
+static bool is_decimal_integer(const char *s, size_t n)
+{
+    size_t i = s[0] == '-' ? 1 : 0;
+    if (i == n || (s[i] == '0' && n - i > 1))
+        return false;
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return true;
+}
+
+bool idem__gw_key_from_body(const idem_gw_request_t *rq, idem_gw_class_t *cls,
+                            idem_gw_refusal_t *r)
+{
+    if (cls->kind != IDEM_GW_KEYED || !cls->key_in_body)
+        return true;
+    const idem_policy_t *p = cls->policy;
+    const char *ptr = p->key_from_arg;
+    cls->key[0] = '\0';
+    idem__json_t *doc = NULL;
+    idem_err_t err = rq->body_len == 0
+                         ? IDEM_E_INVAL
+                         : idem__json_parse((const char *)rq->body, rq->body_len, NULL, 0, &doc);
+    if (err == IDEM_E_NOMEM) {
+        refuse(r, 500, "internal", IDEM_OUT__COUNT, "out of memory");
+        return false;
+    }
+    if (err != IDEM_OK) {
+        refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "this route reads its idempotency key from the JSON body at %.64s, and the "
+                 "body is not JSON",
+                 ptr);
+        return false;
+    }
+    size_t off, len, n = 0;
+    idem__json_kind_t kind = idem__json_find(doc, ptr, &off, &len);
+    bool ok = false;
+    if (kind == IDEM__JSON_STRING) {
+        n = idem__json_string(doc, off, cls->key, IDEM_KEY_MAX);
+        ok = n >= 1 && n <= IDEM_KEY_MAX;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = cls->key[i] >= 0x20 && cls->key[i] <= 0x7E;
+    } else if (kind == IDEM__JSON_NUMBER) {
+        const char *t = (const char *)rq->body + off;
+        ok = len <= IDEM_KEY_MAX && is_decimal_integer(t, len);
+        if (ok) {
+            memcpy(cls->key, t, len);
+            n = len;
+        }
+    }
+    idem__json_destroy(doc);
+    if (ok) {
+        cls->key[n] = '\0';
+        cls->key_in_body = false;
+        return true;
+    }
+    cls->key[0] = '\0';
+    if (kind == IDEM__JSON_NONE) {
+        if (cls->route != NULL && cls->route->mode == IDEM_MODE_OPTIONAL) {
+            cls->kind = IDEM_GW_PASS;
+            cls->key_in_body = false;
+            return true;
+        }
+        refuse(r, 400, "missing-key", IDEM_OUT_MISSING_KEY, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "this route requires an idempotency key in the JSON body at %.64s", ptr);
+        return false;
+    }
+    refuse(r, 400, "invalid-key", IDEM_OUT_INVALID_KEY, "");
+    snprintf(r->detail, sizeof r->detail,
+             "the idempotency key at %.64s in the JSON body must be a string of 1 to 255 "
+             "printable ASCII characters or an integer written in decimal",
+             ptr);
+    return false;
 }
 
 bool idem__gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refusal_t *r)
@@ -286,6 +393,20 @@ static void sink_field(head_sink_t *s, const char *name, size_t name_len, const 
         s->rc |= idem__http_write_field(s->out, name, name_len, value, value_len);
 }
 
+/* Whether some route reads its key from the field name (key_from:
+ * header:NAME): a client listing it in Connection does not get it
+ * stripped, as it does not Idempotency-Key.  Asked only of a field that is
+ * hop-by-hop, which is rare. */
+static bool is_key_header(const idem_config_t *cfg, idem_slice_t name)
+{
+    for (size_t i = 0; i < cfg->n_routes; i++) {
+        const idem_policy_t *p = &cfg->routes[i].policy;
+        if (p->key_from == IDEM_KEY_FROM_HEADER && idem__slice_eq_ci(name, p->key_from_arg))
+            return true;
+    }
+    return false;
+}
+
 static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *upstream_host,
                        const idem_gw_request_t *rq, bool keyed, uint64_t fence)
 {
@@ -315,7 +436,8 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
             idem__slice_eq_ci(f->name, "Idempotency-Key") ||
             idem__slice_eq_ci(f->name, "Idempotency-Token") || host ||
             idem__gw_scope_uses_header(cfg->scope, cfg->n_scope, cfg->scope_header, f->name);
-        if (frames_connection(f->name) || (!kept && idem__http_field_is_hop_by_hop(m, i)) ||
+        if (frames_connection(f->name) ||
+            (!kept && idem__http_field_is_hop_by_hop(m, i) && !is_key_header(cfg, f->name)) ||
             idem__slice_eq_ci(f->name, "Content-Length") ||
             idem__slice_eq_ci(f->name, "Expect") ||
             idem__slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
@@ -364,26 +486,35 @@ bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
 
 /* ---- what comes back ------------------------------------------------------ */
 
+static bool name_in(idem_slice_t name, char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (idem__slice_eq_ci(name, names[i]))
+            return true;
+    return false;
+}
+
 /* The upstream fields neither stored nor relayed: those that frame the
  * upstream's connection (the writer frames the answer itself) and the
- * replay marker, which only idemd may set. */
-static bool response_field_dropped(const idem_config_t *cfg, const idem_http_msg_t *resp,
+ * replay markers, which only idemd may set. */
+static bool response_field_dropped(const idem_policy_t *p, const idem_http_msg_t *resp,
                                    idem_slice_t name)
 {
     return idem__http_is_hop_by_hop(resp, name) || idem__slice_eq_ci(name, "Content-Length") ||
-           (cfg->replay_header != NULL && idem__slice_eq_ci(name, cfg->replay_header));
+           name_in(name, p->replay_marker, p->n_replay_marker);
 }
 
-bool idem__gw_response_field_stored(const idem_config_t *cfg, const idem_http_msg_t *resp,
+bool idem__gw_response_field_stored(const idem_policy_t *p, const idem_http_msg_t *resp,
                                     idem_slice_t name)
 {
-    return !response_field_dropped(cfg, resp, name);
+    return !response_field_dropped(p, resp, name) &&
+           !name_in(name, p->replay_drop_headers, p->n_replay_drop_headers);
 }
 
-bool idem__gw_response_field_relayed(const idem_config_t *cfg, const idem_http_msg_t *resp,
+bool idem__gw_response_field_relayed(const idem_policy_t *p, const idem_http_msg_t *resp,
                                      idem_slice_t name)
 {
-    return !response_field_dropped(cfg, resp, name);
+    return !response_field_dropped(p, resp, name);
 }
 
 /* ---- the whole path -------------------------------------------------------- */
@@ -503,6 +634,12 @@ idem_err_t idem__gw_plan_request(const idem_config_t *cfg, const char *upstream_
             return plan_refused(p, &p->refusal);
     }
     idem_gw_request_t rq = plan_view(p);
+    if (p->cls.kind == IDEM_GW_POLICY) {
+        p->verdict = IDEM_GW_PUBLISH;
+        return IDEM_OK;
+    }
+    if (!idem__gw_key_from_body(&rq, &p->cls, &p->refusal))
+        return plan_refused(p, &p->refusal);
     bool keyed = p->cls.kind == IDEM_GW_KEYED;
     if (p->cls.kind != IDEM_GW_TOKEN_ISSUE &&
         !idem__gw_upstream_fits(cfg, upstream_host, &rq, keyed, &p->refusal))

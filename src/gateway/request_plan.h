@@ -11,8 +11,10 @@
  *   normalise the target (src/http)      refused: 400            idem__gw_refuse_target
  *   (Expect: 100-continue and no body byte yet: classify here, before the body)
  *   decode the body (src/http)           refused: 400, 413       idem__gw_refuse_body
- *   classify: token issue, route, mode,  refused: 400, 405       idem__gw_classify
- *     key or token
+ *   classify: token issue, policy, route, refused: 400, 405      idem__gw_classify
+ *     mode, key or token
+ *   a key in the JSON body (key_from:    refused: 400            idem__gw_key_from_body
+ *     json:), after the whole body
  *   the upstream head within limits,     refused: 431            idem__gw_upstream_fits
  *     all but token issue
  *   scope (scope.c), token kinds and     refused: 400, 500       idem__gw_refuse_scope
@@ -54,6 +56,7 @@
 #include "idem/token.h"
 
 #define IDEM_GW_TOKENS_PATH "/_idem/tokens" /* POST here issues a token (section 8) */
+#define IDEM_GW_POLICY_PATH IDEM_POLICY_PATH  /* GET here reads the policy (SPEC 18) */
 
 /** What a request is, once its head is checked. */
 typedef enum idem_gw_kind {
@@ -61,6 +64,7 @@ typedef enum idem_gw_kind {
     IDEM_GW_TOKEN_ISSUE = 1, /* POST /_idem/tokens: idemd issues a token itself */
     IDEM_GW_TOKEN = 2,       /* a token route's request: its token is spent, then forwarded */
     IDEM_GW_KEYED = 3,       /* its key is claimed, then it is forwarded with the fence */
+    IDEM_GW_POLICY = 4,      /* GET or HEAD /_idem/policy: idemd answers with its policy */
 } idem_gw_kind_t;
 
 /** An answer of idemd's own that ends a request before the store. */
@@ -71,6 +75,7 @@ typedef struct idem_gw_refusal {
     idem_outcome_t outcome; /* what the request counts as; IDEM_OUT__COUNT: none of its own
                              * (a 500 keeps the outcome the request had) */
     bool allow_post;        /* a 405 of /_idem/tokens: answered with Allow: POST */
+    bool allow_get;         /* a 405 of /_idem/policy: answered with Allow: GET, HEAD */
 } idem_gw_refusal_t;
 
 /** A request as the steps read it.  Every pointer is borrowed. */
@@ -90,6 +95,8 @@ typedef struct idem_gw_class {
     const idem_route_t *route;      /* the route matched; NULL for none (off) and token issue */
     const idem_policy_t *policy;    /* the route's, else cfg->defaults */
     char key[IDEM_KEY_MAX + 1];     /* KEYED: the key, unquoted; else "" */
+    bool key_in_body;               /* KEYED on a key_from: json: route: key is "" until
+                                     * idem__gw_key_from_body has read the body */
     char token[IDEM_TOKEN_LEN + 1]; /* TOKEN: the token, lowercase; else "" */
 } idem_gw_class_t;
 
@@ -117,18 +124,40 @@ void idem__gw_refuse_target(int target_rc, idem_gw_refusal_t *r);
 void idem__gw_refuse_body(int body_rc, idem_gw_refusal_t *r);
 
 /** Classify a request by its head (docs/protocol.md sections 5 and 8): the
- * tokens path (any spelling that normalises to it), else the first route
- * matching method and path, its mode, and the key or token it needs.
+ * tokens path and the policy path (any spelling that normalises to them),
+ * else the first route matching method and path, its mode, and the key or
+ * token it needs.  The key is read from the field the route's key_from
+ * names (Idempotency-Key by default), parsed as idem_key_parse parses it;
+ * a route whose key_from is json: is KEYED with cls->key_in_body, its key
+ * read by idem__gw_key_from_body once the body is in.
  * Reads rq's msg, target and path_len (not the body).
  * @param[out] cls  always filled, also on refusal (kind, route and policy
  *                  say what was refused).
  * @param[out] r    on refusal: 405 (a method other than POST on the tokens
- *                  path), 400 missing-token or invalid-token (token route),
- *                  400 missing-key or invalid-key (required route, or a key
+ *                  path, other than GET or HEAD on the policy path), 400
+ *                  missing-token or invalid-token (token route), 400
+ *                  missing-key or invalid-key (required route, or a key
  *                  given on an optional one).
  * @return true when the request goes on as cls->kind. */
 bool idem__gw_classify(const idem_config_t *cfg, const idem_gw_request_t *rq,
                        idem_gw_class_t *cls, idem_gw_refusal_t *r);
+
+/** The key of a request that idem__gw_classify left with key_in_body
+ * (SPEC section 15): the value at the route's JSON pointer in rq's body,
+ * a string or an integer written in decimal, then checked as a key is
+ * (1 to 255 characters of 0x20-0x7E; any of them, comma included, since no
+ * intermediary joins JSON values).  A value that is not there is a missing
+ * key: on a required route 400 missing-key, on an optional one the request
+ * passes (cls->kind becomes IDEM_GW_PASS).  A body that is not JSON (as
+ * src/core/json.c reads it: strict RFC 8259, no duplicate member, bounded
+ * depth), a value of another type or a bad key are 400 invalid-key.  Does
+ * nothing for any other request.  Costs a parse of the body: linear, and
+ * run off the loop for a large body (request.c).
+ * @return true when the request goes on as cls->kind (cls->key filled for
+ *         KEYED, key_in_body cleared); false with r filled, or with r's
+ *         status 500 when out of memory. */
+bool idem__gw_key_from_body(const idem_gw_request_t *rq, idem_gw_class_t *cls,
+                            idem_gw_refusal_t *r);
 
 /** Whether the result of idem__gw_scope_compute refuses the request:
  * AMBIGUOUS is 400 ambiguous-scope (dup names the header given twice, or
@@ -174,18 +203,21 @@ bool idem__gw_upstream_fits(const idem_config_t *cfg, const char *upstream_host,
 /** Whether the upstream response field name (of resp, the upstream's
  * parsed head) is kept in the record and repeated by every replay: not a
  * hop-by-hop field (the fixed list, or one resp's Connection names), not
- * Content-Length (the answer is framed anew), and not cfg->replay_header
- * (an upstream's own replay marker would be repeated beside idemd's).
- * Names compare case-insensitively.  Linear over a message's fields, for
- * a name that is one of resp's fields (see idem__http_is_hop_by_hop). */
-bool idem__gw_response_field_stored(const idem_config_t *cfg, const idem_http_msg_t *resp,
+ * Content-Length (the answer is framed anew), not one of the policy's
+ * replay_marker names (an upstream's own replay marker would be repeated
+ * beside idemd's) and not one of its replay_drop_headers (Set-Cookie by
+ * default: never stored, so a session cookie is not kept in the store nor
+ * handed to a retry).  Names compare case-insensitively.  Linear over a
+ * message's fields, for a name that is one of resp's fields (see
+ * idem__http_is_hop_by_hop). */
+bool idem__gw_response_field_stored(const idem_policy_t *p, const idem_http_msg_t *resp,
                                     idem_slice_t name);
 
 /** Whether the upstream response field name is relayed to the client on the
- * first answer (relayed or streamed): as idem__gw_response_field_stored, so
- * the replay marker is dropped here too: a first answer never says it is a
- * replay. */
-bool idem__gw_response_field_relayed(const idem_config_t *cfg, const idem_http_msg_t *resp,
+ * first answer (relayed or streamed): as idem__gw_response_field_stored but
+ * for replay_drop_headers, which the first answer carries.  The replay
+ * marker is dropped here too: a first answer never says it is a replay. */
+bool idem__gw_response_field_relayed(const idem_policy_t *p, const idem_http_msg_t *resp,
                                      idem_slice_t name);
 
 /* ---- the whole path at once ------------------------------------------------ */
@@ -197,6 +229,7 @@ typedef enum idem_gw_verdict {
     IDEM_GW_ISSUE = 2,      /* idemd issues a token (after the store); nothing is forwarded */
     IDEM_GW_FORWARD = 3,    /* forwarded (for TOKEN and KEYED after the store) as
                              * plan.upstream then the decoded body */
+    IDEM_GW_PUBLISH = 4,    /* idemd answers with its policy; nothing is forwarded */
 } idem_gw_verdict_t;
 
 /** What idemd decides about one request, and what it sends upstream. */

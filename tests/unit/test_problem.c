@@ -32,7 +32,7 @@ Test(problem, body_has_the_four_members)
 {
     idem_buf_t b;
     idem__buf_init(&b, 0);
-    cr_assert_eq(idem__problem_respond(&b, 422, "key-reused", "used before", 0, KEEP), 0);
+    cr_assert_eq(idem__problem_respond(&b, 422, "key-reused", "used before", 0, NULL, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_eq(m.status, 422);
@@ -55,7 +55,7 @@ Test(problem, retry_after_in_whole_seconds)
 {
     idem_buf_t b;
     idem__buf_init(&b, 0);
-    cr_assert_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 7, KEEP), 0);
+    cr_assert_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 7, NULL, KEEP), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     const idem_http_field_t *ra = idem__http_find(&m, "Retry-After");
@@ -70,7 +70,7 @@ Test(problem, close_says_connection_close)
 {
     idem_buf_t b;
     idem__buf_init(&b, 0);
-    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, CLOSE), 0);
+    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, NULL, CLOSE), 0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
     cr_expect_not(m.keep_alive);
@@ -82,7 +82,8 @@ Test(problem, detail_with_quotes_stays_valid_json)
 {
     idem_buf_t b;
     idem__buf_init(&b, 0);
-    cr_assert_eq(idem__problem_respond(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, KEEP),
+    cr_assert_eq(idem__problem_respond(&b, 400, "invalid-key", "bad \"key\" \\ here\n", 0, NULL,
+                                       KEEP),
                  0);
     idem_http_msg_t m;
     json_t *j = parse_problem(&b, &m);
@@ -106,7 +107,7 @@ Test(problem, a_full_buffer_is_an_error_not_a_truncated_answer)
 {
     idem_buf_t b;
     idem__buf_init(&b, 64);
-    cr_expect_eq(idem__problem_respond(&b, 503, "store-unavailable", "down", 1, KEEP), -1);
+    cr_expect_eq(idem__problem_respond(&b, 503, "store-unavailable", "down", 1, NULL, KEEP), -1);
     cr_expect_eq(b.len, 0, "nothing of a refused answer is left in the buffer");
     idem__buf_cleanup(&b);
 }
@@ -117,12 +118,13 @@ Test(problem, refused_under_any_cap_leaves_the_buffer_as_it_was)
     idem_http_reply_t to = {.version_minor = 1, .keep_alive = true};
     idem_buf_t full;
     idem__buf_init(&full, 0);
-    cr_assert_eq(idem__problem_respond(&full, 409, "in-flight", "busy", 3, to), 0);
+    cr_assert_eq(idem__problem_respond(&full, 409, "in-flight", "busy", 3, NULL, to), 0);
     for (size_t cap = 5; cap < full.len + 5; cap++) {
         idem_buf_t b;
         idem__buf_init(&b, cap);
         cr_assert_eq(idem__buf_append(&b, "prior", 5), 0);
-        cr_expect_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 3, to), -1, "cap %zu",
+        cr_expect_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 3, NULL, to), -1,
+                     "cap %zu",
                      cap);
         cr_expect_eq(b.len, 5, "cap %zu", cap);
         cr_expect_eq(memcmp(b.data, "prior", 5), 0);
@@ -138,8 +140,8 @@ Test(problem, answer_to_head_is_the_head_alone)
     idem__buf_init(&get, 0);
     idem_http_reply_t head = {.version_minor = 1, .head = true, .keep_alive = true};
     idem_http_reply_t plain = {.version_minor = 1, .keep_alive = true};
-    cr_assert_eq(idem__problem_respond(&b, 404, "not-found", "nothing here", 0, head), 0);
-    cr_assert_eq(idem__problem_respond(&get, 404, "not-found", "nothing here", 0, plain), 0);
+    cr_assert_eq(idem__problem_respond(&b, 404, "not-found", "nothing here", 0, NULL, head), 0);
+    cr_assert_eq(idem__problem_respond(&get, 404, "not-found", "nothing here", 0, NULL, plain), 0);
     idem_http_head_state_t hs = {0};
     idem_http_msg_t m;
     int rc = idem__http_parse_response(&hs, b.data, b.len, IDEM_HTTP_MAX_HEAD,
@@ -161,7 +163,46 @@ Test(problem, http10_kept_alive_is_told_so)
     idem_buf_t b;
     idem__buf_init(&b, 0);
     idem_http_reply_t to = {.version_minor = 0, .keep_alive = true};
-    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, to), 0);
+    cr_assert_eq(idem__problem_respond(&b, 400, "bad-request", "x", 0, NULL, to), 0);
     cr_expect_not_null(memmem(b.data, b.len, "\r\nConnection: keep-alive\r\n", 26));
     idem__buf_cleanup(&b);
+}
+
+Test(problem, link_names_the_policy_described_by)
+{
+    idem_buf_t b;
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 409, "in-flight", "busy", 2, "/_idem/policy", KEEP), 0);
+    idem_http_msg_t m;
+    json_t *j = parse_problem(&b, &m);
+    const idem_http_field_t *l = idem__http_find(&m, "Link");
+    cr_assert_not_null(l);
+    static const char want[] = "</_idem/policy>; rel=\"describedby\"";
+    cr_expect_eq(l->value.len, sizeof want - 1);
+    cr_expect(memcmp(l->value.ptr, want, sizeof want - 1) == 0);
+    cr_expect_not_null(idem__http_find(&m, "Retry-After"), "beside Retry-After");
+    json_decref(j);
+    idem__buf_cleanup(&b);
+    /* None without a link (the admin listener's problems). */
+    idem__buf_init(&b, 0);
+    cr_assert_eq(idem__problem_respond(&b, 404, "not-found", "x", 0, NULL, KEEP), 0);
+    j = parse_problem(&b, &m);
+    cr_expect_null(idem__http_find(&m, "Link"));
+    json_decref(j);
+    idem__buf_cleanup(&b);
+}
+
+Test(problem, link_of_the_longest_length_fits_and_a_longer_one_is_refused)
+{
+    char link[IDEM_PROBLEM_LINK_MAX + 2];
+    memset(link, 'a', sizeof link);
+    link[IDEM_PROBLEM_LINK_MAX] = '\0';
+    idem_problem_t p;
+    cr_assert_eq(idem__problem_init(&p, 400, "invalid-key", "x", 0, link), 0);
+    cr_expect_eq(p.resp.n_fields, 2);
+    cr_expect_eq(p.fields[1].value.len, IDEM_PROBLEM_LINK_MAX + 21);
+    idem__problem_cleanup(&p);
+    link[IDEM_PROBLEM_LINK_MAX] = 'a';
+    link[IDEM_PROBLEM_LINK_MAX + 1] = '\0';
+    cr_expect_eq(idem__problem_init(&p, 400, "invalid-key", "x", 0, link), -1);
 }

@@ -364,12 +364,14 @@ Test(request_plan, method_case_variants_of_the_default_route)
 
 static bool stored(const idem_http_msg_t *m, const char *name)
 {
-    return idem__gw_response_field_stored(&cfg, m, (idem_slice_t){name, strlen(name)});
+    return idem__gw_response_field_stored(&cfg.routes[0].policy, m,
+                                          (idem_slice_t){name, strlen(name)});
 }
 
 static bool relayed(const idem_http_msg_t *m, const char *name)
 {
-    return idem__gw_response_field_relayed(&cfg, m, (idem_slice_t){name, strlen(name)});
+    return idem__gw_response_field_relayed(&cfg.routes[0].policy, m,
+                                           (idem_slice_t){name, strlen(name)});
 }
 
 Test(request_plan, upstream_fields_stored_and_relayed)
@@ -385,17 +387,19 @@ Test(request_plan, upstream_fields_stored_and_relayed)
                  0);
     static const struct {
         const char *name;
-        bool kept;
+        bool stored, relayed;
     } want[] = {
-        {"Content-Type", true}, {"X-Idempotent-Replay", false}, {"Connection", false},
-        {"X-Hop", false},       {"Keep-Alive", false},          {"Content-Length", false},
-        {"Set-Cookie", true},   {"Proxy-Thing", false},
+        {"Content-Type", true, true},    {"X-Idempotent-Replay", false, false},
+        {"Connection", false, false},    {"X-Hop", false, false},
+        {"Keep-Alive", false, false},    {"Content-Length", false, false},
+        {"Set-Cookie", false, true},     {"Proxy-Thing", false, false},
     };
+    const idem_policy_t *p = &cfg.routes[0].policy;
     cr_assert_eq(m.n_fields, sizeof want / sizeof want[0]);
     for (size_t i = 0; i < m.n_fields; i++) {
-        cr_expect_eq(idem__gw_response_field_stored(&cfg, &m, m.fields[i].name), want[i].kept,
+        cr_expect_eq(idem__gw_response_field_stored(p, &m, m.fields[i].name), want[i].stored,
                      "stored %s", want[i].name);
-        cr_expect_eq(idem__gw_response_field_relayed(&cfg, &m, m.fields[i].name), want[i].kept,
+        cr_expect_eq(idem__gw_response_field_relayed(p, &m, m.fields[i].name), want[i].relayed,
                      "relayed %s", want[i].name);
     }
     /* Case-insensitive, and asked by a name from elsewhere. */
@@ -406,6 +410,41 @@ Test(request_plan, upstream_fields_stored_and_relayed)
     cr_expect_not(relayed(&m, "content-length"));
     cr_expect(stored(&m, "x-idempotent-replayed"));
     cr_expect(relayed(&m, "Idempotent-Replayed"));
+    /* Set-Cookie (replay_drop_headers' default): on the first answer only. */
+    cr_expect_not(stored(&m, "set-COOKIE"));
+    cr_expect(relayed(&m, "set-COOKIE"));
+}
+
+Test(request_plan, replay_drop_headers_and_markers_are_the_routes)
+{
+    config("defaults: {replay_drop_headers: [X-Csrf], replay_marker: [Idempotent-Replayed, "
+           "X-Replayed]}\n"
+           "routes:\n"
+           "  - {methods: [POST], path: /a}\n"
+           "  - {methods: [POST], path: /b, replay_drop_headers: [], replay_marker: [X-R]}\n");
+    static const char head[] = "HTTP/1.1 200 OK\r\nSet-Cookie: s=1\r\nX-CSRF: t\r\n"
+                               "Idempotent-Replayed: x\r\nX-R: y\r\nContent-Length: 0\r\n\r\n";
+    idem_http_msg_t m;
+    idem_http_head_state_t hs = {0};
+    cr_assert_gt(idem__http_parse_response(&hs, head, sizeof head - 1, IDEM_HTTP_MAX_HEAD,
+                                           (idem_slice_t){"POST", 4}, &m),
+                 0);
+    const idem_policy_t *a = &cfg.routes[0].policy, *b = &cfg.routes[1].policy;
+    idem_slice_t cookie = {"Set-Cookie", 10}, csrf = {"x-csrf", 6},
+                 stripe = {"IDEMPOTENT-REPLAYED", 19}, xr = {"X-R", 3};
+    /* /a: Set-Cookie no longer dropped (the list was replaced), X-Csrf is. */
+    cr_expect(idem__gw_response_field_stored(a, &m, cookie));
+    cr_expect_not(idem__gw_response_field_stored(a, &m, csrf));
+    cr_expect(idem__gw_response_field_relayed(a, &m, csrf));
+    cr_expect_not(idem__gw_response_field_stored(a, &m, stripe));
+    cr_expect_not(idem__gw_response_field_relayed(a, &m, stripe));
+    cr_expect(idem__gw_response_field_stored(a, &m, xr));
+    /* /b: nothing dropped, its own marker. */
+    cr_expect(idem__gw_response_field_stored(b, &m, cookie));
+    cr_expect(idem__gw_response_field_stored(b, &m, csrf));
+    cr_expect(idem__gw_response_field_stored(b, &m, stripe));
+    cr_expect_not(idem__gw_response_field_stored(b, &m, xr));
+    cr_expect_not(idem__gw_response_field_relayed(b, &m, xr));
 }
 
 Test(request_plan, upstream_replay_marker_is_the_configured_one)
@@ -576,4 +615,133 @@ Test(request_plan, cleanup_of_null_and_twice)
     run("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
     idem__gw_plan_cleanup(&plan);
     idem__gw_plan_cleanup(&plan);
+}
+
+/* ---- where the key comes from (key_from) ------------------------------------ */
+
+/* A POST to path with the extra header lines and the body. */
+static idem_gw_plan_t *post(const char *to, const char *headers, const char *body)
+{
+    static char text[4096];
+    snprintf(text, sizeof text, "POST %s HTTP/1.1\r\nHost: h\r\n%sContent-Length: %zu\r\n\r\n%s",
+             to, headers, strlen(body), body);
+    return run(text);
+}
+
+static void expect_key(const idem_gw_plan_t *p, const char *key)
+{
+    cr_assert_eq(p->verdict, IDEM_GW_FORWARD, "refused: %s", p->refusal.detail);
+    cr_expect_eq(p->cls.kind, IDEM_GW_KEYED);
+    cr_expect_str_eq(p->cls.key, key);
+    cr_expect_not(p->cls.key_in_body);
+    cr_expect(p->fingerprinted);
+}
+
+static void expect_refusal(const idem_gw_plan_t *p, int status, const char *type)
+{
+    cr_assert_eq(p->verdict, IDEM_GW_REFUSED, "not refused");
+    cr_expect_eq(p->refusal.status, status);
+    cr_expect_str_eq(p->refusal.type, type);
+    cr_expect_eq(p->upstream.len, 0);
+    cr_expect_not(p->fingerprinted);
+}
+
+Test(request_plan, key_from_another_header)
+{
+    config("routes:\n"
+           "  - {methods: [POST], path: /pp, key_from: header:PayPal-Request-Id}\n"
+           "  - {methods: [POST], path: /opt, mode: optional, key_from: header:X-Request-Id}\n");
+    expect_key(post("/pp", "PayPal-Request-Id: abc\r\n", ""), "abc");
+    expect_key(post("/pp", "paypal-request-id: \"q,1\"\r\n", ""), "q,1");
+    /* Idempotency-Key is no key here: it is forwarded as any field. */
+    expect_refusal(post("/pp", "Idempotency-Key: abc\r\n", ""), 400, "missing-key");
+    cr_expect(strstr(plan.refusal.detail, "PayPal-Request-Id") != NULL, "%s", plan.refusal.detail);
+    expect_refusal(post("/pp", "PayPal-Request-Id: a,b\r\n", ""), 400, "invalid-key");
+    expect_refusal(post("/pp", "PayPal-Request-Id: a\r\nPayPal-Request-Id: a\r\n", ""), 400,
+                   "invalid-key");
+    cr_expect_str_eq(plan.refusal.detail, "the PayPal-Request-Id header was given more than once");
+    /* Optional: no key, no store. */
+    idem_gw_plan_t *p = post("/opt", "Idempotency-Key: abc\r\n", "");
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->cls.kind, IDEM_GW_PASS);
+    expect_key(post("/opt", "X-Request-Id: r-1\r\n", ""), "r-1");
+}
+
+Test(request_plan, key_from_a_json_pointer)
+{
+    config("defaults: {key_from: \"json:/data/events/1/id\"}\n"
+           "routes:\n"
+           "  - {methods: [POST], path: /hook}\n"
+           "  - {methods: [POST], path: /opt, mode: optional}\n"
+           "  - {methods: [POST], path: /tilde, key_from: \"json:/a~1b/m~0n\"}\n");
+    expect_key(post("/hook", "", "{\"data\":{\"events\":[{\"id\":\"x\"},{\"id\":\"evt_2\"}]}}"),
+               "evt_2");
+    expect_key(post("/hook", "", "{\"data\":{\"events\":[0,{\"id\":-42}]}}"), "-42");
+    expect_key(post("/hook", "", "{\"data\":{\"events\":[0,{\"id\":\"a,b c\"}]}}"), "a,b c");
+    expect_key(post("/tilde", "", "{\"a/b\":{\"m~n\":7}}"), "7");
+    /* Missing: 400 missing-key when required, passed when optional. */
+    expect_refusal(post("/hook", "", "{\"data\":{\"events\":[{\"id\":\"x\"}]}}"), 400,
+                   "missing-key");
+    expect_refusal(post("/hook", "Idempotency-Key: k\r\n", "{}"), 400, "missing-key");
+    idem_gw_plan_t *p = post("/opt", "", "{\"data\":{}}");
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
+    cr_expect_eq(p->cls.kind, IDEM_GW_PASS);
+    cr_expect_not(p->fingerprinted);
+    /* Not JSON, or the wrong type: 400 invalid-key, even when optional. */
+    expect_refusal(post("/hook", "", "id=1"), 400, "invalid-key");
+    expect_refusal(post("/hook", "", ""), 400, "invalid-key");
+    expect_refusal(post("/opt", "", "{\"a\":1,\"a\":2}"), 400, "invalid-key");
+    static const char *const wrong[] = {"true", "null", "1.5", "1e3", "1.0", "{}", "[]",
+                                        "\"\"", "\"\\u00e9\"", "\"a\\nb\"", "01"};
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"data\":{\"events\":[0,{\"id\":%s}]}}", wrong[i]);
+        p = post("/hook", "", body);
+        if (strcmp(wrong[i], "01") == 0) { /* not JSON at all */
+            expect_refusal(p, 400, "invalid-key");
+            continue;
+        }
+        cr_expect_eq(p->verdict, IDEM_GW_REFUSED, "%s accepted", wrong[i]);
+        cr_expect_str_eq(p->refusal.type, "invalid-key", "%s", wrong[i]);
+    }
+    /* 255 characters pass, 256 do not. */
+    char body[600], id[300];
+    memset(id, 'k', 256);
+    id[255] = '\0';
+    snprintf(body, sizeof body, "{\"data\":{\"events\":[0,{\"id\":\"%s\"}]}}", id);
+    expect_key(post("/hook", "", body), id);
+    id[255] = 'k';
+    id[256] = '\0';
+    snprintf(body, sizeof body, "{\"data\":{\"events\":[0,{\"id\":\"%s\"}]}}", id);
+    expect_refusal(post("/hook", "", body), 400, "invalid-key");
+}
+
+Test(request_plan, key_from_json_waits_for_the_body_after_100_continue)
+{
+    config("defaults: {key_from: \"json:/id\"}\n");
+    /* The head alone: invited (the key is not known yet), nothing refused. */
+    idem_gw_plan_t *p = run("POST /x HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
+                            "Content-Length: 10\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_INCOMPLETE);
+    cr_expect(p->invite);
+    cr_expect(p->cls.key_in_body);
+    cr_expect_str_eq(p->cls.key, "");
+}
+
+Test(request_plan, the_policy_path_is_idemds_own)
+{
+    config("routes:\n  - {methods: [POST], path: /}\n");
+    idem_gw_plan_t *p = run("GET /_idem/policy HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_PUBLISH);
+    cr_expect_eq(p->cls.kind, IDEM_GW_POLICY);
+    cr_expect_eq(p->upstream.len, 0);
+    p = run("HEAD /_idem/%70olicy HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_PUBLISH);
+    expect_refused("POST /_idem/policy HTTP/1.1\r\nHost: h\r\nIdempotency-Key: k\r\n\r\n", 405,
+                   "method-not-allowed", IDEM_OUT_BAD_REQUEST);
+    cr_expect(plan.refusal.allow_get);
+    cr_expect_not(plan.refusal.allow_post);
+    /* Only that path: below it is the upstream's. */
+    p = run("GET /_idem/policy/x HTTP/1.1\r\nHost: h\r\n\r\n");
+    cr_expect_eq(p->verdict, IDEM_GW_FORWARD);
 }
