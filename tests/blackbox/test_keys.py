@@ -63,7 +63,8 @@ class KeyFormsAccepted(h.IdemTestCase):
         self.assertEqual(rec.json()["key"], key)
 
     def test_every_visible_ascii_character_is_allowed_in_a_bare_key(self):
-        key = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"')
+        # But the comma: two Idempotency-Key fields joined (test_replay_headers.py).
+        key = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '",')
         r = self.d.post(key=key)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.d.get_key(key).status, 200)
