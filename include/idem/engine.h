@@ -9,7 +9,8 @@
  * Order of the rules:
  *   1. no record, or now >= expires_at             -> CLAIM (fence = old + 1, or 1)
  *   2. fingerprint differs                         -> MISMATCH
- *   3. in_progress, held                           -> IN_FLIGHT_UNKNOWN
+ *   3. in_progress, held, now <  lease_until       -> IN_FLIGHT_UNKNOWN
+ *   3b. in_progress, held, now >= lease_until      -> RECONCILE (fence + 1)
  *   4. in_progress, now <  lease_until             -> IN_FLIGHT (retry_after)
  *   5. in_progress, now >= lease_until             -> TAKEOVER (fence + 1)
  *   6. completed, body not retained                -> NOT_RETAINED
@@ -31,12 +32,19 @@ typedef enum idem_decision_kind {
     IDEM_DECIDE_MISMATCH = 5,      /* 422 key-reused */
     IDEM_DECIDE_IN_FLIGHT_UNKNOWN = 6, /* 409 upstream-outcome-unknown (held) */
     IDEM_DECIDE_NOT_RETAINED = 7,  /* 409 response-not-retained */
+    /* held, and its owner's lease ended (on_unknown_outcome: reconcile): the
+     * claim takes the lease with fence + 1, keeps the hold and its
+     * retention, and the caller asks the upstream what happened; the
+     * request itself is answered as IN_FLIGHT_UNKNOWN.  A hold written by
+     * `hold` leases the key until its retention ends, so never gets here. */
+    IDEM_DECIDE_RECONCILE = 8,
 } idem_decision_kind_t;
 
 typedef struct idem_decision {
     idem_decision_kind_t kind;
     uint64_t fence;       /* CLAIM/TAKEOVER: the new fence; else the record's */
-    int64_t retry_after_s; /* IN_FLIGHT*: whole seconds until the lease ends, >= 1 */
+    int64_t retry_after_s; /* IN_FLIGHT: whole seconds until the lease ends, >= 1;
+                            * IN_FLIGHT_UNKNOWN, RECONCILE: until the hold's retention ends */
 } idem_decision_t;
 
 /** Decide.  @param rec  the record held, or NULL when there is none.

@@ -65,6 +65,7 @@ idem_err_t idem_dedup_verdict(const idem_decision_t *d, idem_dedup_claim_t *out)
         return IDEM_OK;
     case IDEM_DECIDE_IN_FLIGHT:
     case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+    case IDEM_DECIDE_RECONCILE:
         out->verdict = IDEM_DEDUP_IN_PROGRESS;
         out->retry_after_ms = d->retry_after_s * 1000;
         return IDEM_OK;

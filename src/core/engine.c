@@ -49,7 +49,11 @@ idem_decision_t idem_decide(const idem_record_t *rec, const uint8_t fp[IDEM_FP_L
     if (memcmp(rec->fingerprint, fp, IDEM_FP_LEN) != 0) {
         d.kind = IDEM_DECIDE_MISMATCH;
     } else if (rec->state == IDEM_STATE_IN_PROGRESS) {
-        if (rec->flags & IDEM_REC_HELD) {
+        if ((rec->flags & IDEM_REC_HELD) && now_ms >= rec->lease_until_ms) {
+            d.kind = IDEM_DECIDE_RECONCILE;
+            d.fence = rec->fence + 1;
+            d.retry_after_s = seconds_until(rec->expires_at_ms, now_ms);
+        } else if (rec->flags & IDEM_REC_HELD) {
             d.kind = IDEM_DECIDE_IN_FLIGHT_UNKNOWN;
             d.retry_after_s = seconds_until(rec->expires_at_ms, now_ms);
         } else if (now_ms < rec->lease_until_ms) {
@@ -84,6 +88,8 @@ const char *idem_decision_name(idem_decision_kind_t kind)
         return "in_flight_unknown";
     case IDEM_DECIDE_NOT_RETAINED:
         return "not_retained";
+    case IDEM_DECIDE_RECONCILE:
+        return "reconcile";
     }
     return "unknown";
 }

@@ -154,10 +154,12 @@ int idem__config_set_string(char **slot, const char *value)
     X(P_FP_HEADERS, "fingerprint_headers")       \
     X(P_FP_IGNORE, "fingerprint_ignore")         \
     X(P_MAX_RESPONSE, "max_response_bytes")      \
-    X(P_RELEASE, "release_statuses")              \
-    X(P_KEY_FROM, "key_from")                     \
-    X(P_REPLAY_DROP, "replay_drop_headers")       \
-    X(P_REPLAY_MARKER, "replay_marker")
+    X(P_RELEASE, "release_statuses")             \
+    X(P_KEY_FROM, "key_from")                    \
+    X(P_REPLAY_DROP, "replay_drop_headers")      \
+    X(P_REPLAY_MARKER, "replay_marker")          \
+    X(P_RECONCILE_URL, "reconcile_url")          \
+    X(P_RECONCILE_AFTER, "reconcile_after")
 
 enum {
 #define X(id, name) id,
@@ -174,6 +176,8 @@ static void policy_cleanup(idem_policy_t *p)
     free_strings(p->replay_marker, &p->n_replay_marker);
     idem_free(p->key_from_arg);
     p->key_from_arg = NULL;
+    idem_free(p->reconcile_url);
+    p->reconcile_url = NULL;
 }
 
 /* @return 0, or -1 when out of memory (p is then left for policy_cleanup). */
@@ -193,6 +197,7 @@ static int policy_defaults(idem_policy_t *p)
     p->release_statuses[0] = 429;
     p->release_statuses[1] = 503;
     p->n_release_statuses = 2;
+    p->reconcile_after_ms = 5 * 1000;
     p->key_from = IDEM_KEY_FROM_HEADER;
     if (idem__config_set_string(&p->key_from_arg, "Idempotency-Key") != 0 ||
         copy_strings(p->replay_drop_headers, &p->n_replay_drop_headers, drop, 1) != 0 ||
@@ -232,6 +237,8 @@ static int policy_copy_key(idem_policy_t *dst, const idem_policy_t *src, int key
     case P_REPLAY_MARKER:
         return copy_strings(dst->replay_marker, &dst->n_replay_marker, src->replay_marker,
                             src->n_replay_marker);
+    case P_RECONCILE_URL: return idem__config_set_string(&dst->reconcile_url, src->reconcile_url);
+    case P_RECONCILE_AFTER: dst->reconcile_after_ms = src->reconcile_after_ms; break;
     default: break;
     }
     return 0;
@@ -785,7 +792,7 @@ static int status_list(ctx_t *c, const yaml_node_t *n, const char *key, idem_pol
 }
 
 static const char *const conflict_names[] = {"reject", "wait"};
-static const char *const unknown_names[] = {"expire", "hold"};
+static const char *const unknown_names[] = {"expire", "hold", "reconcile"};
 static const char *const fpbody_names[] = {"raw", "json"};
 static const char *const store_error_names[] = {"closed", "open"};
 static const char *const mode_names[] = {"required", "optional", "token", "off"};
@@ -850,10 +857,19 @@ static int policy_key(ctx_t *c, const yaml_node_t *v, const char *key, int index
         p->on_conflict = (idem_on_conflict_t)e;
         return 0;
     case P_ON_UNKNOWN:
-        if (choice(c, v, key, unknown_names, 2, &e) != 0)
+        if (choice(c, v, key, unknown_names, 3, &e) != 0)
             return -1;
         p->on_unknown_outcome = (idem_on_unknown_t)e;
         return 0;
+    case P_RECONCILE_AFTER: return duration(c, v, key, false, &p->reconcile_after_ms);
+    case P_RECONCILE_URL: {
+        const char *u = scalar(c, v, key);
+        if (u == NULL)
+            return -1;
+        if (idem__config_set_string(&p->reconcile_url, u) != 0)
+            return nomem(c, v, key);
+        return 0; /* checked against upstream in idem__config_validate */
+    }
     case P_FP_BODY:
         if (choice(c, v, key, fpbody_names, 2, &e) != 0)
             return -1;
@@ -1469,6 +1485,39 @@ out:
 
 /* ---- validation and matching ------------------------------------------- */
 
+/* What is wrong with p's reconcile_url for an upstream at host:port (tls:
+ * https), or NULL: with on_unknown_outcome: reconcile it is required, and
+ * it names the upstream's own origin (the question goes through the
+ * upstream client, reconcile.c) and a path of visible ASCII. */
+static const char *reconcile_problem(const idem_policy_t *p, const char *host, int port,
+                                     bool tls)
+{
+    const char *u = p->reconcile_url;
+    if (u == NULL)
+        return p->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE
+                   ? "needed by on_unknown_outcome: reconcile"
+                   : NULL;
+    const char *sep = strstr(u, "://");
+    const char *path = sep ? strchr(sep + 3, '/') : NULL;
+    if (path == NULL)
+        return "not http(s)://HOST:PORT/PATH";
+    char origin[300], rhost[256];
+    int rport;
+    bool rtls = false;
+    if ((size_t)(path - u) >= sizeof origin)
+        return "not http(s)://HOST:PORT/PATH";
+    memcpy(origin, u, (size_t)(path - u));
+    origin[path - u] = '\0';
+    if (idem__config_parse_upstream_url(origin, rhost, sizeof rhost, &rport, &rtls) != 0)
+        return "not http(s)://HOST:PORT/PATH";
+    if (rport != port || rtls != tls || strcasecmp(rhost, host) != 0)
+        return "must name the upstream's own scheme, host and port";
+    for (const char *q = path; *q; q++)
+        if ((unsigned char)*q <= 0x20 || (unsigned char)*q >= 0x7f)
+            return "the path must be visible ASCII";
+    return NULL;
+}
+
 int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
 {
     char host[256], shown[80], lhost[256];
@@ -1551,6 +1600,19 @@ int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         BAD("log_format: must be one of json, text");
     if (cfg->n_routes > IDEM_CONFIG_MAX_ROUTES)
         BAD("routes: too many routes (at most %d)", IDEM_CONFIG_MAX_ROUTES);
+    for (size_t i = 0; i <= cfg->n_routes; i++) {
+        const idem_policy_t *p = i == 0 ? &cfg->defaults : &cfg->routes[i - 1].policy;
+        char where[40];
+        if (i == 0)
+            snprintf(where, sizeof where, "defaults");
+        else
+            snprintf(where, sizeof where, "routes[%zu]", i - 1);
+        why = reconcile_problem(p, host, port, tls);
+        if (why != NULL) {
+            show(shown, sizeof shown, p->reconcile_url ? p->reconcile_url : "");
+            BAD("%s.reconcile_url: %s: '%s'", where, why, shown);
+        }
+    }
 #undef BAD
     return 0;
 }

@@ -21,7 +21,11 @@
 #define IDEM_CONFIG_MAX_LIST 32   /* entries in a list (methods, headers, pointers, statuses) */
 
 typedef enum { IDEM_CONFLICT_REJECT = 0, IDEM_CONFLICT_WAIT = 1 } idem_on_conflict_t;
-typedef enum { IDEM_UNKNOWN_EXPIRE = 0, IDEM_UNKNOWN_HOLD = 1 } idem_on_unknown_t;
+typedef enum {
+    IDEM_UNKNOWN_EXPIRE = 0,
+    IDEM_UNKNOWN_HOLD = 1,
+    IDEM_UNKNOWN_RECONCILE = 2, /* hold, and ask reconcile_url (reconcile.h) */
+} idem_on_unknown_t;
 typedef enum { IDEM_FPBODY_RAW = 0, IDEM_FPBODY_JSON = 1 } idem_fp_body_t;
 typedef enum { IDEM_STORE_ERR_CLOSED = 0, IDEM_STORE_ERR_OPEN = 1 } idem_on_store_error_t;
 /* Where a route's key comes from (`key_from`, docs/configuration.md). */
@@ -61,6 +65,9 @@ typedef struct idem_policy {
     size_t n_replay_drop_headers;
     char *replay_marker[IDEM_CONFIG_MAX_LIST]; /* as written; "true" on a replay */
     size_t n_replay_marker;
+    /* on_unknown_outcome: reconcile (SPEC section 18, reconcile.h). */
+    char *reconcile_url;        /* http(s)://upstream's origin/path, "{key}" encoded */
+    int64_t reconcile_after_ms; /* the first question; later ones back off */
 } idem_policy_t;
 
 typedef struct idem_route {

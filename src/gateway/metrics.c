@@ -140,6 +140,18 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
         (unsigned long long)atomic_load(&m->scope_fallback_authorization),
         (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
         atomic_load(&m->store_full) ? 1 : 0);
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_reconcile_total Questions to reconcile_url about an unknown outcome, "
+        "by result: applied (the answer was stored), not_applied (404: the key was "
+        "released), retry (asked again later).\n"
+        "# TYPE idem_reconcile_total counter\n"
+        "idem_reconcile_total{result=\"applied\"} %llu\n"
+        "idem_reconcile_total{result=\"not_applied\"} %llu\n"
+        "idem_reconcile_total{result=\"retry\"} %llu\n",
+        (unsigned long long)atomic_load(&m->reconcile_applied),
+        (unsigned long long)atomic_load(&m->reconcile_not_applied),
+        (unsigned long long)atomic_load(&m->reconcile_retry));
     if (atomic_load(&m->store_space_known))
         rc |= idem__buf_appendf(
             out,

@@ -41,6 +41,11 @@ typedef struct idem_metrics {
                                               * their handshake was done (garbage, a
                                               * certificate refused, a client that left) */
     _Atomic uint64_t cache_hits;      /* answers from local_cache */
+    /* Questions to reconcile_url (reconcile.c), by what they came to:
+     * the answer stored, the key released (404), asked again later. */
+    _Atomic uint64_t reconcile_applied;
+    _Atomic uint64_t reconcile_not_applied;
+    _Atomic uint64_t reconcile_retry;
     /* Resources clients hold (docs/protocol.md section 11): the gauges are
      * also the counters max_connections and max_buffered_bytes are checked on. */
     _Atomic uint64_t connections;     /* public connections, and requests that outlived theirs */

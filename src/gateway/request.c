@@ -353,12 +353,19 @@ static void req_answer_decision(idem_req_t *req, idem_decision_t d, const idem_r
                           d.retry_after_s);
         break;
     case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
+    case IDEM_DECIDE_RECONCILE:
         req->outcome = IDEM_OUT_OUTCOME_UNKNOWN;
-        idem__req_problem(req, 409, "upstream-outcome-unknown",
-                          "the outcome of the first request with this key is unknown; an "
-                          "operator "
-                          "must remove the key before it can run again",
-                          d.retry_after_s);
+        if (req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE)
+            idem__req_problem(req, 409, "upstream-outcome-unknown",
+                              "the outcome of the first request with this key is unknown; "
+                              "idemd is asking the upstream what became of it: retry later",
+                              1);
+        else
+            idem__req_problem(req, 409, "upstream-outcome-unknown",
+                              "the outcome of the first request with this key is unknown; an "
+                              "operator "
+                              "must remove the key before it can run again",
+                              d.retry_after_s);
         break;
     case IDEM_DECIDE_NOT_RETAINED:
         req->outcome = IDEM_OUT_NOT_RETAINED;
@@ -786,6 +793,10 @@ static void on_failure_recorded(idem_wjob_t *job)
                                     "the upstream call failed and the store could not record it");
         return;
     }
+    if (job->op.kind == IDEM_OP_HOLD &&
+        req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE)
+        idem__reconcile_track(&req->w->recon, req->policy, &req->id, req->fence,
+                              job->op.expires_at_ms, false);
     idem__req_answer_failure(req, req->up_result);
 }
 
@@ -803,6 +814,15 @@ static void req_upstream_failed(idem_req_t *req, idem_up_result_t why)
     if (req->keyed && why == IDEM_UP_CONNECT_FAILED) {
         /* Nothing was sent: the key is free to run again. */
         idem__req_job_init(req, &req->job, IDEM_OP_RELEASE);
+        idem__req_submit(req, &req->job, on_failure_recorded);
+        return;
+    }
+    if (req->keyed && req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE) {
+        /* Held under our lease, which reconcile.c renews while it asks. */
+        int64_t now = idem_clock_now(NULL);
+        idem__req_job_init(req, &req->job, IDEM_OP_HOLD);
+        req->job.op.lease_until_ms = now + req->policy->lease_ms;
+        req->job.op.expires_at_ms = now + req->policy->key_ttl_ms;
         idem__req_submit(req, &req->job, on_failure_recorded);
         return;
     }
@@ -1042,6 +1062,14 @@ static void on_claim_done(idem_wjob_t *job)
     case IDEM_DECIDE_IN_FLIGHT_UNKNOWN:
         req_in_flight(req, d);
         break;
+    case IDEM_DECIDE_RECONCILE:
+        /* The held key's owner is gone: this claim took its lease, and this
+         * worker asks the upstream now; the repeat itself is answered as
+         * the hold's would be. */
+        idem__reconcile_track(&req->w->recon, req->policy, &req->id, d.fence,
+                              idem_clock_now(NULL) + d.retry_after_s * 1000, true);
+        req_in_flight(req, d);
+        break;
     default:
         if (d.kind == IDEM_DECIDE_REPLAY)
             req_cache_record(req, &rec);
@@ -1098,7 +1126,7 @@ static void req_lookup(idem_req_t *req)
         return;
     }
     idem_decision_t d = idem_decide(&rec, req->fp, now);
-    if (idem_decision_forwards(d.kind)) {
+    if (idem_decision_forwards(d.kind) || d.kind == IDEM_DECIDE_RECONCILE) {
         idem_record_cleanup(&rec);
         req_claim(req); /* the writer decides again, atomically */
         return;

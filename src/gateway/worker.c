@@ -49,6 +49,16 @@ void idem__worker_submit(idem_worker_t *w, idem_wjob_t *job)
 }
 
 
+/* A job is back: a request's, or one with no request behind it
+ * (reconcile.c). */
+static void job_done(idem_wjob_t *job)
+{
+    if (job->plain)
+        job->cb(job);
+    else
+        idem__req_job_done(job);
+}
+
 /* Apply this loop's queued jobs, a batch per transaction.  Callbacks may
  * queue more (a release after a failed connect); a few rounds take those
  * too, the idle handle the rest. */
@@ -64,7 +74,7 @@ static void run_inline(idem_worker_t *w)
         }
         idem__writer_jobs_apply(w->gw->store, &w->gw->metrics, jobs, n);
         for (size_t i = 0; i < n; i++)
-            idem__req_job_done(jobs[i]);
+            job_done(jobs[i]);
     }
     if (idem_list_empty(&w->inline_q))
         uv_idle_stop(&w->inline_idle);
@@ -92,7 +102,7 @@ static void on_done_async(uv_async_t *a)
     while (!idem_list_empty(&done)) {
         idem_link_t *l = done.next;
         idem_list_remove(l);
-        idem__req_job_done(IDEM_CONTAINER(l, idem_wjob_t, link));
+        job_done(IDEM_CONTAINER(l, idem_wjob_t, link));
     }
 }
 
@@ -182,6 +192,7 @@ static void on_stop_async(uv_async_t *a)
     }
     /* Idle connections close now; busy ones after their response. */
     idem__conns_close_idle(&w->listener);
+    idem__reconcile_stop(&w->recon);
     idem__upstream_stop(&w->up);
     uint64_t grace = (uint64_t)w->gw->cfg->upstream_timeout_ms + 5000;
     uv_timer_start(&w->shutdown_timer, on_shutdown_timer, grace, 0);
@@ -200,6 +211,7 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     memset(w, 0, sizeof *w);
     w->gw = gw;
     w->index = index;
+    idem__reconcile_init(&w->recon, w);
     idem_list_init(&w->done);
     idem_list_init(&w->reqs);
     idem_list_init(&w->inline_q);
@@ -283,6 +295,7 @@ void idem__worker_cleanup(idem_worker_t *w)
 {
     uv_walk(&w->loop, close_any, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
+    idem__reconcile_cleanup(&w->recon);
     uv_loop_close(&w->loop);
     idem__log_flush(w);
     pthread_mutex_destroy(&w->done_mu);

@@ -22,6 +22,7 @@
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/list.h"
+#include "gateway/reconcile.h"
 #include "gateway/upstream.h"
 #include "gateway/writer.h"
 #include "http/http.h"
@@ -44,6 +45,7 @@ struct idem_worker {
     pthread_mutex_t done_mu;
     idem_link_t done;       /* idem_wjob_t, filled by the writer thread */
     idem_upstream_t up;     /* the upstream client: its pool of keep-alive connections */
+    idem_reconcile_t recon; /* questions about held keys (on_unknown_outcome: reconcile) */
     idem_link_t reqs;       /* requests in progress */
     bool inline_store;      /* the store's commits are cheap: apply jobs on this loop */
     idem_link_t inline_q;   /* jobs waiting for this loop's next commit */

@@ -37,6 +37,7 @@ struct idem_wjob {
     idem_wjob_cb cb;       /* runs on the worker's loop thread */
     void *data;
     idem_worker_t *worker; /* whose loop gets the result */
+    bool plain;            /* no request behind it (reconcile.c): cb alone, on the loop */
     idem_link_t link;
 };
 

@@ -166,7 +166,8 @@ _Static_assert(IDEM_REC_HELD == 1 && IDEM_REC_NOT_RETAINED == 2 && IDEM_REC_TOKE
                "Lua: fl");
 _Static_assert(IDEM_DECIDE_CLAIM == 1 && IDEM_DECIDE_TAKEOVER == 2 && IDEM_DECIDE_REPLAY == 3 &&
                    IDEM_DECIDE_IN_FLIGHT == 4 && IDEM_DECIDE_MISMATCH == 5 &&
-                   IDEM_DECIDE_IN_FLIGHT_UNKNOWN == 6 && IDEM_DECIDE_NOT_RETAINED == 7,
+                   IDEM_DECIDE_IN_FLIGHT_UNKNOWN == 6 && IDEM_DECIDE_NOT_RETAINED == 7 &&
+                   IDEM_DECIDE_RECONCILE == 8,
                "Lua: decision kinds");
 _Static_assert(IDEM_TOKEN_FIRST_USE == 1 && IDEM_TOKEN_USED == 2 && IDEM_TOKEN_INVALID == 3,
                "Lua: token verdicts");
@@ -241,7 +242,8 @@ static const char lua_claim[] = LUA_PRELUDE
     "  fence = r.fe\n"
     "  if r.fp ~= ARGV[2] then kind = 5\n"
     "  elseif r.st == 1 then\n"
-    "    if bit.band(r.fl, 1) ~= 0 then kind, retry = 6, secs(r.ex, now)\n"
+    "    if bit.band(r.fl, 1) ~= 0 and now >= r.lu then kind, fence, retry = 8, r.fe + 1, secs(r.ex, now)\n"
+    "    elseif bit.band(r.fl, 1) ~= 0 then kind, retry = 6, secs(r.ex, now)\n"
     "    elseif now < r.lu then kind, retry = 4, secs(r.lu, now)\n"
     "    else kind, fence = 2, r.fe + 1 end\n"
     "  elseif bit.band(r.fl, 2) ~= 0 then kind = 7\n"
@@ -249,6 +251,8 @@ static const char lua_claim[] = LUA_PRELUDE
     "end\n"
     "if kind == 1 or kind == 2 then\n"
     "  put(k, '1', '0', ARGV[2], int(fence), ARGV[3], ARGV[4], false)\n"
+    "elseif kind == 8 then\n"
+    "  put(k, '1', r.fls, r.fp, int(fence), ARGV[3], r.exs, false)\n"
     "elseif kind == 3 then\n"
     "  return {0, kind, fence, 0, r.sts, r.fls, r.fp, r.fes, r.lus, r.exs,\n"
     "          redis.call('HGET', k, 'r')}\n"
@@ -1351,7 +1355,7 @@ void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisRepl
     if (r->elements < 4 || !reply_is(r->element[1], REDIS_REPLY_INTEGER) ||
         !reply_is(r->element[2], REDIS_REPLY_INTEGER) ||
         !reply_is(r->element[3], REDIS_REPLY_INTEGER) || r->element[1]->integer < 1 ||
-        r->element[1]->integer > IDEM_DECIDE_NOT_RETAINED || r->element[2]->integer < 0) {
+        r->element[1]->integer > IDEM_DECIDE_RECONCILE || r->element[2]->integer < 0) {
         idem__store_seterr(store, "redis: unexpected answer from the claim script");
         op->err = IDEM_E_IO;
         return;

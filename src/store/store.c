@@ -305,6 +305,14 @@ idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t
             next->expires_at_ms = op->expires_at_ms;
             return IDEM__STORE_PUT;
         }
+        if (op->decision.kind == IDEM_DECIDE_RECONCILE) {
+            /* The hold stays, with its retention; the lease and fence are
+             * the claimant's, who asks the upstream what happened. */
+            *next = head;
+            next->fence = op->decision.fence;
+            next->lease_until_ms = op->lease_until_ms;
+            return IDEM__STORE_PUT;
+        }
         if (op->decision.kind == IDEM_DECIDE_REPLAY)
             op->err = idem_record_decode(cur, cur_len, &op->record);
         return IDEM__STORE_KEEP;
