@@ -417,9 +417,32 @@ STORE_CASE(hold_gives_in_flight_unknown_after_the_lease)
     op.expires_at_ms = T0 + TTL;
     cr_assert_eq(idem_store_exec(st, &op, 1), IDEM_OK);
     cr_assert_eq(op.err, IDEM_OK);
-    idem_decision_t d = claim("k", 1, T0 + 2 * LEASE);
+    /* Within the hold's lease: its owner asks; a repeat is told so. */
+    idem_decision_t d = claim("k", 1, T0 + LEASE - 1);
     cr_expect_eq(d.kind, IDEM_DECIDE_IN_FLIGHT_UNKNOWN);
+    cr_expect_eq(d.fence, 1);
+    /* Past it: one claim takes the lease with fence + 1 (on_unknown_outcome:
+     * reconcile), atomically, and the hold and its retention stay. */
+    d = claim("k", 1, T0 + 2 * LEASE);
+    cr_expect_eq(d.kind, IDEM_DECIDE_RECONCILE);
+    cr_expect_eq(d.fence, 2);
     cr_expect_eq(d.retry_after_s, (TTL - 2 * LEASE) / 1000);
+    d = claim("k", 1, T0 + 2 * LEASE + 1);
+    cr_expect_eq(d.kind, IDEM_DECIDE_IN_FLIGHT_UNKNOWN);
+    cr_expect_eq(d.fence, 2);
+    idem_key_id_t id = kid("k");
+    idem_record_t rec;
+    cr_assert_eq(idem_store_get(st, &id, T0 + 2 * LEASE + 1, &rec), IDEM_OK);
+    cr_expect_eq(rec.state, IDEM_STATE_IN_PROGRESS);
+    cr_expect(rec.flags & IDEM_REC_HELD);
+    cr_expect_eq(rec.fence, 2);
+    cr_expect_eq(rec.expires_at_ms, T0 + TTL);
+    idem_record_cleanup(&rec);
+    /* The old asker's late answer is refused; the new one's is stored. */
+    idem_response_t r = {200, NULL, 0, (const uint8_t *)"ok", 2};
+    cr_expect_eq(idem_store_complete(st, &id, 1, &r, 0, T0 + TTL), IDEM_E_FENCE);
+    cr_expect_eq(idem_store_complete(st, &id, 2, &r, 0, T0 + TTL), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 2 * LEASE + 2).kind, IDEM_DECIDE_REPLAY);
 }
 
 STORE_CASE(stale_hold_is_refused)

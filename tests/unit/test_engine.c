@@ -88,17 +88,30 @@ Test(engine, other_fingerprint_with_expired_lease_is_mismatch_not_takeover)
 
 Test(engine, held_is_in_flight_unknown_until_retention)
 {
-    idem_record_t r = rec(IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD, 3, NOW - 1, NOW + 10500);
+    idem_record_t r = rec(IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD, 3, NOW + 10500, NOW + 10500);
     idem_decision_t d = idem_decide(&r, fp_a, NOW);
     cr_expect_eq(d.kind, IDEM_DECIDE_IN_FLIGHT_UNKNOWN);
     cr_expect_eq(d.fence, 3);
     cr_expect_eq(d.retry_after_s, 11); /* 10.5 s rounded up */
 }
 
-Test(engine, held_comes_before_lease_expiry)
+Test(engine, held_past_its_lease_is_reconciled_never_taken_over)
 {
-    /* A held record's lease has long run out; it must not be taken over. */
+    /* A held record's lease has run out (its asker is gone): the claim
+     * takes the lease to ask again, and never forwards. */
     idem_record_t r = rec(IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD, 3, NOW - 60000, NOW + 1000);
+    idem_decision_t d = idem_decide(&r, fp_a, NOW);
+    cr_expect_eq(d.kind, IDEM_DECIDE_RECONCILE);
+    cr_expect_eq(d.fence, 4);
+    cr_expect_eq(d.retry_after_s, 1); /* until the hold's retention ends */
+    cr_expect_not(idem_decision_forwards(d.kind));
+    cr_expect_str_eq(idem_decision_name(d.kind), "reconcile");
+}
+
+Test(engine, held_with_lease_until_retention_stays_in_flight_unknown)
+{
+    /* on_unknown_outcome: hold leases the key until its retention ends. */
+    idem_record_t r = rec(IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD, 3, NOW + 5000, NOW + 5000);
     cr_expect_eq(idem_decide(&r, fp_a, NOW).kind, IDEM_DECIDE_IN_FLIGHT_UNKNOWN);
 }
 
