@@ -170,6 +170,23 @@ class Reconcile(h.IdemTestCase):
         self.assertEqual(len(self.questions(up, k)), 1)
         self.assertEqual(up.count(path="/pay"), 1)
 
+    def test_stop_while_asking_exits_cleanly_and_the_next_start_asks(self):
+        up = self.start_upstream()
+        answer = threading.Event()
+        self.addCleanup(answer.set)
+        self.program(up, [h.Reply(status=200, body=b"x", wait=answer)],
+                     status_then=h.Reply(status=200, body=b"after restart"))
+        d = self.start_idemd(up, self.config(up))
+        k = h.new_key()
+        self.assertProblem(d.post(key=k), 504, "upstream-outcome-unknown")
+        h.wait_until(lambda: self.questions(up, k), timeout=20, what="the question")
+        self.assertEqual(d.stop(), 0)  # the question in flight is ended, nothing leaks
+        d.start()
+        r = self.wait_settled(d, k)
+        self.assertEqual((r.status, r.body), (200, b"after restart"))
+        self.assertEqual(len(self.questions(up, k)), 2)
+        self.assertEqual(up.count(path="/pay"), 1)
+
     # ---- the owner is gone ------------------------------------------------
 
     def check_owner_gone(self, status_reply, post_then, want):
