@@ -459,7 +459,7 @@ Test(config, bad_enums_are_refused)
     expect_error("defaults:\n  on_conflict: queue\n", 2,
                  "defaults.on_conflict: must be one of reject, wait");
     expect_error("defaults:\n  on_unknown_outcome: retry\n", 2,
-                 "defaults.on_unknown_outcome: must be one of expire, hold");
+                 "defaults.on_unknown_outcome: must be one of expire, hold, reconcile");
     expect_error("defaults:\n  fingerprint_body: xml\n", 2,
                  "defaults.fingerprint_body: must be one of raw, json");
     expect_error("log_format: yaml\n", 1, "log_format: must be one of json, text");
