@@ -28,6 +28,7 @@
 #define ON_REQ ON(IDEM_CLI_REQUEST)
 #define ON_KEYS (ON(IDEM_CLI_KEYS_GET) | ON(IDEM_CLI_KEYS_DELETE))
 #define ON_TOKEN ON(IDEM_CLI_TOKEN)
+#define ON_CONF ON(IDEM_CLI_CONFORMANCE)
 
 enum opt_id {
     OPT_HELP,
@@ -44,6 +45,12 @@ enum opt_id {
     OPT_SCOPE_OF,
     OPT_ADMIN,
     OPT_URL,
+    OPT_PATH,
+    OPT_CONF_METHOD,
+    OPT_BODY,
+    OPT_MARKER,
+    OPT_TIMEOUT,
+    OPT_JSON,
 };
 
 typedef struct opt {
@@ -59,17 +66,24 @@ static const opt_t opts[] = {
     {.name = "--request", .letter = 'X', .takes_value = true, .cmds = ON_REQ, .id = OPT_METHOD},
     {.name = "--data", .letter = 'd', .takes_value = true, .cmds = ON_REQ, .id = OPT_DATA},
     {.name = "--data-file", .takes_value = true, .cmds = ON_REQ, .id = OPT_DATA_FILE},
-    {.name = "--header", .letter = 'H', .takes_value = true, .cmds = ON_REQ | ON_TOKEN,
+    {.name = "--header", .letter = 'H', .takes_value = true, .cmds = ON_REQ | ON_TOKEN | ON_CONF,
      .id = OPT_HEADER},
     {.name = "--key", .takes_value = true, .cmds = ON_REQ, .id = OPT_KEY},
     {.name = "--retries", .takes_value = true, .cmds = ON_REQ, .id = OPT_RETRIES},
-    {.name = "--max-time", .letter = 'm', .takes_value = true, .cmds = ~0u, .id = OPT_MAX_TIME},
+    {.name = "--max-time", .letter = 'm', .takes_value = true, .cmds = ~0u & ~ON_CONF,
+     .id = OPT_MAX_TIME},
     {.name = "--include", .letter = 'i', .cmds = ON_REQ, .id = OPT_INCLUDE},
     {.name = "--verbose", .letter = 'v', .cmds = ON_REQ, .id = OPT_VERBOSE},
     {.name = "--scope", .takes_value = true, .cmds = ON_KEYS, .id = OPT_SCOPE},
     {.name = "--scope-of", .takes_value = true, .cmds = ON_KEYS, .id = OPT_SCOPE_OF},
     {.name = "--admin", .takes_value = true, .cmds = ON_KEYS, .id = OPT_ADMIN},
     {.name = "--url", .takes_value = true, .cmds = ON_TOKEN, .id = OPT_URL},
+    {.name = "--path", .takes_value = true, .cmds = ON_CONF, .id = OPT_PATH},
+    {.name = "--method", .takes_value = true, .cmds = ON_CONF, .id = OPT_CONF_METHOD},
+    {.name = "--body", .takes_value = true, .cmds = ON_CONF, .id = OPT_BODY},
+    {.name = "--marker", .takes_value = true, .cmds = ON_CONF, .id = OPT_MARKER},
+    {.name = "--timeout", .takes_value = true, .cmds = ON_CONF, .id = OPT_TIMEOUT},
+    {.name = "--json", .cmds = ON_CONF, .id = OPT_JSON},
 };
 
 /* The parse in progress: what a later check needs to know about earlier flags. */
@@ -88,6 +102,7 @@ static const char *cmd_name(idem_cli_cmd_t c)
     case IDEM_CLI_KEYS_GET: return "keys get";
     case IDEM_CLI_KEYS_DELETE: return "keys delete";
     case IDEM_CLI_TOKEN: return "token";
+    case IDEM_CLI_CONFORMANCE: return "conformance";
     default: return "idemctl";
     }
 }
@@ -248,6 +263,8 @@ static idem_err_t add_header(state_t *st, const char *h)
                     "control characters", h);
     if (a->cmd == IDEM_CLI_REQUEST && name_is(h, n, "Idempotency-Key"))
         return fail(st, IDEM_E_INVAL, "-H Idempotency-Key: idemctl sends the key itself; use --key");
+    if (a->cmd == IDEM_CLI_CONFORMANCE && name_is(h, n, "Idempotency-Key"))
+        return fail(st, IDEM_E_INVAL, "-H Idempotency-Key: the checks choose their own keys");
     if (name_is(h, n, "Content-Length") || name_is(h, n, "Transfer-Encoding"))
         return fail(st, IDEM_E_INVAL, "-H %.*s: idemctl frames the body itself", (int)n, h);
     if (a->n_headers == IDEM_CLI_MAX_HEADERS)
@@ -266,9 +283,33 @@ static idem_err_t set_value(state_t *st, const opt_t *o, const char *v)
         return fail(st, IDEM_E_TOOBIG, "%s: longer than %d bytes", o->name, IDEM_CLI_MAX_ARG);
     switch (o->id) {
     case OPT_METHOD:
+    case OPT_CONF_METHOD:
         if (strlen(v) > IDEM_CLI_MAX_METHOD || !idem__cli_is_token(v, strlen(v)))
-            return fail(st, IDEM_E_INVAL, "-X '%.40s': not an HTTP method name", v);
+            return fail(st, IDEM_E_INVAL, "%s '%.40s': not an HTTP method name",
+                        o->id == OPT_METHOD ? "-X" : o->name, v);
         a->method = v;
+        return IDEM_OK;
+    case OPT_PATH:
+        if (v[0] != '/')
+            return fail(st, IDEM_E_INVAL, "--path '%.40s': not a path beginning with '/'", v);
+        for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+            if (*p <= 0x20 || *p >= 0x7f || *p == '#')
+                return fail(st, IDEM_E_INVAL, "--path '%.40s': only visible ASCII, no '#' "
+                            "(percent-encode the rest)", v);
+        a->path = v;
+        return IDEM_OK;
+    case OPT_BODY:
+        a->body = v;
+        return IDEM_OK;
+    case OPT_MARKER:
+        if (!idem__cli_is_token(v, strlen(v)) || strlen(v) > 256)
+            return fail(st, IDEM_E_INVAL, "--marker '%.40s': not a header name", v);
+        a->marker = v;
+        return IDEM_OK;
+    case OPT_TIMEOUT:
+        if (idem__cli_parse_seconds(v, &a->max_time_ms) != IDEM_OK)
+            return fail(st, IDEM_E_INVAL, "--timeout '%.40s': not a number of seconds from 0.001 "
+                        "to 86400", v);
         return IDEM_OK;
     case OPT_DATA:
         if (a->data_file != NULL)
@@ -344,6 +385,8 @@ static void set_flag(idem_cli_args_t *a, const opt_t *o)
         a->include = true;
     else if (o->id == OPT_VERBOSE)
         a->verbose = true;
+    else if (o->id == OPT_JSON)
+        a->json = true;
 }
 
 static const opt_t *find_long(const char *arg, size_t n)
@@ -449,8 +492,9 @@ static idem_err_t finish(state_t *st)
 
     switch (a->cmd) {
     case IDEM_CLI_REQUEST:
+    case IDEM_CLI_CONFORMANCE:
         if (st->positional == NULL || *st->positional == '\0')
-            return fail(st, IDEM_E_INVAL, "request needs a URL (try idemctl --help)");
+            return fail(st, IDEM_E_INVAL, "%s needs a URL (try idemctl --help)", cmd_name(a->cmd));
         a->url = st->positional;
         return IDEM_OK;
     case IDEM_CLI_KEYS_GET:
@@ -505,6 +549,12 @@ static idem_err_t parse_command(state_t *st, int argc, char *const argv[], int *
         a->cmd = IDEM_CLI_TOKEN;
         a->method = "POST";
         a->max_time_ms = IDEM_CLI_DEFAULT_ADMIN_TIME_MS;
+    } else if (strcmp(c, "conformance") == 0) {
+        a->cmd = IDEM_CLI_CONFORMANCE;
+        a->method = "POST";
+        a->max_time_ms = IDEM_CLI_DEFAULT_CONF_TIME_MS;
+        a->body = IDEM_CLI_DEFAULT_CONF_BODY;
+        a->marker = IDEM_CLI_DEFAULT_MARKER;
     } else if (strcmp(c, "help") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "-h") == 0) {
         a->cmd = IDEM_CLI_HELP;
     } else if (strcmp(c, "--version") == 0 || strcmp(c, "-V") == 0) {

@@ -34,6 +34,9 @@
 #define IDEM_CLI_DEFAULT_RETRIES 4             /* IDEM_RETRY_DEFAULT_MAX_ATTEMPTS - 1 */
 #define IDEM_CLI_DEFAULT_MAX_TIME_MS 60000     /* request */
 #define IDEM_CLI_DEFAULT_ADMIN_TIME_MS 10000   /* keys and token */
+#define IDEM_CLI_DEFAULT_CONF_TIME_MS 10000    /* conformance: each exchange (--timeout) */
+#define IDEM_CLI_DEFAULT_MARKER "X-Idempotent-Replay"
+#define IDEM_CLI_DEFAULT_CONF_BODY "{\"amount\":100,\"currency\":\"EUR\"}"
 #define IDEM_CLI_DEFAULT_ADMIN "http://127.0.0.1:8081"
 #define IDEM_CLI_DEFAULT_URL "http://127.0.0.1:8080"
 #define IDEM_CLI_ERRLEN 512                    /* room for a parse error message */
@@ -45,14 +48,15 @@ typedef enum idem_cli_cmd {
     IDEM_CLI_KEYS_GET,    /* keys get */
     IDEM_CLI_KEYS_DELETE, /* keys delete */
     IDEM_CLI_TOKEN,       /* token */
+    IDEM_CLI_CONFORMANCE, /* conformance */
 } idem_cli_cmd_t;
 
 /** A parsed command line.  Strings are borrowed from argv (which outlives
  * it) except data, which the args own (idem__cli_args_cleanup). */
 typedef struct idem_cli_args {
     idem_cli_cmd_t cmd;
-    const char *method;   /* request: -X, "POST" by default; token: "POST" */
-    const char *url;      /* request: URL; token: --url; keys: --admin (defaults filled in) */
+    const char *method;   /* request: -X; conformance: --method; "POST" by default; token: "POST" */
+    const char *url;      /* request, conformance: URL; token: --url; keys: --admin (defaults filled in) */
     const char *headers[IDEM_CLI_MAX_HEADERS]; /* -H values as given, each checked */
     size_t n_headers;
     bool has_content_type; /* one of the headers is Content-Type */
@@ -65,6 +69,10 @@ typedef struct idem_cli_args {
     bool include;         /* -i: status line and headers before the body */
     bool verbose;         /* -v: one line per attempt on stderr */
     char scope[IDEM_SCOPE_MAX + 1]; /* keys: --scope, or --scope-of hashed; "" when neither */
+    const char *path;     /* conformance: --path ("/..."), NULL: the URL's own path */
+    const char *body;     /* conformance: --body, IDEM_CLI_DEFAULT_CONF_BODY by default */
+    const char *marker;   /* conformance: --marker, IDEM_CLI_DEFAULT_MARKER by default */
+    bool json;            /* conformance: --json, the report as one JSON document */
 } idem_cli_args_t;
 
 /** Parse idemctl's argv (argv[0] is the program name).

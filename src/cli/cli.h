@@ -3,7 +3,8 @@
  * Exit codes follow curl where curl has one for the same thing, so a script
  * written for curl --fail reads idemctl the same way:
  *
- *   0   a 2xx answer (keys delete: 200 or 204; token: 201)
+ *   0   a 2xx answer (keys delete: 200 or 204; token: 201); conformance: no check failed
+ *   1   conformance: a check failed
  *   2   usage: a bad flag, value, URL, header, key or --data-file
  *   7   no answer at all: every attempt failed to connect, timed out or broke
  *   22  an HTTP answer other than success (its body is still printed)
@@ -25,6 +26,7 @@
 #include "idem/version.h"
 
 #define IDEM_CLI_EXIT_OK 0
+#define IDEM_CLI_EXIT_CONFORMANCE 1
 #define IDEM_CLI_EXIT_USAGE 2
 #define IDEM_CLI_EXIT_NO_ANSWER 7
 #define IDEM_CLI_EXIT_HTTP 22
@@ -42,6 +44,10 @@ int idem__cli_keys(const idem_cli_args_t *a);
 
 /** idemctl token (keys.c).  @return the exit code. */
 int idem__cli_token(const idem_cli_args_t *a);
+
+/** idemctl conformance: check an API against the Idempotency-Key draft
+ * and its published policy (conformance.c).  @return the exit code. */
+int idem__cli_conformance(const idem_cli_args_t *a);
 
 /** Write n bytes to stdout and flush.  @return 0, or -1 after printing why. */
 int idem__cli_write_out(const void *p, size_t n);

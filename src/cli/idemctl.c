@@ -133,6 +133,9 @@ int main(int argc, char **argv)
     case IDEM_CLI_KEYS_DELETE:
         rc = idem__cli_keys(&args);
         break;
+    case IDEM_CLI_CONFORMANCE:
+        rc = idem__cli_conformance(&args);
+        break;
     default:
         rc = idem__cli_token(&args);
         break;

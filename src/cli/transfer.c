@@ -166,7 +166,7 @@ static void read_problem(idem_cli_answer_t *a)
     json_decref(doc);
 }
 
-void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans)
+void idem__cli_exchange_prepare(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans)
 {
     bool post = s->has_body;
     bool head = strcmp(s->method, "HEAD") == 0;
@@ -213,7 +213,11 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
     if (strcmp(s->method, post ? "POST" : head ? "HEAD" : "GET") != 0)
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, s->method);
 
-    ans->code = curl_easy_perform(h);
+}
+
+void idem__cli_exchange_finish(CURL *h, CURLcode code, idem_cli_answer_t *ans)
+{
+    ans->code = code;
     ans->transport = classify(ans->code);
     if (ans->code == CURLE_COULDNT_CONNECT)
         curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &ans->os_errno);
@@ -227,6 +231,12 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, NULL);
+}
+
+void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans)
+{
+    idem__cli_exchange_prepare(h, s, ans);
+    idem__cli_exchange_finish(h, curl_easy_perform(h), ans);
 }
 
 idem_attempt_t idem__cli_attempt(const idem_cli_answer_t *ans)

@@ -69,6 +69,14 @@ void idem__cli_answer_cleanup(idem_cli_answer_t *a);
  * ans->too_big. */
 void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans);
 
+/** idem__cli_exchange in two halves, for a caller that runs several
+ * transfers at once on a curl multi handle: prepare sets h up to send s
+ * into ans (s and its strings must live until finish); finish, given the
+ * CURLcode the transfer ended with, fills in the rest of ans and unlends
+ * what prepare lent the handle. */
+void idem__cli_exchange_prepare(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans);
+void idem__cli_exchange_finish(CURL *h, CURLcode code, idem_cli_answer_t *ans);
+
 /** The answer as retry.h wants it; borrows from ans. */
 idem_attempt_t idem__cli_attempt(const idem_cli_answer_t *ans);
 
