@@ -30,9 +30,9 @@
  * an answer's head is kept up to 64 KiB and its body up to 4 MiB (past
  * either it counts as no answer), a policy document up to 1 MiB, at most
  * CONF_FIELDS header fields of an answer are compared, and a replay answered
- * 409 (the first answer not yet stored) is asked again at most
- * CONF_REPLAY_TRIES times.  So the command ends within about 15 timeouts
- * whatever the server does.
+ * 409 (the first answer not yet stored) is asked again for at most one
+ * more --timeout.  So the command ends within about 8 timeouts whatever the
+ * server does (the 8 concurrent copies share one).
  *
  * THREADING: one thread; the concurrent requests are one curl multi loop.
  */
@@ -56,7 +56,6 @@
 #define CONF_MAX_BODY ((size_t)4 << 20)     /* bytes of an answer's body */
 #define CONF_MAX_POLICY ((size_t)1 << 20)   /* bytes of a policy document */
 #define CONF_FIELDS 200                     /* header fields of an answer compared */
-#define CONF_REPLAY_TRIES 5                 /* asks for a replay answered 409 */
 #define CONF_DETAIL 512                     /* bytes of a verdict's detail */
 #define CONF_URL_MAX 2048                   /* bytes of a linked URL kept */
 #define CONF_SNIPPET 60                     /* bytes of a body quoted in a detail */
@@ -874,16 +873,21 @@ static void check_replay(conf_t *c)
     }
     idem_cli_send_t s = base_send(c, c->a->method, c->target, hdrs, c->a->body);
     /* The first answer may reach the client before it is stored: a 409 in
-     * between is asked again, a few times, a little later each time. */
-    for (int t = 0; t < CONF_REPLAY_TRIES; t++) {
+     * between is asked again, 0.1 s later and doubling up to 1 s, for at
+     * most --timeout in all. */
+    uint64_t t0 = idem_clock_mono_ns();
+    for (long wait = 100;; wait = wait < 500 ? wait * 2 : 1000) {
         if (!exchange(&s, &ans)) {
             set(c, C_REPLAY, V_FAIL, "out of memory");
             goto out;
         }
         if (!answered(&ans) || ans.status != 409 || c->first.status == 409)
             break;
+        int64_t left = c->a->max_time_ms - (int64_t)((idem_clock_mono_ns() - t0) / 1000000u);
+        if (left <= wait)
+            break;
         saw_error(c, &ans, "the replay");
-        sleep_ms(100L << t);
+        sleep_ms(wait);
     }
     describe(&ans, desc, sizeof desc);
     if (!answered(&ans)) {

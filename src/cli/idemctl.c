@@ -3,7 +3,8 @@
  * idemctl is the command line of idem (docs/protocol.md section 15): a client that sends
  * a non-idempotent request with an Idempotency-Key and retries it safely
  * (request), an operator's view of stored keys over idemd's admin listener
- * (keys), and a prevention token fetcher (token).  The help text below is
+ * (keys), a prevention token fetcher (token), and a checker of any API's
+ * idempotency against the draft (conformance).  The help text below is
  * the user's manual; keep it true when a flag changes.
  *
  * The only process-wide state is what libcurl's global init sets up, and
@@ -26,6 +27,8 @@ static const char *const help[] = {
     "                       [--key K] [--retries N] [--max-time S] [-i] [-v]\n"
     "       idemctl keys get|delete KEY [--scope S | --scope-of VALUE] [--admin URL]\n"
     "       idemctl token [--url URL] [-H 'Name: v']...\n"
+    "       idemctl conformance URL [--path P] [--method M] [--body JSON] [--marker NAME]\n"
+    "                           [--timeout S] [--json] [-H 'Name: v']...\n"
     "       idemctl --help | --version\n"
     "\n"
     "idemctl request sends one non-idempotent operation (a payment, an order) so that it\n"
@@ -80,9 +83,29 @@ static const char *const help[] = {
     "idemctl token prints a fresh single-use prevention token (POST {url}/_idem/tokens).\n"
     "      --url URL         idemd's public listener (default http://127.0.0.1:8080)\n"
     "  -H, --header          e.g. -H 'Authorization: ...' to bind the token to your scope\n"
+    "\n",
+    "idemctl conformance URL checks an HTTP API's idempotency (idemd's, or a service's own)\n"
+    "against the Idempotency-Key draft and against the policy it publishes, on one\n"
+    "operation, and prints one line per check: PASS name, FAIL name: what was seen, or\n"
+    "SKIP name: why.  Required: missing-key (no key: 400), concurrent (8 copies with one\n"
+    "key at once: one answer, the rest 409 or that answer), replay (the same request\n"
+    "again: the first answer, byte for byte), key-reuse (the key with another payload:\n"
+    "422).  Recommended: replay-marker, problem-json, policy (GET /_idem/policy or the\n"
+    "problem's Link), policy-claims, link (docs/conformance.md).  Its requests are real:\n"
+    "on a conforming API the operation runs once.\n"
+    "      --path P          the operation's path (default: the URL's own)\n"
+    "      --method M        its method (default POST)\n"
+    "      --body JSON       its body (default {\"amount\":100,\"currency\":\"EUR\"})\n"
+    "      --marker NAME     the header that marks a replay (default X-Idempotent-Replay;\n"
+    "                        Stripe's is Idempotent-Replayed)\n"
+    "      --timeout S       each exchange's limit in seconds (default 10)\n"
+    "      --json            the report as one JSON document\n"
+    "  -H, --header          e.g. the Authorization the API wants\n"
+    "  Exit 0 when no check failed, 1 when one did, 2 for a usage error or no answer.\n"
     "\n"
     "Exit status: 0 on success (request: a 2xx answer; keys get: 200; keys delete: 200 or\n"
-    "204; token: 201); 2 usage error; 7 no answer at all (connection failures, timeouts);\n"
+    "204; token: 201; conformance: no check failed); 1 a conformance check failed; 2 usage\n"
+    "error; 7 no answer at all (connection failures, timeouts);\n"
     "22 another HTTP status (for request, its body is still printed); 23 the output could\n"
     "not be written; 27 out of memory; 63 the answer was larger than 64 MiB (the transfer\n"
     "is stopped rather than kept in memory, as curl --max-filesize does).  The codes are\n"

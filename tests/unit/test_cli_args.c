@@ -443,3 +443,45 @@ Test(cli_args, test_cli_args__is_token)
     cr_expect(!idem__cli_is_token("a\0b", 3));
     cr_expect(!idem__cli_is_token("\"a\"", 3));
 }
+
+Test(cli_args, test_cli_args__conformance_defaults)
+{
+    cr_assert_eq(PARSE("conformance", "http://h:8080"), IDEM_OK, "%s", err);
+    cr_expect_eq(args.cmd, IDEM_CLI_CONFORMANCE);
+    cr_expect_str_eq(args.url, "http://h:8080");
+    cr_expect_str_eq(args.method, "POST");
+    cr_expect_eq(args.path, NULL);
+    cr_expect_str_eq(args.body, IDEM_CLI_DEFAULT_CONF_BODY);
+    cr_expect_str_eq(args.marker, "X-Idempotent-Replay");
+    cr_expect_eq(args.max_time_ms, IDEM_CLI_DEFAULT_CONF_TIME_MS);
+    cr_expect(!args.json);
+}
+
+Test(cli_args, test_cli_args__conformance_every_flag)
+{
+    cr_assert_eq(PARSE("conformance", "--path", "/v1/charges?x=1", "--method=PATCH", "--body",
+                       "{}", "--marker", "Idempotent-Replayed", "--timeout", "2.5", "--json",
+                       "-H", "Authorization: Bearer t", "http://h"),
+                 IDEM_OK, "%s", err);
+    cr_expect_str_eq(args.path, "/v1/charges?x=1");
+    cr_expect_str_eq(args.method, "PATCH");
+    cr_expect_str_eq(args.body, "{}");
+    cr_expect_str_eq(args.marker, "Idempotent-Replayed");
+    cr_expect_eq(args.max_time_ms, 2500);
+    cr_expect(args.json);
+    cr_expect_eq(args.n_headers, 1);
+}
+
+Test(cli_args, test_cli_args__conformance_refuses)
+{
+    refused(PARSE("conformance"), "needs a URL");
+    refused(PARSE("conformance", "http://h", "--path", "pay"), "--path");
+    refused(PARSE("conformance", "http://h", "--path", "/a b"), "--path");
+    refused(PARSE("conformance", "http://h", "--method", "PO ST"), "--method");
+    refused(PARSE("conformance", "http://h", "--marker", "a:b"), "--marker");
+    refused(PARSE("conformance", "http://h", "--timeout", "0"), "--timeout");
+    refused(PARSE("conformance", "http://h", "--max-time", "1"), "not an option of conformance");
+    refused(PARSE("conformance", "http://h", "-X", "PUT"), "not an option of conformance");
+    refused(PARSE("conformance", "http://h", "-H", "Idempotency-Key: k"), "Idempotency-Key");
+    refused(PARSE("request", "http://h", "--json"), "not an option of request");
+}
