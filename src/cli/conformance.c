@@ -869,6 +869,7 @@ static void check_replay(conf_t *c)
     }
     if (hdrs == NULL) {
         set(c, C_REPLAY, V_FAIL, "out of memory");
+        set(c, C_REPLAY_MARKER, V_FAIL, "out of memory");
         goto out;
     }
     idem_cli_send_t s = base_send(c, c->a->method, c->target, hdrs, c->a->body);
@@ -879,6 +880,7 @@ static void check_replay(conf_t *c)
     for (long wait = 100;; wait = wait < 500 ? wait * 2 : 1000) {
         if (!exchange(&s, &ans)) {
             set(c, C_REPLAY, V_FAIL, "out of memory");
+            set(c, C_REPLAY_MARKER, V_FAIL, "out of memory");
             goto out;
         }
         if (!answered(&ans) || ans.status != 409 || c->first.status == 409)
