@@ -260,7 +260,6 @@ static void on_answer_stored(idem_wjob_t *job)
 static void key_store_answer(recon_key_t *k)
 {
     const idem_http_msg_t *m = &k->up.resp;
-    idem_gw_t *gw = key_gw(k);
     k->headers = idem_calloc(m->n_fields ? m->n_fields : 1, sizeof *k->headers);
     if (k->headers == NULL) {
         key_retry(k, "out of memory");
@@ -269,7 +268,7 @@ static void key_store_answer(recon_key_t *k)
     size_t n = 0;
     for (size_t i = 0; i < m->n_fields; i++) {
         const idem_http_field_t *f = &m->fields[i];
-        if (idem__gw_response_field_stored(gw->cfg, m, f->name))
+        if (idem__gw_response_field_stored(k->policy, m, f->name))
             k->headers[n++] = (idem_header_t){f->name.ptr, f->name.len, f->value.ptr,
                                               f->value.len};
     }

@@ -135,17 +135,13 @@ class IdemdConforms(ConfTestCase):
         ran = [s.key for s in up.requests() if s.method == "POST"]
         self.assertEqual(len(ran), 1, "the upstream ran %r" % (ran,))
         self.assertIsNotNone(ran[0])
-        # becomes required when /_idem/policy lands: the lead makes these
-        # three PASS unconditionally on integration.
-        if self.policy_served(d):
-            for check in ("policy", "policy-claims", "link"):
-                self.assertVerdict(r, check, "PASS")
-            self.assertEqual(r.rc, 0, repr(r))
-        else:
-            for check in ("policy", "policy-claims", "link"):
-                self.assertVerdict(r, check, "SKIP")
-            self.assertEqual(r.rc, 0, repr(r))
-            self.assertEqual(r.err, "", repr(r))
+        # idemd publishes its policy (SPEC section 18): the policy, its
+        # claims and the Link on every problem hold.
+        self.assertTrue(self.policy_served(d))
+        for check in ("policy", "policy-claims", "link"):
+            self.assertVerdict(r, check, "PASS")
+        self.assertEqual(r.rc, 0, repr(r))
+        self.assertEqual(r.err, "", repr(r))
 
     def test_json_report(self):
         up, d = self.start_idemd()
@@ -174,14 +170,11 @@ class IdemdConforms(ConfTestCase):
         up, d = self.start_idemd({"routes": [{"methods": ["POST"], "path": "/",
                                               "mode": "optional"}]})
         r = self.conformance("http://%s:%d/pay" % (h.HOST, d.port))
-        # Without a published policy idemctl cannot know the key is
-        # optional: the keyless request ran, and that is a FAIL.
-        if not self.policy_served(d):
-            self.assertFailsOnly(r, "missing-key")
-            self.assertIn("ran without a key", r.verdicts["missing-key"][1])
-        else:  # becomes required when /_idem/policy lands
-            self.assertVerdict(r, "missing-key", "SKIP")
-            self.assertVerdict(r, "policy-claims", "PASS")
+        # The published policy says the key is optional there: a keyless
+        # request that runs is no failure.
+        self.assertTrue(self.policy_served(d))
+        self.assertVerdict(r, "missing-key", "SKIP")
+        self.assertVerdict(r, "policy-claims", "PASS")
 
     def test_a_url_that_does_not_answer_is_exit_2(self):
         port = h.dead_port()
