@@ -1504,3 +1504,169 @@ idem_err_t idem_json_canonicalize(const char *text, size_t len, const char *cons
     *out_len = c.n;
     return IDEM_OK;
 }
+
+/* ---- reading values (json.h) ------------------------------------------------ */
+
+size_t idem__json_root(const idem__json_t *doc)
+{
+    return doc->root;
+}
+
+idem__json_type_t idem__json_type(const idem__json_t *doc, size_t at)
+{
+    switch (doc->text[at]) {
+    case '{': return IDEM__JSON_OBJECT;
+    case '[': return IDEM__JSON_ARRAY;
+    case '"': return IDEM__JSON_STRING;
+    case 't': return IDEM__JSON_TRUE;
+    case 'f': return IDEM__JSON_FALSE;
+    case 'n': return IDEM__JSON_NULL;
+    default: return IDEM__JSON_NUMBER;
+    }
+}
+
+/* Compare the decoded key at koff with the plain bytes key[0..klen). */
+static int key_plain_cmp(const struct idem__json *d, size_t koff, const char *key, size_t klen)
+{
+    struct keyit it;
+    size_t j = 0;
+    int ck, ct;
+
+    keyit_init(&it, d->text, d->len, koff);
+    do {
+        ck = keyit_next(&it);
+        ct = j < klen ? (unsigned char)key[j++] : -1;
+    } while (ck == ct && ck >= 0);
+    return ck == ct ? 0 : ck < ct ? -1 : 1;
+}
+
+int idem__json_member(const idem__json_t *doc, size_t obj, const char *key, size_t klen,
+                      size_t *val)
+{
+    const unsigned char *s = doc->text;
+    const struct obj *o;
+
+    if (s[obj] != '{')
+        return -1;
+    if ((o = find_obj(doc, obj)) != NULL) {
+        size_t lo = 0, hi = o->n; /* sorted: binary search */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            int c = key_plain_cmp(doc, doc->mem[o->first + mid], key, klen);
+            if (c == 0) {
+                *val = member_value(doc, doc->mem[o->first + mid]);
+                return 0;
+            }
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        return -1;
+    }
+    /* No entry: the object has no member or one. */
+    size_t i = skip_ws(s, doc->len, obj + 1);
+    if (s[i] != '"' || key_plain_cmp(doc, i, key, klen) != 0)
+        return -1;
+    *val = member_value(doc, i);
+    return 0;
+}
+
+int idem__json_next(const idem__json_t *doc, size_t arr, size_t *cursor, size_t *val)
+{
+    const unsigned char *s = doc->text;
+    size_t i;
+
+    if (s[arr] != '[')
+        return -1;
+    if (*cursor == 0) {
+        i = skip_ws(s, doc->len, arr + 1);
+    } else {
+        i = skip_ws(s, doc->len, skip_value(doc, *cursor));
+        if (s[i] != ',')
+            return -1; /* ']' */
+        i = skip_ws(s, doc->len, i + 1);
+    }
+    if (s[i] == ']')
+        return -1;
+    *cursor = i;
+    *val = i;
+    return 0;
+}
+
+idem_err_t idem__json_string(const idem__json_t *doc, size_t at, char *buf, size_t cap,
+                             size_t *len)
+{
+    struct keyit it;
+    size_t n = 0;
+    int c;
+
+    *len = 0;
+    if (doc->text[at] != '"')
+        return IDEM_E_INVAL;
+    keyit_init(&it, doc->text, doc->len, at);
+    while ((c = keyit_next(&it)) >= 0) {
+        if (n >= cap)
+            return IDEM_E_TOOBIG;
+        buf[n++] = (char)c;
+    }
+    if (n < cap)
+        buf[n] = '\0';
+    *len = n;
+    return IDEM_OK;
+}
+
+/* The digits of the number at at, to its '.', 'e' or end, as an int64. */
+static int int_part(const struct idem__json *d, size_t at, int64_t *v, size_t *end)
+{
+    const unsigned char *s = d->text;
+    size_t i = at;
+    int neg = 0;
+    uint64_t m = 0, lim;
+
+    if (s[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    if (i >= d->len || !is_digit(s[i]))
+        return -1;
+    for (; i < d->len && is_digit(s[i]); i++) {
+        unsigned dg = (unsigned)(s[i] - '0');
+        if (m > (lim - dg) / 10)
+            return -1;
+        m = m * 10 + dg;
+    }
+    *v = neg ? (m == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)m) : (int64_t)m;
+    *end = i;
+    return 0;
+}
+
+int idem__json_int(const idem__json_t *doc, size_t at, int64_t *v, const char **text,
+                   size_t *tlen)
+{
+    size_t end;
+
+    if (idem__json_type(doc, at) != IDEM__JSON_NUMBER || int_part(doc, at, v, &end) != 0)
+        return -1;
+    if (end < doc->len && (doc->text[end] == '.' || doc->text[end] == 'e' ||
+                           doc->text[end] == 'E'))
+        return -1;
+    *text = (const char *)doc->text + at;
+    *tlen = end - at;
+    return 0;
+}
+
+int idem__json_int_trunc(const idem__json_t *doc, size_t at, int64_t *v)
+{
+    size_t end;
+
+    if (idem__json_type(doc, at) != IDEM__JSON_NUMBER || int_part(doc, at, v, &end) != 0)
+        return -1;
+    if (end < doc->len && doc->text[end] == '.')
+        for (end++; end < doc->len && is_digit(doc->text[end]); end++)
+            ;
+    if (end < doc->len && (doc->text[end] == 'e' || doc->text[end] == 'E'))
+        return -1;
+    return 0;
+}

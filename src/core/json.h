@@ -86,4 +86,54 @@ size_t idem__json_string(const idem__json_t *doc, size_t off, char *out, size_t 
 
 void idem__json_destroy(idem__json_t *doc); /* NULL is a no-op */
 
+/* ---- reading values (src/core/jwt.c reads JWT headers, claims and JWKS) ----
+ * A value is named by its offset in the text; every offset handed out
+ * points at a value the parse checked.  An object never holds two members
+ * of one key (the parse refuses them), so a lookup is never ambiguous. */
+
+typedef enum idem__json_type {
+    IDEM__JSON_OBJECT = 0,
+    IDEM__JSON_ARRAY,
+    IDEM__JSON_STRING,
+    IDEM__JSON_NUMBER,
+    IDEM__JSON_TRUE,
+    IDEM__JSON_FALSE,
+    IDEM__JSON_NULL,
+} idem__json_type_t;
+
+/** The offset of the top-level value. */
+size_t idem__json_root(const idem__json_t *doc);
+
+/** The type of the value at offset at. */
+idem__json_type_t idem__json_type(const idem__json_t *doc, size_t at);
+
+/** The value of the member of the object at obj whose decoded key is the
+ * klen bytes at key.  @return 0 and *val, or -1 (obj is not an object, or
+ * it has no such member). */
+int idem__json_member(const idem__json_t *doc, size_t obj, const char *key, size_t klen,
+                      size_t *val);
+
+/** Step through the array at arr: *cursor 0 the first time; each call
+ * gives the next element in *val.  @return 0, or -1 past the last (or when
+ * arr is not an array). */
+int idem__json_next(const idem__json_t *doc, size_t arr, size_t *cursor, size_t *val);
+
+/** The decoded bytes (UTF-8, escapes resolved, "\u0000" a NUL byte) of the
+ * string at at, into buf (cap bytes; NUL-terminated when room is left).
+ * @return IDEM_OK, IDEM_E_INVAL (not a string), IDEM_E_TOOBIG (more than
+ *         cap bytes; *len is then 0). */
+idem_err_t idem__json_string(const idem__json_t *doc, size_t at, char *buf, size_t cap,
+                             size_t *len);
+
+/** The number at at as an int64 when it is written as one: an optional '-'
+ * and digits, no fraction, no exponent, within the range; *text and *tlen
+ * give its characters.  @return 0, or -1. */
+int idem__json_int(const idem__json_t *doc, size_t at, int64_t *v, const char **text,
+                   size_t *tlen);
+
+/** The integer part of the number at at (a fraction is cut off, so 10.9
+ * is 10 and -0.5 is 0), for NumericDate claims; a number written with an
+ * exponent, or outside int64, is refused.  @return 0, or -1. */
+int idem__json_int_trunc(const idem__json_t *doc, size_t at, int64_t *v);
+
 #endif /* IDEM_CORE_JSON_H */

@@ -323,7 +323,7 @@ void idem__config_cleanup(idem_config_t *cfg)
         &cfg->scope_header, &cfg->log_format, &cfg->listen_tls_address,
         &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
         &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
-        &cfg->upstream_tls_server_name, &cfg->policy_link,
+        &cfg->upstream_tls_server_name, &cfg->policy_link, &cfg->jwt_keys, &cfg->jwt_secret_file,
     };
     for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
         idem_free(*strings[i]);
@@ -546,7 +546,7 @@ static int want_mapping(ctx_t *c, const yaml_node_t *n, const char *key)
  * path ("prefix.name", or "name" at the top level); refuse an unknown or a
  * repeated key.  @return the index, or -1 with the error set. */
 static int lookup_key(ctx_t *c, const yaml_node_t *k, const char *prefix,
-                      const char *const *names, int count, uint32_t *seen, char *path,
+                      const char *const *names, int count, uint64_t *seen, char *path,
                       size_t pathlen)
 {
     char shown[80];
@@ -560,9 +560,9 @@ static int lookup_key(ctx_t *c, const yaml_node_t *k, const char *prefix,
         if (strcmp(name, names[i]) != 0)
             continue;
         snprintf(path, pathlen, "%s%s%s", prefix, dot, names[i]);
-        if (*seen & (1u << i))
+        if (*seen & (UINT64_C(1) << i))
             return fail(c, k, path, "key given twice");
-        *seen |= 1u << i;
+        *seen |= UINT64_C(1) << i;
         return i;
     }
     show(shown, sizeof shown, name);
@@ -903,7 +903,7 @@ static const char *const route_names[] = {
 static int parse_defaults(ctx_t *c, const yaml_node_t *n)
 {
     char key[160];
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     if (want_mapping(c, n, "defaults") != 0)
         return -1;
     c->defaults_seen = true;
@@ -958,7 +958,7 @@ static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_rout
 static int parse_route(ctx_t *c, const yaml_node_t *n, size_t index)
 {
     char prefix[32], key[160];
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     int e;
     snprintf(prefix, sizeof prefix, "routes[%zu]", index);
     if (want_mapping(c, n, prefix) != 0)
@@ -1018,7 +1018,10 @@ enum {
     T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
     T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
     T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT,
-    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_POLICY_LINK, T_COUNT
+    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_POLICY_LINK,
+    /* Who the caller is: what jwt: sources verify with, what a missing one does. */
+    T_JWT_KEYS, T_JWT_SECRET_FILE, T_SCOPE_MISSING,
+    T_COUNT
 };
 static const char *const top_names[] = {
     "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
@@ -1027,8 +1030,9 @@ static const char *const top_names[] = {
     "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
     "scope_rate_limit", "max_queued_bytes", "max_connections_per_address", "listen_tls",
     "upstream_tls", "policy_link",
+    "jwt_keys", "jwt_secret_file", "scope_missing",
 };
-_Static_assert(T_COUNT <= 32, "lookup_key's seen set holds 32 keys");
+_Static_assert(T_COUNT <= 64, "lookup_key's seen set holds 64 keys");
 
 /* A file name: any non-empty text (opened by the TLS loader, not here). */
 static int file_name(ctx_t *c, const yaml_node_t *n, const char *key, char **slot)
@@ -1051,7 +1055,7 @@ static int listen_tls(ctx_t *c, const yaml_node_t *n)
     idem_config_t *cfg = c->cfg;
     char key[160], host[256], shown[80];
     int port;
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     if (want_mapping(c, n, "listen_tls") != 0)
         return -1;
     for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
@@ -1098,7 +1102,7 @@ static int upstream_tls(ctx_t *c, const yaml_node_t *n)
     static const char *const bool_names[] = {"false", "true"};
     idem_config_t *cfg = c->cfg;
     char key[160], shown[80];
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     int e;
     if (want_mapping(c, n, "upstream_tls") != 0)
         return -1;
@@ -1262,7 +1266,7 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
 {
     idem_config_t *cfg = c->cfg;
     char key[160];
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     uint64_t v;
     int e;
     const yaml_node_t *scope_node = root;
@@ -1329,6 +1333,15 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
             break;
         case T_LISTEN_TLS: rc = listen_tls(c, n); break;
         case T_UPSTREAM_TLS: rc = upstream_tls(c, n); break;
+        case T_JWT_KEYS: rc = file_name(c, n, key, &cfg->jwt_keys); break;
+        case T_JWT_SECRET_FILE: rc = file_name(c, n, key, &cfg->jwt_secret_file); break;
+        case T_SCOPE_MISSING: {
+            static const char *const missing_names[] = {"fallback", "reject"};
+            rc = choice(c, n, key, missing_names, 2, &e);
+            if (rc == 0)
+                cfg->scope_missing = (idem_scope_missing_t)e;
+            break;
+        }
         default: rc = top_string(c, n, key, i); break;
         }
         if (rc != 0)
@@ -1558,6 +1571,11 @@ int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         if (cfg->scope[i].kind == IDEM_SCOPE_SRC_CLIENT_CERT &&
             (cfg->listen_tls_address == NULL || cfg->listen_tls_client_ca_file == NULL))
             BAD("scope: client_cert needs listen_tls.client_ca_file");
+    for (size_t i = 0; i < cfg->n_scope && i < IDEM_SCOPE_MAX_SOURCES; i++)
+        if (cfg->scope[i].kind == IDEM_SCOPE_SRC_JWT && cfg->jwt_keys == NULL &&
+            cfg->jwt_secret_file == NULL)
+            BAD("scope: jwt:%s needs jwt_keys or jwt_secret_file to verify tokens with",
+                cfg->scope[i].name);
     show(shown, sizeof shown, cfg->upstream ? cfg->upstream : "");
     bool tls = false;
     const char *why = cfg->upstream

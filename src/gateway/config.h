@@ -94,6 +94,9 @@ typedef struct idem_config {
     idem_scope_source_t scope[IDEM_SCOPE_MAX_SOURCES]; /* `scope:`, see scope.h */
     size_t n_scope;        /* 0: `scope:` not written, scope_header decides */
     idem_rate_t scope_rate_limit; /* per scope and process; count 0: off */
+    char *jwt_keys;        /* PEM public keys or a JWKS for jwt: sources; NULL: none */
+    char *jwt_secret_file; /* the HS256 secret for jwt: sources; NULL: none */
+    idem_scope_missing_t scope_missing; /* an absent source or failed JWT: fall back or 400 */
     uint64_t local_cache;  /* entries */
     int64_t token_ttl_ms;
     char *log_format;      /* "text" or "json" */

@@ -59,6 +59,13 @@ struct idem_gw {
     idem_addrlimit_t *addrlimit;           /* max_connections_per_address; NULL when off */
     idem_tls_server_t tls_server;          /* listen_tls's certificate, reloaded on SIGHUP */
     bool has_tls_listener;                 /* listen_tls is configured */
+    /* jwt_keys/jwt_secret_file as read at start or the last good SIGHUP;
+     * NULL without.  Workers load it per request; main.c swaps it.  A set
+     * it replaces is kept in jwt_retired until exit, because a worker may
+     * still be verifying with it (SIGHUPs are few and a set is small). */
+    struct idem__jwt_keys *_Atomic jwt_keys;
+    struct idem__jwt_keys **jwt_retired;
+    size_t n_jwt_retired;
     idem_writer_t writer;
     idem_metrics_t metrics;
     struct sockaddr_storage upstream_addr; /* resolved once at start */

@@ -15,8 +15,10 @@
  * old process later.  SIGTERM/SIGINT reverse the start: workers stop
  * accepting and finish what is in flight (their completions go through the
  * writer), then the admin thread stops, then the writer applies its last
- * batch, then the store is closed and idemd exits 0.  SIGHUP is logged and
- * ignored until reloading exists (docs/protocol.md section 14).  A thread
+ * batch, then the store is closed and idemd exits 0.  SIGHUP reads the
+ * listen_tls certificate and the JWT keys (jwt_keys, jwt_secret_file) again;
+ * a file that does not load keeps the running ones, with one line in the
+ * log; the rest of the configuration needs a restart.  A thread
  * that does not start (idem__thread_create, thread.h) is one line naming it
  * and exit 2, after the threads that did start are stopped and joined.
  *
@@ -36,6 +38,7 @@
 #include "gateway/log.h"
 #include "gateway/selfcheck.h"
 #include "gateway/thread.h"
+#include "core/jwt.h"
 #include "core/tls.h"
 #include "gateway/worker.h"
 #include "idem/clock.h"
@@ -72,6 +75,29 @@ static void usage(FILE *f)
           "  -t                  check the configuration and exit (0 good, 2 bad)\n"
           "  --version           print the version\n",
           f);
+}
+
+/* SIGHUP: read jwt_keys and jwt_secret_file again.  The new set goes in
+ * at once; the old one is kept until exit (gateway.h says why).  A file
+ * that does not load keeps the running set. */
+static void reload_jwt_keys(idem_gw_t *gw)
+{
+    idem__jwt_keys_t *keys = NULL;
+    char jerr[700];
+    if (idem__jwt_keys_load(gw->cfg->jwt_keys, gw->cfg->jwt_secret_file, &keys, jerr,
+                            sizeof jerr) != IDEM_OK) {
+        idem__log(gw, "error", "SIGHUP: %s; the running JWT keys are kept", jerr);
+        return;
+    }
+    idem__jwt_keys_t **r = realloc(gw->jwt_retired, (gw->n_jwt_retired + 1) * sizeof *r);
+    if (r == NULL) {
+        idem__jwt_keys_unref(keys);
+        idem__log(gw, "error", "SIGHUP: out of memory; the running JWT keys are kept");
+        return;
+    }
+    gw->jwt_retired = r;
+    r[gw->n_jwt_retired++] = atomic_exchange_explicit(&gw->jwt_keys, keys, memory_order_acq_rel);
+    idem__log(gw, "info", "SIGHUP: JWT keys read again (%zu key(s))", idem__jwt_keys_count(keys));
 }
 
 static int fail(const char *msg)
@@ -346,7 +372,26 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail(err);
     }
+    /* The JWT keys are read now, so a file that does not load stops idemd
+     * here with one line (exit 2), as a TLS certificate does. */
+    if (cfg.jwt_keys != NULL || cfg.jwt_secret_file != NULL) {
+        idem__jwt_keys_t *keys = NULL;
+        char jerr[700];
+        if (idem__jwt_keys_load(cfg.jwt_keys, cfg.jwt_secret_file, &keys, jerr, sizeof jerr) !=
+            IDEM_OK) {
+            char msg[800];
+            snprintf(msg, sizeof msg, "%s: %s",
+                     cfg.jwt_keys != NULL && strstr(jerr, cfg.jwt_keys) == jerr ? "jwt_keys"
+                                                                                : "jwt_secret_file",
+                     jerr);
+            idem__tls_ctx_unref(gw.upstream_tls_ctx);
+            idem__config_cleanup(&cfg);
+            return fail(msg);
+        }
+        atomic_store_explicit(&gw.jwt_keys, keys, memory_order_release);
+    }
     if (a.test) {
+        idem__jwt_keys_unref(atomic_exchange(&gw.jwt_keys, NULL));
         printf("idemd: configuration OK\n");
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
         idem__config_cleanup(&cfg);
@@ -569,6 +614,8 @@ int main(int argc, char **argv)
             else
                 idem__log(&gw, "error", "SIGHUP: %s; the running certificate is kept", terr);
         }
+        if (cfg.jwt_keys != NULL || cfg.jwt_secret_file != NULL)
+            reload_jwt_keys(&gw);
         idem__log(&gw, "warn",
                   "SIGHUP: reloading the rest of the configuration is not supported yet; "
                   "ignored (restart idemd to apply a change)");
@@ -593,6 +640,10 @@ int main(int argc, char **argv)
     free(gw.workers);
     if (gw.has_tls_listener)
         idem__tls_server_cleanup(&gw.tls_server);
+    idem__jwt_keys_unref(atomic_exchange(&gw.jwt_keys, NULL));
+    for (size_t i = 0; i < gw.n_jwt_retired; i++)
+        idem__jwt_keys_unref(gw.jwt_retired[i]);
+    free(gw.jwt_retired);
     idem__log(&gw, "info", "stopped");
     idem__tls_ctx_unref(gw.upstream_tls_ctx);
     idem__config_cleanup(&cfg);

@@ -131,14 +131,20 @@ int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
     rc |= idem__buf_appendf(
         out,
         "# HELP idem_scope_fallback_total Keyed and token requests whose scope "
-        "source was absent, by the scope they fell back to.\n"
-        "# TYPE idem_scope_fallback_total counter\n"
-        "idem_scope_fallback_total{to=\"authorization\"} %llu\n"
-        "idem_scope_fallback_total{to=\"anonymous\"} %llu\n"
+        "source was absent or whose JWT failed a check, by the scope they fell back "
+        "to and why.\n"
+        "# TYPE idem_scope_fallback_total counter\n");
+    for (unsigned to = 0; to < 2; to++)
+        for (unsigned why = 0; why < IDEM_SCOPE_N_WHY; why++)
+            rc |= idem__buf_appendf(out,
+                                    "idem_scope_fallback_total{to=\"%s\",reason=\"%s\"} %llu\n",
+                                    to == 0 ? "authorization" : "anonymous",
+                                    idem__gw_scope_why_name(why),
+                                    (unsigned long long)atomic_load(&m->scope_fallback[to][why]));
+    rc |= idem__buf_appendf(
+        out,
         "# HELP idem_store_full 1 while the store refuses writes for want of room.\n"
         "# TYPE idem_store_full gauge\nidem_store_full %d\n",
-        (unsigned long long)atomic_load(&m->scope_fallback_authorization),
-        (unsigned long long)atomic_load(&m->scope_fallback_anonymous),
         atomic_load(&m->store_full) ? 1 : 0);
     rc |= idem__buf_appendf(
         out,

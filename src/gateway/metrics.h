@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "gateway/outcome.h"
+#include "gateway/scope.h"
 #include "http/http.h"
 
 #define IDEM_HIST_BUCKETS 14
@@ -54,8 +55,10 @@ typedef struct idem_metrics {
     _Atomic uint64_t buffered_bytes;  /* request body bytes charged, all workers */
     _Atomic uint64_t queued_bytes;    /* answers queued to clients, overhead included, all
                                        * workers: max_queued_bytes is checked on it */
-    _Atomic uint64_t scope_fallback_authorization; /* a scope source absent: SHA-256 of Authorization */
-    _Atomic uint64_t scope_fallback_anonymous;     /* ... and no Authorization: "anonymous" */
+    /* Scopes that fell back, by what to ([0]: the tagged SHA-256 of
+     * Authorization, [1]: "anonymous") and why (scope.h IDEM_SCOPE_WHY_*:
+     * absent, or the JWT check that failed). */
+    _Atomic uint64_t scope_fallback[2][IDEM_SCOPE_N_WHY];
     _Atomic bool store_full;          /* the store refused a write for want of room, and
                                        * none as large has succeeded since (readyz) */
     _Atomic uint64_t store_full_bytes; /* the largest response payload it refused */

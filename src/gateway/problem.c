@@ -33,6 +33,7 @@ static const struct {
     {"store-unavailable", "Idempotency store unavailable"},
     {"store-full", "Idempotency store full"},
     {"ambiguous-scope", "Caller identity given more than once"},
+    {"missing-scope", "Caller identity required"},
     {"rate-limited", "Too many requests for this caller"},
     {"request-too-large", "Request body too large"},
     {"headers-too-large", "Request header fields too large"},

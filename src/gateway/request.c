@@ -1163,14 +1163,21 @@ bool idem__req_scope_admit(idem_req_t *req, char *out)
     idem_gw_t *gw = req_gw(req);
     const idem_config_t *cfg = gw->cfg;
     const char *dup = NULL;
-    idem_scope_result_t rc =
-        idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &req->msg,
-                               req->client_cert[0] ? req->client_cert : NULL, out, &dup);
-    if (rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION)
-        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_authorization, 1,
-                                  memory_order_relaxed);
-    else if (rc == IDEM_SCOPE_FALLBACK_ANONYMOUS)
-        atomic_fetch_add_explicit(&gw->metrics.scope_fallback_anonymous, 1, memory_order_relaxed);
+    unsigned why = IDEM_SCOPE_WHY_ABSENT;
+    idem_scope_env_t env = {
+        .client_cert_hex = req->client_cert[0] ? req->client_cert : NULL,
+        .jwt = atomic_load_explicit(&gw->jwt_keys, memory_order_acquire),
+        .now_s = idem_clock_now(NULL) / 1000,
+        .missing = cfg->scope_missing,
+    };
+    idem_scope_result_t rc = idem__gw_scope_compute_env(cfg->scope, cfg->n_scope,
+                                                        cfg->scope_header, &req->msg, &env, out,
+                                                        &dup, &why);
+    if ((rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION || rc == IDEM_SCOPE_FALLBACK_ANONYMOUS) &&
+        why < IDEM_SCOPE_N_WHY)
+        atomic_fetch_add_explicit(
+            &gw->metrics.scope_fallback[rc == IDEM_SCOPE_FALLBACK_AUTHORIZATION ? 0 : 1][why], 1,
+            memory_order_relaxed);
     idem_gw_refusal_t refusal;
     if (idem__gw_refuse_scope(rc, dup, &refusal)) {
         req_refuse(req, &refusal);

@@ -318,6 +318,18 @@ bool idem__gw_refuse_scope(idem_scope_result_t rc, const char *dup, idem_gw_refu
                  "the %s header was given more than once, so the caller is ambiguous",
                  dup ? dup : "Authorization");
         return true;
+    case IDEM_SCOPE_AMBIGUOUS_COOKIE:
+        refuse(r, 400, "ambiguous-scope", IDEM_OUT_BAD_REQUEST, "");
+        snprintf(r->detail, sizeof r->detail,
+                 "the cookie %s was given more than once in the Cookie fields, so the caller "
+                 "is ambiguous",
+                 dup ? dup : "");
+        return true;
+    case IDEM_SCOPE_MISSING:
+        refuse(r, 400, "missing-scope", IDEM_OUT_BAD_REQUEST,
+               "a source of the caller's scope is absent or its JWT did not verify, and "
+               "scope_missing is reject");
+        return true;
     default:
         refuse(r, 500, "internal", IDEM_OUT__COUNT, "out of memory");
         return true;

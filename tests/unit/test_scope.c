@@ -87,13 +87,12 @@ Test(scope, parse_refuses_a_name_over_the_limit)
     cr_expect_eq(idem__gw_scope_parse_source(text, &s, why, sizeof why), -1);
 }
 
-Test(scope, jwt_is_not_supported_yet_and_client_cert_is)
+Test(scope, every_source_kind_is_supported)
 {
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_AUTHORIZATION));
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_HEADER));
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_COOKIE));
-    cr_expect_not_null(
-        strstr(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_JWT), "not supported yet"));
+    cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_JWT));
     cr_expect_null(idem__gw_scope_unsupported(IDEM_SCOPE_SRC_CLIENT_CERT));
 }
 
@@ -279,23 +278,151 @@ Test(scope, cookie_source_hashes_the_cookie_value)
     cr_expect_str_eq(out, want);
 }
 
-Test(scope, cookie_headers_are_read_in_order_first_wins)
+Test(scope, cookie_headers_are_read_as_one_list)
 {
     char out[IDEM_SCOPE_MAX + 1], want[65];
     idem_scope_source_t s = src("cookie:sid");
     sha("one", want);
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
-                                        REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
+                                        REQ("Cookie: a=1", "Cookie: b=2; sid=one", "Cookie: c=3"),
                                         NULL, out, NULL),
                  IDEM_SCOPE_FROM_SOURCES);
     cr_expect_str_eq(out, want);
+}
+
+/* The fallback's value: the tagged SHA-256 of Authorization. */
+static void fallback_sha(const char *auth, char *out)
+{
+    char buf[256];
+    memcpy(buf, IDEM_SCOPE_FALLBACK_TAG, IDEM_SCOPE_FALLBACK_TAG_LEN);
+    memcpy(buf + IDEM_SCOPE_FALLBACK_TAG_LEN, auth, strlen(auth));
+    idem_sha256_hex(buf, IDEM_SCOPE_FALLBACK_TAG_LEN + strlen(auth), out);
+}
+
+Test(scope, named_cookie_twice_across_fields_is_ambiguous)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    const char *dup = NULL;
+    idem_scope_source_t s = src("cookie:sid");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
+                                        REQ("Cookie: a=1", "Cookie: sid=one", "Cookie: sid=two"),
+                                        NULL, out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS_COOKIE);
+    cr_expect_str_eq(dup, "sid");
+    /* An empty first value does not hide the second. */
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=; sid=abc"),
+                                        NULL, out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS_COOKIE);
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=a; x=1; sid=a"),
+                                        NULL, out, &dup),
+                 IDEM_SCOPE_AMBIGUOUS_COOKIE);
+    /* Another cookie of the same prefix is not the named one. */
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=a; sid2=b"),
+                                        NULL, out, &dup),
+                 IDEM_SCOPE_FROM_SOURCES);
+}
+
+Test(scope, quoted_cookie_is_its_unquoted_value)
+{
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s = src("cookie:sid");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=\"abc\""), NULL,
+                                        a, NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=abc"), NULL, b, NULL);
+    cr_expect_str_eq(a, b);
+    /* "" is empty, so absent. */
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Cookie: sid=\"\""), NULL, a,
+                                        NULL),
+                 IDEM_SCOPE_FALLBACK_ANONYMOUS);
+}
+
+Test(scope, fallback_never_equals_a_source_value)
+{
+    /* Authorization: 42 without X-User-Id must not reach X-User-Id: 42. */
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("header:X-User-Id");
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: 42"), NULL, a,
+                                        NULL),
+                 IDEM_SCOPE_FALLBACK_AUTHORIZATION);
+    cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization", REQ("X-User-Id: 42"), NULL, b,
+                                        NULL),
+                 IDEM_SCOPE_FROM_SOURCES);
+    cr_expect_str_neq(a, b);
+    fallback_sha("42", want);
+    cr_expect_str_eq(a, want);
+    /* Nor the authorization source's value of the same text. */
+    idem_scope_source_t au = src("authorization");
+    idem__gw_scope_compute(&au, 1, "Authorization", REQ("Authorization: 42"), NULL, b, NULL);
+    cr_expect_str_neq(a, b);
+}
+
+Test(scope, scope_missing_reject_refuses_instead_of_falling_back)
+{
+    char out[IDEM_SCOPE_MAX + 1];
+    unsigned why = 99;
+    idem_scope_source_t s = src("header:X-User-Id");
+    idem_scope_env_t env = {.missing = IDEM_SCOPE_MISSING_REJECT};
+    cr_expect_eq(idem__gw_scope_compute_env(&s, 1, "Authorization", REQ("Authorization: 42"),
+                                            &env, out, NULL, &why),
+                 IDEM_SCOPE_MISSING);
+    cr_expect_eq(why, IDEM_SCOPE_WHY_ABSENT);
+    cr_expect_eq(idem__gw_scope_compute_env(&s, 1, "Authorization", NOREQ(), &env, out, NULL,
+                                            &why),
+                 IDEM_SCOPE_MISSING);
+    cr_expect_eq(idem__gw_scope_compute_env(&s, 1, "Authorization", REQ("X-User-Id: 42"), &env,
+                                            out, NULL, &why),
+                 IDEM_SCOPE_FROM_SOURCES);
+    /* Without scope:, the scope_header is the source that may be missing. */
+    cr_expect_eq(idem__gw_scope_compute_env(NULL, 0, "Authorization", NOREQ(), &env, out, NULL,
+                                            &why),
+                 IDEM_SCOPE_MISSING);
+}
+
+Test(scope, authorization_scheme_case_and_space_are_one_caller)
+{
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1], want[65];
+    idem_scope_source_t s = src("authorization");
+    sha("Bearer K", want);
+    const char *forms[] = {"Authorization: Bearer K", "Authorization: bearer K",
+                           "Authorization: BEARER  K", "Authorization: Bearer \t K"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        idem__gw_scope_compute(&s, 1, "Authorization", REQ(forms[i]), NULL, a, NULL);
+        cr_expect_str_eq(a, want, "%s", forms[i]);
+        /* The default rule (scope_header: Authorization) reads it so too. */
+        idem__gw_scope_compute(NULL, 0, "Authorization", REQ(forms[i]), NULL, b, NULL);
+        cr_expect_str_eq(b, want, "%s", forms[i]);
+    }
+    /* The credentials keep their case; an unregistered scheme is lower case. */
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer k"), NULL, a, NULL);
+    cr_expect_str_neq(a, want);
+    sha("mac id=1", want);
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: MAC  id=1"), NULL, a, NULL);
+    cr_expect_str_eq(a, want);
+    /* A value without white space is an opaque key: its case is kept. */
+    sha("AbC", want);
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: AbC"), NULL, a, NULL);
+    cr_expect_str_eq(a, want);
+    /* scope_header naming another header is not normalised. */
+    sha("bearer  K", want);
+    idem__gw_scope_compute(NULL, 0, "X-Key", REQ("X-Key: bearer  K"), NULL, a, NULL);
+    cr_expect_str_eq(a, want);
+}
+
+Test(scope, fallback_reads_authorization_normalised)
+{
+    char a[IDEM_SCOPE_MAX + 1], b[IDEM_SCOPE_MAX + 1];
+    idem_scope_source_t s = src("header:X-User-Id");
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: bearer  K"), NULL, a, NULL);
+    idem__gw_scope_compute(&s, 1, "Authorization", REQ("Authorization: Bearer K"), NULL, b, NULL);
+    cr_expect_str_eq(a, b);
 }
 
 Test(scope, absent_source_falls_back_to_authorization_then_anonymous)
 {
     char out[IDEM_SCOPE_MAX + 1], want[65];
     idem_scope_source_t s = src("cookie:sid");
-    sha("Bearer a", want);
+    fallback_sha("Bearer a", want);
     cr_expect_eq(idem__gw_scope_compute(&s, 1, "Authorization",
                                         REQ("Authorization: Bearer a", "Cookie: other=1"), NULL,
                                         out, NULL),
@@ -382,7 +509,7 @@ Test(scope, source_header_twice_is_ambiguous)
     cr_expect_str_eq(dup, "X-Api-Key");
 }
 
-Test(scope, cookie_header_twice_is_not_ambiguous)
+Test(scope, cookie_header_twice_without_the_named_cookie_twice_is_not_ambiguous)
 {
     char out[IDEM_SCOPE_MAX + 1];
     idem_scope_source_t s = src("cookie:sid");
