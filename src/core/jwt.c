@@ -42,7 +42,8 @@
  *
  * KEYS
  * A PEM file holds `-----BEGIN PUBLIC KEY-----` blocks (what `openssl pkey
- * -pubout` writes); other blocks are passed over.  A JWKS is {"keys":
+ * -pubout` writes); blocks of other names (a certificate, a private key) are
+ * passed over, and text between blocks is ignored.  A JWKS is {"keys":
  * [...]} with RSA (n, e), EC P-256 (x, y) and OKP Ed25519 (x) keys, built
  * with EVP_PKEY_fromdata; keys of other types ("oct" included: the HS256
  * secret comes only from jwt_secret_file) are passed over.  A set without a
@@ -258,29 +259,45 @@ static int load_pem(idem__jwt_keys_t *k, const char *text, size_t len, char *why
         return -1;
     }
     size_t before = k->n;
+    int rc = 0;
     for (;;) {
-        EVP_PKEY *pkey = PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
-        if (pkey == NULL)
+        char *name = NULL, *header = NULL;
+        unsigned char *data = NULL;
+        long dl = 0;
+        if (PEM_read_bio(bio, &name, &header, &data, &dl) != 1) {
+            /* The end of the text (no more start lines), or a block that is
+             * not PEM. */
+            unsigned long e = ERR_peek_last_error();
+            if (!(ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE)) {
+                snprintf(why, whylen, "a PEM block that does not parse");
+                rc = -1;
+            }
             break;
-        if (add_key(k, pkey, NULL, 0, why, whylen) != 0) {
-            BIO_free(bio);
-            return -1;
         }
+        if (strcmp(name, "PUBLIC KEY") == 0) {
+            const unsigned char *p = data;
+            EVP_PKEY *pkey = d2i_PUBKEY(NULL, &p, dl);
+            if (pkey == NULL || p != data + dl) {
+                EVP_PKEY_free(pkey);
+                snprintf(why, whylen, "a PUBLIC KEY block that does not parse");
+                rc = -1;
+            } else if (add_key(k, pkey, NULL, 0, why, whylen) != 0) {
+                rc = -1;
+            }
+        }
+        OPENSSL_free(name);
+        OPENSSL_free(header);
+        OPENSSL_free(data);
+        if (rc != 0)
+            break;
     }
-    unsigned long e = ERR_peek_last_error();
     ERR_clear_error();
     BIO_free(bio);
-    /* The loop ends at the text's end (no start line) or at a block that
-     * does not parse. */
-    if (e != 0 && !(ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE)) {
-        snprintf(why, whylen, "a PUBLIC KEY block that does not parse");
-        return -1;
-    }
-    if (k->n == before) {
+    if (rc == 0 && k->n == before) {
         snprintf(why, whylen, "no PEM PUBLIC KEY block and not a JWKS");
-        return -1;
+        rc = -1;
     }
-    return 0;
+    return rc;
 }
 
 /* ---- JWKS ------------------------------------------------------------------ */
