@@ -6,12 +6,14 @@
                             replaying each other's answers and Set-Cookie
   scope: [header:NAME]      the same values as scope_header: NAME
   several sources           the SHA-256 of their length-framed values
-  a source absent           falls back to SHA-256(Authorization), else
+  a source absent           falls back to Authorization hashed in a space of
+                            its own (SHA-256 of a tag and the value), else
                             "anonymous"; counted in idem_scope_fallback_total
   Authorization (or a header the scope reads) given twice: 400 ambiguous-scope
   Connection: Authorization Authorization still names the caller and is still
                             forwarded
-  jwt:CLAIM                 refused at start (exit 2, one line): not supported yet
+  jwt:CLAIM                 refused at start without jwt_keys or jwt_secret_file
+                            (the rest: test_scope_jwt.py)
   client_cert               refused at start without listen_tls.client_ca_file
   scope with scope_header   refused at start: two answers to one question
 """
@@ -43,6 +45,12 @@ def framed_scope(*values):
         v = v.encode("latin-1")
         data += struct.pack(">I", len(v)) + v
     return hashlib.sha256(data).hexdigest()
+
+
+def fallback_scope(authorization):
+    """The scope of a fallback to Authorization: the SHA-256 of the tag and
+    the value (SPEC section 14), never the value's own SHA-256."""
+    return hashlib.sha256(b"idem-scope-fallback\0" + authorization.encode("latin-1")).hexdigest()
 
 
 def echo_session(seen):
@@ -92,18 +100,24 @@ class CookieScope(h.IdemTestCase, FallbackMetrics):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["scope"], h.scope_of(ALICE))
 
-    def test_the_first_cookie_of_the_name_counts_across_cookie_headers(self):
+    def test_the_cookie_is_found_in_any_cookie_header(self):
         k = h.new_key()
-        hdrs = [("Cookie", "theme=dark"), ("Cookie", "session=first; session=second"),
-                ("Cookie", "session=third")]
+        hdrs = [("Cookie", "theme=dark"), ("Cookie", "lang=fr; session=first"),
+                ("Cookie", "other=third")]
         self.d.post(key=k, headers=hdrs)
         self.assertEqual(self.d.get_key(k, scope=h.scope_of("first")).status, 200)
+
+    def test_the_named_cookie_twice_across_cookie_headers_is_ambiguous(self):
+        hdrs = [("Cookie", "session=first"), ("Cookie", "session=second")]
+        self.assertProblem(self.d.post(key=h.new_key(), headers=hdrs), 400, "ambiguous-scope")
+        self.assertEqual(self.up.count(), 0)
 
     def test_without_the_cookie_the_scope_falls_back_to_authorization(self):
         before = self.fallbacks(self.d, "authorization")
         k = h.new_key()
         self.d.post(key=k, headers={"Authorization": "Bearer api-client", "Cookie": "theme=dark"})
-        self.assertEqual(self.d.get_key(k, scope=h.scope_of("Bearer api-client")).status, 200)
+        self.assertEqual(self.d.get_key(k, scope=fallback_scope("Bearer api-client")).status, 200)
+        self.assertEqual(self.d.get_key(k, scope=h.scope_of("Bearer api-client")).status, 404)
         self.assertEqual(self.fallbacks(self.d, "authorization"), before + 1)
 
     def test_without_cookie_or_authorization_the_caller_is_anonymous(self):
@@ -166,7 +180,7 @@ class SeveralSources(h.IdemTestCase, FallbackMetrics):
         before = self.fallbacks(self.d, "authorization")
         k = h.new_key()
         self.d.post(key=k, headers={"X-Org": "org-7", "Authorization": "Bearer t"})
-        self.assertEqual(self.d.get_key(k, scope=h.scope_of("Bearer t")).status, 200)
+        self.assertEqual(self.d.get_key(k, scope=fallback_scope("Bearer t")).status, 200)
         self.assertEqual(self.fallbacks(self.d, "authorization"), before + 1)
 
 
@@ -259,8 +273,8 @@ class ScopeConfig(h.IdemTestCase):
                              "scope_rate_limit: 200/s\n")
         self.assertEqual(rc, 0, err)
 
-    def test_jwt_is_refused_as_not_supported_yet(self):
-        self.assertRefused("scope: [jwt:sub]\n", "idem.yaml:1", "scope[0]", "not supported yet")
+    def test_jwt_without_keys_is_refused(self):
+        self.assertRefused("scope: [jwt:sub]\n", "scope: jwt:sub", "jwt_keys")
 
     def test_client_cert_needs_listen_tls_client_ca_file(self):
         self.assertRefused("scope:\n  - cookie:sid\n  - client_cert\n",

@@ -384,7 +384,8 @@ class Scope(TokenTestCase):
     def test_another_callers_token_is_400_and_stays_the_owners(self):
         up, d = self.setup_pair(token_config())
         tok = self.issue(d, auth("Bearer A"))
-        for other in ("Bearer B", None, "Bearer a", "bearer A"):
+        # ("bearer A" is the owner: the scheme is case-insensitive, SPEC 14.)
+        for other in ("Bearer B", None, "Bearer a", "Basic A"):
             with self.subTest(authorization=other):
                 self.assertProblem(self.use(d, tok, auth(other)), 400, "invalid-token")
         self.assertNotForwarded(up, 0, "another caller's token")
