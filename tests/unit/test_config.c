@@ -1072,11 +1072,32 @@ Test(config, cookie_names_differing_in_case_are_two_sources)
     cr_expect_eq(cfg.n_scope, 2);
 }
 
-Test(config, jwt_is_refused_as_not_supported_yet)
+Test(config, jwt_needs_jwt_keys_or_jwt_secret_file)
 {
-    cr_assert_eq(load("scope: [jwt:sub]\n"), -1);
-    cr_expect_not_null(strstr(err, ":1: scope[0]: jwt:sub: not supported yet"), "%s", err);
-    cr_expect_null(strchr(err, '\n'));
+    cr_assert_eq(load("scope: [jwt:org.id]\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope[0].kind, IDEM_SCOPE_SRC_JWT);
+    expect_invalid("scope: jwt:org.id needs jwt_keys or jwt_secret_file");
+    cr_assert_eq(load("scope: [jwt:sub]\njwt_keys: /etc/idem/jwks.json\n"), 0, "%s", err);
+    cr_expect_str_eq(cfg.jwt_keys, "/etc/idem/jwks.json");
+    cr_expect_null(cfg.jwt_secret_file);
+    cr_assert_eq(load("scope: [jwt:sub]\njwt_secret_file: hs\n"), 0, "%s", err);
+    cr_expect_str_eq(cfg.jwt_secret_file, "hs");
+}
+
+Test(config, jwt_key_files_must_not_be_empty)
+{
+    cr_expect_eq(load("jwt_keys: ''\n"), -1);
+    cr_expect_not_null(strstr(err, "jwt_keys: must not be empty"), "%s", err);
+}
+
+Test(config, scope_missing_is_fallback_or_reject)
+{
+    cr_assert_eq(load("scope: [header:X-User]\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope_missing, IDEM_SCOPE_MISSING_FALLBACK);
+    cr_assert_eq(load("scope: [header:X-User]\nscope_missing: reject\n"), 0, "%s", err);
+    cr_expect_eq(cfg.scope_missing, IDEM_SCOPE_MISSING_REJECT);
+    cr_expect_eq(load("scope_missing: drop\n"), -1);
+    cr_expect_not_null(strstr(err, "scope_missing: must be one of fallback, reject"), "%s", err);
 }
 
 Test(config, client_cert_needs_listen_tls_client_ca_file)

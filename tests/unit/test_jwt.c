@@ -17,6 +17,7 @@
 #include <openssl/hmac.h>
 #include <openssl/pem.h>
 
+#include "core/json.h"
 #include "core/jwt.h"
 #include "idem/alloc.h"
 
@@ -621,4 +622,84 @@ Test(jwt, status_names)
     cr_expect_str_eq(idem__jwt_status_name(IDEM__JWT_SIGNATURE), "signature");
     cr_expect_str_eq(idem__jwt_status_name(IDEM__JWT_UNKNOWN_KID), "unknown_kid");
     cr_expect_str_eq(idem__jwt_status_name(IDEM__JWT__COUNT), "?");
+}
+
+/* ---- the JSON reader jwt.c stands on (src/core/json.c) -------------------------------- */
+
+static idem__json_t *doc_of(const char *text)
+{
+    idem__json_t *d = NULL;
+    cr_assert_eq(idem__json_parse(text, strlen(text), NULL, 0, &d), IDEM_OK, "%s", text);
+    return d;
+}
+
+Test(jwt, json_member_in_objects_of_every_size)
+{
+    idem__json_t *d = doc_of("{\"a\":{},\"b\":{\"x\":1},\"c\\u0064\":\"v\",\"e\":[]}");
+    size_t root = idem__json_root(d), v, w;
+    cr_expect_eq(idem__json_member(d, root, "cd", 2, &v), 0); /* an escaped key */
+    cr_expect_eq(idem__json_type(d, v), IDEM__JSON_STRING);
+    cr_expect_eq(idem__json_member(d, root, "c", 1, &v), -1); /* a prefix is not the key */
+    cr_expect_eq(idem__json_member(d, root, "a", 1, &v), 0);
+    cr_expect_eq(idem__json_member(d, v, "x", 1, &w), -1);   /* no member */
+    cr_expect_eq(idem__json_member(d, root, "b", 1, &v), 0);
+    cr_expect_eq(idem__json_member(d, v, "x", 1, &w), 0);    /* one member */
+    cr_expect_eq(idem__json_type(d, w), IDEM__JSON_NUMBER);
+    cr_expect_eq(idem__json_member(d, w, "x", 1, &w), -1);   /* not an object */
+    idem__json_destroy(d);
+}
+
+Test(jwt, json_next_walks_arrays)
+{
+    idem__json_t *d = doc_of("[ 1 , \"two\" , [3] , {\"f\":4} ]");
+    size_t cur = 0, v, n = 0;
+    idem__json_type_t want[] = {IDEM__JSON_NUMBER, IDEM__JSON_STRING, IDEM__JSON_ARRAY,
+                                IDEM__JSON_OBJECT};
+    while (idem__json_next(d, idem__json_root(d), &cur, &v) == 0) {
+        cr_assert_lt(n, 4);
+        cr_expect_eq(idem__json_type(d, v), want[n]);
+        n++;
+    }
+    cr_expect_eq(n, 4);
+    idem__json_destroy(d);
+    d = doc_of("[]");
+    cur = 0;
+    cr_expect_eq(idem__json_next(d, idem__json_root(d), &cur, &v), -1);
+    idem__json_destroy(d);
+}
+
+Test(jwt, json_string_and_integers)
+{
+    idem__json_t *d = doc_of("[\"a\\u00e9\\n\", -9223372036854775808, 9223372036854775808, "
+                             "12.75, -0.5, 1e3, 7]");
+    size_t cur = 0, v, l;
+    char buf[8];
+    int64_t i;
+    const char *t;
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_string(d, v, buf, sizeof buf, &l), IDEM_OK);
+    cr_expect_eq(l, 4);
+    cr_expect_eq(memcmp(buf, "a\xc3\xa9\n", 4), 0);
+    cr_expect_eq(idem__json_string(d, v, buf, 3, &l), IDEM_E_TOOBIG);
+    cr_expect_eq(l, 0);
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int(d, v, &i, &t, &l), 0);
+    cr_expect_eq(i, INT64_MIN);
+    cr_expect_eq(l, 20);
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int(d, v, &i, &t, &l), -1); /* beyond int64 */
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int(d, v, &i, &t, &l), -1); /* a fraction */
+    cr_expect_eq(idem__json_int_trunc(d, v, &i), 0);
+    cr_expect_eq(i, 12);
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int_trunc(d, v, &i), 0);
+    cr_expect_eq(i, 0);
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int_trunc(d, v, &i), -1); /* an exponent */
+    cr_assert_eq(idem__json_next(d, idem__json_root(d), &cur, &v), 0);
+    cr_expect_eq(idem__json_int(d, v, &i, &t, &l), 0);
+    cr_expect_eq(i, 7);
+    cr_expect_eq(idem__json_next(d, idem__json_root(d), &cur, &v), -1);
+    idem__json_destroy(d);
 }
