@@ -398,8 +398,8 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    /* Signals are taken by sigwait in this thread only.  SIGHUP too: until
-     * reloading exists it is logged and ignored, never the default death. */
+    /* Signals are taken by sigwait in this thread only.  SIGHUP too: it
+     * reads the TLS and JWT key files again, never the default death. */
     signal(SIGPIPE, SIG_IGN);
     sigset_t sigs;
     sigemptyset(&sigs);

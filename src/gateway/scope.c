@@ -1,6 +1,6 @@
 /* src/gateway/scope.c - who the caller is: the sources of its scope.
  *
- * See scope.h for the rules.  Two choices are made here and written in
+ * See scope.h for the rules.  The choices made here are written in
  * docs/configuration.md:
  *
  * - An empty value counts as absent.  An empty header or cookie identifies
@@ -11,11 +11,22 @@
  * - A header that names the caller may not come twice.  Which of two
  *   Authorization values counts is exactly what a client could exploit if
  *   idemd and the upstream chose differently, so the request is refused
- *   (400 ambiguous-scope) rather than guessed at.
+ *   (400 ambiguous-scope) rather than guessed at.  The cookie a source
+ *   names is such a value too: given twice across the Cookie fields, even
+ *   once empty ("sid=; sid=abc"), it is refused the same way.
+ * - A fallback lives in a space of its own (IDEM_SCOPE_FALLBACK_TAG before
+ *   Authorization), so a caller that leaves out the configured source, or
+ *   sends a JWT that fails, never lands in the scope of a caller whose
+ *   source holds the same text.
+ * - Authorization is read normalised (scope.h): the scheme is
+ *   case-insensitive in RFC 9110, so two spellings of it must not make two
+ *   callers; the registry's spelling keeps "Bearer K" hashing as before.
  *
  * INVARIANTS: the work is linear in the request head, which the parser has
- * already bounded (IDEM_HTTP_MAX_HEAD, IDEM_HTTP_MAX_HEADERS); one
- * allocation, of the framed values, only for several sources.
+ * already bounded (IDEM_HTTP_MAX_HEAD, IDEM_HTTP_MAX_HEADERS), plus one JWT
+ * verification per jwt: source (src/core/jwt.c, bounded by its 8 KiB
+ * token cap); values are hashed piece by piece, so nothing is allocated
+ * here.
  */
 #include "gateway/scope.h"
 
