@@ -659,9 +659,12 @@ idem_err_t idem__gw_plan_request(const idem_config_t *cfg, const char *upstream_
     if (p->cls.kind != IDEM_GW_PASS) {
         const char *dup = NULL;
         p->scoped = true;
-        /* No connection here: no verified client certificate. */
-        p->scope_rc = idem__gw_scope_compute(cfg->scope, cfg->n_scope, cfg->scope_header, &p->msg,
-                                             NULL, p->scope, &dup);
+        /* No connection here: no verified client certificate; and no JWT
+         * keys (the running process holds them), so a jwt: source fails
+         * as with a token no key verifies. */
+        idem_scope_env_t env = {.missing = cfg->scope_missing};
+        p->scope_rc = idem__gw_scope_compute_env(cfg->scope, cfg->n_scope, cfg->scope_header,
+                                                 &p->msg, &env, p->scope, &dup, NULL);
         if (idem__gw_refuse_scope(p->scope_rc, dup, &p->refusal))
             return plan_refused(p, &p->refusal);
     }
