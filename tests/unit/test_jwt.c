@@ -448,12 +448,13 @@ Test(jwt, key_files_that_do_not_load)
     keys_once();
     idem__jwt_keys_t *k = NULL;
     char why[300];
+    EVP_PKEY *small = gen("RSA1024"), *p384 = gen("P384");
     const char *bad[] = {
         "", "not a key", "{\"keys\":[]}", "{\"nokeys\":1}", "{\"keys\":[{\"kty\":\"RSA\"}]}",
         "{\"keys\":[{\"kty\":\"EC\",\"crv\":\"P-256\",\"x\":\"AA\",\"y\":\"AA\"}]}",
         "{\"keys\":[{\"kty\":\"OKP\",\"crv\":\"Ed25519\",\"x\":\"!!\"}]}", "{\"keys\":",
         "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
-        pem(gen("RSA1024")), pem(gen("P384")),
+        pem(small), pem(p384),
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         why[0] = '\0';
@@ -462,6 +463,8 @@ Test(jwt, key_files_that_do_not_load)
         cr_expect_null(k);
         cr_expect_neq(why[0], '\0', "%zu", i);
     }
+    EVP_PKEY_free(small);
+    EVP_PKEY_free(p384);
 }
 
 Test(jwt, keys_load_reads_files_and_names_the_unreadable_one)
