@@ -75,3 +75,27 @@ Test(metrics, names_outcomes)
     cr_expect_str_eq(idem__outcome_name(IDEM_OUT_IN_FLIGHT), "in_flight");
     cr_expect_str_eq(idem__outcome_name((idem_outcome_t)9999), "unknown");
 }
+
+Test(metrics, scope_fallbacks_by_where_to_and_why)
+{
+    static idem_metrics_t m;
+    memset(&m, 0, sizeof m);
+    m.scope_fallback[0][IDEM_SCOPE_WHY_ABSENT] = 3;
+    m.scope_fallback[0][5] = 2; /* IDEM__JWT_EXPIRED */
+    m.scope_fallback[1][IDEM_SCOPE_WHY_ABSENT] = 1;
+    char *t = render(&m);
+    cr_expect_eq(value_of(t, "idem_scope_fallback_total{to=\"authorization\",reason=\"absent\"}"),
+                 3);
+    cr_expect_eq(value_of(t, "idem_scope_fallback_total{to=\"authorization\",reason=\"expired\"}"),
+                 2);
+    cr_expect_eq(value_of(t, "idem_scope_fallback_total{to=\"anonymous\",reason=\"absent\"}"), 1);
+    static const char *const reasons[] = {"absent", "malformed", "algorithm", "unknown_kid",
+                                          "signature", "expired", "not_yet_valid", "claim"};
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
+        char label[128];
+        snprintf(label, sizeof label, "idem_scope_fallback_total{to=\"anonymous\",reason=\"%s\"}",
+                 reasons[i]);
+        cr_expect_geq(value_of(t, label), 0, "missing reason %s", reasons[i]);
+    }
+    free(t);
+}
