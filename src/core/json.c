@@ -1387,7 +1387,7 @@ static size_t array_element(const struct idem__json *d, size_t i, const char *t,
     }
 }
 
-idem__json_kind_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
+idem__json_type_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
                                   size_t *len)
 {
     size_t i;
@@ -1420,21 +1420,6 @@ idem__json_kind_t idem__json_find(const idem__json_t *doc, const char *pointer, 
     case 'n': return IDEM__JSON_NULL;
     default: return IDEM__JSON_NUMBER;
     }
-}
-
-size_t idem__json_string(const idem__json_t *doc, size_t off, char *out, size_t cap)
-{
-    struct keyit it;
-    size_t n = 0;
-    int c;
-
-    keyit_init(&it, doc->text, doc->len, off);
-    while ((c = keyit_next(&it)) >= 0) {
-        if (n == cap)
-            return SIZE_MAX;
-        out[n++] = (char)c;
-    }
-    return n;
 }
 
 /* ---- the public face (include/idem/fingerprint.h) ---------------------------- */

@@ -53,17 +53,17 @@ typedef int (*idem__json_sink_fn)(void *arg, const void *data, size_t len);
  * @return 1, or 0 when the sink stopped it. */
 int idem__json_emit(const idem__json_t *doc, idem__json_sink_fn sink, void *arg);
 
-/** What a value is (idem__json_find). */
-typedef enum idem__json_kind {
-    IDEM__JSON_NONE = 0, /* the pointer names nothing (or is malformed) */
-    IDEM__JSON_STRING,
-    IDEM__JSON_NUMBER,
+/** What a value is (idem__json_find, idem__json_type). */
+typedef enum idem__json_type {
+    IDEM__JSON_NONE = 0, /* idem__json_find: the pointer names nothing (or is malformed) */
     IDEM__JSON_OBJECT,
     IDEM__JSON_ARRAY,
+    IDEM__JSON_STRING,
+    IDEM__JSON_NUMBER,
     IDEM__JSON_TRUE,
     IDEM__JSON_FALSE,
     IDEM__JSON_NULL,
-} idem__json_kind_t;
+} idem__json_type_t;
 
 /** Look up the value an RFC 6901 pointer names in doc, as received (the
  * parse's fingerprint_ignore pointers drop nothing here): "/a/b" is member
@@ -75,14 +75,10 @@ typedef enum idem__json_kind {
  * @param[out] off, len  the value's text: doc's text[*off .. *off + *len)
  *                       (0 and 0 for NONE).
  * @return its kind, or IDEM__JSON_NONE. */
-idem__json_kind_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
+idem__json_type_t idem__json_find(const idem__json_t *doc, const char *pointer, size_t *off,
                                   size_t *len);
 
-/** The decoded bytes (UTF-8, escapes resolved) of the string value whose
- * opening quote is at off (from idem__json_find) into out[0..cap), not
- * NUL-terminated.  @return their count, or SIZE_MAX when there are more
- * than cap. */
-size_t idem__json_string(const idem__json_t *doc, size_t off, char *out, size_t cap);
+/* The decoded bytes of a string value found so: idem__json_string below. */
 
 void idem__json_destroy(idem__json_t *doc); /* NULL is a no-op */
 
@@ -91,15 +87,6 @@ void idem__json_destroy(idem__json_t *doc); /* NULL is a no-op */
  * points at a value the parse checked.  An object never holds two members
  * of one key (the parse refuses them), so a lookup is never ambiguous. */
 
-typedef enum idem__json_type {
-    IDEM__JSON_OBJECT = 0,
-    IDEM__JSON_ARRAY,
-    IDEM__JSON_STRING,
-    IDEM__JSON_NUMBER,
-    IDEM__JSON_TRUE,
-    IDEM__JSON_FALSE,
-    IDEM__JSON_NULL,
-} idem__json_type_t;
 
 /** The offset of the top-level value. */
 size_t idem__json_root(const idem__json_t *doc);

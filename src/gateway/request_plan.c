@@ -264,11 +264,11 @@ bool idem__gw_key_from_body(const idem_gw_request_t *rq, idem_gw_class_t *cls,
         return false;
     }
     size_t off, len, n = 0;
-    idem__json_kind_t kind = idem__json_find(doc, ptr, &off, &len);
+    idem__json_type_t kind = idem__json_find(doc, ptr, &off, &len);
     bool ok = false;
     if (kind == IDEM__JSON_STRING) {
-        n = idem__json_string(doc, off, cls->key, IDEM_KEY_MAX);
-        ok = n >= 1 && n <= IDEM_KEY_MAX;
+        ok = idem__json_string(doc, off, cls->key, IDEM_KEY_MAX + 1, &n) == IDEM_OK &&
+             n >= 1 && n <= IDEM_KEY_MAX;
         for (size_t i = 0; ok && i < n; i++)
             ok = cls->key[i] >= 0x20 && cls->key[i] <= 0x7E;
     } else if (kind == IDEM__JSON_NUMBER) {

@@ -33,7 +33,7 @@ static void cleanup(void)
 TestSuite(json, .fini = cleanup);
 
 /* The text of what ptr names, and its kind in *kind. */
-static const char *find(const char *ptr, idem__json_kind_t *kind)
+static const char *find(const char *ptr, idem__json_type_t *kind)
 {
     static char buf[256];
     size_t off, len;
@@ -49,9 +49,9 @@ static const char *find(const char *ptr, idem__json_kind_t *kind)
     return buf;
 }
 
-static void expect(const char *ptr, idem__json_kind_t kind, const char *value)
+static void expect(const char *ptr, idem__json_type_t kind, const char *value)
 {
-    idem__json_kind_t k;
+    idem__json_type_t k;
     const char *v = find(ptr, &k);
     cr_expect_eq(k, kind, "%s: kind %d, not %d", ptr, (int)k, (int)kind);
     if (value != NULL && v != NULL)
@@ -60,7 +60,7 @@ static void expect(const char *ptr, idem__json_kind_t kind, const char *value)
 
 static void nothing(const char *ptr)
 {
-    idem__json_kind_t k;
+    idem__json_type_t k;
     cr_expect_null(find(ptr, &k), "%s named something", ptr);
     cr_expect_eq(k, IDEM__JSON_NONE);
 }
@@ -138,11 +138,13 @@ Test(json, string_decodes_escapes)
     size_t off, len;
     load("{\"k\": \"a\\\"b\\\\c\\u0041\\/\"}");
     cr_assert_eq(idem__json_find(doc, "/k", &off, &len), IDEM__JSON_STRING);
-    size_t n = idem__json_string(doc, off, out, sizeof out);
+    size_t n;
+    cr_assert_eq(idem__json_string(doc, off, out, sizeof out, &n), IDEM_OK);
     cr_assert_eq(n, 7);
     cr_expect_eq(memcmp(out, "a\"b\\cA/", 7), 0);
-    cr_expect_eq(idem__json_string(doc, off, out, 6), SIZE_MAX, "does not fit in 6");
-    cr_expect_eq(idem__json_string(doc, off, out, 7), 7, "fits in 7 exactly");
+    cr_expect_eq(idem__json_string(doc, off, out, 6, &n), IDEM_E_TOOBIG, "does not fit in 6");
+    cr_expect_eq(idem__json_string(doc, off, out, 7, &n), IDEM_OK, "fits in 7 exactly");
+    cr_expect_eq(n, 7);
 }
 
 Test(json, string_gives_utf8_for_non_ascii)
@@ -151,6 +153,8 @@ Test(json, string_gives_utf8_for_non_ascii)
     size_t off, len;
     load("{\"k\": \"\\u00e9\"}");
     cr_assert_eq(idem__json_find(doc, "/k", &off, &len), IDEM__JSON_STRING);
-    cr_assert_eq(idem__json_string(doc, off, out, sizeof out), 2);
+    size_t n;
+    cr_assert_eq(idem__json_string(doc, off, out, sizeof out, &n), IDEM_OK);
+    cr_assert_eq(n, 2);
     cr_expect_eq(memcmp(out, "\xc3\xa9", 2), 0);
 }
