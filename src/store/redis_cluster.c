@@ -18,6 +18,10 @@
  * masters we know, then the seeds) at open and whenever a node says the map
  * moved (MOVED), a node cannot be reached, or a slot has no master; a
  * refresh after another thread's refresh is skipped (the map's epoch).
+ * The open refuses a map with slots that no master serves, naming them
+ * (idem__redis_uncovered: "slots 5461-10922 are served by no master");
+ * a refresh at run time that finds such slots keeps them so, and their
+ * ops fail closed (IDEM_E_STORE_DOWN once the timeout is spent).
  * Nodes are kept for the handle's life, each with a pool (pool.c) of at
  * most pool= connections that have loaded the scripts.
  *
@@ -377,6 +381,46 @@ static int read_slots(struct cluster_store *s, const struct endpoint *ep, uint8_
         return -1;
     }
     return 0;
+}
+
+/* The slots of map (SLOTS entries) whose entry is none, in words, into
+ * buf: "slots 5461-10922 are served by no master", "slot 7 is ...", up to
+ * four ranges and then how many more; their count (0: every slot is
+ * served, buf empty).  The open refuses a map with a gap; at run time a gap
+ * makes the ops of its slots fail closed (exec: "slot N has no master"). */
+size_t idem__redis_uncovered(const uint8_t *map, uint8_t none, char *buf, size_t len)
+{
+    size_t count = 0, ranges = 0, at = 0;
+    char list[160] = "";
+    for (size_t i = 0; i < SLOTS;) {
+        if (map[i] != none) {
+            i++;
+            continue;
+        }
+        size_t lo = i;
+        while (i < SLOTS && map[i] == none)
+            i++;
+        count += i - lo;
+        if (ranges++ < 4 && at < sizeof list) {
+            int w = lo + 1 == i ? snprintf(list + at, sizeof list - at, "%s%zu",
+                                           ranges > 1 ? ", " : "", lo)
+                                : snprintf(list + at, sizeof list - at, "%s%zu-%zu",
+                                           ranges > 1 ? ", " : "", lo, i - 1);
+            at += w > 0 ? (size_t)w : 0;
+        }
+    }
+    if (len == 0)
+        return count;
+    buf[0] = '\0';
+    if (count == 0)
+        return 0;
+    if (ranges > 4)
+        say(buf, len, "slots %s and %zu more ranges (%zu slots in all) are served by no master",
+            list, ranges - 4, count);
+    else
+        say(buf, len, "%s %s %s served by no master", count == 1 ? "slot" : "slots", list,
+            count == 1 ? "is" : "are");
+    return count;
 }
 
 static unsigned long map_epoch(struct cluster_store *s)
@@ -1070,6 +1114,14 @@ static idem_err_t open_cluster(const char *rest, int tls, idem_store_t **out, ch
      * a wrong address or password fails the open. */
     if (refresh(s, 0) != 0) {
         idem__store_errbuf(errbuf, errlen, "%s", idem_store_errstr(&s->base));
+        cluster_close(&s->base);
+        return IDEM_E_STORE_DOWN;
+    }
+    /* A slot no master serves would refuse its keys (CLUSTERDOWN, or no
+     * node to send them to): idemd must not start on such a cluster. */
+    char gaps[256];
+    if (idem__redis_uncovered(s->slot_node, NO_NODE, gaps, sizeof gaps) > 0) {
+        idem__store_errbuf(errbuf, errlen, "redis %s: %s", s->where, gaps);
         cluster_close(&s->base);
         return IDEM_E_STORE_DOWN;
     }

@@ -145,4 +145,10 @@ void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const ide
 uint16_t idem__redis_crc16(const char *p, size_t n);
 unsigned idem__redis_keyslot(const char *key, size_t len);
 
+/* redis_cluster.c: the slots of a slot map (16384 entries, none where no
+ * master serves the slot) that no master serves, in words into buf
+ * ("slots 5461-10922 are served by no master"); their count, 0 when every
+ * slot is served. */
+size_t idem__redis_uncovered(const uint8_t *map, uint8_t none, char *buf, size_t len);
+
 #endif /* IDEM_STORE_REDIS_IMPL_H */
