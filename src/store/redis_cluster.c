@@ -37,7 +37,8 @@
  *   ASK        did not run: sent again to the target after ASKING, the map
  *              left as it is (the slot is migrating);
  *   TRYAGAIN, CLUSTERDOWN, NOSCRIPT   did not run: again after a short
- *              pause (NOSCRIPT: after SCRIPT LOAD);
+ *              pause (NOSCRIPT: after SCRIPT LOAD; CLUSTERDOWN: after the
+ *              map is read again, the slot may have lost its master);
  * all within the URL's timeout and at most ROUNDS_MAX rounds, the second
  * retry on after a pause that doubles (10 ms to 250 ms): a slot whose move
  * is being announced node by node can bounce between two masters for a
@@ -701,6 +702,10 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                             }
                         } else if (kind == 3) {
                             need_pause = 1;
+                            /* "CLUSTERDOWN Hash slot not served": the
+                             * node's map may be newer than ours. */
+                            if (r->str[0] == 'C')
+                                need_refresh = 1;
                         } else {
                             noscript = 1;
                         }
@@ -823,6 +828,8 @@ static redisReply *slot_command(struct cluster_store *s, unsigned slot, int use_
                         s->nodes[t]->ep.port, r->str);
                     if (kind == 1)
                         need_refresh = moved(s, slot, r->str) != 0;
+                    else if (kind == 3)
+                        need_refresh = r->str[0] == 'C'; /* CLUSTERDOWN, as in exec */
                     else if (kind == 2)
                         ask = redirect_node(s, r->str);
                     else if (kind == 4) {

@@ -24,6 +24,18 @@ persistence.  What is checked:
                          load; its replica is promoted by the cluster; without
                          a restart idemd answers new keys in every slot again
                          within seconds, and they replay
+  wait=1, master killed  (a cluster of its own) idemd on ?wait=1, a master
+                         SIGKILLed under a load of new keys, its replica
+                         promoted, the killed node back as its replica:
+                         idemd serves again without a restart, every key
+                         answered 200 replays with one execution, every key
+                         answered 503 runs once when retried
+  slots uncovered        (a cluster of its own) CLUSTER DELSLOTSRANGE on every
+                         node: idemd refuses to start (exit 2, one line naming
+                         the slots); a running idemd answers the gap's keys
+                         503 (CLUSTERDOWN, the map read again: no master)
+                         and the other slots 200, and serves the gap again
+                         once the slots are assigned back
   rediss+cluster://      a TLS-only cluster (--tls-cluster yes, certificates
                          from tests/certs.py): a key runs once and replays
 
@@ -318,6 +330,197 @@ class RedisClusterFailover(ClusterCase):
         self.check_once_and_replay(up, d, before)
         # Nothing but 200 and 503 (store-unavailable) during the failover.
         self.assertTrue(set(statuses) <= {200, 503}, sorted(set(map(str, statuses))))
+
+
+@unittest.skipUnless(HAVE, "needs redis-server and redis-cli")
+class RedisClusterWaitFailover(ClusterCase):
+
+    def test_wait_1_master_killed_no_answered_key_lost(self):
+        """?wait=1: a master is killed under a load of new keys; its replica is
+        promoted, the killed node comes back as the new master's replica, and
+        idemd, not restarted, serves every slot again.  Every key answered
+        200 before, while or after the master died replays (same answer, one
+        execution); every key answered 503 runs once when retried."""
+        up = self.start_upstream()
+        d = self.start_idemd(up, CFG, store=self.url(timeout="2s", wait=1))
+        victim = self.cluster.masters()[0]
+        replica = self.cluster.replica_of(victim)
+        answered, refused, other = {}, set(), []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def load(n):
+            i = 0
+            while not stop.is_set():
+                k = "w%d-%d-%s" % (n, i, uuid.uuid4().hex[:6])
+                i += 1
+                try:
+                    r = d.post(key=k, body=body_of(k), timeout=30)
+                except OSError as e:
+                    with lock:
+                        other.append((k, repr(e)))
+                    continue
+                with lock:
+                    if r.status == 200:
+                        answered[k] = r
+                    elif r.status == 503:
+                        refused.add(k)
+                    else:
+                        other.append((k, r.status, r.body[:200]))
+
+        def on_victim():
+            return len(self.keys_on(victim)) > 0 if self.cluster.node(victim).alive() else True
+
+        threads = [threading.Thread(target=load, args=(n,), daemon=True) for n in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            h.wait_until(lambda: len(answered) >= 40 and on_victim(), 60,
+                         what="keys answered on every master")
+            at_kill = len(answered)
+            self.cluster.node(victim).kill()
+            h.wait_until(lambda: self.cluster.cli(replica, "ROLE").startswith("master"), 60,
+                         interval=0.2, what="replica promoted")
+            # The killed node comes back as the new master's replica (its
+            # nodes.conf): only then can WAIT 1 succeed in those slots.
+            self.cluster.node(victim).start()
+            self.cluster.wait_ok(time.monotonic() + 60, replicas=3)
+            h.wait_until(lambda: self.cluster.cli(victim, "ROLE").startswith("slave"), 60,
+                         interval=0.2, what="the killed master back as a replica")
+            # idemd, not restarted, answers new keys of every master again.
+            after = ["after-%d-%s" % (i, uuid.uuid4().hex[:6]) for i in range(60)]
+
+            def all_ok():
+                for k in after:
+                    if up.count(key=k) == 0:
+                        r = d.post(key=k, body=body_of(k), timeout=30)
+                        if r.status != 200:
+                            return False
+                        with lock:
+                            answered[k] = r
+                return True
+            h.wait_until(all_ok, 60, interval=0.2, what="idemd serving after the failover")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        self.assertTrue(d.running())
+        self.assertEqual(other, [], "answers other than 200 and 503")
+        self.assertGreater(len(answered), at_kill)
+        self.assertGreater(len(self.keys_on(replica)), 0)
+        # Every answered key replays: the same answer, one execution.
+        lost = []
+        for k, first in sorted(answered.items()):
+            n = up.count(key=k)
+            r = d.post(key=k, body=body_of(k))
+            if n != 1 or r.status != 200 or not r.replayed or r.body != first.body:
+                lost.append("%s: ran %d times, now %d%s" % (
+                    k, n, r.status, " replayed" if r.replayed else " not replayed"))
+        self.assertEqual(lost, [], "%d of %d answered keys lost" % (len(lost), len(answered)))
+        # A key answered 503 may have run (its completion not acknowledged):
+        # retried until it gets its answer, it has run once.
+        for k in sorted(refused):
+            h.wait_until(lambda: d.post(key=k, body=body_of(k)).status == 200, 30,
+                         interval=0.2, what="%s answered" % k)
+            self.assertEqual(up.count(key=k), 1, "%s ran %d times" % (k, up.count(key=k)))
+
+
+GAP = (5461, 10922)  # the second master's slots as redis-cli --cluster create gives them
+
+
+@unittest.skipUnless(HAVE, "needs redis-server and redis-cli")
+class RedisClusterCoverage(ClusterCase):
+    """Slots no master serves: refused at start with one line naming them;
+    at run time their keys fail closed (503) and idemd serves the rest."""
+
+    def owner_of_gap(self):
+        for r in self.cluster.nodes_table(self.cluster.nodes[0].port):
+            if "%d-%d" % GAP in r["slots"]:
+                return r["port"]
+        raise AssertionError("no master holds slots %d-%d" % GAP)
+
+    def assigned_everywhere(self, count):
+        return all(self.cluster.info(n.port).get("cluster_slots_assigned") == str(count)
+                   for n in self.cluster.nodes)
+
+    def unassign_gap(self):
+        """CLUSTER DELSLOTSRANGE on every node, the owner first (else its
+        gossip would give the slots back); until every node agrees."""
+        owner = self.owner_of_gap()
+        for p in [owner] + [n.port for n in self.cluster.nodes if n.port != owner]:
+            self.assertEqual(self.cluster.cli(p, "CLUSTER", "DELSLOTSRANGE", *GAP), "OK")
+        h.wait_until(lambda: self.assigned_everywhere(16384 - (GAP[1] - GAP[0] + 1)), 30,
+                     interval=0.1, what="the gap seen by every node")
+        return owner
+
+    def reassign_gap(self, owner):
+        self.assertEqual(self.cluster.cli(owner, "CLUSTER", "ADDSLOTSRANGE", *GAP), "OK")
+        h.wait_until(lambda: self.assigned_everywhere(16384), 30, interval=0.1,
+                     what="every slot served again")
+        self.cluster.wait_ok(time.monotonic() + 60)
+
+    def test_slots_uncovered_at_start_are_refused(self):
+        owner = self.unassign_gap()
+        try:
+            d = self.make_idemd(self.start_upstream(), CFG, store=self.url())
+            log = d.spawn("gap")
+            rc_ = d.wait_exit(60)
+            with open(log, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+            self.assertEqual(rc_, 2, lines)
+            self.assertEqual(len(lines), 1, lines)
+            self.assertRegex(lines[0], r"^idemd: --store: redis cluster 127\.0\.0\.1:\d+: "
+                                       r"slots 5461-10922 are served by no master$")
+        finally:
+            self.reassign_gap(owner)
+        # The same cluster, whole again, is served.
+        up = self.start_upstream()
+        d = self.start_idemd(up, CFG, store=self.url())
+        self.assertEqual(d.post(key="whole", body=body_of("whole")).status, 200)
+
+    def test_slots_uncovered_at_run_time_fail_closed(self):
+        up = self.start_upstream()
+        d = self.start_idemd(up, CFG, store=self.url(timeout="1s"))
+        inside, outside = [], []
+        i = 0
+        while len(inside) < 3 or len(outside) < 3:
+            tag = "cov%d-%s" % (i, uuid.uuid4().hex[:4])
+            i += 1
+            (inside if GAP[0] <= self.cluster.keyslot(tag) <= GAP[1] else outside).append(tag)
+        before = ["{%s}-0" % t for t in inside[:3] + outside[:3]]
+        for k in before:
+            self.assertEqual(d.post(key=k, body=body_of(k)).status, 200)
+        ports = [n.port for n in self.cluster.nodes]
+        for p in ports:  # the other slots go on serving while the gap is open
+            self.cluster.cli(p, "CONFIG", "SET", "cluster-require-full-coverage", "no")
+        gap_keys = ["{%s}-1" % t for t in inside[:3]]
+        owner = self.unassign_gap()
+        try:
+            # The gap's master answers CLUSTERDOWN; idemd reads the map
+            # again, finds no master for those slots, and fails closed.
+            for k in gap_keys:
+                r = d.post(key=k, body=body_of(k))
+                self.assertProblem(r, 503, "store-unavailable")
+                self.assertEqual(up.count(key=k), 0)
+            h.wait_until(lambda: "has no master" in d.log_text(), 10,
+                         what="the refreshed map's gap in idemd's log")
+            for t in outside[:3]:
+                k = "{%s}-1" % t
+                self.assertEqual(d.post(key=k, body=body_of(k)).status, 200)
+            self.assertTrue(d.running())
+        finally:
+            self.reassign_gap(owner)
+            for p in ports:
+                self.cluster.cli(p, "CONFIG", "SET", "cluster-require-full-coverage", "yes")
+
+        # Served again without a restart: each gap key runs once.
+        def served():
+            for k in gap_keys:
+                if up.count(key=k) == 0 and d.post(key=k, body=body_of(k)).status != 200:
+                    return False
+            return True
+        h.wait_until(served, 30, interval=0.2, what="the gap's keys served again")
+        self.check_once_and_replay(up, d, gap_keys + before)
 
 
 @unittest.skipUnless(HAVE and shutil.which("openssl"), "needs redis-server, redis-cli, openssl")
