@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The chaos harness: exactly-once under faults, measured.
 
-For each store (LMDB, Redis, PostgreSQL) it starts two idemd processes on
-one shared store in front of a recording upstream (chaos_upstream.py), puts
+For each store (LMDB, Redis, PostgreSQL, a Redis Cluster) it starts two
+idemd processes on one shared store in front of a recording upstream
+(chaos_upstream.py), puts
 a fault proxy in front of each (chaos_proxy.py), and lets client threads run
 keyed operations through the proxies while faults are injected:
 
@@ -14,7 +15,11 @@ keyed operations through the proxies while faults are injected:
                      PostgreSQL stopped with `-m immediate` (both servers of the
                      harness's own, on free ports), down for 0.5-3 s, then
                      started again on the same data; for LMDB, whose store is
-                     files on this host, both idemd are killed at once instead
+                     files on this host, both idemd are killed at once instead;
+                     for a Redis Cluster (tests/cluster.py, three masters with a
+                     replica each, idemd on redis+cluster://...?wait=1) a
+                     master is SIGKILLed, the cluster promotes its replica,
+                     and the node is started again (it rejoins as a replica)
 
 Clients use a fresh key per operation and retry with the same key, alternating
 between the two instances, on connection errors, dropped answers, 409
@@ -73,15 +78,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "blackbox"))
+sys.path.insert(0, str(HERE.parent))
 
 import harness as h  # noqa: E402  (tests/blackbox: idemd processes, ports, config)
+import cluster as rc  # noqa: E402  (tests/cluster.py: a Redis Cluster of our own)
 import test_shared_stores as ss  # noqa: E402  (Redis / PostgreSQL servers of our own)
 from chaos_history import analyse  # noqa: E402
 from chaos_ledger import Ledger, LedgerTap, read_db, verdict  # noqa: E402
 from chaos_proxy import FaultProxy, upstream_doc  # noqa: E402
 from chaos_upstream import RecordingUpstream  # noqa: E402
 
-STORES = ("lmdb", "redis", "postgres")
+STORES = ("lmdb", "redis", "postgres", "cluster")
+CLUSTER_SECONDS = 35        # s of faults on the cluster at most (unless --seconds)
 
 PROFILES = {
     # seconds of faults per store, client threads, seconds between kills,
@@ -231,12 +239,65 @@ def send(port, path, key, body, ledger=False):
 # one store's run
 
 
+class OwnCluster:
+    """A Redis Cluster of the run's own (tests/cluster.py): three masters with a
+    replica each, no persistence, on free ports.  Its "restart" is one master's
+    crash: SIGKILL, the cluster promotes the master's replica, and the node is
+    started again on its nodes.conf, so it rejoins as the new master's replica
+    (and WAIT 1 can succeed in those slots again)."""
+
+    name = "cluster"
+
+    def __init__(self, workdir):
+        self.cluster = rc.Cluster(os.path.join(workdir, "cluster"))
+        self.victim = None
+
+    @staticmethod
+    def available():
+        return rc.REDIS is not None and rc.REDIS_CLI is not None
+
+    def url(self, tag):
+        hosts = ",".join("%s:%d" % (rc.HOST, n.port) for n in self.cluster.nodes)
+        return "redis+cluster://%s?prefix=%s-&wait=1&timeout=2s" % (hosts, tag)
+
+    def start(self):
+        self.cluster.start()
+
+    def kill_master(self, rng):
+        """SIGKILL a master; return once its replica is the master."""
+        port = rng.choice(self.cluster.masters())
+        replica = self.cluster.replica_of(port)
+        self.victim = self.cluster.node(port)
+        self.victim.kill()
+        h.wait_until(lambda: self.cluster.cli(replica, "ROLE", timeout=5).startswith("master"),
+                     60, interval=0.1, what="replica %d promoted" % replica)
+        return port, replica
+
+    def bring_back(self):
+        """Start the killed node; return once it replicates its new master."""
+        self.victim.start()
+        port = self.victim.port
+        h.wait_until(lambda: "master_link_status:up" in
+                     self.cluster.cli(port, "INFO", "replication", timeout=5),
+                     60, interval=0.1, what="node %d back as a replica" % port)
+        self.cluster.wait_ok(time.monotonic() + 60, replicas=3)
+        self.victim = None
+
+    def stop(self):
+        self.cluster.stop()
+
+    def close(self):
+        self.cluster.stop()
+
+
 class StoreRun:
     """One store's run: its processes, clients, faults, history and report."""
 
     def __init__(self, store, prof, seed, verbose):
         self.store = store
         self.prof = prof
+        if store == "cluster" and not prof.get("seconds_given"):
+            self.prof = dict(prof, seconds=min(prof["seconds"], CLUSTER_SECONDS))
         self.rng = random.Random(seed)
         self.verbose = verbose
         self.tmp = tempfile.mkdtemp(prefix="idem-chaos-%s-" % store)
@@ -301,6 +362,10 @@ class StoreRun:
             if not ss.OwnPostgres.available():
                 raise RuntimeError("PostgreSQL (initdb, pg_ctl) is not installed")
             self.server = ss.OwnPostgres(self.tmp)
+        elif self.store == "cluster":
+            if not OwnCluster.available():
+                raise RuntimeError("redis-server or redis-cli is not installed")
+            self.server = OwnCluster(self.tmp)
         if self.server is not None:
             _SERVERS.append(self.server)
             self.server.start()
@@ -360,6 +425,19 @@ class StoreRun:
             time.sleep(self.rng.uniform(0.1, 0.5))
             for i in range(2):
                 self.restart_idemd(i)
+            return
+        if self.store == "cluster":
+            self.restart_kind = ("a master killed (SIGKILL), its replica promoted, the node "
+                                 "back as a replica")
+            t_down = time.monotonic()
+            port, replica = self.server.kill_master(self.rng)
+            self.log("master %d killed, replica %d promoted" % (port, replica))
+            if ABORT.is_set():
+                raise RuntimeError("aborted at the deadline")
+            self.server.bring_back()
+            self.log("node %d back as a replica" % port)
+            with self.lock:
+                self.outages.append((t_down, time.monotonic()))
             return
         self.restart_kind = "%s crashed and started again" % self.store
         t_down = time.monotonic()
@@ -767,8 +845,9 @@ def main(argv=None):
     global _KEEP
     ap = argparse.ArgumentParser(description="idem chaos harness (see the file's comment)")
     ap.add_argument("--store", default="all",
-                    help="lmdb, redis, postgres, all (default), a comma list, or memory "
-                         "(a control that must fail)")
+                    help="lmdb, redis, postgres, cluster (a Redis Cluster), all (default: "
+                         "cluster only when redis-server and redis-cli are installed), a comma "
+                         "list, or memory (a control that must fail)")
     ap.add_argument("--short", action="store_true", help="the short form (about 75 s for all)")
     ap.add_argument("--seconds", type=float, help="seconds of faults per store")
     ap.add_argument("--clients", type=int, help="client threads")
@@ -820,7 +899,11 @@ def main(argv=None):
         if not 5 <= args.store_every <= 3600:
             ap.error("--store-every must be from 5 to 3600")
         prof["store_every"] = args.store_every
-    stores = STORES if args.store == "all" else tuple(args.store.split(","))
+    prof["seconds_given"] = args.seconds is not None
+    if args.store == "all":
+        stores = tuple(s for s in STORES if s != "cluster" or OwnCluster.available())
+    else:
+        stores = tuple(args.store.split(","))
     for s in stores:
         if s not in STORES + ("memory",):
             ap.error("unknown store %r" % s)
