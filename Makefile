@@ -64,10 +64,12 @@ fuzz:
 lint:
 	@sh scripts/lint.sh
 
-# Exactly-once under faults: 2 idemd on LMDB, Redis and PostgreSQL, dropped
-# answers, kill -9, store restarts, in front of the recording upstream (90 s
-# of faults per store), then in front of idem-ledger (14 s per store, target
-# 0 double effects); about 6 minutes (tests/chaos/README.md).  CHAOS_ARGS goes
+# Exactly-once under faults: 2 idemd on LMDB, Redis, PostgreSQL and a Redis
+# Cluster (when redis-server and redis-cli are installed), dropped answers,
+# kill -9, store restarts (a cluster's master killed), in front of the
+# recording upstream (90 s of faults per store, the cluster 25 s), then in
+# front of idem-ledger (14 s per store, target 0 double effects); about 7
+# minutes (tests/chaos/README.md).  CHAOS_ARGS goes
 # to both runs; both run, and the target fails when either does.
 CHAOS_ARGS ?=
 chaos: build

@@ -89,7 +89,7 @@ from chaos_proxy import FaultProxy, upstream_doc  # noqa: E402
 from chaos_upstream import RecordingUpstream  # noqa: E402
 
 STORES = ("lmdb", "redis", "postgres", "cluster")
-CLUSTER_SECONDS = 35        # s of faults on the cluster at most (unless --seconds)
+CLUSTER_SECONDS = 25        # s of faults on the cluster at most (unless --seconds)
 
 PROFILES = {
     # seconds of faults per store, client threads, seconds between kills,
