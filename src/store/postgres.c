@@ -131,6 +131,7 @@
 #include <errno.h>
 #include <libpq-fe.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,9 @@
 #define BATCH_TRIES 8     /* whole-batch attempts (deadlock, lost races, stale connection) */
 #define SWEEP_CHUNK 1000  /* rows deleted per sweep transaction */
 #define VALUE_MAX 0x3fffff00u /* a bytea value (1 GiB) less some slack */
+#define SPEC_SLOTS 4096   /* rows remembered for speculation (a power of two) */
+#define SPEC_REC_MAX 2048 /* longest record remembered */
+#define SPEC_PENALTY_MAX 64 /* most batches read first after a speculation missed */
 
 /* Type OIDs of the binary array elements we send (pg_type.h). */
 #define OID_BYTEA 17
@@ -163,9 +167,10 @@
 #define OID_INT4 23
 #define OID_TEXT 25
 
-enum { ST_SEL, ST_INS, ST_UPD, ST_DEL, ST_GET, ST_SWEEP, ST_COUNT };
-static const char *const stmt_name[ST_COUNT] = {"idem_sel", "idem_ins", "idem_upd",
-                                                "idem_del", "idem_get", "idem_sweep"};
+enum { ST_SEL, ST_INS, ST_UPD, ST_DEL, ST_GET, ST_SWEEP, ST_ABSENT, ST_SAME, ST_COUNT };
+static const char *const stmt_name[ST_COUNT] = {"idem_sel",   "idem_ins",   "idem_upd",
+                                                "idem_del",   "idem_get",   "idem_sweep",
+                                                "idem_absent", "idem_same"};
 #define SQL_MAX 1024
 
 /* What a URL says. */
@@ -174,6 +179,23 @@ struct cfg {
     int pool;
     int64_t timeout_ms;
     char *uri; /* "postgresql:" + the URL without our options; idem_malloc'd */
+};
+
+/* A row this process last read or committed, for speculation ("One round
+ * trip" in the opening comment): scope '\0' key '\0' then the record bytes,
+ * in one allocation. */
+struct spec_slot {
+    uint8_t *buf; /* NULL: empty */
+    size_t slen, klen, len;
+    int64_t fence;
+};
+
+/* What the speculation remembers, and how often it was wrong lately. */
+struct spec {
+    pthread_mutex_t mu;
+    struct spec_slot *slots; /* SPEC_SLOTS, or NULL: never speculate */
+    unsigned penalty;        /* batches to read first after the next miss */
+    unsigned wait;           /* batches left that read first */
 };
 
 /* One pooled connection. */
@@ -189,6 +211,7 @@ struct pg_store {
     char sql[ST_COUNT][SQL_MAX];  /* the prepared statements' text */
     char settings[384];           /* the session settings (statement_timeout, ...) */
     idem__pool_t pool;            /* the connections and the outage state (pool.c) */
+    struct spec spec;             /* the rows a batch may skip reading */
 };
 
 /* How a piece of work on a connection ended. */
@@ -198,6 +221,7 @@ enum outcome {
     R_STALE,  /* the connection broke before anything could have committed */
     R_BROKEN, /* the connection broke or timed out: close it */
     R_FAIL,   /* a server error; the connection is fine */
+    R_MISS,   /* a speculation was wrong: nothing written; read and run again */
 };
 
 /* A libpq message as one line, capped at MSG_MAX bytes: libpq writes some
@@ -757,20 +781,22 @@ struct kent {
     const char *scope, *key; /* into the first op's id */
     size_t slen, klen;
     /* what the transaction read */
-    const uint8_t *orig; /* into the held result; NULL when absent */
+    const uint8_t *orig; /* into the held result or spec; NULL when absent */
     size_t orig_len;
     int64_t orig_fence;  /* the fence column */
     /* this batch's view after the ops applied so far */
     const uint8_t *cur; /* orig, owned, or NULL (absent) */
     size_t cur_len;
     uint8_t *owned;     /* an encoded record of ours */
+    uint8_t *spec;      /* a copy of the remembered row that orig points into */
     bool changed;       /* an op wrote or deleted it */
 };
 
 /* Where each write statement's parameters live in batch.a (the SELECT's
- * use the first two): each has its own, so that every array is built
- * before anything is queued (queue_writes). */
-enum { A_INS = 0, A_UPD = 9, A_DEL = 20, A_COUNT = 24 };
+ * use the first two), and a speculative flight's checks (ST_ABSENT,
+ * ST_SAME): each has its own, so that every array is built before anything
+ * is queued (queue_writes). */
+enum { A_INS = 0, A_UPD = 9, A_DEL = 20, A_ABSENT = 24, A_SAME = 26, A_COUNT = 30 };
 
 struct batch {
     idem_op_t *ops;
@@ -905,7 +931,8 @@ static void batch_reset(struct batch *b)
     for (size_t i = 0; i < b->nkeys; i++) {
         struct kent *k = &b->keys[i];
         idem_free(k->owned);
-        k->owned = NULL;
+        idem_free(k->spec);
+        k->owned = k->spec = NULL;
         k->orig = k->cur = NULL;
         k->orig_len = k->cur_len = 0;
         k->orig_fence = 0;
@@ -917,13 +944,169 @@ static void batch_reset(struct batch *b)
 
 static void batch_free(struct batch *b)
 {
-    for (size_t i = 0; i < b->nkeys; i++)
+    for (size_t i = 0; i < b->nkeys; i++) {
         idem_free(b->keys[i].owned);
+        idem_free(b->keys[i].spec);
+    }
     PQclear(b->held);
     for (size_t i = 0; i < sizeof b->a / sizeof b->a[0]; i++)
         idem_free(b->a[i].p);
     idem_free(b->keys);
     idem_free(b->op_key);
+}
+
+/* ---- speculation: the rows this process last saw ------------------------------ */
+
+static size_t spec_hash(const struct kent *k)
+{
+    uint32_t h = 2166136261u; /* FNV-1a over scope '\0' key */
+    for (size_t i = 0; i < k->slen; i++)
+        h = (h ^ (uint8_t)k->scope[i]) * 16777619u;
+    h = (h ^ 0u) * 16777619u;
+    for (size_t i = 0; i < k->klen; i++)
+        h = (h ^ (uint8_t)k->key[i]) * 16777619u;
+    return h & (SPEC_SLOTS - 1);
+}
+
+static bool spec_is(const struct spec_slot *e, const struct kent *k)
+{
+    return e->buf != NULL && e->slen == k->slen && e->klen == k->klen &&
+           memcmp(e->buf, k->scope, k->slen) == 0 &&
+           memcmp(e->buf + k->slen + 1, k->key, k->klen) == 0;
+}
+
+/* Whether this batch should skip the read: not while a recent miss's
+ * penalty lasts (a workload of repeats and takeovers reads first), and not
+ * on a connection with something to read while idle.  That is mostly a
+ * connection the server closed (a restart): the read finds it out before
+ * anything is sent that could commit, and the batch runs again on a fresh
+ * connection, where a write flight that broke would have an unknown
+ * outcome. */
+static bool spec_try(struct pg_store *s, PGconn *pq)
+{
+    if (s->spec.slots == NULL)
+        return false;
+    struct pollfd p = {.fd = PQsocket(pq), .events = POLLIN};
+    if (p.fd < 0 || poll(&p, 1, 0) != 0)
+        return false;
+    pthread_mutex_lock(&s->spec.mu);
+    bool go = s->spec.wait == 0;
+    if (!go)
+        s->spec.wait--;
+    pthread_mutex_unlock(&s->spec.mu);
+    return go;
+}
+
+/* A speculation held (hit) or was wrong (miss): after a miss the next
+ * 1, 2, 4 ... SPEC_PENALTY_MAX batches read first, and a hit resets it. */
+static void spec_result(struct pg_store *s, bool hit)
+{
+    pthread_mutex_lock(&s->spec.mu);
+    if (hit) {
+        s->spec.penalty = 0;
+    } else {
+        s->spec.penalty = s->spec.penalty == 0 ? 1 : s->spec.penalty * 2;
+        if (s->spec.penalty > SPEC_PENALTY_MAX)
+            s->spec.penalty = SPEC_PENALTY_MAX;
+        s->spec.wait = s->spec.penalty;
+    }
+    pthread_mutex_unlock(&s->spec.mu);
+}
+
+/* Take what the rows of the batch are believed to hold: a copy of the row
+ * remembered for the key, else absent.  false when out of memory (the
+ * caller then reads first). */
+static bool spec_fill(struct pg_store *s, struct batch *b)
+{
+    bool ok = true;
+    pthread_mutex_lock(&s->spec.mu);
+    for (size_t i = 0; i < b->nkeys && ok; i++) {
+        struct kent *k = &b->keys[i];
+        const struct spec_slot *e = &s->spec.slots[spec_hash(k)];
+        if (!spec_is(e, k))
+            continue;
+        k->spec = idem_malloc(e->len);
+        if (k->spec == NULL) {
+            ok = false;
+            break;
+        }
+        memcpy(k->spec, e->buf + e->slen + e->klen + 2, e->len);
+        k->orig = k->spec;
+        k->orig_len = e->len;
+        k->orig_fence = e->fence;
+    }
+    pthread_mutex_unlock(&s->spec.mu);
+    for (size_t i = 0; i < b->nkeys; i++) {
+        b->keys[i].cur = b->keys[i].orig;
+        b->keys[i].cur_len = b->keys[i].orig_len;
+    }
+    return ok;
+}
+
+/* Remember that k's row holds rec (len bytes, fence), or that it holds
+ * nothing we know of (rec NULL: the slot is emptied if it is k's).  A
+ * record too long to remember, or no memory, forgets the key instead. */
+static void spec_put(struct pg_store *s, const struct kent *k, const uint8_t *rec, size_t len,
+                     int64_t fence)
+{
+    uint8_t *buf = NULL;
+    if (rec != NULL && len <= SPEC_REC_MAX) {
+        buf = idem_malloc(k->slen + k->klen + 2 + len);
+        if (buf != NULL) {
+            memcpy(buf, k->scope, k->slen);
+            buf[k->slen] = '\0';
+            memcpy(buf + k->slen + 1, k->key, k->klen);
+            buf[k->slen + 1 + k->klen] = '\0';
+            memcpy(buf + k->slen + k->klen + 2, rec, len);
+        }
+    }
+    uint8_t *old = NULL;
+    pthread_mutex_lock(&s->spec.mu);
+    struct spec_slot *e = &s->spec.slots[spec_hash(k)];
+    if (buf != NULL || spec_is(e, k)) {
+        old = e->buf; /* another key's row is replaced by this one's */
+        *e = (struct spec_slot){buf, k->slen, k->klen, len, fence};
+    }
+    pthread_mutex_unlock(&s->spec.mu);
+    idem_free(old);
+}
+
+/* After a batch committed: remember what each of its rows holds now (what
+ * it wrote, or what it read or verified).  After a flight whose outcome is
+ * unknown (committed is false): forget the rows it may have written. */
+static void spec_update(struct pg_store *s, const struct batch *b, bool committed)
+{
+    if (s->spec.slots == NULL)
+        return;
+    for (size_t i = 0; i < b->nkeys; i++) {
+        const struct kent *k = &b->keys[i];
+        if (!committed) {
+            if (k->changed)
+                spec_put(s, k, NULL, 0, 0);
+            continue;
+        }
+        if (!k->changed && k->spec != NULL)
+            continue; /* verified as remembered */
+        int64_t fence = k->orig_fence;
+        if (k->changed && k->cur != NULL) {
+            idem_record_t h;
+            memset(&h, 0, sizeof h);
+            (void)idem_record_decode_head(k->cur, k->cur_len, &h); /* we encoded it */
+            fence = (int64_t)h.fence;
+        }
+        spec_put(s, k, k->cur, k->cur_len, fence);
+    }
+}
+
+static void spec_free(struct spec *sp)
+{
+    if (sp->slots == NULL)
+        return;
+    for (size_t i = 0; i < SPEC_SLOTS; i++)
+        idem_free(sp->slots[i].buf);
+    idem_free(sp->slots);
+    sp->slots = NULL;
+    pthread_mutex_destroy(&sp->mu);
 }
 
 static bool arrs_nomem(const struct arr *a, int np)
@@ -1033,33 +1216,39 @@ static void add_record(struct arr *a, const struct kent *k)
 /* Which statements the write flight queued: the index of each one's result
  * (-1 when not sent) and how many there are. */
 struct flight {
-    int ins, upd, del, nq;
+    int ins, upd, del, absent, same, nq;
 };
 
 /* Queue what the ops changed: INSERT for keys that were absent, UPDATE and
  * DELETE (where the row still holds the fence and the record read, each
- * checking in SQL that it touched every row it was given) for keys that
- * existed.  Every parameter is built first, so that running out of memory
- * queues nothing (a statement queued without its Sync would run with the
- * next flight).  R_OK, R_FAIL (out of memory, *err set) or R_STALE (libpq
- * could not queue: the connection must be closed, which discards it). */
-static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b,
+ * checking in SQL that it touched every row they were given) for keys that
+ * existed.  A speculative flight (spec: nothing was read, "One round trip"
+ * in the opening comment) also checks the keys it does not write: absent
+ * (ST_ABSENT) or holding what was believed (ST_SAME).  Every parameter is
+ * built first, so that running out of memory queues nothing (a statement
+ * queued without its Sync would run with the next flight).  R_OK, R_FAIL
+ * (out of memory, *err set) or R_STALE (libpq could not queue: the
+ * connection must be closed, which discards it). */
+static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b, bool spec,
                                  struct flight *f, idem_err_t *err)
 {
     struct arr *ins = &b->a[A_INS], *upd = &b->a[A_UPD], *del = &b->a[A_DEL];
-    size_t nins = 0, nupd = 0, ndel = 0;
+    struct arr *absent = &b->a[A_ABSENT], *same = &b->a[A_SAME];
+    size_t nins = 0, nupd = 0, ndel = 0, nabsent = 0, nsame = 0;
 
-    *f = (struct flight){-1, -1, -1, 0};
+    *f = (struct flight){-1, -1, -1, -1, -1, 0};
     for (size_t i = 0; i < b->nkeys; i++) {
         const struct kent *k = &b->keys[i];
-        if (!k->changed)
-            continue;
-        if (k->orig == NULL && k->cur != NULL)
+        if (!k->changed || (k->orig == NULL && k->cur == NULL)) {
+            nabsent += spec && k->orig == NULL;
+            nsame += spec && k->orig != NULL;
+        } else if (k->orig == NULL) {
             nins++;
-        else if (k->orig != NULL && k->cur != NULL)
+        } else if (k->cur != NULL) {
             nupd++;
-        else if (k->orig != NULL)
+        } else {
             ndel++;
+        }
     }
     for (int c = 0; c < 9 && nins > 0; c++)
         arr_start(&ins[c], ins_types[c]);
@@ -1071,23 +1260,40 @@ static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b
         arr_start(&del[2], OID_INT8);
         arr_start(&del[3], OID_BYTEA);
     }
+    if (nabsent > 0) {
+        arr_start(&absent[0], OID_TEXT);
+        arr_start(&absent[1], OID_TEXT);
+    }
+    if (nsame > 0) {
+        arr_start(&same[0], OID_TEXT);
+        arr_start(&same[1], OID_TEXT);
+        arr_start(&same[2], OID_INT8);
+        arr_start(&same[3], OID_BYTEA);
+    }
     for (size_t i = 0; i < b->nkeys; i++) {
         const struct kent *k = &b->keys[i];
-        if (!k->changed || (k->orig == NULL && k->cur == NULL))
-            continue;
-        struct arr *a = k->orig == NULL ? ins : k->cur != NULL ? upd : del;
+        struct arr *a;
+        if (!k->changed || (k->orig == NULL && k->cur == NULL)) {
+            if (!spec)
+                continue;
+            a = k->orig == NULL ? absent : same;
+        } else {
+            a = k->orig == NULL ? ins : k->cur != NULL ? upd : del;
+        }
         arr_add(&a[0], k->scope, k->slen);
         arr_add(&a[1], k->key, k->klen);
         if (a == ins) {
             add_record(&a[2], k);
             continue;
         }
+        if (a == absent)
+            continue;
         arr_i64(&a[2], k->orig_fence);
         if (a == upd) {
             add_record(&a[3], k);
             arr_add(&a[10], k->orig, k->orig_len);
         } else {
-            arr_add(&a[3], k->orig, k->orig_len);
+            arr_add(&a[3], k->orig, k->orig_len); /* del, same */
         }
     }
     for (int c = 0; c < 9 && nins > 0; c++)
@@ -1096,11 +1302,26 @@ static enum outcome queue_writes(struct pg_store *s, PGconn *pq, struct batch *b
         arr_end(&upd[c]);
     for (int c = 0; c < 4 && ndel > 0; c++)
         arr_end(&del[c]);
+    for (int c = 0; c < 2 && nabsent > 0; c++)
+        arr_end(&absent[c]);
+    for (int c = 0; c < 4 && nsame > 0; c++)
+        arr_end(&same[c]);
     if ((nins > 0 && arrs_nomem(ins, 9)) || (nupd > 0 && arrs_nomem(upd, 11)) ||
-        (ndel > 0 && arrs_nomem(del, 4))) {
+        (ndel > 0 && arrs_nomem(del, 4)) || (nabsent > 0 && arrs_nomem(absent, 2)) ||
+        (nsame > 0 && arrs_nomem(same, 4))) {
         *err = IDEM_E_NOMEM;
         idem__store_seterr(&s->base, "postgres: out of memory building the batch");
         return R_FAIL;
+    }
+    if (nabsent > 0) {
+        if (!send_prepared(pq, ST_ABSENT, 2, absent))
+            goto lost;
+        f->absent = f->nq++;
+    }
+    if (nsame > 0) {
+        if (!send_prepared(pq, ST_SAME, 4, same))
+            goto lost;
+        f->same = f->nq++;
     }
     if (nins > 0) {
         if (!send_prepared(pq, ST_INS, 9, ins))
@@ -1126,9 +1347,11 @@ lost:
 
 /* What the failed statement q of the write flight means.  The server
  * skipped the statements after it and rolled the flight's implicit
- * transaction back at its Sync: nothing was written. */
+ * transaction back at its Sync: nothing was written.  A row that was not
+ * what the batch decided on is R_RETRY after a read, R_MISS after a
+ * speculation. */
 static enum outcome write_failed(struct pg_store *s, PGconn *pq, const PGresult *r, int q,
-                                 const struct flight *f, idem_err_t *err)
+                                 const struct flight *f, bool spec, idem_err_t *err)
 {
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     if (q == f->ins && state != NULL && strcmp(state, "23505") == 0) {
@@ -1137,41 +1360,48 @@ static enum outcome write_failed(struct pg_store *s, PGconn *pq, const PGresult 
         idem__store_seterr(&s->base, "postgres: a key of this batch was claimed by another "
                                      "transaction at the same time");
         *err = IDEM_E_STORE_DOWN;
-        return R_RETRY;
+        return spec ? R_MISS : R_RETRY;
     }
-    if ((q == f->upd || q == f->del) && state != NULL && strcmp(state, "22012") == 0) {
+    if ((q == f->upd || q == f->del || q == f->absent || q == f->same) && state != NULL &&
+        strcmp(state, "22012") == 0) {
         /* The statement's check (build_sql): a row changed since it was
          * read, by a transaction that has committed since. */
         idem__store_seterr(&s->base, "postgres: a row of this batch changed since it was read");
         *err = IDEM_E_STORE_DOWN;
-        return R_RETRY;
+        return spec ? R_MISS : R_RETRY;
     }
     return classify(s, pq, r, "writing", err);
 }
 
 /* One attempt at a batch on connection pq: one round trip for a batch that
- * writes nothing, two for one that writes (see the opening comment). */
-static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, idem_err_t *err)
+ * writes nothing or that speculates, two for one that reads and writes
+ * (see the opening comment).  spec: the kents already hold what the rows
+ * are believed to hold (spec_fill); the read is skipped and the flight
+ * checks every key. */
+static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, bool spec,
+                              idem_err_t *err)
 {
-    PGresult *res[3];
+    PGresult *res[5];
     struct flight f;
     enum outcome o;
 
     /* Round trip 1: read every row of the batch (no lock). */
-    if (!build_select(b))
-        goto nomem;
-    if (!send_prepared(pq, ST_SEL, 2, b->a)) {
-        idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
-        return R_STALE;
+    if (!spec) {
+        if (!build_select(b))
+            goto nomem;
+        if (!send_prepared(pq, ST_SEL, 2, b->a)) {
+            idem__store_seterr(&s->base, "postgres: %s", flat(PQerrorMessage(pq)).s);
+            return R_STALE;
+        }
+        if (seg_run(s, pq, 1, res) != R_OK)
+            return R_STALE;
+        if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
+            o = classify(s, pq, res[0], "reading the batch's rows", err);
+            PQclear(res[0]);
+            return o == R_BROKEN ? R_STALE : o; /* nothing was written */
+        }
+        take_rows(b, res[0]);
     }
-    if (seg_run(s, pq, 1, res) != R_OK)
-        return R_STALE;
-    if (PQresultStatus(res[0]) != PGRES_TUPLES_OK) {
-        o = classify(s, pq, res[0], "reading the batch's rows", err);
-        PQclear(res[0]);
-        return o == R_BROKEN ? R_STALE : o; /* nothing was written */
-    }
-    take_rows(b, res[0]);
 
     /* In C: every op in order, a later op seeing an earlier one's result. */
     if ((*err = apply_ops(b)) != IDEM_OK) {
@@ -1179,27 +1409,30 @@ static enum outcome run_batch(struct pg_store *s, PGconn *pq, struct batch *b, i
         return R_FAIL;
     }
 
-    /* Round trip 2, when anything changed: the writes, one implicit
-     * transaction that the server commits at the flight's Sync, before it
-     * answers the Sync (with its synchronous_commit). */
-    if ((o = queue_writes(s, pq, b, &f, err)) != R_OK)
+    /* Round trip 2, when anything changed (or the only one, speculating):
+     * the writes and checks, one implicit transaction that the server
+     * commits at the flight's Sync, before it answers the Sync (with its
+     * synchronous_commit). */
+    if ((o = queue_writes(s, pq, b, spec, &f, err)) != R_OK)
         return o;
     if (f.nq == 0)
         return R_OK;
     if (seg_run(s, pq, f.nq, res) != R_OK) {
-        idem__store_seterr(&s->base, "postgres: connection lost during the commit: the batch may "
-                                     "or may not have been written");
+        char why[256]; /* what seg_run said: lost, or no answer in time */
+        snprintf(why, sizeof why, "%s", idem_store_errstr(&s->base));
+        idem__store_seterr(&s->base, "%s, during the commit: the batch may or may not have been "
+                                     "written", why);
         return R_BROKEN;
     }
     o = R_OK;
     for (int q = 0; q < f.nq && o == R_OK; q++) {
         ExecStatusType want = q == f.ins ? PGRES_COMMAND_OK : PGRES_TUPLES_OK;
         if (PQresultStatus(res[q]) != want)
-            o = write_failed(s, pq, res[q], q, &f, err);
+            o = write_failed(s, pq, res[q], q, &f, spec, err);
     }
     for (int q = 0; q < f.nq; q++)
         PQclear(res[q]);
-    if (o == R_OK && PQtransactionStatus(pq) != PQTRANS_IDLE) {
+    if ((o == R_OK || o == R_MISS) && PQtransactionStatus(pq) != PQTRANS_IDLE) {
         idem__store_seterr(&s->base, "postgres: the write flight left a transaction open");
         *err = IDEM_E_STORE_DOWN;
         return R_BROKEN;
@@ -1234,7 +1467,24 @@ static idem_err_t pg_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         if ((err = borrow(s, &c, &fresh)) != IDEM_OK)
             break;
         err = IDEM_E_STORE_DOWN;
-        enum outcome o = run_batch(s, c->pq, &b, &err);
+        /* The first attempt skips the read when it may (spec_try), on
+         * what this process last saw of the rows; a miss wrote nothing
+         * and runs the batch again at once, reading first. */
+        bool spec = attempt == 0 && spec_try(s, c->pq);
+        if (spec && !spec_fill(s, &b)) {
+            batch_reset(&b);
+            spec = false;
+        }
+        enum outcome o = run_batch(s, c->pq, &b, spec, &err);
+        if (spec && (o == R_OK || o == R_MISS))
+            spec_result(s, o == R_OK);
+        if (o == R_MISS) {
+            batch_reset(&b);
+            err = IDEM_E_STORE_DOWN;
+            o = run_batch(s, c->pq, &b, false, &err);
+        }
+        if (o == R_OK || o == R_BROKEN)
+            spec_update(s, &b, o == R_OK);
         if (o == R_FAIL || o == R_RETRY) {
             if (rollback(s, c->pq) != R_OK)
                 o = o == R_RETRY ? R_STALE : R_BROKEN;
@@ -1554,6 +1804,7 @@ static void pg_close(idem_store_t *base)
 {
     struct pg_store *s = (struct pg_store *)base;
     idem__pool_cleanup(&s->pool); /* every connection is idle when the store is closed */
+    spec_free(&s->spec);
     idem_free(s->cfg.uri);
     idem_free(s);
 }
@@ -1594,6 +1845,18 @@ static void build_sql(struct pg_store *s)
              "$4::bytea[]) AS d(s, k, f, was) WHERE t.scope = d.s AND t.key = d.k AND t.fence = d.f "
              "AND t.record = d.was RETURNING 1) "
              "SELECT 1 / (count(*) = cardinality($1::text[]))::int FROM w",
+             t);
+    /* A speculative flight's checks of the keys it does not write: none
+     * of them has a row, or each holds the fence and the record believed;
+     * else a division by zero fails the flight (write_failed). */
+    snprintf(s->sql[ST_ABSENT], SQL_MAX,
+             "SELECT 1 / (NOT EXISTS (SELECT FROM \"%s\" t JOIN unnest($1::text[], $2::text[]) "
+             "AS u(s, k) ON t.scope = u.s AND t.key = u.k))::int",
+             t);
+    snprintf(s->sql[ST_SAME], SQL_MAX,
+             "SELECT 1 / (count(*) = cardinality($1::text[]))::int FROM \"%s\" t "
+             "JOIN unnest($1::text[], $2::text[], $3::int8[], $4::bytea[]) AS u(s, k, f, was) "
+             "ON t.scope = u.s AND t.key = u.k WHERE t.fence = u.f AND t.record = u.was",
              t);
     snprintf(s->sql[ST_GET], SQL_MAX,
              "SELECT record FROM \"%s\" WHERE scope = $1::text AND key = $2::text "
@@ -1640,6 +1903,12 @@ static idem_err_t pg_open(const char *rest, idem_store_t **out, char *errbuf, si
         idem_free(c.uri);
         idem_free(s);
         return IDEM_E_NOMEM;
+    }
+    /* Without room to remember rows, every batch reads first. */
+    s->spec.slots = idem_calloc(SPEC_SLOTS, sizeof *s->spec.slots);
+    if (s->spec.slots != NULL && pthread_mutex_init(&s->spec.mu, NULL) != 0) {
+        idem_free(s->spec.slots);
+        s->spec.slots = NULL;
     }
 
     /* The first connection makes the table: a wrong URL, password or

@@ -3379,6 +3379,68 @@ Test(store_postgres, lost_update_race_reads_the_winner_again, .init = setup_post
     PQfinish(watch);
 }
 
+/* A batch may skip its read and decide on what the store last saw of its
+ * rows (postgres.c, "One round trip"); the write flight then checks every
+ * row against that, so a row another process changed since is read again,
+ * never decided on as it was.  Each case fails if a check is missing. */
+
+/* Remembered completed, deleted behind the store's back: a claim, not a
+ * replay (the check of a row read but not written, ST_SAME). */
+Test(store_postgres, a_remembered_row_deleted_since_is_claimed_not_replayed,
+     .init = setup_postgres, .fini = teardown)
+{
+    char sql[256];
+    cr_assert_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
+    cr_assert_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_REPLAY);
+    PGconn *other = pg_direct();
+    snprintf(sql, sizeof sql, "DELETE FROM \"%s\" WHERE key = 'k'", pg_tables[0]);
+    pg_sql(other, sql);
+    idem_decision_t d = claim("k", 1, T0 + 2);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    cr_expect_eq(d.fence, 1);
+    cr_expect_eq(claim("k", 1, T0 + 3).kind, IDEM_DECIDE_IN_FLIGHT);
+    PQfinish(other);
+}
+
+/* Remembered as our claim (fence 1), replaced by another idemd's (fence 7):
+ * our completion is refused and theirs applies (the UPDATE's check). */
+Test(store_postgres, a_remembered_claim_taken_over_since_refuses_our_completion,
+     .init = setup_postgres, .fini = teardown)
+{
+    char sql[256];
+    cr_assert_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
+    PGconn *other = pg_direct();
+    pg_sql(other, "BEGIN");
+    snprintf(sql, sizeof sql, "DELETE FROM \"%s\" WHERE key = 'k'", pg_tables[0]);
+    pg_sql(other, sql);
+    pg_insert_claim(other, "k", 1, 7, T0 + LEASE);
+    pg_sql(other, "COMMIT");
+    cr_expect_eq(complete("k", 1, T0 + TTL), IDEM_E_FENCE);
+    cr_expect_eq(complete("k", 7, T0 + TTL), IDEM_OK);
+    cr_expect_eq(claim("k", 1, T0 + 1).kind, IDEM_DECIDE_REPLAY);
+    PQfinish(other);
+}
+
+/* Never seen by the store, so believed absent, but claimed by another
+ * idemd (fence 7): its completion through this store is applied, not
+ * refused as the completion of a missing key (the check of a row believed
+ * absent and not written, ST_ABSENT); a release likewise. */
+Test(store_postgres, a_row_the_store_never_saw_is_read_before_it_is_refused,
+     .init = setup_postgres, .fini = teardown)
+{
+    PGconn *other = pg_direct();
+    pg_insert_claim(other, "theirs", 1, 7, T0 + LEASE);
+    pg_insert_claim(other, "released", 1, 3, T0 + LEASE);
+    cr_expect_eq(complete("theirs", 7, T0 + TTL), IDEM_OK);
+    cr_expect_eq(claim("theirs", 1, T0 + 1).kind, IDEM_DECIDE_REPLAY);
+    idem_key_id_t id = kid("released");
+    cr_expect_eq(idem_store_release(st, &id, 3), IDEM_OK);
+    idem_decision_t d = claim("released", 1, T0 + 2);
+    cr_expect_eq(d.kind, IDEM_DECIDE_CLAIM);
+    PQfinish(other);
+}
+
 /* A batch's writes travel in one flight, one transaction: a write the
  * server refuses (here a CHECK the test adds, on the second statement,
  * after the INSERT of another key ran) must leave nothing of the batch
