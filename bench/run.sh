@@ -111,6 +111,10 @@
 #   BENCH_SERVER_STORES   1: also the Redis and PostgreSQL rows (and Redis over TLS,
 #                         Redis Cluster) [1]
 #   BENCH_PRELOAD_SERVER  completed keys preloaded into Redis and PostgreSQL [100000]
+#   BENCH_PG_WAL_WARM     WAL files (16 MB each) PostgreSQL writes and recycles before
+#                         the rounds, so that they run on reused WAL files as a server
+#                         that has run for a while does (bench/README.md, "Issue 20:
+#                         PostgreSQL, second pass"); 0: none [32]
 #   BENCH_EXPRESS         1: also the express-idempotency rows [1]
 #   BENCH_EXPRESS_ADAPTER the middleware's store: map (a Map, O(1)) or default (the
 #                         package's own in-memory adapter, an array scanned per
@@ -149,6 +153,7 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-${TMPDIR:-/tmp}}
 BENCH_RESULTS=${BENCH_RESULTS:-bench/results}
 BENCH_SERVER_STORES=${BENCH_SERVER_STORES:-1}
 BENCH_PRELOAD_SERVER=${BENCH_PRELOAD_SERVER:-100000}
+BENCH_PG_WAL_WARM=${BENCH_PG_WAL_WARM:-32}
 BENCH_EXPRESS=${BENCH_EXPRESS:-1}
 BENCH_EXPRESS_ADAPTER=${BENCH_EXPRESS_ADAPTER:-map}
 BENCH_ROWS=${BENCH_ROWS:-all}
@@ -166,7 +171,7 @@ say() { printf 'bench: %s\n' "$*" >&9; }
 die() { printf 'bench: error: %s\n' "$*" >&9; exit 1; }
 
 for v in BENCH_SECONDS BENCH_CONNECTIONS BENCH_THREADS BENCH_WARMUP BENCH_ROUNDS BENCH_PRELOAD \
-  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_EXPRESS BENCH_STEADY_SECONDS \
+  BENCH_WORKERS BENCH_SERVER_STORES BENCH_PRELOAD_SERVER BENCH_PG_WAL_WARM BENCH_EXPRESS BENCH_STEADY_SECONDS \
   BENCH_HS_SECONDS BENCH_HS_CLIENTS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number, not '${!v}'"
 done
@@ -897,6 +902,32 @@ fi
 
 # ---- Redis and PostgreSQL --------------------------------------------------------------
 
+# pg_production_settings: what an operator of a busy PostgreSQL sets, and the
+# state of a server that has run for a while (bench/README.md, "Issue 20:
+# PostgreSQL, second pass"); durability is untouched (fsync, synchronous_commit
+# and full_page_writes stay on).  min_wal_size keeps that much WAL in files
+# reused at each checkpoint, max_wal_size spaces the checkpoints out; then
+# BENCH_PG_WAL_WARM WAL files are written (a row and a switch to the next
+# file each) and a CHECKPOINT recycles them, so that the rounds reuse WAL
+# files instead of zero-filling new ones (wal_init_zero), which only a new
+# cluster does.
+pg_production_settings() {
+  local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d idem_test -Atq -v ON_ERROR_STOP=1) i
+  {
+    "${psql[@]}" -c "ALTER SYSTEM SET min_wal_size = '1GB'" -c "ALTER SYSTEM SET max_wal_size = '4GB'" \
+      -c "SELECT pg_reload_conf()" -c "CREATE TABLE IF NOT EXISTS bench_wal_warm (x int)"
+    if ((BENCH_PG_WAL_WARM > 0)); then
+      say "PostgreSQL: writing and recycling $BENCH_PG_WAL_WARM WAL files"
+      for ((i = 0; i < BENCH_PG_WAL_WARM; i++)); do
+        printf 'INSERT INTO bench_wal_warm VALUES (%d);\nSELECT pg_switch_wal();\n' "$i"
+      done | "${psql[@]}" >/dev/null
+    fi
+    "${psql[@]}" -c "DROP TABLE bench_wal_warm" -c "CHECKPOINT"
+    write_meta pg_settings="$("${psql[@]}" -c "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ' ' ORDER BY name) FROM pg_settings WHERE name IN ('min_wal_size', 'max_wal_size', 'shared_buffers', 'wal_buffers', 'fsync', 'synchronous_commit', 'full_page_writes', 'wal_init_zero', 'wal_recycle')")" \
+      pg_wal_files="$(ls "$WORK/services/pg/data/pg_wal" 2>/dev/null | grep -c '^[0-9A-F]\{24\}$' || true)"
+  } >>"$WORK/services.log" 2>&1 || die "could not set up PostgreSQL: $(tail -5 "$WORK/services.log")"
+}
+
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   say "starting Redis on :$REDIS_PORT and PostgreSQL on :$PG_PORT (scripts/services.sh)"
   # As root, PostgreSQL runs as the postgres user, who must be able to reach
@@ -915,6 +946,7 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
         die "idem-preload $url failed: $(tail -5 "$WORK/preload.log")"
     fi
   done
+  pg_production_settings
   start_idemd idemd-redis "$IDEM_R_PORT" "$ADMIN_R_PORT" "$REDIS_STORE"
   REDIS_PID=$IDEMD_PID
   start_idemd idemd-pg "$IDEM_P_PORT" "$ADMIN_P_PORT" "$PG_STORE"

@@ -37,6 +37,29 @@
  * so a batch that writes costs two round trips and one WAL flush (the
  * group commit of the writer thread), and a batch that only reads (repeats,
  * replays) one round trip, no transaction of its own to end and no WAL.
+ * Most batches skip round trip 1 (next paragraph).
+ *
+ * One round trip.  Most keys of a busy idemd's batches are new (a claim)
+ * or were claimed by this process a moment ago (the completion), so what
+ * round trip 1 would return is known.  The store remembers the row it last
+ * read or committed for a key (SPEC_SLOTS slots by hash, records up to
+ * SPEC_REC_MAX bytes; a key it has no slot for is believed absent), and the
+ * first attempt at a batch applies the ops in C to that belief instead of
+ * reading, then sends round trip 2 with the same checks, plus one for every
+ * key it does not write: ST_ABSENT (no row) for keys believed absent,
+ * ST_SAME (the fence and record bytes believed) for the others.  The
+ * flight commits only if every key held exactly what its ops were applied
+ * to, the condition of a batch that read first; if any check fails
+ * (unique_violation, or a count that divides by zero) the server rolls the
+ * flight back at its Sync, nothing is written, and the batch runs again at
+ * once, reading first (R_MISS).  After a miss the next 1, 2, 4 ... up to
+ * SPEC_PENALTY_MAX batches read first (a hit resets it), so a workload of
+ * repeats of keys this process has not seen (a replay after a restart,
+ * keys claimed by another idemd) pays a wasted flight rarely.  A belief
+ * is never an answer: it only saves the read when the server confirms it.
+ * An idle connection with something to read (the server closed it) reads
+ * first, so a stale connection is still found before anything is sent
+ * that could commit (see "Pool and outages").
  * Until issue 20 a batch was BEGIN and SELECT ... FOR UPDATE, the writes,
  * then COMMIT: three round trips, a lock written to every row read (WAL
  * too) and two more statements; measured, that took about a fifth more of
