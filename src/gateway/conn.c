@@ -1096,6 +1096,13 @@ void idem__conns_close_idle(idem_listener_t *ls)
         l = l->next;
         if (c->req || c->state == CS_BUSY || c->state == CS_BODY)
             continue;
+        /* A connection whose head is awaited (new, or part of a head read)
+         * has a request on its way: it is answered, with Connection: close,
+         * within header_timeout.  Closing it would fail a request the client
+         * sent to a socket another process now serves too (--takeover).
+         * Only keep-alive connections between requests are idle. */
+        if (c->waiting == CT_HEAD && c->queued == 0)
+            continue;
         if (c->queued > 0) {
             c->close_after = true; /* an answer is still on its way out */
             conn_stop_reading(c);

@@ -111,7 +111,8 @@ void idem__listener_close_handles(idem_listener_t *l);
  * accept one client within the listener's budget. */
 void idem__conn_on_connection(uv_stream_t *server, int status);
 /** Stopping: close every connection of l that carries no request (after
- * what is queued on it is written). */
+ * what is queued on it is written), but not one whose request head is
+ * awaited (new, or partly read): that one is answered, then closed. */
 void idem__conns_close_idle(idem_listener_t *l);
 /** The shutdown deadline: close every connection of l now (their requests
  * are told on_gone). */

@@ -37,6 +37,7 @@
 #include "gateway/gateway.h"
 #include "gateway/log.h"
 #include "gateway/selfcheck.h"
+#include "gateway/takeover.h"
 #include "gateway/thread.h"
 #include "core/jwt.h"
 #include "core/tls.h"
@@ -49,7 +50,7 @@ static void usage(FILE *f)
 {
     fputs("usage: idemd [--config FILE] [--listen ADDR:PORT] [--upstream URL] [--store URL]\n"
           "             [--admin ADDR:PORT] [--workers N] [--log-format json|text]\n"
-          "             [-t] [--version] [--help]\n"
+          "             [--takeover] [-t] [--version] [--help]\n"
           "\n"
           "An idempotency gateway: a reverse proxy that runs each keyed POST/PATCH once\n"
           "and answers every repeat with the first answer (Idempotency-Key).\n"
@@ -72,6 +73,9 @@ static void usage(FILE *f)
           "                      its certificate and key)\n"
           "  --workers N         worker threads (default 1)\n"
           "  --log-format F      json or text (default text)\n"
+          "  --takeover          take the listening sockets over from the idemd running\n"
+          "                      on the same addresses (docs/operations.md); it serves on\n"
+          "                      until SIGTERM drains it\n"
           "  -t                  check the configuration and exit (0 good, 2 bad)\n"
           "  --version           print the version\n",
           f);
@@ -127,7 +131,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name, b
 
 typedef struct {
     const char *config, *listen, *upstream, *store, *admin, *workers, *log_format;
-    bool test, version, help;
+    bool test, version, help, takeover;
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen)
@@ -140,6 +144,10 @@ static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-t") == 0 || strcmp(argv[i], "--test") == 0) {
             a->test = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--takeover") == 0) {
+            a->takeover = true;
             continue;
         }
         if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
@@ -409,20 +417,22 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     /* Both addresses are bound before anything is opened: a second idemd
-     * on an address in use stops here (EADDRINUSE, exit 2).  The workers
-     * and the admin thread each watch a dup() of these sockets, so these
+     * on an address in use stops here (EADDRINUSE, exit 2).  Sockets
+     * systemd passed (LISTEN_FDS) or, with --takeover, the running idemd's
+     * are used instead of new ones (takeover.h).  The workers and the
+     * admin thread each watch a dup() of these sockets, so these
      * descriptors are closed once they have started. */
-    char host[256], ahost[256];
-    int port, aport;
-    idem__config_parse_addr(cfg.listen, host, sizeof host, &port);
-    idem__config_parse_addr(cfg.admin, ahost, sizeof ahost, &aport);
-    int listen_fd =
-        idem__listen_socket(host, port, IDEM_LISTEN_BACKLOG, "--listen", err, sizeof err);
-    int admin_fd = -1;
+    static idem_takeover_t tk;
+    idem__takeover_init(&tk, cfg.listen, cfg.admin, cfg.listen_tls_address);
+    int listen_fd = -1, admin_fd = -1;
+    if (idem__takeover_inherit(&tk, a.takeover, err, sizeof err) == 0)
+        listen_fd = idem__takeover_listener(&tk, IDEM_TK_PUBLIC, IDEM_LISTEN_BACKLOG, "--listen",
+                                            err, sizeof err);
     if (listen_fd >= 0)
-        admin_fd = idem__listen_socket(ahost, aport, IDEM_ADMIN_BACKLOG, "--admin", err,
-                                       sizeof err);
+        admin_fd = idem__takeover_listener(&tk, IDEM_TK_ADMIN, IDEM_ADMIN_BACKLOG, "--admin",
+                                           err, sizeof err);
     if (admin_fd < 0) {
+        idem__takeover_discard(&tk);
         if (listen_fd >= 0)
             close(listen_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
@@ -433,11 +443,8 @@ int main(int argc, char **argv)
      * a file that does not load stops idemd here with one line. */
     int tls_fd = -1;
     if (cfg.listen_tls_address != NULL) {
-        char thost[256];
-        int tport;
-        idem__config_parse_addr(cfg.listen_tls_address, thost, sizeof thost, &tport);
-        tls_fd = idem__listen_socket(thost, tport, IDEM_LISTEN_BACKLOG, "listen_tls.address", err,
-                                     sizeof err);
+        tls_fd = idem__takeover_listener(&tk, IDEM_TK_TLS, IDEM_LISTEN_BACKLOG,
+                                         "listen_tls.address", err, sizeof err);
         idem_tls_server_opts_t topts = {
             .name = "listen_tls",
             .cert_file = cfg.listen_tls_cert_file,
@@ -456,6 +463,11 @@ int main(int argc, char **argv)
     }
 
     idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+    /* Taken over from a running idemd whose store admits one process
+     * (rocksdb:): the sockets queue connections until it has drained and
+     * exited, then the store opens here (docs/operations.md). */
+    if (serr != IDEM_OK && idem__takeover_wait_old(&tk))
+        serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
     if (serr != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
@@ -569,6 +581,11 @@ int main(int argc, char **argv)
     idem_admin_t *admin = NULL;
     if (rc == 0)
         rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
+    if (rc == 0) {
+        /* Serving: a later idemd --takeover may have these sockets. */
+        const int tk_fds[IDEM_TK_N] = {listen_fd, admin_fd, tls_fd};
+        rc = idem__takeover_serve(&tk, &gw, tk_fds, err, sizeof err);
+    }
     close(listen_fd);
     close(admin_fd);
     if (tls_fd >= 0)
@@ -576,6 +593,7 @@ int main(int argc, char **argv)
     if (rc != 0) {
         /* Stop what did start, as a shutdown would; a worker that never
          * started is not joined, only its loop closed. */
+        idem__takeover_stop(&tk);
         atomic_store(&gw.stopping, true);
         for (int i = 0; i < started; i++)
             idem__worker_request_stop(&gw.workers[i]);
@@ -599,6 +617,10 @@ int main(int argc, char **argv)
               cfg.listen, cfg.listen_tls_address ? " and TLS on " : "",
               cfg.listen_tls_address ? cfg.listen_tls_address : "", cfg.upstream, cfg.store,
               cfg.admin, cfg.workers);
+    if (tk.from[0] != '\0')
+        idem__log(&gw, "info", "listening sockets inherited from %s", tk.from);
+    if (tk.note[0] != '\0')
+        idem__log(&gw, "info", "%s", tk.note);
 
     int sig = 0;
     for (;;) {
@@ -622,6 +644,8 @@ int main(int argc, char **argv)
     }
     idem__log(&gw, "info", "%s: finishing requests in flight",
               sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* No takeover of a process that is closing its listeners. */
+    idem__takeover_stop(&tk);
     atomic_store(&gw.stopping, true);
     for (int i = 0; i < gw.nworkers; i++)
         idem__worker_request_stop(&gw.workers[i]);
