@@ -213,8 +213,10 @@ static int from_systemd(idem_takeover_t *t, char *err, size_t errlen)
     const char *names = getenv("LISTEN_FDNAMES");
     int rc = 0;
     if (errno || *end || n < 0 || n > IDEM_TK_N) {
-        snprintf(err, errlen, "LISTEN_FDS: expected 0 to %d sockets (listen, admin, "
-                 "listen_tls), got '%s'", IDEM_TK_N, fds_s);
+        snprintf(err, errlen,
+                 "LISTEN_FDS: expected 0 to %d sockets (listen, admin, "
+                 "listen_tls), got '%s'",
+                 IDEM_TK_N, fds_s);
         rc = -1;
     }
     for (long i = 0; rc == 0 && i < n; i++)
@@ -279,12 +281,16 @@ static int from_running(idem_takeover_t *t, char *err, size_t errlen)
             char buf[CMSG_SPACE(sizeof(int) * IDEM_TK_N)];
         } c;
         struct iovec iov = {.iov_base = head + got, .iov_len = sizeof head - 1 - got};
-        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf,
+        struct msghdr m = {.msg_iov = &iov,
+                           .msg_iovlen = 1,
+                           .msg_control = c.buf,
                            .msg_controllen = sizeof c.buf};
         ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
         if (r <= 0) {
-            snprintf(err, errlen, "--takeover: the running idemd did not hand its sockets "
-                     "over: %s", r == 0 ? "it closed the connection" : strerror(errno));
+            snprintf(err, errlen,
+                     "--takeover: the running idemd did not hand its sockets "
+                     "over: %s",
+                     r == 0 ? "it closed the connection" : strerror(errno));
             goto fail;
         }
         for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
@@ -424,7 +430,9 @@ static bool hand_over(idem_takeover_t *t, int c)
     } cm;
     memset(&cm, 0, sizeof cm);
     struct iovec iov = {.iov_base = head, .iov_len = (size_t)hl};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = cm.buf,
                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     h->cmsg_level = SOL_SOCKET;
@@ -488,8 +496,8 @@ static void *ctl_main(void *arg)
     return NULL;
 }
 
-int idem__takeover_serve(idem_takeover_t *t, idem_gw_t *gw, const int fds[IDEM_TK_N],
-                         char *err, size_t errlen)
+int idem__takeover_serve(idem_takeover_t *t, idem_gw_t *gw, const int fds[IDEM_TK_N], char *err,
+                         size_t errlen)
 {
     t->gw = gw;
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -503,8 +511,10 @@ int idem__takeover_serve(idem_takeover_t *t, idem_gw_t *gw, const int fds[IDEM_T
     if (bind(s, (struct sockaddr *)&sun, sunlen) != 0 || listen(s, 4) != 0) {
         /* Another process answers for these listeners (two systemd
          * services on one socket unit): this one cannot be taken over. */
-        idem__log(gw, "warn", "takeover: cannot listen on @%s (%s); this process cannot be "
-                  "taken over", t->ctl_name, strerror(errno));
+        idem__log(gw, "warn",
+                  "takeover: cannot listen on @%s (%s); this process cannot be "
+                  "taken over",
+                  t->ctl_name, strerror(errno));
         close(s);
         return 0;
     }

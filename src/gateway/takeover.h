@@ -84,8 +84,8 @@ void idem__takeover_discard(idem_takeover_t *t);
  * dup'ed, the caller keeps its own) over to a later --takeover.  A name
  * already bound (another process serves it) is logged and skipped.
  * @return 0, or -1 with err set (the control thread did not start). */
-int idem__takeover_serve(idem_takeover_t *t, idem_gw_t *gw, const int fds[IDEM_TK_N],
-                         char *err, size_t errlen);
+int idem__takeover_serve(idem_takeover_t *t, idem_gw_t *gw, const int fds[IDEM_TK_N], char *err,
+                         size_t errlen);
 
 /** Stop answering --takeover (before a drain) and join the thread. */
 void idem__takeover_stop(idem_takeover_t *t);
