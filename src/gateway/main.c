@@ -466,8 +466,12 @@ int main(int argc, char **argv)
     /* Taken over from a running idemd whose store admits one process
      * (rocksdb:): the sockets queue connections until it has drained and
      * exited, then the store opens here (docs/operations.md). */
-    if (serr != IDEM_OK && idem__takeover_wait_old(&tk))
-        serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+    if (serr != IDEM_OK && tk.old_pid > 0) {
+        idem__log(&gw, "info", "--store: %s; waiting for idemd pid %ld, which has it open, to exit",
+                  err[0] ? err : idem_strerror(serr), (long)tk.old_pid);
+        if (idem__takeover_wait_old(&tk))
+            serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+    }
     if (serr != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
