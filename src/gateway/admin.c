@@ -36,6 +36,15 @@
  * ends), knowing nothing of sockets; admin_answer picks the endpoint after
  * the Host checks, and the answer goes out through the output stream.
  *
+ * With admin_token_file (SPEC section 19) every request, /healthz and
+ * unknown paths included, needs `Authorization: Bearer <token>`: else 401
+ * with `WWW-Authenticate: Bearer`.  The check (admin_authorized) is the
+ * first thing admin_answer does after the Host checks, so every endpoint,
+ * present or added later, is behind it.  The token itself is never kept:
+ * its SHA-256 is (gw->admin_token_sha256), and a request's token is hashed
+ * and the two digests compared with CRYPTO_memcmp, so neither the time
+ * nor an early exit tells how much of a guess was right, or the length.
+ *
  * Its problems carry no Link: rel="describedby" (the public listener's
  * do, SPEC section 18): the policy it would name describes the public
  * API's keys, is not served here (a relative /_idem/policy would be a 404
@@ -45,13 +54,20 @@
  * THREADING: the admin thread only; it reads the store (thread-safe) and
  * the metrics (atomics).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
@@ -76,6 +92,7 @@ typedef struct idem_answer {
     const char *content_type; /* NULL: no Content-Type (204); a static string */
     idem_buf_t body;          /* owned by the answer (answer_cleanup) */
     bool close;               /* the request was refused at its head: the connection ends */
+    const char *www_authenticate; /* a 401's WWW-Authenticate value (static), else NULL */
 } idem_answer_t;
 
 /* An admin request held until its body is in: its head copied (msg points
@@ -343,7 +360,7 @@ static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, idem_a
     (void)m;
     idem_buf_t out;
     idem__buf_init(&out, ADMIN_METRICS_MAX);
-    if (idem__metrics_render(&admin->gw->metrics, &out) == 0) {
+    if (idem__metrics_render(&admin->gw->metrics, admin->gw->cfg, &out) == 0) {
         idem__buf_cleanup(&a->body);
         a->body = out; /* the answer takes the rendering */
         a->status = 200;
@@ -407,6 +424,105 @@ static bool admin_host_ok(const idem_admin_t *a, const idem_http_msg_t *m)
     return false;
 }
 
+/* ---- admin_token_file -------------------------------------------------- */
+
+#define ADMIN_TOKEN_MAX 4096 /* bytes of a token */
+#define ADMIN_REALM "Bearer realm=\"idemd-admin\""
+
+int idem__admin_token_load(const char *path, uint8_t sha256[32], char *err, size_t errlen)
+{
+    char buf[ADMIN_TOKEN_MAX + 3];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        snprintf(err, errlen, "admin_token_file: cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "admin_token_file: '%s' is not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if ((st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+        snprintf(err, errlen,
+                 "admin_token_file: '%s' can be read or written by other users (mode %04o): "
+                 "chmod o-rw it",
+                 path, (unsigned)(st.st_mode & 07777));
+        close(fd);
+        return -1;
+    }
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, sizeof buf - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            snprintf(err, errlen, "admin_token_file: cannot read '%s': %s", path,
+                     strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (r == 0 || (n += (size_t)r) == sizeof buf)
+            break;
+    }
+    close(fd);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    const char *why = n == 0 ? "is empty" : n > ADMIN_TOKEN_MAX ? "holds more than 4096 bytes" : NULL;
+    for (size_t i = 0; why == NULL && i < n; i++)
+        if ((unsigned char)buf[i] < 0x21 || (unsigned char)buf[i] > 0x7e)
+            why = "holds a space, a control character or a byte outside ASCII (the token "
+                  "goes in an Authorization header)";
+    unsigned int mdlen = 0;
+    if (why == NULL && (EVP_Digest(buf, n, sha256, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32))
+        why = "could not be hashed (OpenSSL)";
+    OPENSSL_cleanse(buf, sizeof buf);
+    if (why != NULL) {
+        snprintf(err, errlen, "admin_token_file: '%s' %s", path, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether m carries the admin token: exactly one Authorization field,
+ * "Bearer" (any case), spaces, the token.  Without a token configured,
+ * every request is.  On false, a is the 401. */
+static bool admin_authorized(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
+{
+    idem_gw_t *gw = admin->gw;
+    if (!gw->admin_token_set)
+        return true;
+    bool ok = false, presented = false;
+    if (idem__http_count(m, "Authorization") == 1) {
+        const idem_http_field_t *f = idem__http_find(m, "Authorization");
+        const char *v = f->value.ptr;
+        size_t len = f->value.len, i = 6;
+        if (len > 7 && strncasecmp(v, "Bearer", 6) == 0 && v[6] == ' ') {
+            while (i < len && v[i] == ' ')
+                i++;
+            size_t end = len;
+            while (end > i && (v[end - 1] == ' ' || v[end - 1] == '\t'))
+                end--;
+            uint8_t md[32];
+            unsigned int mdlen = 0;
+            presented = end > i;
+            /* Hash whatever was sent, then compare digests of fixed length
+             * in constant time: the time says nothing of the token. */
+            ok = presented && EVP_Digest(v + i, end - i, md, &mdlen, EVP_sha256(), NULL) == 1 &&
+                 mdlen == 32 && CRYPTO_memcmp(md, gw->admin_token_sha256, 32) == 0;
+        }
+    }
+    if (ok)
+        return true;
+    atomic_fetch_add_explicit(&gw->metrics.admin_unauthorized, 1, memory_order_relaxed);
+    answer_problem(a, 401, "unauthorized",
+                   presented ? "the bearer token is not the admin token"
+                             : "the admin listener needs Authorization: Bearer <token> "
+                               "(admin_token_file)");
+    a->www_authenticate = presented ? ADMIN_REALM ", error=\"invalid_token\"" : ADMIN_REALM;
+    return false;
+}
+
 static void admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
     if (idem__http_count(m, "Host") > 1 ||
@@ -422,6 +538,9 @@ static void admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_ans
         a->close = true;
         return;
     }
+    /* Every endpoint below, and the 404 of none, is behind the token. */
+    if (!admin_authorized(admin, m, a))
+        return;
     if (m->target.len > 6 && memcmp(m->target.ptr, "/keys/", 6) == 0) {
         handle_keys(admin, m, a);
         return;
@@ -488,14 +607,14 @@ static void admin_on_body_end(idem_hreq_t *hr)
     admin_answer(r->admin, &r->msg, &a);
     int rc = -1;
     if (a.status != 0) {
-        idem_http_field_t type;
-        idem_http_response_t resp = {.status = a.status};
-        if (a.content_type != NULL) {
-            type = (idem_http_field_t){{"Content-Type", 12},
-                                       {a.content_type, strlen(a.content_type)}};
-            resp.fields = &type;
-            resp.n_fields = 1;
-        }
+        idem_http_field_t fields[2];
+        idem_http_response_t resp = {.status = a.status, .fields = fields};
+        if (a.content_type != NULL)
+            fields[resp.n_fields++] = (idem_http_field_t){
+                {"Content-Type", 12}, {a.content_type, strlen(a.content_type)}};
+        if (a.www_authenticate != NULL)
+            fields[resp.n_fields++] = (idem_http_field_t){
+                {"WWW-Authenticate", 16}, {a.www_authenticate, strlen(a.www_authenticate)}};
         rc = idem__ostream_respond(r->os, &resp, a.close ? IDEM_OS_CLOSE : 0, a.body.data,
                                    a.body.len);
         if (rc != 0)

@@ -258,6 +258,8 @@ static void route_cleanup(idem_route_t *r)
     free_strings(r->methods, &r->n_methods);
     idem_free(r->path);
     r->path = NULL;
+    idem_free(r->name);
+    r->name = NULL;
     policy_cleanup(&r->policy);
 }
 
@@ -279,7 +281,7 @@ static int route_defaults(idem_route_t *r)
 int idem__config_defaults(idem_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->workers = 1;
+    cfg->workers = IDEM_WORKERS_AUTO;
     cfg->upstream_timeout_ms = 60 * 1000;
     cfg->max_request_bytes = 10 * 1024 * 1024;
     cfg->on_store_error = IDEM_STORE_ERR_CLOSED;
@@ -324,6 +326,7 @@ void idem__config_cleanup(idem_config_t *cfg)
         &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
         &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
         &cfg->upstream_tls_server_name, &cfg->policy_link, &cfg->jwt_keys, &cfg->jwt_secret_file,
+        &cfg->admin_token_file,
     };
     for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
         idem_free(*strings[i]);
@@ -892,9 +895,9 @@ static const char *const policy_names[] = {
 };
 
 /* A route's own keys come first, then the policy keys (index - R_POLICY). */
-enum { R_METHODS, R_PATH, R_MODE, R_POLICY };
+enum { R_METHODS, R_PATH, R_MODE, R_NAME, R_POLICY };
 static const char *const route_names[] = {
-    "methods", "path", "mode",
+    "methods", "path", "mode", "name",
 #define X(id, name) name,
     POLICY_KEYS(X)
 #undef X
@@ -955,6 +958,122 @@ static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_rout
     return 0;
 }
 
+/* ---- issue 22: admin_token_file, workers: auto, a route's name ----------
+ *
+ * Kept together so that the table of keys (issue 22 item 1) can take them
+ * over as rows:
+ *   admin_token_file  top level  file_name      default none   "a file holding the admin
+ *                                                              listener's bearer token"
+ *   workers           top level  workers_value  default auto   "worker threads: a number
+ *                                                              from 1 to 64, or auto"
+ *   name              routes[i]  route_name     default index  "the route label of
+ *                                                              /metrics" */
+
+/* `workers:` a whole number from 1 to MAX_WORKERS, or `auto` (one per CPU,
+ * resolved by main.c). */
+static int workers_value(ctx_t *c, const yaml_node_t *n, const char *key, int *out)
+{
+    const char *v = scalar(c, n, key);
+    uint64_t w;
+    if (v == NULL)
+        return -1;
+    if (strcmp(v, "auto") == 0) {
+        *out = IDEM_WORKERS_AUTO;
+        return 0;
+    }
+    if (!parse_uint(v, &w) || w < 1 || w > MAX_WORKERS)
+        return fail(c, n, key, "must be auto or a whole number from 1 to %d", MAX_WORKERS);
+    *out = (int)w;
+    return 0;
+}
+
+/* Whether s can be a route's name: 1 to IDEM_CONFIG_MAX_ROUTE_NAME of
+ * [A-Za-z0-9_.-], not all digits (those are the labels of unnamed routes)
+ * and not "none" (requests no route matches).  So it is a label value
+ * without escapes, and no two label values can mean different routes. */
+static bool route_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    bool digits = true;
+    if (n == 0 || n > IDEM_CONFIG_MAX_ROUTE_NAME || strcmp(s, "none") == 0)
+        return false;
+    for (const char *p = s; *p; p++) {
+        bool d = *p >= '0' && *p <= '9';
+        if (!d && !((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' ||
+                    *p == '.' || *p == '-'))
+            return false;
+        digits = digits && d;
+    }
+    return !digits;
+}
+
+static int route_name(ctx_t *c, const yaml_node_t *n, const char *key, idem_route_t *r)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (!route_name_ok(v))
+        return fail(c, n, key,
+                    "must be 1 to %d of A-Z a-z 0-9 _ . -, not only digits and not 'none': '%s'",
+                    IDEM_CONFIG_MAX_ROUTE_NAME, shown);
+    for (size_t i = 0; i + 1 < c->cfg->n_routes; i++)
+        if (c->cfg->routes[i].name != NULL && strcmp(c->cfg->routes[i].name, v) == 0)
+            return fail(c, n, key, "routes[%zu] has this name already: '%s'", i, shown);
+    return idem__config_set_string(&r->name, v) != 0 ? nomem(c, n, key) : 0;
+}
+
+bool idem__config_host_is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcasecmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+const char *idem__config_route_label(const idem_config_t *cfg, size_t i, char *buf,
+                                     size_t bufsize)
+{
+    if (i < cfg->n_routes && cfg->routes[i].name != NULL)
+        return cfg->routes[i].name;
+    snprintf(buf, bufsize, "%zu", i);
+    return buf;
+}
+
+/* The checks of these keys in idem__config_validate: an admin address
+ * that is not loopback needs admin_token_file (SPEC section 19).
+ * @return NULL, or the problem (static or in buf). */
+static const char *ops_problem(const idem_config_t *cfg, char *buf, size_t buflen)
+{
+    char admin_host[256];
+    int admin_port;
+    if (idem__config_parse_addr(cfg->admin, admin_host, sizeof admin_host, &admin_port) != 0)
+        return "admin: not HOST:PORT"; /* checked before: cannot happen */
+    if (cfg->workers != IDEM_WORKERS_AUTO && (cfg->workers < 1 || cfg->workers > MAX_WORKERS)) {
+        snprintf(buf, buflen, "workers: must be auto or a whole number from 1 to %d",
+                 MAX_WORKERS);
+        return buf;
+    }
+    if (cfg->admin_token_file != NULL && cfg->admin_token_file[0] == '\0')
+        return "admin_token_file: must not be empty";
+    if (cfg->admin_token_file == NULL && !idem__config_host_is_loopback(admin_host)) {
+        char shown[80];
+        show(shown, sizeof shown, cfg->admin);
+        snprintf(buf, buflen,
+                 "admin: '%s' is not a loopback address: set admin_token_file, or listen on "
+                 "127.0.0.1 or [::1]",
+                 shown);
+        return buf;
+    }
+    return NULL;
+}
+
 static int parse_route(ctx_t *c, const yaml_node_t *n, size_t index)
 {
     char prefix[32], key[160];
@@ -981,6 +1100,8 @@ static int parse_route(ctx_t *c, const yaml_node_t *n, size_t index)
             rc = string_list(c, v, key, L_METHOD, r->methods, &r->n_methods);
         } else if (i == R_PATH) {
             rc = route_path(c, v, key, r);
+        } else if (i == R_NAME) {
+            rc = route_name(c, v, key, r);
         } else if (i == R_MODE) {
             rc = choice(c, v, key, mode_names, 4, &e);
             if (rc == 0)
@@ -1021,6 +1142,7 @@ enum {
     T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_POLICY_LINK,
     /* Who the caller is: what jwt: sources verify with, what a missing one does. */
     T_JWT_KEYS, T_JWT_SECRET_FILE, T_SCOPE_MISSING,
+    T_ADMIN_TOKEN_FILE, /* issue 22 */
     T_COUNT
 };
 static const char *const top_names[] = {
@@ -1031,6 +1153,7 @@ static const char *const top_names[] = {
     "scope_rate_limit", "max_queued_bytes", "max_connections_per_address", "listen_tls",
     "upstream_tls", "policy_link",
     "jwt_keys", "jwt_secret_file", "scope_missing",
+    "admin_token_file",
 };
 _Static_assert(T_COUNT <= 64, "lookup_key's seen set holds 64 keys");
 
@@ -1286,11 +1409,8 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
         const yaml_node_t *n = node(c, pr->value);
         int rc;
         switch (i) {
-        case T_WORKERS:
-            rc = number(c, n, key, 1, MAX_WORKERS, &v);
-            if (rc == 0)
-                cfg->workers = (int)v;
-            break;
+        case T_WORKERS: rc = workers_value(c, n, key, &cfg->workers); break;
+        case T_ADMIN_TOKEN_FILE: rc = file_name(c, n, key, &cfg->admin_token_file); break;
         case T_LOCAL_CACHE:
             rc = number(c, n, key, 0, MAX_LOCAL_CACHE, &v);
             if (rc == 0)
@@ -1605,8 +1725,12 @@ int idem__config_validate(const idem_config_t *cfg, char *err, size_t errlen)
         BAD("max_connections: must be a whole number from 1 to %u", MAX_CONNECTIONS);
     if (cfg->header_timeout_ms <= 0 || cfg->body_timeout_ms <= 0 || cfg->idle_timeout_ms <= 0)
         BAD("header_timeout, body_timeout, idle_timeout: must be longer than 0");
-    if (cfg->workers < 1 || cfg->workers > MAX_WORKERS)
-        BAD("workers: must be a whole number from 1 to %d", MAX_WORKERS);
+    {
+        char why_buf[200];
+        const char *ops = ops_problem(cfg, why_buf, sizeof why_buf);
+        if (ops != NULL)
+            BAD("%s", ops);
+    }
     show(shown, sizeof shown, cfg->replay_header ? cfg->replay_header : "");
     if (!is_token(cfg->replay_header))
         BAD("replay_header: not a header name: '%s'", shown);

@@ -18,6 +18,8 @@
 #include "gateway/scope.h"
 
 #define IDEM_CONFIG_MAX_ROUTES 256
+#define IDEM_CONFIG_MAX_ROUTE_NAME 64 /* characters of a route's `name:` */
+#define IDEM_WORKERS_AUTO 0           /* `workers: auto`, the default: one per CPU */
 #define IDEM_CONFIG_MAX_LIST 32   /* entries in a list (methods, headers, pointers, statuses) */
 
 typedef enum { IDEM_CONFLICT_REJECT = 0, IDEM_CONFLICT_WAIT = 1 } idem_on_conflict_t;
@@ -74,6 +76,8 @@ typedef struct idem_route {
     char *methods[IDEM_CONFIG_MAX_LIST]; /* uppercase method names */
     size_t n_methods;
     char *path;                          /* a normalised path prefix, starts with '/' */
+    char *name;                          /* `name:`, the route label of /metrics; NULL:
+                                          * its index ("0", "1", ...) */
     idem_route_mode_t mode;
     idem_policy_t policy;                /* defaults overlaid with the route's keys */
 } idem_route_t;
@@ -83,7 +87,7 @@ typedef struct idem_config {
     char *admin;           /* "127.0.0.1:8081" */
     char *upstream;        /* "http://127.0.0.1:9000" */
     char *store;           /* "lmdb:./idem-data" */
-    int workers;           /* 1..64 */
+    int workers;           /* 1..64; IDEM_WORKERS_AUTO (0): one per CPU (main.c) */
     int64_t upstream_timeout_ms;
     uint64_t max_request_bytes;
     idem_on_store_error_t on_store_error;
@@ -125,6 +129,9 @@ typedef struct idem_config {
     char *upstream_tls_key_file;
     char *upstream_tls_server_name; /* SNI and the name verified; NULL: the URL's host */
     bool upstream_tls_verify;       /* default true; false only when written */
+    /* Issue 22 (SPEC section 19): who may use the admin listener.  NULL: no
+     * token (allowed only with a loopback admin address). */
+    char *admin_token_file;
     /* Host names the admin listener answers besides loopback's, lower case. */
     char *admin_hosts[IDEM_CONFIG_MAX_LIST];
     size_t n_admin_hosts;
@@ -166,6 +173,16 @@ const char *idem__config_policy_link(const idem_config_t *cfg);
 /** The key_from value of p as written ("header:Idempotency-Key",
  * "json:/id") into out (outlen bytes, truncated).  @return out. */
 const char *idem__config_key_from_text(const idem_policy_t *p, char *out, size_t outlen);
+
+/** Whether the host of an admin address (as idem__config_parse_addr gives
+ * it) is loopback: "localhost", 127.0.0.0/8, ::1.  A name other than
+ * localhost is not (it could resolve anywhere). */
+bool idem__config_host_is_loopback(const char *host);
+
+/** The route label of /metrics for cfg->routes[i]: its name, or its index
+ * written into buf (bufsize bytes).  @return name or buf. */
+const char *idem__config_route_label(const idem_config_t *cfg, size_t i, char *buf,
+                                     size_t bufsize);
 
 /** Free everything cfg owns. */
 void idem__config_cleanup(idem_config_t *cfg);

@@ -75,6 +75,10 @@ struct idem_gw {
     idem_tls_ctx_t *upstream_tls_ctx;      /* its client context (upstream_tls_*); else NULL */
     int nworkers;
     idem_worker_t *workers;
+    /* admin_token_file (SPEC section 19): the SHA-256 of the token, read
+     * once at start (idem__admin_token_load); admin_token_set false: none. */
+    bool admin_token_set;
+    uint8_t admin_token_sha256[32];
     _Atomic bool stopping;
     bool log_json;
 };
@@ -91,5 +95,14 @@ idem_err_t idem__gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t no
  * listen_fd (idem__listen_socket; the caller keeps listen_fd). */
 int idem__admin_start(idem_gw_t *gw, int listen_fd, idem_admin_t **out, char *err, size_t errlen);
 void idem__admin_stop(idem_admin_t *a);
+
+/** Read the admin token from path: the whole file, trailing CR and LF
+ * removed.  Refused: a file that cannot be read, that is not a regular
+ * file, that other users may read or write (mode & 006), an empty token,
+ * one over 4096 bytes, or one with a byte outside visible ASCII (it could
+ * not be sent in an Authorization header).
+ * @param[out] sha256  the SHA-256 of the token (what requests are compared to).
+ * @return 0, or -1 with err set to one line naming admin_token_file. */
+int idem__admin_token_load(const char *path, uint8_t sha256[32], char *err, size_t errlen);
 
 #endif /* IDEM_GATEWAY_H */

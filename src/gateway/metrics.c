@@ -7,7 +7,11 @@
  */
 #include <stdio.h>
 
+#include "gateway/config.h"
 #include "gateway/metrics.h"
+
+_Static_assert(IDEM_METRICS_ROUTE_SLOTS == IDEM_CONFIG_MAX_ROUTES + 1,
+               "a row of requests[][] per route and one for none");
 
 static const char *const outcome_names[] = {
 #define IDEM__OUTCOME_NAME(name, text) text,
@@ -26,10 +30,35 @@ const char *idem__outcome_name(idem_outcome_t o)
     return (unsigned)o < IDEM_OUT__COUNT ? outcome_names[o] : "unknown";
 }
 
-void idem__metrics_count(idem_metrics_t *m, idem_outcome_t o)
+void idem__metrics_count(idem_metrics_t *m, size_t route, idem_outcome_t o)
 {
+    if (route >= IDEM_METRICS_ROUTE_SLOTS)
+        route = 0;
     if ((unsigned)o < IDEM_OUT__COUNT)
-        atomic_fetch_add_explicit(&m->requests[o], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->requests[route][o], 1, memory_order_relaxed);
+}
+
+/* The idem_requests_total rows: route="none", then each route of cfg.  A
+ * row past cfg's routes (none while routes only change at a restart) is
+ * folded into "none" so that no count is lost from the sum. */
+static int render_requests(idem_metrics_t *m, const idem_config_t *cfg, idem_buf_t *out)
+{
+    size_t n_routes = cfg != NULL ? cfg->n_routes : 0;
+    int rc = 0;
+    for (size_t slot = 0; slot <= n_routes; slot++) {
+        char ix[24];
+        const char *label = slot == 0 ? "none" : idem__config_route_label(cfg, slot - 1, ix,
+                                                                           sizeof ix);
+        for (int i = 0; i < IDEM_OUT__COUNT; i++) {
+            uint64_t v = atomic_load_explicit(&m->requests[slot][i], memory_order_relaxed);
+            for (size_t extra = n_routes + 1; slot == 0 && extra < IDEM_METRICS_ROUTE_SLOTS;
+                 extra++)
+                v += atomic_load_explicit(&m->requests[extra][i], memory_order_relaxed);
+            rc |= idem__buf_appendf(out, "idem_requests_total{outcome=\"%s\",route=\"%s\"} %llu\n",
+                                    outcome_names[i], label, (unsigned long long)v);
+        }
+    }
+    return rc;
 }
 
 void idem__hist_observe(idem_hist_t *h, uint64_t ns)
@@ -62,15 +91,22 @@ static int render_hist(idem_buf_t *out, const char *name, const char *help, idem
     return rc;
 }
 
-int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out)
+int idem__metrics_render(idem_metrics_t *m, const idem_config_t *cfg, idem_buf_t *out)
 {
     int rc = idem__buf_append_str(out, "# HELP idem_requests_total Requests by what idemd did "
-                                       "with them.\n"
+                                       "with them and the route they matched (its name or "
+                                       "index; none: no route).\n"
                                        "# TYPE idem_requests_total counter\n");
-    for (int i = 0; i < IDEM_OUT__COUNT; i++)
-        rc |= idem__buf_appendf(out, "idem_requests_total{outcome=\"%s\"} %llu\n",
-                                outcome_names[i],
-                                (unsigned long long)atomic_load(&m->requests[i]));
+    rc |= render_requests(m, cfg, out);
+    rc |= idem__buf_appendf(out,
+                            "# HELP idem_workers Worker threads serving the public listener.\n"
+                            "# TYPE idem_workers gauge\nidem_workers %u\n"
+                            "# HELP idem_admin_unauthorized_total Admin requests refused 401 "
+                            "for want of the admin token.\n"
+                            "# TYPE idem_admin_unauthorized_total counter\n"
+                            "idem_admin_unauthorized_total %llu\n",
+                            (unsigned)atomic_load(&m->workers),
+                            (unsigned long long)atomic_load(&m->admin_unauthorized));
     rc |= idem__buf_appendf(out,
                             "# HELP idem_in_flight Requests being processed now.\n"
                             "# TYPE idem_in_flight gauge\nidem_in_flight %lld\n",

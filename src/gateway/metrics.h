@@ -21,6 +21,10 @@
 #include "http/http.h"
 
 #define IDEM_HIST_BUCKETS 14
+/* Rows of requests[][]: [0] requests no route matched (or refused before
+ * routing), [1 + i] the configuration's routes[i]; IDEM_CONFIG_MAX_ROUTES + 1
+ * (metrics.c checks it). */
+#define IDEM_METRICS_ROUTE_SLOTS 257
 
 typedef struct idem_hist {
     _Atomic uint64_t buckets[IDEM_HIST_BUCKETS + 1]; /* last: +Inf */
@@ -29,7 +33,12 @@ typedef struct idem_hist {
 } idem_hist_t;
 
 typedef struct idem_metrics {
-    _Atomic uint64_t requests[IDEM_OUT__COUNT];
+    /* By route (IDEM_METRICS_ROUTE_SLOTS) and outcome: the label is the
+     * route's name or index, never a request's path, so the series are at
+     * most (routes + 1) x outcomes. */
+    _Atomic uint64_t requests[IDEM_METRICS_ROUTE_SLOTS][IDEM_OUT__COUNT];
+    _Atomic uint32_t workers;         /* worker threads running (workers: auto resolved) */
+    _Atomic uint64_t admin_unauthorized; /* admin requests refused 401 (admin_token_file) */
     _Atomic int64_t in_flight;        /* requests being processed now */
     _Atomic uint64_t store_batches;   /* writer transactions */
     _Atomic uint64_t store_ops;       /* operations in them */
@@ -72,10 +81,16 @@ typedef struct idem_metrics {
     idem_hist_t request_latency;
 } idem_metrics_t;
 
-void idem__metrics_count(idem_metrics_t *m, idem_outcome_t o);
+/** Count one request of route slot `route` (0: none matched, 1 + i:
+ * routes[i]; a slot out of range counts as 0) with outcome o. */
+void idem__metrics_count(idem_metrics_t *m, size_t route, idem_outcome_t o);
 void idem__hist_observe(idem_hist_t *h, uint64_t ns);
-/** Render Prometheus text into out.  @return 0 or -1 (out full). */
-int idem__metrics_render(idem_metrics_t *m, idem_buf_t *out);
+struct idem_config;
+/** Render Prometheus text into out.  idem_requests_total has a row per
+ * outcome for route="none" and for each route of cfg (labelled with
+ * idem__config_route_label); cfg NULL: route="none" only, every route's
+ * counts folded into it.  @return 0 or -1 (out full). */
+int idem__metrics_render(idem_metrics_t *m, const struct idem_config *cfg, idem_buf_t *out);
 const char *idem__outcome_name(idem_outcome_t o);
 
 #endif /* IDEM_GATEWAY_METRICS_H */

@@ -82,13 +82,25 @@ void idem__req_release(idem_req_t *req, idem_hold_t h)
         req_end(req);
 }
 
+/* The row of the metrics req counts in (metrics.h): 0 when no route
+ * matched (or before routing), 1 + its index in the configuration it was
+ * routed by.  A reload that swaps the configuration must keep the one a
+ * request was routed by alive until it ends (req->route points into it). */
+static size_t req_route_slot(const idem_req_t *req)
+{
+    const idem_config_t *cfg = req_gw(req)->cfg;
+    if (req->route == NULL || req->route < cfg->routes || req->route >= cfg->routes + cfg->n_routes)
+        return 0;
+    return (size_t)(req->route - cfg->routes) + 1;
+}
+
 /* Move req on to state s (never back).  The move that answers it counts its
  * outcome, so that the metrics see an answer when the client does, however
  * long the store work after it lasts (completion retries). */
 void idem__req_enter(idem_req_t *req, idem_req_state_t s)
 {
     if (req->life.state < IDEM_REQ_RELAYING && s >= IDEM_REQ_RELAYING)
-        idem__metrics_count(&req_gw(req)->metrics, req->outcome);
+        idem__metrics_count(&req_gw(req)->metrics, req_route_slot(req), req->outcome);
     idem__life_advance(&req->life, s);
 }
 
@@ -1449,7 +1461,7 @@ static void req_end(idem_req_t *req)
 {
     idem_gw_t *gw = req->w->gw;
     if (req->life.ended_in < IDEM_REQ_RELAYING)
-        idem__metrics_count(&gw->metrics, req->outcome);
+        idem__metrics_count(&gw->metrics, req_route_slot(req), req->outcome);
     idem__hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
     idem__log_request(req->w, req);
@@ -1524,7 +1536,7 @@ void idem__req_dispatch(idem_req_t *req)
  * counted, answered, and the connection ends after it. */
 static void proxy_refuse_head(idem_worker_t *w, idem_ostream_t *os, const idem_gw_refusal_t *r)
 {
-    idem__metrics_count(&w->gw->metrics, r->outcome);
+    idem__metrics_count(&w->gw->metrics, 0, r->outcome);
     (void)idem__ostream_problem(os, r->status, r->type, r->detail, 0,
                                 idem__config_policy_link(w->gw->cfg), IDEM_OS_CLOSE);
 }
@@ -1613,7 +1625,7 @@ static void proxy_on_proceed(idem_hreq_t *r)
 static void proxy_on_refused(idem_handler_t *h, int outcome)
 {
     idem_worker_t *w = h->data;
-    idem__metrics_count(&w->gw->metrics, (idem_outcome_t)outcome);
+    idem__metrics_count(&w->gw->metrics, 0, (idem_outcome_t)outcome);
 }
 
 static const idem_handler_ops_t proxy_ops = {

@@ -83,7 +83,7 @@ Test(config, defaults_are_spec_section_10)
     cr_assert_str_eq(cfg.admin, "127.0.0.1:8081");
     cr_assert_str_eq(cfg.upstream, "http://127.0.0.1:9000");
     cr_assert_str_eq(cfg.store, "lmdb:./idem-data");
-    cr_assert_eq(cfg.workers, 1);
+    cr_assert_eq(cfg.workers, IDEM_WORKERS_AUTO); /* issue 22: one per CPU */
     cr_assert_eq(cfg.upstream_timeout_ms, 60000);
     cr_assert_eq(cfg.max_request_bytes, 10u * 1024 * 1024);
     cr_assert_eq(cfg.on_store_error, IDEM_STORE_ERR_CLOSED);
@@ -519,9 +519,60 @@ Test(config, defaults_must_be_a_mapping)
 
 Test(config, workers_out_of_range_are_refused)
 {
-    expect_error("workers: 0\n", 1, "workers: must be a whole number from 1 to 64");
-    expect_error("workers: 65\n", 1, "workers: must be a whole number from 1 to 64");
-    expect_error("workers: -1\n", 1, "workers: must be a whole number from 1 to 64");
+    expect_error("workers: 0\n", 1, "workers: must be auto or a whole number from 1 to 64");
+    expect_error("workers: 65\n", 1, "workers: must be auto or a whole number from 1 to 64");
+    expect_error("workers: -1\n", 1, "workers: must be auto or a whole number from 1 to 64");
+}
+
+Test(config, workers_auto_or_a_number)
+{
+    cr_assert_eq(load("workers: 3\n"), 0, "%s", err);
+    cr_assert_eq(cfg.workers, 3);
+    cr_assert_eq(load("workers: auto\n"), 0, "%s", err);
+    cr_assert_eq(cfg.workers, IDEM_WORKERS_AUTO);
+    expect_error("workers: Auto\n", 1, "workers: must be auto or a whole number from 1 to 64");
+}
+
+/* issue 22: admin_token_file is a file name; a non-loopback admin needs it. */
+Test(config, admin_token_file_and_a_non_loopback_admin)
+{
+    cr_assert_eq(load("admin_token_file: /run/idem/token\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg.admin_token_file, "/run/idem/token");
+    expect_error("admin_token_file: \"\"\n", 1, "admin_token_file: must not be empty");
+    idem__config_cleanup(&cfg);
+    cr_assert_eq(idem__config_defaults(&cfg), 0);
+    const char *loopback[] = {"127.0.0.1:1", "127.9.9.9:1", "[::1]:1", "localhost:1",
+                              "LocalHost:1"};
+    for (size_t i = 0; i < sizeof loopback / sizeof *loopback; i++) {
+        cr_assert_eq(idem__config_set_string(&cfg.admin, loopback[i]), 0);
+        cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s: %s", loopback[i], err);
+    }
+    const char *open_to_all[] = {"0.0.0.0:1", "[::]:1", "10.0.0.1:1", "admin.example:1",
+                                 "[::ffff:127.0.0.1]:1"};
+    for (size_t i = 0; i < sizeof open_to_all / sizeof *open_to_all; i++) {
+        cr_assert_eq(idem__config_set_string(&cfg.admin, open_to_all[i]), 0);
+        cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), -1, "%s", open_to_all[i]);
+        cr_expect(strstr(err, "not a loopback address: set admin_token_file") != NULL, "%s", err);
+    }
+    cr_assert_eq(idem__config_set_string(&cfg.admin_token_file, "/run/idem/token"), 0);
+    cr_expect_eq(idem__config_validate(&cfg, err, sizeof err), 0, "%s", err);
+}
+
+/* issue 22: a route's name is its metrics label: unique, never an index or "none". */
+Test(config, route_names)
+{
+    cr_assert_eq(load("routes:\n  - path: /a\n    name: pay-v1.x\n  - path: /b\n"), 0, "%s",
+                 err);
+    cr_assert_str_eq(cfg.routes[0].name, "pay-v1.x");
+    cr_assert_null(cfg.routes[1].name);
+    char buf[24];
+    cr_assert_str_eq(idem__config_route_label(&cfg, 0, buf, sizeof buf), "pay-v1.x");
+    cr_assert_str_eq(idem__config_route_label(&cfg, 1, buf, sizeof buf), "1");
+    expect_error("routes:\n  - path: /a\n    name: p\n  - path: /b\n    name: p\n", 5,
+                 "routes[1].name: routes[0] has this name already: 'p'");
+    expect_error("routes:\n  - name: none\n", 2, "routes[0].name: must be 1 to 64 of A-Z a-z 0-9 _ . -, not only digits and not 'none': 'none'");
+    expect_error("routes:\n  - name: '12'\n", 2, "routes[0].name: must be 1 to 64 of A-Z a-z 0-9 _ . -, not only digits and not 'none': '12'");
+    expect_error("routes:\n  - name: 'a\"b'\n", 2, "routes[0].name: must be 1 to 64 of A-Z a-z 0-9 _ . -, not only digits and not 'none': 'a\"b'");
 }
 
 Test(config, release_status_outside_100_599_is_refused)
@@ -818,7 +869,7 @@ Test(config, validate_refuses_bad_header_names)
 Test(config, validate_refuses_workers_out_of_range)
 {
     cfg.workers = 65;
-    expect_invalid("workers: must be a whole number from 1 to 64");
+    expect_invalid("workers: must be auto or a whole number from 1 to 64");
 }
 
 Test(config, validate_refuses_an_unknown_log_format)

@@ -68,7 +68,7 @@ static char *render(idem_metrics_t *m)
 {
     idem_buf_t b;
     idem__buf_init(&b, 1u << 20);
-    cr_assert_eq(idem__metrics_render(m, &b), 0);
+    cr_assert_eq(idem__metrics_render(m, NULL, &b), 0);
     cr_assert(idem__buf_append(&b, "", 1) == 0);
     return b.data;
 }
