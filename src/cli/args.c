@@ -44,6 +44,7 @@ enum opt_id {
     OPT_SCOPE,
     OPT_SCOPE_OF,
     OPT_ADMIN,
+    OPT_ADMIN_TOKEN_FILE,
     OPT_URL,
     OPT_PATH,
     OPT_CONF_METHOD,
@@ -77,6 +78,8 @@ static const opt_t opts[] = {
     {.name = "--scope", .takes_value = true, .cmds = ON_KEYS, .id = OPT_SCOPE},
     {.name = "--scope-of", .takes_value = true, .cmds = ON_KEYS, .id = OPT_SCOPE_OF},
     {.name = "--admin", .takes_value = true, .cmds = ON_KEYS, .id = OPT_ADMIN},
+    {.name = "--admin-token-file", .takes_value = true, .cmds = ON_KEYS,
+     .id = OPT_ADMIN_TOKEN_FILE},
     {.name = "--url", .takes_value = true, .cmds = ON_TOKEN, .id = OPT_URL},
     {.name = "--path", .takes_value = true, .cmds = ON_CONF, .id = OPT_PATH},
     {.name = "--method", .takes_value = true, .cmds = ON_CONF, .id = OPT_CONF_METHOD},
@@ -365,6 +368,11 @@ static idem_err_t set_value(state_t *st, const opt_t *o, const char *v)
         if (a->scope[0] == '\0')
             return fail(st, IDEM_E_NOMEM, "--scope-of: could not hash the value");
         st->scope_of_given = true;
+        return IDEM_OK;
+    case OPT_ADMIN_TOKEN_FILE:
+        if (*v == '\0')
+            return fail(st, IDEM_E_INVAL, "--admin-token-file: empty file name");
+        a->admin_token_file = v;
         return IDEM_OK;
     case OPT_ADMIN:
     case OPT_URL:

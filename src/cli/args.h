@@ -73,6 +73,8 @@ typedef struct idem_cli_args {
     const char *body;     /* conformance: --body, IDEM_CLI_DEFAULT_CONF_BODY by default */
     const char *marker;   /* conformance: --marker, IDEM_CLI_DEFAULT_MARKER by default */
     bool json;            /* conformance: --json, the report as one JSON document */
+    const char *admin_token_file; /* keys: --admin-token-file; NULL: $IDEM_ADMIN_TOKEN_FILE
+                                   * or none (admin_auth.c) */
 } idem_cli_args_t;
 
 /** Parse idemctl's argv (argv[0] is the program name).

@@ -49,6 +49,15 @@ int idem__cli_token(const idem_cli_args_t *a);
  * and its published policy (conformance.c).  @return the exit code. */
 int idem__cli_conformance(const idem_cli_args_t *a);
 
+/** The admin listener's token (admin_auth.c): read the file of
+ * --admin-token-file, else of $IDEM_ADMIN_TOKEN_FILE when set and not
+ * empty, and append "Authorization: Bearer TOKEN" to *hdrs.  Neither: no
+ * header, IDEM_CLI_EXIT_OK.  Every admin command calls it.
+ * @return IDEM_CLI_EXIT_OK, or the exit code after one line on stderr
+ *         (IDEM_CLI_EXIT_USAGE: the file cannot be read or holds no token). */
+struct curl_slist;
+int idem__cli_admin_auth(const idem_cli_args_t *a, struct curl_slist **hdrs);
+
 /** Write n bytes to stdout and flush.  @return 0, or -1 after printing why. */
 int idem__cli_write_out(const void *p, size_t n);
 

@@ -94,13 +94,18 @@ int idem__cli_keys(const idem_cli_args_t *a)
     /* A scope is "anonymous" or hex digits: nothing to encode. */
     snprintf(url, n, "%s/keys/%s?scope=%s", base, enc, a->scope);
 
+    struct curl_slist *hdrs = NULL;
+    if ((rc = idem__cli_admin_auth(a, &hdrs)) != IDEM_CLI_EXIT_OK)
+        goto out;
     idem_cli_send_t send = {
         .method = get ? "GET" : "DELETE",
         .url = url,
+        .headers = hdrs,
         .user_agent = IDEM_CLI_USER_AGENT,
         .timeout_ms = a->max_time_ms,
     };
     rc = exchange_once(&send, &ans, what);
+    curl_slist_free_all(hdrs);
     if (rc >= 0)
         goto out;
     if (get && ans.status == 200) {
