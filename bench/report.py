@@ -68,6 +68,10 @@ ROWS = [
     ("idemd-tls-listener", "idemd new key, TLS listener"),
     ("nginx-https-upstream", "nginx proxy_pass, https upstream"),
     ("idemd-https-upstream", "idemd new key, https upstream"),
+    # Issue 22: the new-key path (LMDB, sync=interval) at one worker and at
+    # workers: auto (one per CPU).
+    ("idemd-workers-1", "idemd new key, workers 1"),
+    ("idemd-workers-auto", "idemd new key, workers auto"),
 ]
 
 # Issue 19's target, per idemd TLS row: its server CPU per request at most
@@ -199,9 +203,10 @@ def summarise_delta(d):
     """What idemd counted during the measured runs of a row."""
     outcomes = {}
     for k, v in d.items():
-        m = re.fullmatch(r'idem_requests_total\{outcome="([^"]+)"\}', k)
+        # Summed over the route label (issue 22) where there is one.
+        m = re.fullmatch(r'idem_requests_total\{outcome="([^"]+)"(?:,route="[^"]*")?\}', k)
         if m and v:
-            outcomes[m.group(1)] = int(v)
+            outcomes[m.group(1)] = outcomes.get(m.group(1), 0) + int(v)
     res = {"outcomes": outcomes}
     for name in ("idem_store_batches_total", "idem_store_ops_total", "idem_store_errors_total"):
         if name in d:

@@ -28,6 +28,8 @@
 #                       middleware (bench/express/app.js) -> the same upstream,
 #                       a fresh key per request
 #   express-replay      the same app, one completed key: every request a replay
+#   idemd-workers-1     new keys, LMDB sync=interval on a fresh store, --workers 1
+#   idemd-workers-auto  the same with --workers auto (one per CPU: issue 22)
 #   The express rows are skipped with BENCH_EXPRESS=0; bench/express's
 #   dependencies are installed there with `npm ci` when missing.
 #   nginx-tls-listener  wrk https -> a second nginx (bench/nginx-front.conf.in,
@@ -205,6 +207,7 @@ ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-rep
           express-new express-replay
           base-new-always base-new-interval base-replay base-new-pg
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
+          idemd-workers-1 idemd-workers-auto
           idemd-steady)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
   IFS=, read -r -a _rows <<<"$BENCH_ROWS"
@@ -335,16 +338,17 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Thirty-four distinct free loopback ports (held open together while picked);
+# Thirty-eight distinct free loopback ports (held open together while picked);
 # the cluster's nodes pick their own (tests/cluster.py).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
   BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT \
   TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
   IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN \
-  REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT < <(python3 - <<'PY'
+  REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT \
+  IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(34)]
+socks = [socket.socket() for _ in range(38)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -449,6 +453,8 @@ row_pids() {
     idemd-new-interval) printf 'server %s\nupstream %s\n' "$INTERVAL_PID" "$NGINX_WORKER" ;;
     idemd-tls-listener) printf 'server %s\nupstream %s\n' "$TLS_PID" "$NGINX_WORKER" ;;
     idemd-https-upstream) printf 'server %s\nupstream %s\n' "$HTTPS_PID" "$NGINX_WORKER" ;;
+    idemd-workers-1) printf 'server %s\nupstream %s\n' "$W1_PID" "$NGINX_WORKER" ;;
+    idemd-workers-auto) printf 'server %s\nupstream %s\n' "$WA_PID" "$NGINX_WORKER" ;;
     base-new-always | base-replay) printf 'server %s\nupstream %s\n' "$BASE_ALWAYS_PID" "$NGINX_WORKER" ;;
     base-new-interval) printf 'server %s\nupstream %s\n' "$BASE_INTERVAL_PID" "$NGINX_WORKER" ;;
     idemd-new-redis | idemd-replay-redis)
@@ -1082,6 +1088,29 @@ if [[ $BENCH_EXPRESS == 1 ]]; then
   say "Express app (express-idempotency, adapter $BENCH_EXPRESS_ADAPTER) on :$EXPRESS_PORT"
 fi
 
+# ---- idemd at one worker and at workers: auto (issue 22) -----------------------------
+#
+# Each on a fresh LMDB store of its own, sync=interval: the CPU-bound
+# new-key path, so that what more workers buy (or cost) shows in req/s and
+# CPU per request.  BENCH_WORKERS does not apply to these two.
+
+W1_PID= WA_PID=
+if want_row idemd-workers-1; then
+  BENCH_WORKERS=1 start_idemd idemd-workers-1 "$IDEM_W1_PORT" "$ADMIN_W1_PORT" \
+    "lmdb:$WORK/store-w1?sync=interval&map_size=$BENCH_MAP_SIZE"
+  W1_PID=$IDEMD_PID
+  check_key "http://127.0.0.1:$IDEM_W1_PORT/" "$RUNID-check-w1"
+fi
+if want_row idemd-workers-auto; then
+  BENCH_WORKERS=auto start_idemd idemd-workers-auto "$IDEM_WA_PORT" "$ADMIN_WA_PORT" \
+    "lmdb:$WORK/store-wa?sync=interval&map_size=$BENCH_MAP_SIZE"
+  WA_PID=$IDEMD_PID
+  check_key "http://127.0.0.1:$IDEM_WA_PORT/" "$RUNID-check-wa"
+  wa_workers=$(curl -s --max-time 5 "http://127.0.0.1:$ADMIN_WA_PORT/metrics" | awk '$1 == "idem_workers" { print $2 }')
+  write_meta workers_auto="${wa_workers:-?}"
+  say "idemd --workers auto: ${wa_workers:-?} worker(s) on $(nproc) CPU(s)"
+fi
+
 # ---- the rounds ----------------------------------------------------------------------
 
 for ((r = 1; r <= BENCH_ROUNDS; r++)); do
@@ -1118,6 +1147,10 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
     want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
   fi
+  want_row idemd-workers-1 &&
+    measure idemd-workers-1 "$r" "http://127.0.0.1:$IDEM_W1_PORT/" unique "$RUNID-w1$r" "http://127.0.0.1:$ADMIN_W1_PORT"
+  want_row idemd-workers-auto &&
+    measure idemd-workers-auto "$r" "http://127.0.0.1:$IDEM_WA_PORT/" unique "$RUNID-wa$r" "http://127.0.0.1:$ADMIN_WA_PORT"
   want_row nginx-tls-listener && measure nginx-tls-listener "$r" "$FRONT_TLS_URL" unique "$RUNID-nt$r"
   ((TLS_IDEMD == 1)) && want_row idemd-tls-listener &&
     measure idemd-tls-listener "$r" "$IDEM_T_URL" unique "$RUNID-t$r" "http://127.0.0.1:$ADMIN_T_PORT"
@@ -1169,7 +1202,7 @@ fi
 # 10 s (and one when wrk ends) into $WORK/idemd-steady.samples, one line each:
 #   elapsed seconds, bytes allocated on disk (du -B1 of the store directory:
 #   blocks, so a sparse file counts what it uses), its apparent size (du -b),
-#   idem_requests_total{outcome="new"}, idem_store_swept_total, the sum of
+#   idem_requests_total{outcome="new"} (over every route), idem_store_swept_total, the sum of
 #   idem_requests_total over outcomes (requests answered), idemd's VmRSS in KiB.
 # Records in the store are about new - swept (a key that was never completed
 # expires too, and is swept as one).  report.py judges the samples.
@@ -1182,7 +1215,7 @@ steady_sample() {
   m=$(curl -sf --max-time 5 "$STEADY_ADMIN/metrics") ||
     die "idemd-steady: cannot read $STEADY_ADMIN/metrics at ${t}s (did idemd die?)"
   read -r new swept answered < <(awk '
-    $1 == "idem_requests_total{outcome=\"new\"}" { n = $2 }
+    $1 ~ /^idem_requests_total\{outcome="new"[,}]/ { n += $2 }
     $1 == "idem_store_swept_total" { s = $2 }
     $1 ~ /^idem_requests_total\{/ { a += $2 }
     END { printf "%d %d %d\n", n, s, a }' <<<"$m")
