@@ -176,7 +176,7 @@ def fit_growth(samples):
 
 
 def metrics(admin_port):
-    """idemd's idem_requests_total per outcome."""
+    """idemd's idem_requests_total per outcome, summed over the routes."""
     url = "http://%s:%d/metrics" % (HOST, admin_port)
     with urllib.request.urlopen(url, timeout=5) as r:
         text = r.read().decode()
@@ -184,7 +184,7 @@ def metrics(admin_port):
     for line in text.splitlines():
         if line.startswith('idem_requests_total{outcome="'):
             name = line.split('"')[1]
-            out[name] = int(float(line.rsplit(" ", 1)[1]))
+            out[name] = out.get(name, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
 
 
