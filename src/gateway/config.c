@@ -295,6 +295,9 @@ int idem__config_defaults(idem_config_t *cfg)
     cfg->max_queued_bytes = 64u * 1024 * 1024;
     cfg->max_connections_per_address = 0;
     cfg->upstream_tls_verify = true;
+    cfg->otlp_sample_ratio = 1.0;
+    cfg->otlp_queue_spans = 4096;
+    cfg->otlp_timeout_ms = 2000;
     if (policy_defaults(&cfg->defaults) != 0)
         goto nomem;
     if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
@@ -303,7 +306,8 @@ int idem__config_defaults(idem_config_t *cfg)
         idem__config_set_string(&cfg->store, "lmdb:./idem-data") != 0 ||
         idem__config_set_string(&cfg->replay_header, "X-Idempotent-Replay") != 0 ||
         idem__config_set_string(&cfg->scope_header, "Authorization") != 0 ||
-        idem__config_set_string(&cfg->log_format, "text") != 0)
+        idem__config_set_string(&cfg->log_format, "text") != 0 ||
+        idem__config_set_string(&cfg->otlp_service_name, "idemd") != 0)
         goto nomem;
     if (route_defaults(&cfg->routes[0]) != 0)
         goto nomem;
@@ -326,7 +330,7 @@ void idem__config_cleanup(idem_config_t *cfg)
         &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
         &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
         &cfg->upstream_tls_server_name, &cfg->policy_link, &cfg->jwt_keys, &cfg->jwt_secret_file,
-        &cfg->admin_token_file,
+        &cfg->admin_token_file, &cfg->otlp_endpoint, &cfg->otlp_service_name,
     };
     for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
         idem_free(*strings[i]);
@@ -1143,6 +1147,9 @@ enum {
     /* Who the caller is: what jwt: sources verify with, what a missing one does. */
     T_JWT_KEYS, T_JWT_SECRET_FILE, T_SCOPE_MISSING,
     T_ADMIN_TOKEN_FILE, /* issue 22 */
+    /* Traces: otlp_key() reads them all. */
+    T_OTLP_ENDPOINT, T_OTLP_SERVICE_NAME, T_OTLP_SAMPLE_RATIO, T_OTLP_QUEUE_SPANS,
+    T_OTLP_TIMEOUT,
     T_COUNT
 };
 static const char *const top_names[] = {
@@ -1154,6 +1161,8 @@ static const char *const top_names[] = {
     "upstream_tls", "policy_link",
     "jwt_keys", "jwt_secret_file", "scope_missing",
     "admin_token_file",
+    "otlp_endpoint", "otlp_service_name", "otlp_sample_ratio", "otlp_queue_spans",
+    "otlp_timeout",
 };
 _Static_assert(T_COUNT <= 64, "lookup_key's seen set holds 64 keys");
 
@@ -1385,6 +1394,61 @@ static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index
     return 0;
 }
 
+/* The otlp_* keys (traces, SPEC section 19), all in one place:
+ *   otlp_endpoint      http://HOST:PORT or https://, a path optional  NULL (off)
+ *   otlp_service_name  1-100 printable ASCII characters              "idemd"
+ *   otlp_sample_ratio  a decimal from 0 to 1                         1
+ *   otlp_queue_spans   1 to IDEM_OTLP_QUEUE_MAX (1000000)            4096
+ *   otlp_timeout       a duration over 0                             2s */
+static int otlp_key(ctx_t *c, const yaml_node_t *n, const char *key, int index)
+{
+    idem_config_t *cfg = c->cfg;
+    char shown[80];
+    uint64_t v;
+    if (index == T_OTLP_QUEUE_SPANS) {
+        if (number(c, n, key, 1, 1000000, &v) != 0)
+            return -1;
+        cfg->otlp_queue_spans = v;
+        return 0;
+    }
+    if (index == T_OTLP_TIMEOUT)
+        return duration(c, n, key, false, &cfg->otlp_timeout_ms);
+    const char *s = scalar(c, n, key);
+    if (s == NULL)
+        return -1;
+    show(shown, sizeof shown, s);
+    if (index == T_OTLP_SAMPLE_RATIO) {
+        char *end;
+        errno = 0;
+        double r = strtod(s, &end);
+        if (*s == '\0' || *end != '\0' || errno != 0 || !(r >= 0.0 && r <= 1.0))
+            return fail(c, n, key, "not a ratio from 0 to 1: '%s'", shown);
+        cfg->otlp_sample_ratio = r;
+        return 0;
+    }
+    char **slot = &cfg->otlp_service_name;
+    if (index == T_OTLP_ENDPOINT) {
+        const char *rest = strncmp(s, "http://", 7) == 0    ? s + 7
+                           : strncmp(s, "https://", 8) == 0 ? s + 8
+                                                            : NULL;
+        bool ok = rest != NULL && *rest != '\0' && *rest != '/' && strlen(s) <= 1000;
+        for (const char *p = s; ok && *p; p++)
+            ok = *p > ' ' && *p < 0x7f;
+        if (!ok)
+            return fail(c, n, key, "not an http:// or https:// URL of a collector: '%s'", shown);
+        slot = &cfg->otlp_endpoint;
+    } else {
+        bool ok = *s != '\0' && strlen(s) <= 100;
+        for (const char *p = s; ok && *p; p++)
+            ok = *p >= ' ' && *p < 0x7f;
+        if (!ok)
+            return fail(c, n, key, "not 1 to 100 printable ASCII characters: '%s'", shown);
+    }
+    if (idem__config_set_string(slot, s) != 0)
+        return nomem(c, n, key);
+    return 0;
+}
+
 static int parse_top(ctx_t *c, const yaml_node_t *root)
 {
     idem_config_t *cfg = c->cfg;
@@ -1455,6 +1519,11 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
         case T_UPSTREAM_TLS: rc = upstream_tls(c, n); break;
         case T_JWT_KEYS: rc = file_name(c, n, key, &cfg->jwt_keys); break;
         case T_JWT_SECRET_FILE: rc = file_name(c, n, key, &cfg->jwt_secret_file); break;
+        case T_OTLP_ENDPOINT:
+        case T_OTLP_SERVICE_NAME:
+        case T_OTLP_SAMPLE_RATIO:
+        case T_OTLP_QUEUE_SPANS:
+        case T_OTLP_TIMEOUT: rc = otlp_key(c, n, key, i); break;
         case T_SCOPE_MISSING: {
             static const char *const missing_names[] = {"fallback", "reject"};
             rc = choice(c, n, key, missing_names, 2, &e);

@@ -132,6 +132,13 @@ typedef struct idem_config {
     /* Issue 22 (SPEC section 19): who may use the admin listener.  NULL: no
      * token (allowed only with a loopback admin address). */
     char *admin_token_file;
+    /* Traces (SPEC section 19, otlp.h): the otlp_* keys.  otlp_endpoint
+     * NULL: no tracing at all. */
+    char *otlp_endpoint;          /* http(s)://HOST:PORT[/PATH] of an OTLP/HTTP collector */
+    char *otlp_service_name;      /* resource service.name; "idemd" */
+    double otlp_sample_ratio;     /* of new traces, the share recorded: 0..1, default 1 */
+    uint64_t otlp_queue_spans;    /* spans queued for export at most; 4096 */
+    int64_t otlp_timeout_ms;      /* one export POST at most; 2 s */
     /* Host names the admin listener answers besides loopback's, lower case. */
     char *admin_hosts[IDEM_CONFIG_MAX_LIST];
     size_t n_admin_hosts;

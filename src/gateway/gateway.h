@@ -68,6 +68,8 @@ struct idem_gw {
     size_t n_jwt_retired;
     idem_writer_t writer;
     idem_metrics_t metrics;
+    struct idem_otlp *otlp;                /* the span exporter (otlp.h); NULL: otlp_endpoint
+                                            * not set, no tracing at all */
     struct sockaddr_storage upstream_addr; /* resolved once at start */
     char upstream_hostport[300];           /* HOST:PORT, the Host sent upstream and for logs */
     char upstream_host[256];               /* HOST alone (the name TLS verifies by default) */

@@ -37,6 +37,7 @@
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
 #include "gateway/log.h"
+#include "gateway/otlp.h"
 #include "gateway/selfcheck.h"
 #include "gateway/takeover.h"
 #include "gateway/thread.h"
@@ -373,6 +374,39 @@ static int fit_open_files(idem_gw_t *gw, char *err, size_t errlen, char *warn, s
     return 0;
 }
 
+/* otlp_endpoint is set: the span exporter (otlp.h), its thread running
+ * before the workers that feed it start.  @return 0, or -1 with err. */
+static int start_otlp(idem_gw_t *gw, char *err, size_t errlen)
+{
+    const idem_config_t *cfg = gw->cfg;
+    char url[1100];
+    if (idem__otlp_traces_url(cfg->otlp_endpoint, url, sizeof url) != 0) {
+        snprintf(err, errlen, "otlp_endpoint: too long");
+        return -1;
+    }
+    idem_otlp_opts_t o = {
+        .url = url,
+        .service_name = cfg->otlp_service_name,
+        .queue_spans = (size_t)cfg->otlp_queue_spans,
+        .timeout_ms = cfg->otlp_timeout_ms,
+    };
+    idem_err_t rc = idem__otlp_create(&o, &gw->metrics, &gw->otlp);
+    if (rc != IDEM_OK) {
+        snprintf(err, errlen, "otlp_endpoint: cannot start the span exporter: %s",
+                 idem_strerror(rc));
+        return -1;
+    }
+    if (idem__otlp_start(gw->otlp) != 0) {
+        snprintf(err, errlen, "cannot start the otlp exporter thread: %s", strerror(errno));
+        idem__otlp_destroy(gw->otlp);
+        gw->otlp = NULL;
+        return -1;
+    }
+    idem__log(gw, "info", "traces: spans to %s (service %s, sample ratio %g)", url,
+              cfg->otlp_service_name, cfg->otlp_sample_ratio);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     char err[1024];
@@ -594,7 +628,19 @@ int main(int argc, char **argv)
         idem__config_cleanup(&cfg);
         return fail("max_connections_per_address: out of memory");
     }
+    if (cfg.otlp_endpoint != NULL && start_otlp(&gw, err, sizeof err) != 0) {
+        idem__addrlimit_destroy(gw.addrlimit);
+        idem__ratelimit_destroy(gw.ratelimit);
+        idem__cache_destroy(gw.cache);
+        idem_store_close(gw.store);
+        close(listen_fd);
+        close(admin_fd);
+        idem__tls_ctx_unref(gw.upstream_tls_ctx);
+        idem__config_cleanup(&cfg);
+        return fail(err);
+    }
     if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw, err, sizeof err) != 0) {
+        idem__otlp_destroy(gw.otlp);
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
@@ -630,6 +676,7 @@ int main(int argc, char **argv)
             idem__worker_cleanup(&gw.workers[i]);
         free(gw.workers);
         idem__writer_stop(&gw.writer);
+        idem__otlp_destroy(gw.otlp);
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
@@ -676,6 +723,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < gw.nworkers; i++)
             idem__worker_cleanup(&gw.workers[i]);
         free(gw.workers);
+        idem__otlp_destroy(gw.otlp);
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
@@ -731,6 +779,9 @@ int main(int argc, char **argv)
     idem__writer_stop(&gw.writer);
     for (int i = 0; i < gw.nworkers; i++)
         idem__worker_cleanup(&gw.workers[i]);
+    /* Every request has ended: the spans they queued go out now (a second
+     * at most), then the exporter stops. */
+    idem__otlp_destroy(gw.otlp);
     idem__ratelimit_destroy(gw.ratelimit);
     idem__addrlimit_destroy(gw.addrlimit);
     idem__cache_destroy(gw.cache);

@@ -204,6 +204,20 @@ int idem__metrics_render(idem_metrics_t *m, const idem_config_t *cfg, idem_buf_t
             "# TYPE idem_store_free_bytes gauge\nidem_store_free_bytes %llu\n",
             (unsigned long long)atomic_load(&m->store_used_bytes),
             (unsigned long long)atomic_load(&m->store_free_bytes));
+    rc |= idem__buf_appendf(
+        out,
+        "# HELP idem_otlp_spans_exported_total Spans the OTLP collector accepted.\n"
+        "# TYPE idem_otlp_spans_exported_total counter\nidem_otlp_spans_exported_total %llu\n"
+        "# HELP idem_otlp_spans_dropped_total Spans never exported: the queue was full, or "
+        "the collector did not take their batch.\n"
+        "# TYPE idem_otlp_spans_dropped_total counter\nidem_otlp_spans_dropped_total %llu\n"
+        "# HELP idem_otlp_export_failures_total Batches of spans the collector did not "
+        "accept (no answer in otlp_timeout, or not 2xx).\n"
+        "# TYPE idem_otlp_export_failures_total counter\nidem_otlp_export_failures_total "
+        "%llu\n",
+        (unsigned long long)atomic_load(&m->otlp_spans_exported),
+        (unsigned long long)atomic_load(&m->otlp_spans_dropped),
+        (unsigned long long)atomic_load(&m->otlp_export_failures));
     rc |= render_hist(out, "idem_upstream_duration_seconds",
                       "Time from forwarding a request to its whole response.", &m->upstream_latency);
     rc |= render_hist(out, "idem_store_commit_duration_seconds",

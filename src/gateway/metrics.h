@@ -76,6 +76,11 @@ typedef struct idem_metrics {
     _Atomic bool store_space_known;
     _Atomic uint64_t store_used_bytes;
     _Atomic uint64_t store_free_bytes;
+    /* Traces (otlp.c): spans the collector took, spans dropped (queue full,
+     * or in a batch the collector did not take), POSTs that failed. */
+    _Atomic uint64_t otlp_spans_exported;
+    _Atomic uint64_t otlp_spans_dropped;
+    _Atomic uint64_t otlp_export_failures;
     idem_hist_t upstream_latency;
     idem_hist_t store_latency;        /* one writer transaction */
     idem_hist_t request_latency;

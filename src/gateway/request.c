@@ -64,6 +64,8 @@
 #include "gateway/worker.h"
 #include "idem/alloc.h"
 #include "idem/clock.h"
+#include "idem/fingerprint.h"
+#include "idem/random.h"
 
 #define WAIT_POLL_MS 25           /* on_conflict: wait re-reads the record this often */
 
@@ -139,6 +141,145 @@ static void proxy_on_gone(idem_hreq_t *r)
 
 /* ---- a request is made ------------------------------------------------------ */
 
+/* ---- traces (otlp.h) ----------------------------------------------------------- */
+
+/* A stand-in as long as any traceparent idemd sends: idem__gw_upstream_fits
+ * measures the head with it. */
+static const char trace_placeholder[] =
+    "00-00000000000000000000000000000000-0000000000000000-00";
+
+/* The trace a request belongs to, when tracing is on: the client's
+ * traceparent continued when there is exactly one and it parses (its
+ * sampled flag decides), else a new trace sampled at otlp_sample_ratio.
+ * One draw of the kernel's generator gives every id the request needs. */
+static void req_trace_begin(idem_req_t *req)
+{
+    idem_gw_t *gw = req_gw(req);
+    if (gw->otlp == NULL)
+        return;
+    req->trace_on = true;
+    req->t_start_unix_ns = idem__otlp_now_unix_ns();
+    const idem_http_field_t *tp = NULL;
+    size_t n_tp = 0;
+    for (size_t i = 0; i < req->msg.n_fields; i++)
+        if (idem__slice_eq_ci(req->msg.fields[i].name, "traceparent")) {
+            tp = &req->msg.fields[i];
+            n_tp++;
+        }
+    struct {
+        uint8_t trace_id[IDEM_TRACE_ID_LEN];
+        uint8_t span_id[IDEM_SPAN_ID_LEN];
+        uint8_t up_span_id[IDEM_SPAN_ID_LEN];
+        uint64_t draw;
+    } r;
+    if (idem_random_bytes(&r, sizeof r) != IDEM_OK) {
+        req->trace_on = false; /* no ids: this request goes untraced */
+        return;
+    }
+    r.span_id[0] |= 1; /* never the all-zero (invalid) id */
+    r.up_span_id[0] |= 1;
+    memcpy(req->span_id, r.span_id, sizeof req->span_id);
+    memcpy(req->up_span_id, r.up_span_id, sizeof req->up_span_id);
+    if (n_tp == 1 && idem__otlp_traceparent_parse(tp->value.ptr, tp->value.len, &req->trace)) {
+        req->trace_parent = true;
+        req->traced = (req->trace.flags & IDEM_TRACE_FLAG_SAMPLED) != 0;
+        return;
+    }
+    r.trace_id[0] |= 1;
+    memcpy(req->trace.trace_id, r.trace_id, sizeof req->trace.trace_id);
+    double ratio = gw->cfg->otlp_sample_ratio;
+    /* draw / 2^64 < ratio, in doubles: ratio 1 always, 0 never. */
+    req->traced = ratio >= 1.0 || (double)(r.draw >> 11) < ratio * (double)(UINT64_C(1) << 53);
+    req->trace.flags = req->traced ? IDEM_TRACE_FLAG_SAMPLED : 0;
+}
+
+/* The request's spans, queued for export: the server span, and the client
+ * span of its upstream call when one was sent.  Neither holds the key or
+ * the scope: idem.key_hash is SHA-256 of scope, NUL, key. */
+static void req_trace_end(idem_req_t *req)
+{
+    if (!req->traced)
+        return;
+    idem_gw_t *gw = req_gw(req);
+    uint64_t now = idem_clock_mono_ns();
+    idem_span_t *s = idem_malloc(sizeof *s);
+    if (s == NULL) {
+        atomic_fetch_add_explicit(&gw->metrics.otlp_spans_dropped, 1 + (req->t_up_ns != 0),
+                                  memory_order_relaxed);
+        return;
+    }
+    char name[200];
+    const idem_slice_t *method = &req->msg.method;
+    int nl = req->route != NULL ? snprintf(name, sizeof name, "idem %.*s %s", (int)method->len,
+                                           method->ptr, req->route->path)
+                                : snprintf(name, sizeof name, "idem %.*s", (int)method->len,
+                                           method->ptr);
+    if (nl < 0)
+        nl = 0;
+    if ((size_t)nl >= sizeof name)
+        nl = (int)sizeof name - 1;
+    const idem_config_t *cfg = gw->cfg;
+    idem__span_init(s, req->trace.trace_id, req->span_id,
+                    req->trace_parent ? req->trace.span_id : NULL, IDEM_SPAN_KIND_SERVER, name,
+                    (size_t)nl);
+    s->start_unix_ns = req->t_start_unix_ns;
+    s->end_unix_ns = req->t_start_unix_ns + (now - req->t_start_ns);
+    idem__span_attr_str(s, "http.request.method", method->ptr, method->len);
+    idem__span_attr_str(s, "url.path", req->target, req->path_len);
+    if (req->status > 0)
+        idem__span_attr_int(s, "http.response.status_code", req->status);
+    const char *outcome = idem__outcome_name(req->outcome);
+    idem__span_attr_str(s, "idem.outcome", outcome, strlen(outcome));
+    if (req->route != NULL) {
+        char idx[24];
+        int il = snprintf(idx, sizeof idx, "%zu", (size_t)(req->route - cfg->routes));
+        idem__span_attr_str(s, "idem.route", idx, (size_t)il);
+        idem__span_attr_str(s, "http.route", req->route->path, strlen(req->route->path));
+    }
+    if (req->keyed && req->id.key[0] != '\0') {
+        char both[sizeof req->id.scope + sizeof req->id.key], digest[65];
+        size_t sl = strlen(req->id.scope), kl = strlen(req->id.key);
+        memcpy(both, req->id.scope, sl + 1); /* the NUL separates them */
+        memcpy(both + sl + 1, req->id.key, kl);
+        idem_sha256_hex(both, sl + 1 + kl, digest);
+        idem__span_attr_str(s, "idem.key_hash", digest, 64);
+    }
+    if (req->fence > 0)
+        idem__span_attr_int(s, "idem.fence", (int64_t)req->fence);
+    if (req->store_ns > 0)
+        idem__span_attr_int(s, "idem.store_time_us", (int64_t)(req->store_ns / 1000));
+    uint64_t up_end = req->t_up_end_ns != 0 ? req->t_up_end_ns : now;
+    if (req->t_up_ns != 0)
+        idem__span_attr_int(s, "idem.upstream_time_us", (int64_t)((up_end - req->t_up_ns) / 1000));
+    if (req->status >= 500)
+        idem__span_error(s, outcome);
+    idem__otlp_enqueue(gw->otlp, s);
+    if (req->t_up_ns != 0) {
+        nl = snprintf(name, sizeof name, "idem upstream %.*s", (int)method->len, method->ptr);
+        if ((size_t)nl >= sizeof name)
+            nl = (int)sizeof name - 1;
+        idem__span_init(s, req->trace.trace_id, req->up_span_id, req->span_id,
+                        IDEM_SPAN_KIND_CLIENT, name, (size_t)nl);
+        s->start_unix_ns = req->t_start_unix_ns + (req->t_up_ns - req->t_start_ns);
+        s->end_unix_ns = req->t_start_unix_ns + (up_end - req->t_start_ns);
+        idem__span_attr_str(s, "http.request.method", method->ptr, method->len);
+        idem__span_attr_str(s, "server.address", gw->upstream_host, strlen(gw->upstream_host));
+        idem__span_attr_str(s, "url.path", req->target, req->path_len);
+        int up_status = req->up.resp.status;
+        if (up_status > 0)
+            idem__span_attr_int(s, "http.response.status_code", up_status);
+        if (req->up_result != IDEM_UP_OK || up_status <= 0)
+            idem__span_error(s, req->up_result == IDEM_UP_CONNECT_FAILED ? "connect_failed"
+                                : req->up_result == IDEM_UP_TIMEOUT      ? "timeout"
+                                : req->up_result == IDEM_UP_BAD_RESPONSE ? "bad_response"
+                                                                         : "broken");
+        else if (up_status >= 500)
+            idem__span_error(s, "5xx");
+        idem__otlp_enqueue(gw->otlp, s);
+    }
+    idem_free(s);
+}
+
 /* A request of w from the head_len bytes at head (copied), answering
  * through os, with its target normalised.  NULL when out of memory, or
  * when the target is refused (*target_rc < 0). */
@@ -183,6 +324,7 @@ static idem_req_t *req_create(idem_worker_t *w, idem_ostream_t *os, const idem_c
     if (facts->client_cert_sha256 != NULL)
         snprintf(req->client_cert, sizeof req->client_cert, "%s", facts->client_cert_sha256);
     req->t_start_ns = idem_clock_mono_ns();
+    req_trace_begin(req);
     req->outcome = IDEM_OUT_PASSTHROUGH;
     idem__buf_init(&req->body, w->gw->cfg->max_request_bytes);
     /* A body of a known length never needs a larger buffer (a buffer's max
@@ -450,6 +592,8 @@ void idem__req_submit(idem_req_t *req, idem_wjob_t *job, idem_wjob_cb cb)
 {
     job->cb = cb;
     job->data = req;
+    if (req->traced && job == &req->job)
+        req->t_job_ns = idem_clock_mono_ns();
     req_hold(req, job_hold(req, job));
     idem__worker_submit(req->w, job);
 }
@@ -467,6 +611,8 @@ void idem__req_job_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     idem_hold_t h = job_hold(req, job); /* the callback may queue the job again */
+    if (req->traced && job == &req->job)
+        req->store_ns += idem_clock_mono_ns() - req->t_job_ns;
     job->cb(job);
     idem__req_release(req, h);
 }
@@ -945,6 +1091,8 @@ static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t 
 static void on_up_done(idem_upstream_req_t *ur)
 {
     idem_req_t *req = ur->data;
+    if (req->traced)
+        req->t_up_end_ns = idem_clock_mono_ns();
     if (req->streaming)
         req_stream_end(req, true);
     else
@@ -955,6 +1103,8 @@ static void on_up_done(idem_upstream_req_t *ur)
 static void on_up_failure(idem_upstream_req_t *ur, idem_up_result_t why)
 {
     idem_req_t *req = ur->data;
+    if (req->traced)
+        req->t_up_end_ns = idem_clock_mono_ns();
     if (idem__upstream_req_reason(ur)[0] != '\0') /* a TLS failure says why */
         idem__log(req->w->gw, "warn", "upstream %s: %s", req->w->gw->upstream_hostport,
                   idem__upstream_req_reason(ur));
@@ -982,6 +1132,14 @@ void idem__req_forward(idem_req_t *req)
     idem_buf_t head;
     idem__buf_init(&head, 0);
     idem_gw_request_t rq = idem_req_view(req);
+    /* Tracing on: the upstream's parent is idemd's client span. */
+    char traceparent[IDEM_TRACEPARENT_LEN + 1];
+    if (req->trace_on) {
+        idem_trace_ctx_t up = req->trace;
+        memcpy(up.span_id, req->up_span_id, sizeof up.span_id);
+        idem__otlp_traceparent_format(&up, traceparent);
+        rq.traceparent = traceparent;
+    }
     bool built = idem__gw_upstream_head(&head, gw->cfg, gw->upstream_hostport, &rq, req->keyed,
                                         req->fence) == 0;
     if (!built)
@@ -1396,6 +1554,8 @@ static void req_route(idem_req_t *req)
 {
     if (req->kind != IDEM_GW_TOKEN_ISSUE) {
         idem_gw_request_t rq = idem_req_view(req);
+        if (req->trace_on)
+            rq.traceparent = trace_placeholder;
         idem_gw_refusal_t refusal;
         if (!idem__gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
                                     req->kind == IDEM_GW_KEYED, &refusal)) {
@@ -1464,6 +1624,7 @@ static void req_end(idem_req_t *req)
         idem__metrics_count(&gw->metrics, req_route_slot(req), req->outcome);
     idem__hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
+    req_trace_end(req);
     idem__log_request(req->w, req);
     idem_list_remove(&req->link);
     if (req->timer_made)

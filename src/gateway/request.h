@@ -22,6 +22,7 @@
 #include "gateway/gateway.h"
 #include "gateway/handler.h"
 #include "gateway/list.h"
+#include "gateway/otlp.h"
 #include "gateway/outcome.h"
 #include "gateway/req_state.h"
 #include "gateway/request_plan.h"
@@ -95,6 +96,17 @@ struct idem_req {
     idem_header_t *store_headers; /* response headers kept for replay */
     size_t n_store_headers;
     idem_response_t store_resp;   /* what COMPLETE stores; points into resp_head/resp_body */
+    /* Traces (otlp.h), all zero while gw->otlp is NULL. */
+    bool trace_on;                /* tracing is on: a traceparent goes upstream */
+    bool traced;                  /* sampled: its spans are exported at its end */
+    bool trace_parent;            /* trace continues a client's traceparent */
+    idem_trace_ctx_t trace;       /* the trace, the client's span (trace_parent), flags */
+    uint8_t span_id[IDEM_SPAN_ID_LEN];    /* the server span, the request's */
+    uint8_t up_span_id[IDEM_SPAN_ID_LEN]; /* the client span of its upstream call */
+    uint64_t t_start_unix_ns;     /* t_start_ns on the wall clock */
+    uint64_t t_up_end_ns;         /* the upstream call ended (mono); 0: not yet or never */
+    uint64_t t_job_ns;            /* req->job went to the writer (mono) */
+    uint64_t store_ns;            /* writer round trips of req->job, summed */
 };
 
 /** The request as the loop-free steps read it (request_plan.h): valid while

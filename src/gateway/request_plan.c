@@ -452,7 +452,8 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
             (!kept && idem__http_field_is_hop_by_hop(m, i) && !is_key_header(cfg, f->name)) ||
             idem__slice_eq_ci(f->name, "Content-Length") ||
             idem__slice_eq_ci(f->name, "Expect") ||
-            idem__slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0))
+            idem__slice_eq_ci(f->name, "Idempotency-Fence") || (host && rq->authority.len > 0) ||
+            (rq->traceparent != NULL && idem__slice_eq_ci(f->name, "traceparent")))
             continue;
         if (host)
             has_host = true;
@@ -468,6 +469,8 @@ static void build_head(head_sink_t *s, const idem_config_t *cfg, const char *ups
         int n = snprintf(num, sizeof num, "%zu", rq->body_len);
         sink_field(s, "Content-Length", 14, num, (size_t)n);
     }
+    if (rq->traceparent != NULL)
+        sink_field(s, "traceparent", 11, rq->traceparent, strlen(rq->traceparent));
     sink_raw(s, "\r\n", 2);
 }
 

@@ -87,6 +87,9 @@ typedef struct idem_gw_request {
     idem_slice_t authority;     /* an absolute-form target's authority; else empty */
     const uint8_t *body;        /* the decoded body (chunked coding removed) */
     size_t body_len;
+    const char *traceparent;    /* tracing on (otlp_endpoint): the traceparent sent upstream
+                                 * in place of any the client sent; NULL: the client's
+                                 * fields go as they are */
 } idem_gw_request_t;
 
 /** What idem__gw_classify found. */
@@ -183,6 +186,9 @@ idem_err_t idem__gw_fingerprint(const idem_policy_t *p, const idem_gw_request_t 
  * Host from an absolute-form target's authority, else
  * the client's, else upstream_host; then Idempotency-Fence: fence when
  * keyed, and Content-Length when there is a body or the client framed one.
+ * With rq->traceparent set, every traceparent field of the client's is
+ * left out and `traceparent: rq->traceparent` goes last (tracestate is
+ * the client's, as received).
  * @return 0, or -1 when out of memory or out's cap was reached (out may
  *         then hold part of the head). */
 int idem__gw_upstream_head(idem_buf_t *out, const idem_config_t *cfg, const char *upstream_host,
