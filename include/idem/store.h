@@ -173,4 +173,90 @@ IDEM_EXTERN idem_err_t idem_store_token_use(idem_store_t *store, const idem_key_
 IDEM_EXTERN idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id,
                                                 int64_t now_ms);
 
+/* ---- listing and removing records in bulk (the admin's GET/DELETE /keys) --
+ *
+ * A listing visits records in pages: each call returns up to `limit` of
+ * them and, while there may be more, a cursor that the next call resumes
+ * strictly after.  Ordered stores (memory:, lmdb:, rocksdb:, postgres://)
+ * go in (scope, key) order, so a key present for the whole listing is
+ * returned exactly once however many keys are added or removed meanwhile.
+ * Redis walks with SCAN (see docs/admin.md for what that guarantees).
+ * Where the store can, the scope and prefix filters bound the walk (a
+ * range of an ordered store, a MATCH pattern of SCAN); state and age are
+ * checked on each record visited.  Prevention tokens and records past
+ * their retention are never listed. */
+
+/** Which records a listing takes, by state. */
+typedef enum idem_list_state {
+    IDEM_LIST_ANY = 0,         /* every state */
+    IDEM_LIST_IN_PROGRESS = 1, /* in_progress, held or not */
+    IDEM_LIST_COMPLETED = 2,
+    IDEM_LIST_HELD = 3,        /* in_progress and held (IDEM_REC_HELD) */
+} idem_list_state_t;
+
+/** What a listing takes.  Zeroed: every live record. */
+typedef struct idem_store_filter {
+    const char *scope;       /* NULL: every scope */
+    const char *prefix;      /* NULL or "": every key; else keys that begin with it */
+    idem_list_state_t state;
+    /* leave out in_progress records whose owner's lease is still live and
+     * held ones, unless state names them (a bulk delete without state) */
+    bool spare_in_flight;
+    int64_t now_ms;          /* records past expires_at at now_ms are left out */
+    /* Age: when nonzero, only records last written before it.  The time of
+     * the last write is the lease end less lease_ms for in_progress records
+     * (a claim, renewal or hold sets the lease to that time plus the
+     * lease), and expires_at less ttl_ms for completed ones. */
+    int64_t written_before_ms;
+    int64_t lease_ms, ttl_ms;
+} idem_store_filter_t;
+
+/** One listed record: its id and the record's head (no headers or body;
+ * response.status is set for a completed record).  Nothing to free. */
+typedef struct idem_store_listed {
+    idem_key_id_t id;
+    idem_record_t rec;
+} idem_store_listed_t;
+
+/** A resume point: opaque text, NUL-terminated, safe in a URL query. */
+#define IDEM_STORE_CURSOR_MAX 1024
+
+/** One page of a listing. */
+typedef struct idem_store_page {
+    idem_store_listed_t *items; /* n of them, owned (idem_store_page_cleanup) */
+    size_t n;
+    /** "" when the listing is complete; else where the next call resumes
+     * (possibly with no item on this page: a page also stops after a
+     * bounded number of records visited). */
+    char cursor[IDEM_STORE_CURSOR_MAX + 1];
+} idem_store_page_t;
+
+/** The most records one page may hold. */
+#define IDEM_STORE_LIST_MAX 1000
+
+/** List one page of the records that match f.
+ * @param cursor  NULL or "" to start; else a page's cursor from the same filter.
+ * @param limit   1..IDEM_STORE_LIST_MAX.
+ * @param[out] page  zeroed first; cleaned with idem_store_page_cleanup.
+ * @return IDEM_OK, IDEM_E_INVAL (bad filter, limit or cursor),
+ *         IDEM_E_STORE_DOWN, IDEM_E_IO, IDEM_E_NOMEM. */
+IDEM_EXTERN idem_err_t idem_store_list(idem_store_t *store, const idem_store_filter_t *f,
+                                       const char *cursor, size_t limit,
+                                       idem_store_page_t *page);
+
+/** Free what a page holds and zero it. */
+IDEM_EXTERN void idem_store_page_cleanup(idem_store_page_t *page);
+
+/** Remove listed records that are still as listed: each one only if the
+ * store still holds a record under its id with the same state and fence
+ * (so one claimed again, or completed, since it was listed stays).
+ * @param n  at most IDEM_STORE_LIST_MAX.
+ * @param[out] deleted  how many were removed (NULL allowed); removed[i]
+ *             (NULL allowed, n entries) says which.
+ * @return IDEM_OK, or a store error (then *deleted counts what a partial
+ *         run removed, which may be fewer than were). */
+IDEM_EXTERN idem_err_t idem_store_delete_listed(idem_store_t *store,
+                                                const idem_store_listed_t *items, size_t n,
+                                                size_t *deleted, bool *removed);
+
 #endif /* IDEM_STORE_H */

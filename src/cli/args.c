@@ -16,17 +16,21 @@
  *
  * THREADING: pure functions.
  */
+#include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "cli/args.h"
+#include "idem/units.h"
 
 /* Which commands take an option: bits of 1 << idem_cli_cmd_t. */
 #define ON(cmd) (1u << (cmd))
 #define ON_REQ ON(IDEM_CLI_REQUEST)
-#define ON_KEYS (ON(IDEM_CLI_KEYS_GET) | ON(IDEM_CLI_KEYS_DELETE))
+#define ON_KEYS (ON(IDEM_CLI_KEYS_GET) | ON(IDEM_CLI_KEYS_DELETE) | ON(IDEM_CLI_KEYS_LIST))
+#define ON_BULK (ON(IDEM_CLI_KEYS_DELETE) | ON(IDEM_CLI_KEYS_LIST))
 #define ON_TOKEN ON(IDEM_CLI_TOKEN)
 #define ON_CONF ON(IDEM_CLI_CONFORMANCE)
 
@@ -52,6 +56,10 @@ enum opt_id {
     OPT_MARKER,
     OPT_TIMEOUT,
     OPT_JSON,
+    OPT_STATE,
+    OPT_PREFIX,
+    OPT_OLDER_THAN,
+    OPT_LIMIT,
 };
 
 typedef struct opt {
@@ -87,6 +95,10 @@ static const opt_t opts[] = {
     {.name = "--marker", .takes_value = true, .cmds = ON_CONF, .id = OPT_MARKER},
     {.name = "--timeout", .takes_value = true, .cmds = ON_CONF, .id = OPT_TIMEOUT},
     {.name = "--json", .cmds = ON_CONF, .id = OPT_JSON},
+    {.name = "--state", .takes_value = true, .cmds = ON_BULK, .id = OPT_STATE},
+    {.name = "--prefix", .takes_value = true, .cmds = ON_BULK, .id = OPT_PREFIX},
+    {.name = "--older-than", .takes_value = true, .cmds = ON_BULK, .id = OPT_OLDER_THAN},
+    {.name = "--limit", .takes_value = true, .cmds = ON(IDEM_CLI_KEYS_LIST), .id = OPT_LIMIT},
 };
 
 /* The parse in progress: what a later check needs to know about earlier flags. */
@@ -104,6 +116,7 @@ static const char *cmd_name(idem_cli_cmd_t c)
     case IDEM_CLI_REQUEST: return "request";
     case IDEM_CLI_KEYS_GET: return "keys get";
     case IDEM_CLI_KEYS_DELETE: return "keys delete";
+    case IDEM_CLI_KEYS_LIST: return "keys list";
     case IDEM_CLI_TOKEN: return "token";
     case IDEM_CLI_CONFORMANCE: return "conformance";
     default: return "idemctl";
@@ -278,6 +291,15 @@ static idem_err_t add_header(state_t *st, const char *h)
     return IDEM_OK;
 }
 
+/* Whether s is printable ASCII with spaces (a key's characters). */
+static bool is_key_chars(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+            return false;
+    return true;
+}
+
 static idem_err_t set_value(state_t *st, const opt_t *o, const char *v)
 {
     idem_cli_args_t *a = st->a;
@@ -380,10 +402,37 @@ static idem_err_t set_value(state_t *st, const opt_t *o, const char *v)
             return fail(st, IDEM_E_INVAL, "%s: empty URL", o->name);
         a->url = v;
         return IDEM_OK;
+    case OPT_STATE:
+        if (strcmp(v, "in_progress") != 0 && strcmp(v, "completed") != 0 && strcmp(v, "held") != 0)
+            return fail(st, IDEM_E_INVAL, "--state '%.40s': not in_progress, completed or held", v);
+        a->state = v;
+        return IDEM_OK;
+    case OPT_PREFIX:
+        if (*v == '\0' || strlen(v) > IDEM_KEY_MAX || !is_key_chars(v))
+            return fail(st, IDEM_E_INVAL, "--prefix '%.40s': 1 to 255 visible ASCII characters", v);
+        a->prefix = v;
+        return IDEM_OK;
+    case OPT_OLDER_THAN: {
+        int64_t ms;
+        if (idem_parse_duration(v, &ms) != IDEM_OK)
+            return fail(st, IDEM_E_INVAL, "--older-than '%.40s': not a duration (30s, 10m, 2h)", v);
+        a->older_than = v;
+        return IDEM_OK;
+    }
+    case OPT_LIMIT: {
+        char *end;
+        errno = 0;
+        unsigned long n = strtoul(v, &end, 10);
+        if (errno != 0 || *end != '\0' || *v < '0' || *v > '9' || n < 1 || n > 1000)
+            return fail(st, IDEM_E_INVAL, "--limit '%.40s': not a number from 1 to 1000", v);
+        a->limit = (unsigned)n;
+        return IDEM_OK;
+    }
     default:
         return IDEM_OK;
     }
 }
+
 
 static void set_flag(idem_cli_args_t *a, const opt_t *o)
 {
@@ -505,10 +554,29 @@ static idem_err_t finish(state_t *st)
             return fail(st, IDEM_E_INVAL, "%s needs a URL (try idemctl --help)", cmd_name(a->cmd));
         a->url = st->positional;
         return IDEM_OK;
+    case IDEM_CLI_KEYS_LIST:
+        if (st->positional != NULL)
+            return fail(st, IDEM_E_INVAL, "keys list takes no KEY (use --prefix)");
+        a->scope_given = st->scope_given || st->scope_of_given;
+        if (a->url == NULL)
+            a->url = IDEM_CLI_DEFAULT_ADMIN;
+        return IDEM_OK;
     case IDEM_CLI_KEYS_GET:
     case IDEM_CLI_KEYS_DELETE:
+        a->scope_given = st->scope_given || st->scope_of_given;
+        if (a->cmd == IDEM_CLI_KEYS_DELETE && st->positional == NULL &&
+            (a->scope_given || a->state || a->prefix || a->older_than)) {
+            a->bulk = true; /* DELETE /keys with the filters */
+            if (a->url == NULL)
+                a->url = IDEM_CLI_DEFAULT_ADMIN;
+            return IDEM_OK;
+        }
+        if (st->positional != NULL && (a->state || a->prefix || a->older_than))
+            return fail(st, IDEM_E_INVAL, "%s: give a KEY or filters (--state, --prefix, "
+                        "--older-than, --scope), not both", cmd_name(a->cmd));
         if (st->positional == NULL)
-            return fail(st, IDEM_E_INVAL, "%s needs a KEY", cmd_name(a->cmd));
+            return fail(st, IDEM_E_INVAL, "%s needs a KEY%s", cmd_name(a->cmd),
+                        a->cmd == IDEM_CLI_KEYS_DELETE ? " or filters" : "");
         if (idem_key_parse(st->positional, strlen(st->positional), a->key) != IDEM_OK)
             return fail(st, IDEM_E_INVAL, "%s: '%.60s' is not a valid key (1 to 255 visible ASCII "
                         "characters; quote it, \"a b\", to include spaces)", cmd_name(a->cmd),
@@ -538,7 +606,7 @@ static idem_err_t parse_command(state_t *st, int argc, char *const argv[], int *
         a->max_time_ms = IDEM_CLI_DEFAULT_MAX_TIME_MS;
     } else if (strcmp(c, "keys") == 0) {
         if (*i + 1 >= argc)
-            return fail(st, IDEM_E_INVAL, "keys needs get or delete");
+            return fail(st, IDEM_E_INVAL, "keys needs get, delete or list");
         const char *sub = argv[++*i];
         if (strcmp(sub, "get") == 0) {
             a->cmd = IDEM_CLI_KEYS_GET;
@@ -546,11 +614,14 @@ static idem_err_t parse_command(state_t *st, int argc, char *const argv[], int *
         } else if (strcmp(sub, "delete") == 0) {
             a->cmd = IDEM_CLI_KEYS_DELETE;
             a->method = "DELETE";
+        } else if (strcmp(sub, "list") == 0) {
+            a->cmd = IDEM_CLI_KEYS_LIST;
+            a->method = "GET";
         } else if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
             a->cmd = IDEM_CLI_HELP;
             return IDEM_OK;
         } else {
-            return fail(st, IDEM_E_INVAL, "keys %.40s: not get or delete", sub);
+            return fail(st, IDEM_E_INVAL, "keys %.40s: not get, delete or list", sub);
         }
         a->max_time_ms = IDEM_CLI_DEFAULT_ADMIN_TIME_MS;
     } else if (strcmp(c, "token") == 0) {

@@ -49,6 +49,7 @@ typedef enum idem_cli_cmd {
     IDEM_CLI_KEYS_DELETE, /* keys delete */
     IDEM_CLI_TOKEN,       /* token */
     IDEM_CLI_CONFORMANCE, /* conformance */
+    IDEM_CLI_KEYS_LIST,   /* keys list */
 } idem_cli_cmd_t;
 
 /** A parsed command line.  Strings are borrowed from argv (which outlives
@@ -75,6 +76,14 @@ typedef struct idem_cli_args {
     bool json;            /* conformance: --json, the report as one JSON document */
     const char *admin_token_file; /* keys: --admin-token-file; NULL: $IDEM_ADMIN_TOKEN_FILE
                                    * or none (admin_auth.c) */
+    /* keys list, keys delete without KEY: the filters of GET/DELETE /keys,
+     * NULL when absent (scope_given says whether scope is one) */
+    const char *state;      /* --state: in_progress, completed, held */
+    const char *prefix;     /* --prefix */
+    const char *older_than; /* --older-than: a duration */
+    unsigned limit;         /* keys list: --limit, the page size (0: the admin's 100) */
+    bool bulk;              /* keys delete with filters and no KEY */
+    bool scope_given;       /* --scope or --scope-of was given */
 } idem_cli_args_t;
 
 /** Parse idemctl's argv (argv[0] is the program name).

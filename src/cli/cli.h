@@ -41,6 +41,8 @@ int idem__cli_request(const idem_cli_args_t *a);
 
 /** idemctl keys get|delete (keys.c).  @return the exit code. */
 int idem__cli_keys(const idem_cli_args_t *a);
+/* idemctl keys list, and keys delete with filters (GET/DELETE {admin}/keys?...). */
+int idem__cli_keys_bulk(const idem_cli_args_t *a);
 
 /** idemctl token (keys.c).  @return the exit code. */
 int idem__cli_token(const idem_cli_args_t *a);

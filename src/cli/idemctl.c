@@ -27,6 +27,9 @@ static const char *const help[] = {
     "                       [--key K] [--retries N] [--max-time S] [-i] [-v]\n"
     "       idemctl keys get|delete KEY [--scope S | --scope-of VALUE] [--admin URL]\n"
     "                       [--admin-token-file F]\n"
+    "       idemctl keys list [--scope S] [--state STATE] [--prefix P] [--older-than D]\n"
+    "                         [--limit N] [--admin URL] [--admin-token-file F]\n"
+    "       idemctl keys delete --state STATE | --older-than D | --scope S | --prefix P ...\n"
     "       idemctl token [--url URL] [-H 'Name: v']...\n"
     "       idemctl conformance URL [--path P] [--method M] [--body JSON] [--marker NAME]\n"
     "                           [--timeout S] [--json] [-H 'Name: v']...\n"
@@ -157,7 +160,9 @@ int main(int argc, char **argv)
         break;
     case IDEM_CLI_KEYS_GET:
     case IDEM_CLI_KEYS_DELETE:
-        rc = idem__cli_keys(&args);
+    case IDEM_CLI_KEYS_LIST:
+        rc = args.cmd == IDEM_CLI_KEYS_LIST || args.bulk ? idem__cli_keys_bulk(&args)
+                                                         : idem__cli_keys(&args);
         break;
     case IDEM_CLI_CONFORMANCE:
         rc = idem__cli_conformance(&args);

@@ -7,6 +7,10 @@
  * section 8): POST {url}/_idem/tokens, with the caller's -H headers so that
  * an Authorization header binds the token to the caller's scope.
  *
+ * keys list and keys delete with filters (no KEY) use GET and DELETE
+ * {admin}/keys?scope=&state=&prefix=&older_than= (list follows next_cursor
+ * to the end and prints one record a line).
+ *
  * These are an operator's lookups, not operations to make happen: they are
  * not retried, and they give up after --max-time (10 s by default).  An
  * error answer is reported on stderr as one line with the problem's detail;
@@ -23,6 +27,7 @@
 
 #include "cli/cli.h"
 #include "cli/transfer.h"
+#include "idem/store.h"
 
 int idem__cli_write_out(const void *p, size_t n)
 {
@@ -123,6 +128,108 @@ out:
     idem__cli_answer_cleanup(&ans);
     free(base);
     free(url);
+    return rc;
+}
+
+/* Append "&name=value" (value percent-encoded) to buf when value is set. */
+static int add_param(idem_buf_t *buf, const char *name, const char *value)
+{
+    char enc[3 * IDEM_STORE_CURSOR_MAX + 1];
+    if (value == NULL)
+        return 0;
+    if (idem__cli_pct_encode(value, strlen(value), enc, sizeof enc) != IDEM_OK)
+        return -1;
+    return idem__buf_append_str(buf, "&") != 0 || idem__buf_append_str(buf, name) != 0 ||
+                   idem__buf_append_str(buf, "=") != 0 || idem__buf_append_str(buf, enc) != 0
+               ? -1
+               : 0;
+}
+
+int idem__cli_keys_bulk(const idem_cli_args_t *a)
+{
+    bool list = a->cmd == IDEM_CLI_KEYS_LIST;
+    const char *what = list ? "keys list" : "keys delete";
+    char *base = NULL, *cursor = NULL;
+    char err[512], limit[16];
+    int rc = IDEM_CLI_EXIT_USAGE;
+    idem_buf_t url;
+    idem_cli_answer_t ans;
+
+    idem__buf_init(&url, 0);
+    idem__cli_answer_init(&ans);
+    if (idem__cli_url_check(a->url, true, &base, err, sizeof err) != IDEM_OK) {
+        fprintf(stderr, "idemctl: --admin: %s\n", err);
+        goto out;
+    }
+    snprintf(limit, sizeof limit, "%u", a->limit);
+    for (;;) {
+        idem__buf_reset(&url);
+        if (idem__buf_append_str(&url, base) != 0 || idem__buf_append_str(&url, "/keys?") != 0 ||
+            add_param(&url, "scope", a->scope_given ? a->scope : NULL) != 0 ||
+            add_param(&url, "state", a->state) != 0 || add_param(&url, "prefix", a->prefix) != 0 ||
+            add_param(&url, "older_than", a->older_than) != 0 ||
+            add_param(&url, "limit", list && a->limit ? limit : NULL) != 0 ||
+            add_param(&url, "cursor", cursor) != 0 || idem__buf_append(&url, "", 1) != 0) {
+            fprintf(stderr, "idemctl: out of memory\n");
+            rc = IDEM_CLI_EXIT_NOMEM;
+            goto out;
+        }
+        idem_cli_send_t send = {
+            .method = list ? "GET" : "DELETE",
+            .url = (const char *)url.data,
+            .user_agent = IDEM_CLI_USER_AGENT,
+            .timeout_ms = a->max_time_ms,
+        };
+        idem__cli_answer_cleanup(&ans);
+        idem__cli_answer_init(&ans);
+        rc = exchange_once(&send, &ans, what);
+        if (rc >= 0)
+            goto out;
+        if (ans.status != 200) {
+            rc = report_status(&ans, what);
+            goto out;
+        }
+        if (!list) {
+            rc = IDEM_CLI_EXIT_OK;
+            bool nl = ans.body.len > 0 && ans.body.data[ans.body.len - 1] == '\n';
+            if (idem__cli_write_out(ans.body.data, ans.body.len) != 0 ||
+                (!nl && idem__cli_write_out("\n", 1) != 0))
+                rc = IDEM_CLI_EXIT_WRITE;
+            goto out;
+        }
+        json_error_t jerr;
+        json_t *doc = json_loadb(ans.body.data ? ans.body.data : "", ans.body.len, 0, &jerr);
+        json_t *keys = json_object_get(doc, "keys");
+        json_t *next = json_object_get(doc, "next_cursor");
+        if (!json_is_array(keys) || (next != NULL && !json_is_null(next) && !json_is_string(next))) {
+            json_decref(doc);
+            fprintf(stderr, "idemctl: keys list: the answer is not a page of keys\n");
+            rc = IDEM_CLI_EXIT_HTTP;
+            goto out;
+        }
+        size_t i;
+        json_t *rec;
+        rc = IDEM_CLI_EXIT_OK;
+        json_array_foreach(keys, i, rec) {
+            char *line = json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            if (line == NULL || idem__cli_write_out(line, strlen(line)) != 0 ||
+                idem__cli_write_out("\n", 1) != 0)
+                rc = IDEM_CLI_EXIT_WRITE;
+            free(line);
+            if (rc != IDEM_CLI_EXIT_OK)
+                break;
+        }
+        free(cursor);
+        cursor = json_is_string(next) ? strdup(json_string_value(next)) : NULL;
+        json_decref(doc);
+        if (rc != IDEM_CLI_EXIT_OK || cursor == NULL)
+            goto out;
+    }
+out:
+    idem__cli_answer_cleanup(&ans);
+    idem__buf_cleanup(&url);
+    free(base);
+    free(cursor);
     return rc;
 }
 

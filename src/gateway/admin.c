@@ -9,6 +9,8 @@
  *   GET /metrics             Prometheus text
  *   GET /keys/{key}?scope=S  the record as JSON, 404 when there is none
  *   DELETE /keys/{key}?scope=S  removes it (204), 404 when there is none
+ *   GET /keys?scope=&state=&prefix=&older_than=&limit=&cursor=  a page of records
+ *   DELETE /keys?scope=&state=&prefix=&older_than=  removes every match
  *
  * The key is percent-encoded in the path; scope defaults to "anonymous".
  * Times are RFC 3339 UTC strings with milliseconds.  Requests are small:
@@ -79,6 +81,7 @@
 #include "idem/clock.h"
 #include "idem/fingerprint.h"
 #include "idem/token.h"
+#include "idem/units.h"
 
 #define ADMIN_MAX_HOSTS (IDEM_CONFIG_MAX_LIST + 4)
 #define ADMIN_METRICS_MAX (4u << 20) /* the largest /metrics text */
@@ -163,6 +166,27 @@ static void rfc3339(int64_t ms, char *out, size_t n)
     snprintf(out + k, n - k, ".%03dZ", (int)(ms % 1000));
 }
 
+/* A record as JSON (docs/admin.md, "Keys and scopes"); NULL without memory.
+ * rec may be a head (no headers or body): only its status is read. */
+static json_t *record_json(const idem_key_id_t *id, const idem_record_t *rec)
+{
+    char fphex[2 * IDEM_FP_LEN + 1], lease[40], expires[40];
+    idem_fp_hex(rec->fingerprint, fphex);
+    rfc3339(rec->lease_until_ms, lease, sizeof lease);
+    rfc3339(rec->expires_at_ms, expires, sizeof expires);
+    bool done = rec->state == IDEM_STATE_COMPLETED;
+    json_t *obj = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s?, s:s, s:b}", "scope", id->scope, "key",
+                            id->key, "state", done ? "completed" : "in_progress", "fence",
+                            (json_int_t)rec->fence, "fingerprint", fphex, "lease_expires_at",
+                            done ? NULL : lease, "expires_at", expires, "held",
+                            (rec->flags & IDEM_REC_HELD) != 0);
+    if (obj && done) {
+        json_object_set_new(obj, "status", json_integer(rec->response.status));
+        json_object_set_new(obj, "body_retained", json_boolean(!(rec->flags & IDEM_REC_NOT_RETAINED)));
+    }
+    return obj;
+}
+
 /* GET or DELETE /keys/{key}?scope=S */
 static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
 {
@@ -233,21 +257,183 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
         answer_problem(a, 503, "store-unavailable", idem_strerror(err));
         return;
     }
-    char fphex[2 * IDEM_FP_LEN + 1], lease[40], expires[40];
-    idem_fp_hex(rec.fingerprint, fphex);
-    rfc3339(rec.lease_until_ms, lease, sizeof lease);
-    rfc3339(rec.expires_at_ms, expires, sizeof expires);
-    bool done = rec.state == IDEM_STATE_COMPLETED;
-    json_t *obj = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s?, s:s, s:b}", "scope", id.scope, "key",
-                            id.key, "state", done ? "completed" : "in_progress", "fence",
-                            (json_int_t)rec.fence, "fingerprint", fphex, "lease_expires_at",
-                            done ? NULL : lease, "expires_at", expires, "held",
-                            (rec.flags & IDEM_REC_HELD) != 0);
-    if (obj && done) {
-        json_object_set_new(obj, "status", json_integer(rec.response.status));
-        json_object_set_new(obj, "body_retained", json_boolean(!(rec.flags & IDEM_REC_NOT_RETAINED)));
-    }
+    json_t *obj = record_json(&id, &rec);
     idem_record_cleanup(&rec);
+    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    if (!body) {
+        answer_problem(a, 500, "internal", "out of memory");
+        return;
+    }
+    answer_json(a, 200, "application/json", body);
+    free(body);
+}
+
+#define KEYS_LIMIT_DEFAULT 100 /* GET /keys without limit= */
+
+/* The filter of GET and DELETE /keys from the query (scope, state, prefix,
+ * older_than; the strings land in the caller's buffers).  false with a
+ * 400 answered when a parameter is bad.  *any says whether one was given. */
+static bool keys_filter(idem_gw_t *gw, const char *q, size_t qn, idem_store_filter_t *f,
+                        char *scope, char *prefix, bool *any, idem_answer_t *a)
+{
+    char state[16], age[32];
+    memset(f, 0, sizeof *f);
+    f->now_ms = idem_clock_now(NULL);
+    *any = false;
+    long r = idem__http_query_param(q, qn, "scope", scope, IDEM_SCOPE_MAX + 1);
+    if (r == -1 || (r >= 0 && !idem_scope_valid(scope))) {
+        answer_problem(a, 400, "invalid-scope", "scope is \"anonymous\" or 64 lowercase hex digits");
+        return false;
+    }
+    if (r >= 0) {
+        f->scope = scope;
+        *any = true;
+    }
+    r = idem__http_query_param(q, qn, "state", state, sizeof state);
+    if (r >= 0 && strcmp(state, "in_progress") == 0)
+        f->state = IDEM_LIST_IN_PROGRESS;
+    else if (r >= 0 && strcmp(state, "completed") == 0)
+        f->state = IDEM_LIST_COMPLETED;
+    else if (r >= 0 && strcmp(state, "held") == 0)
+        f->state = IDEM_LIST_HELD;
+    else if (r != -2) {
+        answer_problem(a, 400, "invalid-filter", "state is in_progress, completed or held");
+        return false;
+    }
+    *any = *any || r >= 0;
+    r = idem__http_query_param(q, qn, "prefix", prefix, IDEM_KEY_MAX + 1);
+    bool prefix_ok = r != -1;
+    for (long i = 0; prefix_ok && i < r; i++)
+        if ((unsigned char)prefix[i] < 0x20 || (unsigned char)prefix[i] > 0x7e)
+            prefix_ok = false;
+    if (!prefix_ok) {
+        answer_problem(a, 400, "invalid-filter",
+                       "prefix is at most 255 printable ASCII characters, percent-encoded");
+        return false;
+    }
+    if (r > 0) {
+        f->prefix = prefix;
+        *any = true;
+    }
+    r = idem__http_query_param(q, qn, "older_than", age, sizeof age);
+    if (r != -2) {
+        int64_t ms;
+        if (r < 0 || idem_parse_duration(age, &ms) != IDEM_OK) {
+            answer_problem(a, 400, "invalid-filter", "older_than is a duration such as 30s, 10m or 2h");
+            return false;
+        }
+        f->written_before_ms = f->now_ms - ms;
+        if (f->written_before_ms == 0)
+            f->written_before_ms = -1;
+        f->lease_ms = gw->cfg->defaults.lease_ms;
+        f->ttl_ms = gw->cfg->defaults.key_ttl_ms;
+        *any = true;
+    }
+    return true;
+}
+
+static void answer_store_error(idem_answer_t *a, idem_err_t err)
+{
+    if (err == IDEM_E_UNSUPPORTED)
+        answer_problem(a, 501, "not-supported", "this store cannot list its records");
+    else
+        answer_problem(a, 503, "store-unavailable", idem_strerror(err));
+}
+
+/* GET /keys?scope=&state=&prefix=&older_than=&limit=&cursor= : one page of
+ * records; DELETE /keys?scope=&state=&prefix=&older_than= : removes every
+ * match, a page of IDEM_STORE_LIST_MAX at a time, each record only if it is
+ * still as listed (idem_store_delete_listed).  Without state, a DELETE
+ * spares in-flight records (a live lease, or held): those go only when
+ * state names them. */
+static void handle_keys_bulk(idem_admin_t *admin, const idem_http_msg_t *m, idem_answer_t *a)
+{
+    idem_gw_t *gw = admin->gw;
+    bool is_get = idem__slice_eq_ci(m->method, "GET") || idem__slice_eq_ci(m->method, "HEAD");
+    bool is_delete = idem__slice_eq_ci(m->method, "DELETE");
+    if (!is_get && !is_delete) {
+        answer_problem(a, 405, "method-not-allowed", "use GET or DELETE");
+        return;
+    }
+    const char *q = memchr(m->target.ptr, '?', m->target.len);
+    size_t qn = q ? m->target.len - (size_t)(q - m->target.ptr) - 1 : 0;
+    q = q ? q + 1 : "";
+    char scope[IDEM_SCOPE_MAX + 1], prefix[IDEM_KEY_MAX + 1];
+    char cursor[IDEM_STORE_CURSOR_MAX + 1] = "";
+    idem_store_filter_t f;
+    bool any;
+    if (!keys_filter(gw, q, qn, &f, scope, prefix, &any, a))
+        return;
+    idem_store_page_t page;
+    if (is_delete) {
+        if (!any) {
+            answer_problem(a, 400, "filter-required",
+                           "DELETE /keys needs at least one of scope, state, prefix, older_than");
+            return;
+        }
+        f.spare_in_flight = f.state == IDEM_LIST_ANY;
+        size_t total = 0;
+        bool removed[IDEM_STORE_LIST_MAX];
+        do {
+            idem_err_t err = idem_store_list(gw->store, &f, cursor, IDEM_STORE_LIST_MAX, &page);
+            size_t gone = 0;
+            if (err == IDEM_OK)
+                err = idem_store_delete_listed(gw->store, page.items, page.n, &gone, removed);
+            if (err != IDEM_OK) {
+                idem_store_page_cleanup(&page);
+                answer_store_error(a, err);
+                return;
+            }
+            for (size_t i = 0; i < page.n; i++)
+                if (removed[i])
+                    idem__cache_remove(gw->cache, &page.items[i].id);
+            total += gone;
+            memcpy(cursor, page.cursor, sizeof cursor);
+            idem_store_page_cleanup(&page);
+        } while (cursor[0] != '\0');
+        char body[64];
+        snprintf(body, sizeof body, "{\"deleted\":%zu}", total);
+        answer_json(a, 200, "application/json", body);
+        return;
+    }
+    char num[16];
+    long r = idem__http_query_param(q, qn, "limit", num, sizeof num);
+    long limit = KEYS_LIMIT_DEFAULT;
+    if (r != -2) {
+        char *end;
+        limit = r > 0 ? strtol(num, &end, 10) : 0;
+        if (r <= 0 || *end != '\0' || limit < 1 || limit > IDEM_STORE_LIST_MAX) {
+            answer_problem(a, 400, "invalid-filter", "limit is a number from 1 to 1000");
+            return;
+        }
+    }
+    r = idem__http_query_param(q, qn, "cursor", cursor, sizeof cursor);
+    if (r == -1) {
+        answer_problem(a, 400, "invalid-cursor", "cursor is a next_cursor of an earlier page");
+        return;
+    }
+    if (r == -2)
+        cursor[0] = '\0';
+    idem_err_t err = idem_store_list(gw->store, &f, cursor, (size_t)limit, &page);
+    if (err == IDEM_E_INVAL) {
+        answer_problem(a, 400, "invalid-cursor", "cursor is a next_cursor of an earlier page");
+        return;
+    }
+    if (err != IDEM_OK) {
+        answer_store_error(a, err);
+        return;
+    }
+    json_t *keys = json_array();
+    for (size_t i = 0; keys != NULL && i < page.n; i++)
+        if (json_array_append_new(keys, record_json(&page.items[i].id, &page.items[i].rec)) != 0) {
+            json_decref(keys);
+            keys = NULL;
+        }
+    json_t *obj = keys ? json_pack("{s:o, s:s?}", "keys", keys, "next_cursor",
+                                   page.cursor[0] ? page.cursor : NULL)
+                       : NULL;
+    idem_store_page_cleanup(&page);
     char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
     if (!body) {
@@ -541,6 +727,10 @@ static void admin_answer(idem_admin_t *admin, const idem_http_msg_t *m, idem_ans
     /* Every endpoint below, and the 404 of none, is behind the token. */
     if (!admin_authorized(admin, m, a))
         return;
+    if (target_is(m, "/keys")) {
+        handle_keys_bulk(admin, m, a);
+        return;
+    }
     if (m->target.len > 6 && memcmp(m->target.ptr, "/keys/", 6) == 0) {
         handle_keys(admin, m, a);
         return;

@@ -1156,6 +1156,50 @@ static idem_err_t lmdb_sweep(idem_store_t *base, int64_t now_ms, size_t max, siz
     return rc == 0 ? IDEM_OK : fail(s, what, rc);
 }
 
+/* A listing is a range of the records' B-tree (keys sort as scope '\0'
+ * key), read in one read-only transaction: from the filter's start or the
+ * cursor on, never past the scope and prefix. */
+static idem_err_t lmdb_list(idem_store_t *base, idem__list_t *l)
+{
+    struct lmdb_store *s = (struct lmdb_store *)base;
+    char start[IDEM_STORE_KEY_MAX];
+    bool exclusive;
+    MDB_val k = {idem__store_list_start(l, start, &exclusive), start}, v;
+    MDB_txn *txn;
+    MDB_cursor *c;
+    idem_err_t err = IDEM_OK;
+    int rc;
+
+    if ((rc = begin(s, MDB_RDONLY, &txn)) != 0) {
+        err = fail(s, "mdb_txn_begin", rc);
+        return err == IDEM_E_IO ? IDEM_E_STORE_DOWN : err;
+    }
+    if ((rc = IO(mdb_cursor_open(txn, s->e->dbi, &c))) != 0) {
+        mdb_txn_abort(txn);
+        return fail(s, "mdb_cursor_open", rc);
+    }
+    rc = IO(mdb_cursor_get(c, &k, &v, k.mv_size > 0 ? MDB_SET_RANGE : MDB_FIRST));
+    if (rc == 0 && exclusive && k.mv_size == l->after_len &&
+        memcmp(k.mv_data, l->after, l->after_len) == 0)
+        rc = IO(mdb_cursor_get(c, &k, &v, MDB_NEXT));
+    while (rc == 0) {
+        if (!idem__store_list_in_range(l, k.mv_data, k.mv_size))
+            break;
+        if (idem__store_list_offer(l, k.mv_data, k.mv_size, v.mv_data, v.mv_size)) {
+            MDB_val nk, nv;
+            if (IO(mdb_cursor_get(c, &nk, &nv, MDB_NEXT)) == 0)
+                idem__store_list_resume_after(l, k.mv_data, k.mv_size);
+            break;
+        }
+        rc = IO(mdb_cursor_get(c, &k, &v, MDB_NEXT));
+    }
+    if (rc != 0 && rc != MDB_NOTFOUND)
+        err = fail(s, "listing", rc);
+    mdb_cursor_close(c);
+    mdb_txn_abort(txn);
+    return err;
+}
+
 static idem_err_t lmdb_ping(idem_store_t *base)
 {
     struct lmdb_store *s = (struct lmdb_store *)base;
@@ -1219,4 +1263,5 @@ const struct idem_store_ops idem__store_lmdb_ops = {
     .sweep = lmdb_sweep,
     .ping = lmdb_ping,
     .space = lmdb_space,
+    .list = lmdb_list,
 };

@@ -24,6 +24,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -282,6 +283,56 @@ static idem_err_t mem_sweep(idem_store_t *s, int64_t now_ms, size_t max, size_t 
     return IDEM_OK;
 }
 
+static int ent_cmp(const void *pa, const void *pb)
+{
+    const struct ent *a = *(const struct ent *const *)pa, *b = *(const struct ent *const *)pb;
+    int c = memcmp(a->key, b->key, a->klen < b->klen ? a->klen : b->klen);
+    if (c != 0)
+        return c;
+    return a->klen < b->klen ? -1 : a->klen > b->klen;
+}
+
+/* A hash table has no order: gather the entries in the listing's range
+ * under the lock, sort them, and offer them in (scope, key) order.  Each
+ * page walks the whole table (this store lives in one process's memory). */
+static idem_err_t mem_list(idem_store_t *s, idem__list_t *l)
+{
+    struct mem_store *m = (struct mem_store *)s;
+    char start[IDEM_STORE_KEY_MAX];
+    bool exclusive;
+    size_t slen = idem__store_list_start(l, start, &exclusive);
+    idem_err_t err = IDEM_OK;
+
+    pthread_mutex_lock(&m->lock);
+    struct ent **v = idem_calloc(m->count + 1, sizeof *v);
+    if (v == NULL) {
+        pthread_mutex_unlock(&m->lock);
+        return IDEM_E_NOMEM;
+    }
+    size_t n = 0;
+    for (size_t b = 0; b < m->nbuckets; b++) {
+        for (struct ent *e = m->buckets[b]; e != NULL; e = e->next) {
+            int c = memcmp(e->key, start, e->klen < slen ? e->klen : slen);
+            if (c == 0)
+                c = e->klen < slen ? -1 : e->klen > slen;
+            if (c < 0 || (c == 0 && exclusive) || !idem__store_list_in_range(l, e->key, e->klen))
+                continue;
+            v[n++] = e;
+        }
+    }
+    qsort(v, n, sizeof *v, ent_cmp);
+    for (size_t i = 0; i < n; i++) {
+        if (idem__store_list_offer(l, v[i]->key, v[i]->klen, v[i]->val, v[i]->vlen)) {
+            if (i + 1 < n)
+                idem__store_list_resume_after(l, v[i]->key, v[i]->klen);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    idem_free(v);
+    return err;
+}
+
 static idem_err_t mem_ping(idem_store_t *s)
 {
     return IDEM_OK;
@@ -361,4 +412,5 @@ const struct idem_store_ops idem__store_memory_ops = {
     .get = mem_get,
     .sweep = mem_sweep,
     .ping = mem_ping,
+    .list = mem_list,
 };

@@ -1608,6 +1608,179 @@ static idem_err_t pg_get(idem_store_t *base, const idem_key_id_t *id, int64_t no
     return err != IDEM_OK ? err : g.result;
 }
 
+/* ---- listing (idem_store_list) ------------------------------------------
+ *
+ * One statement per page, every filter in its WHERE: the scope, the prefix
+ * (as a range, key >= p AND key < p's successor) and the cursor ((scope,
+ * key) > the last row of the page before) are ranges of the primary key's
+ * index, which also gives the order; state, held and age are checked on
+ * the rows of that range (without a scope, on the whole index).  The
+ * record itself is not read, only its status bytes (offset 65 of every
+ * version of the layout, include/idem/record.h). */
+
+#define LIST_SQL_MAX 1536
+#define LIST_PARAMS 10
+
+struct list_arg {
+    idem__list_t *l;
+    char sql[LIST_SQL_MAX];
+    const char *values[LIST_PARAMS];
+    char nums[LIST_PARAMS][24];
+    char after_scope[IDEM_SCOPE_MAX + 1], after_key[IDEM_KEY_MAX + 1];
+    char succ[IDEM_KEY_MAX + 1];
+    int np;
+};
+
+static int be_i32(const char *p)
+{
+    const uint8_t *u = (const uint8_t *)p;
+    return (int)((uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3]);
+}
+
+/* Add a parameter; returns its number for the SQL. */
+static int list_param(struct list_arg *a, const char *v)
+{
+    a->values[a->np] = v;
+    return ++a->np;
+}
+
+static int list_num(struct list_arg *a, long long v)
+{
+    snprintf(a->nums[a->np], sizeof a->nums[a->np], "%lld", v);
+    return list_param(a, a->nums[a->np]);
+}
+
+static void list_sql(struct pg_store *s, struct list_arg *a)
+{
+    const idem_store_filter_t *f = a->l->f;
+    size_t n = 0;
+    char *q = a->sql;
+#define ADD(...) (n += (size_t)snprintf(q + n, n < LIST_SQL_MAX ? LIST_SQL_MAX - n : 0, __VA_ARGS__))
+    int now = list_num(a, (long long)f->now_ms);
+    ADD("SELECT scope, key, state, flags, fingerprint, fence, lease_until, expires_at, "
+        "(get_byte(record, 65) + 256 * get_byte(record, 66))::int4 FROM \"%s\" "
+        "WHERE expires_at > $%d::int8 AND (flags & %u) = 0",
+        s->cfg.table, now, IDEM_REC_TOKEN);
+    if (f->scope != NULL)
+        ADD(" AND scope = $%d::text", list_param(a, f->scope));
+    if (f->prefix != NULL && f->prefix[0] != '\0') {
+        size_t pl = strlen(f->prefix);
+        memcpy(a->succ, f->prefix, pl + 1);
+        a->succ[pl - 1] = (char)(a->succ[pl - 1] + 1); /* printable: no overflow */
+        int p1 = list_param(a, f->prefix);
+        ADD(" AND key >= $%d::text AND key < $%d::text", p1, list_param(a, a->succ));
+    }
+    if (a->l->has_after) {
+        int p1 = list_param(a, a->after_scope);
+        ADD(" AND (scope, key) > ($%d::text, $%d::text)", p1, list_param(a, a->after_key));
+    }
+    switch (f->state) {
+    case IDEM_LIST_ANY:
+        if (f->spare_in_flight)
+            ADD(" AND NOT (state = %d AND ((flags & %u) <> 0 OR lease_until > $%d::int8))",
+                IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD, now);
+        break;
+    case IDEM_LIST_IN_PROGRESS:
+        ADD(" AND state = %d", IDEM_STATE_IN_PROGRESS);
+        break;
+    case IDEM_LIST_COMPLETED:
+        ADD(" AND state = %d", IDEM_STATE_COMPLETED);
+        break;
+    case IDEM_LIST_HELD:
+        ADD(" AND state = %d AND (flags & %u) <> 0", IDEM_STATE_IN_PROGRESS, IDEM_REC_HELD);
+        break;
+    }
+    if (f->written_before_ms != 0) {
+        int pl = list_num(a, (long long)f->lease_ms), pt = list_num(a, (long long)f->ttl_ms);
+        ADD(" AND (CASE WHEN state = %d THEN lease_until - $%d::int8 ELSE expires_at - $%d::int8 "
+            "END) < $%d::int8",
+            IDEM_STATE_IN_PROGRESS, pl, pt, list_num(a, (long long)f->written_before_ms));
+    }
+    ADD(" ORDER BY scope, key LIMIT $%d::int8", list_num(a, (long long)a->l->limit));
+#undef ADD
+}
+
+static enum outcome list_work(struct pg_store *s, PGconn *pq, void *argp, idem_err_t *err)
+{
+    struct list_arg *a = argp;
+    idem__list_t *l = a->l;
+    PGresult *r;
+
+    if (PQsendQueryParams(pq, a->sql, a->np, NULL, a->values, NULL, NULL, 1) != 1 ||
+        seg_run(s, pq, 1, &r) != R_OK)
+        return R_STALE;
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        enum outcome o = classify(s, pq, r, "listing", err);
+        PQclear(r);
+        return o == R_RETRY ? R_FAIL : o;
+    }
+    l->page->n = 0;
+    l->visited = 0;
+    l->page->cursor[0] = '\0';
+    int rows = PQntuples(r);
+    char k[IDEM_STORE_KEY_MAX];
+    size_t klen = 0;
+    for (int i = 0; i < rows; i++) {
+        size_t sl = (size_t)PQgetlength(r, i, 0), kl = (size_t)PQgetlength(r, i, 1);
+        if (sl > IDEM_SCOPE_MAX || kl > IDEM_KEY_MAX || PQgetlength(r, i, 4) != IDEM_FP_LEN)
+            continue; /* not a row idemd wrote */
+        memcpy(k, PQgetvalue(r, i, 0), sl);
+        k[sl] = '\0';
+        memcpy(k + sl + 1, PQgetvalue(r, i, 1), kl);
+        klen = sl + 1 + kl;
+        idem_record_t head;
+        memset(&head, 0, sizeof head);
+        head.state = (idem_state_t)(((uint8_t)PQgetvalue(r, i, 2)[0] << 8) |
+                                    (uint8_t)PQgetvalue(r, i, 2)[1]);
+        head.flags = (uint32_t)be_i32(PQgetvalue(r, i, 3));
+        memcpy(head.fingerprint, PQgetvalue(r, i, 4), IDEM_FP_LEN);
+        head.fence = get64((const uint8_t *)PQgetvalue(r, i, 5));
+        head.lease_until_ms = (int64_t)get64((const uint8_t *)PQgetvalue(r, i, 6));
+        head.expires_at_ms = (int64_t)get64((const uint8_t *)PQgetvalue(r, i, 7));
+        head.response.status = be_i32(PQgetvalue(r, i, 8));
+        idem__store_list_offer_head(l, k, klen, &head);
+    }
+    if ((size_t)rows == l->limit && klen > 0)
+        idem__store_list_resume_after(l, k, klen);
+    PQclear(r);
+    return R_OK;
+}
+
+static idem_err_t pg_list(idem_store_t *base, idem__list_t *l)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    const idem_store_filter_t *f = l->f;
+    struct list_arg *a = idem_calloc(1, sizeof *a);
+    if (a == NULL)
+        return IDEM_E_NOMEM;
+    a->l = l;
+    if (l->raw[0] != '\0' && !l->has_after) {
+        idem_free(a);
+        return IDEM_E_INVAL;
+    }
+    if (l->has_after) {
+        const char *z = memchr(l->after, '\0', l->after_len);
+        size_t sl = z ? (size_t)(z - l->after) : 0;
+        if (z == NULL || sl > IDEM_SCOPE_MAX || l->after_len - sl - 1 > IDEM_KEY_MAX ||
+            memchr(z + 1, '\0', l->after_len - sl - 1) != NULL) {
+            idem_free(a);
+            return IDEM_E_INVAL;
+        }
+        memcpy(a->after_scope, l->after, sl);
+        memcpy(a->after_key, z + 1, l->after_len - sl - 1);
+    }
+    if (f->prefix != NULL)
+        for (const char *p = f->prefix; *p != '\0'; p++)
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) {
+                idem_free(a);
+                return IDEM_E_INVAL; /* no stored key has it */
+            }
+    list_sql(s, a);
+    idem_err_t err = with_conn(s, list_work, a);
+    idem_free(a);
+    return err;
+}
+
 struct sweep_arg {
     int64_t now_ms;
     size_t want;
@@ -1959,6 +2132,7 @@ const struct idem_store_ops idem__store_postgres_ops = {
     .get = pg_get,
     .sweep = pg_sweep,
     .ping = pg_ping,
+    .list = pg_list,
 };
 
 /* The same backend under libpq's other scheme name. */
@@ -1971,4 +2145,5 @@ const struct idem_store_ops idem__store_postgresql_ops = {
     .get = pg_get,
     .sweep = pg_sweep,
     .ping = pg_ping,
+    .list = pg_list,
 };

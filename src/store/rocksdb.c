@@ -721,6 +721,61 @@ static idem_err_t rocks_ping(idem_store_t *base)
     return IDEM_OK;
 }
 
+/* ---- listing ------------------------------------------------------------------ */
+
+/* A listing is a range of the records family (keys sort bytewise, as scope
+ * '\0' key) read through one iterator, which sees one snapshot: from the
+ * filter's start or the cursor on, never past the scope and prefix. */
+static idem_err_t rocks_list(idem_store_t *base, idem__list_t *l)
+{
+    struct rocks_store *s = (struct rocks_store *)base;
+    char start[IDEM_STORE_KEY_MAX];
+    bool exclusive;
+    size_t slen = idem__store_list_start(l, start, &exclusive);
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    idem_err_t err = IDEM_OK;
+    char *rerr = NULL;
+
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->db, ro, s->cf_rec);
+    if (injected(&rerr)) {
+        err = fail(s, "listing", rerr, IDEM_E_STORE_DOWN);
+        goto out;
+    }
+    if (slen > 0)
+        rocksdb_iter_seek(it, start, slen);
+    else
+        rocksdb_iter_seek_to_first(it);
+    while (rocksdb_iter_valid(it)) {
+        size_t klen, vlen;
+        const char *k = rocksdb_iter_key(it, &klen);
+        if (exclusive && klen == l->after_len && memcmp(k, l->after, klen) == 0) {
+            rocksdb_iter_next(it);
+            continue;
+        }
+        if (!idem__store_list_in_range(l, k, klen))
+            break;
+        const char *v = rocksdb_iter_value(it, &vlen);
+        if (idem__store_list_offer(l, k, klen, (const uint8_t *)v, vlen)) {
+            char last[IDEM_STORE_KEY_MAX];
+            size_t ll = klen <= sizeof last ? klen : sizeof last;
+            memcpy(last, k, ll);
+            rocksdb_iter_next(it);
+            if (rocksdb_iter_valid(it))
+                idem__store_list_resume_after(l, last, ll);
+            break;
+        }
+        rocksdb_iter_next(it);
+    }
+    rocksdb_iter_get_error(it, &rerr);
+    if (rerr != NULL)
+        err = fail(s, "listing", rerr, IDEM_E_STORE_DOWN);
+out:
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    return err;
+}
+
 /* ---- the sweep -------------------------------------------------------------- */
 
 /* Delete up to max records whose expires_at <= now_ms, oldest first, reading
@@ -848,4 +903,5 @@ const struct idem_store_ops idem__store_rocksdb_ops = {
     .sweep = rocks_sweep,
     .ping = rocks_ping,
     .space = rocks_space,
+    .list = rocks_list,
 };

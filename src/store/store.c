@@ -290,7 +290,7 @@ idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t
     idem_record_t head;
 
     memset(next, 0, sizeof *next);
-    switch (op->kind) {
+    switch ((int)op->kind) { /* int: IDEM__OP_DELETE_IF is not in the enum */
     case IDEM_OP_CLAIM:
         if (cur != NULL && idem_record_decode_head(cur, cur_len, &head) != IDEM_OK) {
             op->err = IDEM_E_CORRUPT;
@@ -352,6 +352,22 @@ idem__store_action_t idem__store_apply(idem_op_t *op, const uint8_t *cur, size_t
     case IDEM_OP_DELETE:
         if (cur == NULL) {
             op->err = IDEM_E_NOTFOUND;
+            return IDEM__STORE_KEEP;
+        }
+        return IDEM__STORE_DEL;
+
+    case IDEM__OP_DELETE_IF:
+        if (cur == NULL) {
+            op->err = IDEM_E_FENCE;
+            return IDEM__STORE_KEEP;
+        }
+        if (idem_record_decode_head(cur, cur_len, &head) != IDEM_OK) {
+            op->err = IDEM_E_CORRUPT;
+            return IDEM__STORE_KEEP;
+        }
+        if (head.fence != op->fence || (uint32_t)head.state != op->flags ||
+            (head.flags & IDEM_REC_TOKEN)) {
+            op->err = IDEM_E_FENCE;
             return IDEM__STORE_KEEP;
         }
         return IDEM__STORE_DEL;
@@ -750,4 +766,248 @@ idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id
     init_op(&op, IDEM_OP_TOKEN_RESTORE, id);
     op.now_ms = now_ms;
     return one(store, &op);
+}
+
+/* ---- listing and removing in bulk ---------------------------------------- */
+
+/* Records a page may visit before it stops with a cursor, so that a filter
+ * that matches little never makes one call walk a whole large store. */
+#define LIST_BUDGET_MIN 10000u
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+static int cmp_keys(const char *a, size_t al, const char *b, size_t bl)
+{
+    int c = memcmp(a, b, al < bl ? al : bl);
+    if (c != 0)
+        return c;
+    return al < bl ? -1 : al > bl;
+}
+
+size_t idem__store_list_start(const idem__list_t *l, char *buf, bool *exclusive)
+{
+    size_t n = 0;
+    *exclusive = false;
+    if (l->f->scope != NULL) {
+        size_t sl = strlen(l->f->scope), pl = l->f->prefix ? strlen(l->f->prefix) : 0;
+        memcpy(buf, l->f->scope, sl);
+        buf[sl] = '\0';
+        memcpy(buf + sl + 1, l->f->prefix ? l->f->prefix : "", pl);
+        n = sl + 1 + pl;
+    }
+    if (l->has_after && cmp_keys(l->after, l->after_len, buf, n) >= 0) {
+        memcpy(buf, l->after, l->after_len);
+        n = l->after_len;
+        *exclusive = true;
+    }
+    return n;
+}
+
+int idem__store_list_in_range(const idem__list_t *l, const char *k, size_t klen)
+{
+    if (l->f->scope == NULL)
+        return 1;
+    size_t sl = strlen(l->f->scope), pl = l->f->prefix ? strlen(l->f->prefix) : 0;
+    if (klen < sl + 1 + pl || memcmp(k, l->f->scope, sl) != 0 || k[sl] != '\0')
+        return 0;
+    return pl == 0 || memcmp(k + sl + 1, l->f->prefix, pl) == 0;
+}
+
+bool idem__store_list_match(const idem_store_filter_t *f, const idem_record_t *head)
+{
+    if (head->flags & IDEM_REC_TOKEN)
+        return false;
+    if (head->expires_at_ms <= f->now_ms)
+        return false;
+    bool in_progress = head->state == IDEM_STATE_IN_PROGRESS;
+    bool held = in_progress && (head->flags & IDEM_REC_HELD);
+    switch (f->state) {
+    case IDEM_LIST_ANY:
+        if (f->spare_in_flight && in_progress && (held || head->lease_until_ms > f->now_ms))
+            return false;
+        break;
+    case IDEM_LIST_IN_PROGRESS:
+        if (!in_progress)
+            return false;
+        break;
+    case IDEM_LIST_COMPLETED:
+        if (head->state != IDEM_STATE_COMPLETED)
+            return false;
+        break;
+    case IDEM_LIST_HELD:
+        if (!held)
+            return false;
+        break;
+    }
+    if (f->written_before_ms != 0) {
+        int64_t written = in_progress ? head->lease_until_ms - f->lease_ms
+                                      : head->expires_at_ms - f->ttl_ms;
+        if (written >= f->written_before_ms)
+            return false;
+    }
+    return true;
+}
+
+int idem__store_list_offer_head(idem__list_t *l, const char *k, size_t klen,
+                                const idem_record_t *head)
+{
+    l->visited++;
+    const char *z = memchr(k, '\0', klen);
+    size_t sl = z ? (size_t)(z - k) : 0, kl = z ? klen - sl - 1 : 0;
+    const idem_store_filter_t *f = l->f;
+    bool take = head != NULL && z != NULL && sl >= 1 && sl <= IDEM_SCOPE_MAX && kl >= 1 &&
+                kl <= IDEM_KEY_MAX && memchr(k + sl + 1, '\0', kl) == NULL;
+    if (take && f->scope != NULL && (strlen(f->scope) != sl || memcmp(f->scope, k, sl) != 0))
+        take = false;
+    if (take && f->prefix != NULL) {
+        size_t pl = strlen(f->prefix);
+        take = kl >= pl && memcmp(k + sl + 1, f->prefix, pl) == 0;
+    }
+    if (take && idem__store_list_match(f, head)) {
+        idem_store_listed_t *it = &l->page->items[l->page->n++];
+        memset(it, 0, sizeof *it);
+        memcpy(it->id.scope, k, sl);
+        memcpy(it->id.key, k + sl + 1, kl);
+        it->rec = *head;
+        it->rec.response.headers = NULL;
+        it->rec.response.body = NULL;
+        it->rec.owned = NULL;
+    }
+    return l->page->n >= l->limit || l->visited >= l->budget;
+}
+
+int idem__store_list_offer(idem__list_t *l, const char *k, size_t klen, const uint8_t *val,
+                           size_t vlen)
+{
+    idem_record_t head;
+    bool ok = idem_record_decode_head(val, vlen, &head) == IDEM_OK;
+    return idem__store_list_offer_head(l, k, klen, ok ? &head : NULL);
+}
+
+void idem__store_list_resume_after(idem__list_t *l, const char *k, size_t klen)
+{
+    static const char hex[] = "0123456789abcdef";
+    char *c = l->page->cursor;
+    if (2 * klen + 1 > IDEM_STORE_CURSOR_MAX)
+        klen = (IDEM_STORE_CURSOR_MAX - 1) / 2; /* cannot happen: keys are shorter */
+    *c++ = 'k';
+    for (size_t i = 0; i < klen; i++) {
+        *c++ = hex[(unsigned char)k[i] >> 4];
+        *c++ = hex[(unsigned char)k[i] & 15];
+    }
+    *c = '\0';
+}
+
+static bool filter_ok(const idem_store_filter_t *f)
+{
+    if (f->scope != NULL && (f->scope[0] == '\0' || strlen(f->scope) > IDEM_SCOPE_MAX))
+        return false;
+    if (f->prefix != NULL && strlen(f->prefix) > IDEM_KEY_MAX)
+        return false;
+    if (f->state < IDEM_LIST_ANY || f->state > IDEM_LIST_HELD)
+        return false;
+    return f->lease_ms >= 0 && f->ttl_ms >= 0;
+}
+
+idem_err_t idem_store_list(idem_store_t *store, const idem_store_filter_t *f, const char *cursor,
+                           size_t limit, idem_store_page_t *page)
+{
+    memset(page, 0, sizeof *page);
+    if (store == NULL || f == NULL || limit == 0 || limit > IDEM_STORE_LIST_MAX || !filter_ok(f))
+        return IDEM_E_INVAL;
+    if (store->ops->list == NULL)
+        return IDEM_E_UNSUPPORTED;
+    idem__list_t l;
+    memset(&l, 0, sizeof l);
+    l.f = f;
+    l.page = page;
+    l.limit = limit;
+    l.budget = limit * 10 > LIST_BUDGET_MIN ? limit * 10 : LIST_BUDGET_MIN;
+    l.raw = cursor ? cursor : "";
+    if (strlen(l.raw) > IDEM_STORE_CURSOR_MAX)
+        return IDEM_E_INVAL;
+    if (l.raw[0] == 'k') {
+        size_t hl = strlen(l.raw + 1);
+        if (hl % 2 != 0 || hl / 2 > sizeof l.after)
+            return IDEM_E_INVAL;
+        for (size_t i = 0; i < hl / 2; i++) {
+            int hi = hexval(l.raw[1 + 2 * i]), lo = hexval(l.raw[2 + 2 * i]);
+            if (hi < 0 || lo < 0)
+                return IDEM_E_INVAL;
+            l.after[i] = (char)(hi << 4 | lo);
+        }
+        l.after_len = hl / 2;
+        l.has_after = true;
+    }
+    page->items = idem_calloc(limit, sizeof *page->items);
+    if (page->items == NULL)
+        return IDEM_E_NOMEM;
+    idem_err_t err = store->ops->list(store, &l);
+    if (err == IDEM_OK)
+        err = l.err;
+    if (err != IDEM_OK)
+        idem_store_page_cleanup(page);
+    return err;
+}
+
+void idem_store_page_cleanup(idem_store_page_t *page)
+{
+    if (page == NULL)
+        return;
+    idem_free(page->items);
+    memset(page, 0, sizeof *page);
+}
+
+idem_err_t idem_store_delete_listed(idem_store_t *store, const idem_store_listed_t *items,
+                                    size_t n, size_t *deleted, bool *removed)
+{
+    if (deleted != NULL)
+        *deleted = 0;
+    if (n == 0)
+        return IDEM_OK;
+    if (store == NULL || items == NULL || n > IDEM_STORE_LIST_MAX)
+        return IDEM_E_INVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!id_ok(&items[i].id))
+            return IDEM_E_INVAL;
+    bool *got = idem_calloc(n, sizeof *got);
+    if (got == NULL)
+        return IDEM_E_NOMEM;
+    idem_err_t err;
+    if (store->ops->delete_if != NULL) {
+        err = store->ops->delete_if(store, items, n, got);
+    } else {
+        idem_op_t *ops = idem_calloc(n, sizeof *ops);
+        if (ops == NULL) {
+            idem_free(got);
+            return IDEM_E_NOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+            ops[i].kind = IDEM__OP_DELETE_IF;
+            ops[i].id = items[i].id;
+            ops[i].fence = items[i].rec.fence;
+            ops[i].flags = (uint32_t)items[i].rec.state;
+        }
+        err = store->ops->exec(store, ops, n);
+        for (size_t i = 0; i < n && err == IDEM_OK; i++)
+            got[i] = ops[i].err == IDEM_OK;
+        idem_free(ops);
+    }
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        count += got[i];
+        if (removed != NULL)
+            removed[i] = got[i];
+    }
+    if (deleted != NULL)
+        *deleted = count;
+    idem_free(got);
+    return err;
 }

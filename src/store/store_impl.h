@@ -47,6 +47,8 @@
 /* Longest option name and value accepted in a store URL's query. */
 #define IDEM_STORE_OPT_MAX 64
 
+struct idem__list; /* a listing in progress (below) */
+
 struct idem_store_ops {
     const char *name;   /* "memory", "lmdb": idem_store_name() */
     const char *scheme; /* the URL scheme before ':' that selects this backend */
@@ -65,6 +67,15 @@ struct idem_store_ops {
     /* Optional: the backend keeps its own error text (e.g. a client
      * library's); NULL means the text set with idem__store_seterr. */
     const char *(*errstr)(idem_store_t *store);
+    /* Optional: one page of a listing (idem_store_list), below; NULL is
+     * IDEM_E_UNSUPPORTED. */
+    idem_err_t (*list)(idem_store_t *store, struct idem__list *l);
+    /* Optional: idem_store_delete_listed's conditional deletes done by the
+     * backend (n is 1..IDEM_STORE_LIST_MAX; set removed[i] for each record
+     * removed).  NULL: store.c runs them through exec as IDEM__OP_DELETE_IF
+     * ops, which a backend that decides with idem__store_apply applies. */
+    idem_err_t (*delete_if)(idem_store_t *store, const idem_store_listed_t *items, size_t n,
+                            bool *removed);
 };
 
 /* The head of every backend's handle. */
@@ -90,6 +101,66 @@ extern const struct idem_store_ops idem__store_rediss_sentinel_ops; /* rediss+se
 extern const struct idem_store_ops idem__store_redis_cluster_ops;   /* redis+cluster:// */
 extern const struct idem_store_ops idem__store_rediss_cluster_ops;  /* rediss+cluster:// */
 extern const struct idem_store_ops idem__store_postgres_ops, idem__store_postgresql_ops;
+
+/* ---- listing (idem_store_list) -------------------------------------------
+ *
+ * store.c checks the filter and the cursor, then calls the backend's list
+ * with an idem__list_t.  An ordered backend (keys sorted as scope '\0' key,
+ * which sorts by scope then key) visits its keys from idem__store_list_start
+ * on, in order, skips the key equal to the start when *exclusive says so,
+ * stops at the first key for which idem__store_list_in_range is 0, and
+ * offers every other key with idem__store_list_offer; when that returns 1 it
+ * calls idem__store_list_resume_after with that key and stops.  A backend
+ * that runs out of keys leaves the page's cursor "" (the listing is
+ * complete).  A backend with a cursor of its own (Redis SCAN) reads
+ * l->raw and writes page->cursor itself (text that does not begin with
+ * 'k', which is the ordered cursor's mark). */
+typedef struct idem__list {
+    const idem_store_filter_t *f;
+    idem_store_page_t *page;
+    size_t limit;    /* records wanted on this page */
+    size_t budget;   /* records a page may visit before it stops with a cursor */
+    size_t visited;
+    const char *raw; /* the cursor as given; "" at the start */
+    bool has_after;  /* an ordered cursor: resume strictly after `after` */
+    size_t after_len;
+    char after[IDEM_STORE_KEY_MAX];
+    idem_err_t err;  /* IDEM_E_NOMEM when an item could not be kept */
+} idem__list_t;
+
+/* The internal op idem_store_delete_listed runs through exec on a backend
+ * without delete_if: delete the record if present with op->fence and the
+ * state op->flags (an idem_state_t); else err IDEM_E_FENCE.  Never accepted
+ * from idem_store_exec's callers. */
+#define IDEM__OP_DELETE_IF ((idem_op_kind_t)64)
+
+/* Where an ordered walk starts: the larger of the filter's range start
+ * (scope '\0' prefix) and the cursor, into buf (IDEM_STORE_KEY_MAX bytes);
+ * *exclusive when it is the cursor's key, to be skipped.  Returns the length
+ * (0: the first key of the store). */
+size_t idem__store_list_start(const idem__list_t *l, char *buf, bool *exclusive);
+
+/* Whether store key k (scope '\0' key) may still match: 0 once an ordered
+ * walk is past the filter's range (scope and prefix), so it stops. */
+int idem__store_list_in_range(const idem__list_t *l, const char *k, size_t klen);
+
+/* Offer the record stored under k with value val to the page: kept when it
+ * matches the filter.  Returns 1 when the backend must stop after it (the
+ * page is full or the budget spent), else 0. */
+int idem__store_list_offer(idem__list_t *l, const char *k, size_t klen, const uint8_t *val,
+                           size_t vlen);
+
+/* The same with the record's head already read (no headers or body are
+ * kept; head NULL: a value that did not decode, which is skipped). */
+int idem__store_list_offer_head(idem__list_t *l, const char *k, size_t klen,
+                                const idem_record_t *head);
+
+/* Set the page's cursor to resume strictly after store key k. */
+void idem__store_list_resume_after(idem__list_t *l, const char *k, size_t klen);
+
+/* Whether a record head matches the filter's state and age (not its
+ * scope or prefix); for backends that read heads otherwise (Redis). */
+bool idem__store_list_match(const idem_store_filter_t *f, const idem_record_t *head);
 
 /* ---- helpers for backends (store.c) -------------------------------------- */
 
