@@ -1170,6 +1170,8 @@ static idem_err_t lmdb_list(idem_store_t *base, idem__list_t *l)
     idem_err_t err = IDEM_OK;
     int rc;
 
+    if (l->raw[0] != '\0' && !l->has_after)
+        return IDEM_E_INVAL; /* not an ordered cursor */
     if ((rc = begin(s, MDB_RDONLY, &txn)) != 0) {
         err = fail(s, "mdb_txn_begin", rc);
         return err == IDEM_E_IO ? IDEM_E_STORE_DOWN : err;

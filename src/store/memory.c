@@ -300,6 +300,8 @@ static idem_err_t mem_list(idem_store_t *s, idem__list_t *l)
     struct mem_store *m = (struct mem_store *)s;
     char start[IDEM_STORE_KEY_MAX];
     bool exclusive;
+    if (l->raw[0] != '\0' && !l->has_after)
+        return IDEM_E_INVAL; /* not an ordered cursor */
     size_t slen = idem__store_list_start(l, start, &exclusive);
     idem_err_t err = IDEM_OK;
 

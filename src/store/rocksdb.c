@@ -731,6 +731,8 @@ static idem_err_t rocks_list(idem_store_t *base, idem__list_t *l)
     struct rocks_store *s = (struct rocks_store *)base;
     char start[IDEM_STORE_KEY_MAX];
     bool exclusive;
+    if (l->raw[0] != '\0' && !l->has_after)
+        return IDEM_E_INVAL; /* not an ordered cursor */
     size_t slen = idem__store_list_start(l, start, &exclusive);
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     idem_err_t err = IDEM_OK;

@@ -945,6 +945,8 @@ idem_err_t idem_store_list(idem_store_t *store, const idem_store_filter_t *f, co
         }
         l.after_len = hl / 2;
         l.has_after = true;
+    } else if (l.raw[0] != '\0' && l.raw[0] != 'r') {
+        return IDEM_E_INVAL; /* 'k': an ordered cursor; 'r': a SCAN cursor's mark */
     }
     page->items = idem_calloc(limit, sizeof *page->items);
     if (page->items == NULL)
