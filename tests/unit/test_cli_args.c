@@ -318,8 +318,24 @@ Test(cli_args, test_cli_args__keys_commands)
     cr_expect_eq(args.cmd, IDEM_CLI_KEYS_DELETE);
     cr_expect_str_eq(args.key, "x y");
     cr_expect_str_eq(args.url, "http://a:1");
-    refused(PARSE("keys"), "get or delete");
-    refused(PARSE("keys", "put", "k"), "not get or delete");
+    refused(PARSE("keys"), "get, delete or list");
+    refused(PARSE("keys", "put", "k"), "not get, delete or list");
+    /* keys list and keys delete with filters (GET/DELETE /keys) */
+    cr_assert_eq(PARSE("keys", "list", "--state", "held", "--limit", "10"), IDEM_OK, "%s", err);
+    cr_expect_eq(args.cmd, IDEM_CLI_KEYS_LIST);
+    cr_expect_str_eq(args.state, "held");
+    cr_expect_eq(args.limit, 10u);
+    cr_assert_eq(PARSE("keys", "delete", "--state", "completed", "--older-than", "1h"), IDEM_OK,
+                 "%s", err);
+    cr_expect(args.bulk);
+    cr_expect_str_eq(args.older_than, "1h");
+    refused(PARSE("keys", "delete"), "needs a KEY or filters");
+    refused(PARSE("keys", "delete", "k", "--state", "held"), "not both");
+    refused(PARSE("keys", "list", "--state", "done"), "--state");
+    refused(PARSE("keys", "list", "--older-than", "soon"), "--older-than");
+    refused(PARSE("keys", "list", "--limit", "1001"), "--limit");
+    refused(PARSE("keys", "list", "k"), "takes no KEY");
+    refused(PARSE("keys", "get", "k", "--state", "held"), "--state");
     refused(PARSE("keys", "get"), "needs a KEY");
     refused(PARSE("keys", "get", "a b"), "not a valid key");
     refused(PARSE("keys", "get", "k", "k2"), "unexpected argument");
