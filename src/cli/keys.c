@@ -154,6 +154,7 @@ int idem__cli_keys_bulk(const idem_cli_args_t *a)
     int rc = IDEM_CLI_EXIT_USAGE;
     idem_buf_t url;
     idem_cli_answer_t ans;
+    struct curl_slist *hdrs = NULL;
 
     idem__buf_init(&url, 0);
     idem__cli_answer_init(&ans);
@@ -161,6 +162,8 @@ int idem__cli_keys_bulk(const idem_cli_args_t *a)
         fprintf(stderr, "idemctl: --admin: %s\n", err);
         goto out;
     }
+    if ((rc = idem__cli_admin_auth(a, &hdrs)) != IDEM_CLI_EXIT_OK)
+        goto out;
     snprintf(limit, sizeof limit, "%u", a->limit);
     for (;;) {
         idem__buf_reset(&url);
@@ -177,6 +180,7 @@ int idem__cli_keys_bulk(const idem_cli_args_t *a)
         idem_cli_send_t send = {
             .method = list ? "GET" : "DELETE",
             .url = (const char *)url.data,
+            .headers = hdrs,
             .user_agent = IDEM_CLI_USER_AGENT,
             .timeout_ms = a->max_time_ms,
         };
@@ -226,6 +230,7 @@ int idem__cli_keys_bulk(const idem_cli_args_t *a)
             goto out;
     }
 out:
+    curl_slist_free_all(hdrs);
     idem__cli_answer_cleanup(&ans);
     idem__buf_cleanup(&url);
     free(base);

@@ -295,6 +295,14 @@ class IdemctlToken(h.IdemTestCase):
                          env_extra={"IDEM_ADMIN_TOKEN_FILE": path})
         self.assertEqual(p.returncode, 0, p.stderr)
 
+        # keys in bulk (GET /keys) is behind the token as well
+        p = self.idemctl(["keys", "list", "--admin", admin])
+        self.assertEqual(p.returncode, 22, p.stderr)
+        self.assertIn("401", p.stderr)
+        p = self.idemctl(["keys", "list", "--admin", admin, "--admin-token-file", path])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(k, p.stdout)
+
         wrong = write_token_file(self.tmp, "not-the-token\n", name="wrong")
         p = self.idemctl(["keys", "delete", k, "--admin", admin, "--admin-token-file", wrong])
         self.assertEqual(p.returncode, 22, p.stderr)
