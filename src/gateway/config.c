@@ -11,6 +11,14 @@
  * so a hostile file costs at most its 1 MiB.  Aliases are resolved by
  * libyaml into shared nodes, which the walk simply reads again.
  *
+ * Every key is one row of a table (keys[], "the table of keys" below): its
+ * name, the mapping it belongs to, its parser, its field, its default as
+ * YAML text, whether SIGHUP applies it, and its one-line doc.  The walk of
+ * every mapping, "unknown key" and "key given twice", the defaults (the
+ * rows' default texts parsed by the same parsers, so a default can never
+ * say other than its doc), a route's inheritance from `defaults`, SIGHUP's
+ * restart check and `idemd --list-config-keys` all read that table.
+ *
  * Strictness is deliberate: an unknown or repeated key, a list where one
  * value belongs, an empty value, an enum word not in its set, all fail with
  * the dotted name of the key, because a policy silently not applied is worse
@@ -27,14 +35,16 @@
  * every string it points to is owned by it (idem_malloc family) and every
  * count matches its array, so idem__config_cleanup can always run.
  *
- * THREADING: none; idemd loads its configuration once, before it starts any
- * thread, and afterwards only reads it (idem__config_match is read-only).
+ * THREADING: loading is one thread's; a loaded configuration is read-only
+ * and may be shared (idem__config_new/ref/unref: SIGHUP publishes a new one
+ * while requests finish under the one they began with).
  */
 #include "gateway/config.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,208 +150,10 @@ int idem__config_set_string(char **slot, const char *value)
     return 0;
 }
 
+
 /* ---- policies and routes ----------------------------------------------- */
 
-/* The policy keys, in the order of their bit in a route's "set" mask. */
-#define POLICY_KEYS(X)                           \
-    X(P_KEY_TTL, "key_ttl")                      \
-    X(P_FAILURE_TTL, "failure_ttl")              \
-    X(P_LEASE, "lease")                          \
-    X(P_ON_CONFLICT, "on_conflict")              \
-    X(P_ON_UNKNOWN, "on_unknown_outcome")        \
-    X(P_WAIT_TIMEOUT, "wait_timeout")            \
-    X(P_FP_BODY, "fingerprint_body")             \
-    X(P_FP_HEADERS, "fingerprint_headers")       \
-    X(P_FP_IGNORE, "fingerprint_ignore")         \
-    X(P_MAX_RESPONSE, "max_response_bytes")      \
-    X(P_RELEASE, "release_statuses")             \
-    X(P_KEY_FROM, "key_from")                    \
-    X(P_REPLAY_DROP, "replay_drop_headers")      \
-    X(P_REPLAY_MARKER, "replay_marker")          \
-    X(P_RECONCILE_URL, "reconcile_url")          \
-    X(P_RECONCILE_AFTER, "reconcile_after")
-
-enum {
-#define X(id, name) id,
-    POLICY_KEYS(X)
-#undef X
-    P_COUNT
-};
-
-static void policy_cleanup(idem_policy_t *p)
-{
-    free_strings(p->fingerprint_headers, &p->n_fingerprint_headers);
-    free_strings(p->fingerprint_ignore, &p->n_fingerprint_ignore);
-    free_strings(p->replay_drop_headers, &p->n_replay_drop_headers);
-    free_strings(p->replay_marker, &p->n_replay_marker);
-    idem_free(p->key_from_arg);
-    p->key_from_arg = NULL;
-    idem_free(p->reconcile_url);
-    p->reconcile_url = NULL;
-}
-
-/* @return 0, or -1 when out of memory (p is then left for policy_cleanup). */
-static int policy_defaults(idem_policy_t *p)
-{
-    static char *const drop[] = {"set-cookie"};
-    static char *const marker[] = {"X-Idempotent-Replay"};
-    memset(p, 0, sizeof *p);
-    p->key_ttl_ms = 24LL * 3600 * 1000;
-    p->failure_ttl_ms = 5 * 60 * 1000;
-    p->lease_ms = 30 * 1000;
-    p->on_conflict = IDEM_CONFLICT_REJECT;
-    p->on_unknown_outcome = IDEM_UNKNOWN_EXPIRE;
-    p->wait_timeout_ms = 10 * 1000;
-    p->fingerprint_body = IDEM_FPBODY_RAW;
-    p->max_response_bytes = 1024 * 1024;
-    p->release_statuses[0] = 429;
-    p->release_statuses[1] = 503;
-    p->n_release_statuses = 2;
-    p->reconcile_after_ms = 5 * 1000;
-    p->key_from = IDEM_KEY_FROM_HEADER;
-    if (idem__config_set_string(&p->key_from_arg, "Idempotency-Key") != 0 ||
-        copy_strings(p->replay_drop_headers, &p->n_replay_drop_headers, drop, 1) != 0 ||
-        copy_strings(p->replay_marker, &p->n_replay_marker, marker, 1) != 0)
-        return -1;
-    return 0;
-}
-
-/* Copy one policy key (a P_* index) from src to dst. */
-static int policy_copy_key(idem_policy_t *dst, const idem_policy_t *src, int key)
-{
-    switch (key) {
-    case P_KEY_TTL: dst->key_ttl_ms = src->key_ttl_ms; break;
-    case P_FAILURE_TTL: dst->failure_ttl_ms = src->failure_ttl_ms; break;
-    case P_LEASE: dst->lease_ms = src->lease_ms; break;
-    case P_ON_CONFLICT: dst->on_conflict = src->on_conflict; break;
-    case P_ON_UNKNOWN: dst->on_unknown_outcome = src->on_unknown_outcome; break;
-    case P_WAIT_TIMEOUT: dst->wait_timeout_ms = src->wait_timeout_ms; break;
-    case P_FP_BODY: dst->fingerprint_body = src->fingerprint_body; break;
-    case P_FP_HEADERS:
-        return copy_strings(dst->fingerprint_headers, &dst->n_fingerprint_headers,
-                            src->fingerprint_headers, src->n_fingerprint_headers);
-    case P_FP_IGNORE:
-        return copy_strings(dst->fingerprint_ignore, &dst->n_fingerprint_ignore,
-                            src->fingerprint_ignore, src->n_fingerprint_ignore);
-    case P_MAX_RESPONSE: dst->max_response_bytes = src->max_response_bytes; break;
-    case P_RELEASE:
-        memcpy(dst->release_statuses, src->release_statuses, sizeof src->release_statuses);
-        dst->n_release_statuses = src->n_release_statuses;
-        break;
-    case P_KEY_FROM:
-        dst->key_from = src->key_from;
-        return idem__config_set_string(&dst->key_from_arg, src->key_from_arg);
-    case P_REPLAY_DROP:
-        return copy_strings(dst->replay_drop_headers, &dst->n_replay_drop_headers,
-                            src->replay_drop_headers, src->n_replay_drop_headers);
-    case P_REPLAY_MARKER:
-        return copy_strings(dst->replay_marker, &dst->n_replay_marker, src->replay_marker,
-                            src->n_replay_marker);
-    case P_RECONCILE_URL: return idem__config_set_string(&dst->reconcile_url, src->reconcile_url);
-    case P_RECONCILE_AFTER: dst->reconcile_after_ms = src->reconcile_after_ms; break;
-    default: break;
-    }
-    return 0;
-}
-
-/* Copy the keys of src not in the mask `keep` into dst. */
-static int policy_inherit(idem_policy_t *dst, const idem_policy_t *src, uint32_t keep)
-{
-    for (int k = 0; k < P_COUNT; k++)
-        if (!(keep & (1u << k)) && policy_copy_key(dst, src, k) != 0)
-            return -1;
-    return 0;
-}
-
-static void route_cleanup(idem_route_t *r)
-{
-    free_strings(r->methods, &r->n_methods);
-    idem_free(r->path);
-    r->path = NULL;
-    idem_free(r->name);
-    r->name = NULL;
-    policy_cleanup(&r->policy);
-}
-
-/* The route of docs/protocol.md section 5 when nothing is configured: POST and PATCH on
- * every path, key required.  Also what a route of the file starts from. */
-static int route_defaults(idem_route_t *r)
-{
-    static char *const methods[] = {"POST", "PATCH"};
-    memset(r, 0, sizeof *r);
-    r->mode = IDEM_MODE_REQUIRED;
-    if (copy_strings(r->methods, &r->n_methods, methods, 2) != 0 ||
-        idem__config_set_string(&r->path, "/") != 0) {
-        route_cleanup(r);
-        return -1;
-    }
-    return 0;
-}
-
-int idem__config_defaults(idem_config_t *cfg)
-{
-    memset(cfg, 0, sizeof *cfg);
-    cfg->workers = IDEM_WORKERS_AUTO;
-    cfg->upstream_timeout_ms = 60 * 1000;
-    cfg->max_request_bytes = 10 * 1024 * 1024;
-    cfg->on_store_error = IDEM_STORE_ERR_CLOSED;
-    cfg->local_cache = 0;
-    cfg->token_ttl_ms = 5 * 60 * 1000;
-    cfg->header_timeout_ms = 10 * 1000;
-    cfg->body_timeout_ms = 30 * 1000;
-    cfg->idle_timeout_ms = 60 * 1000;
-    cfg->max_connections = 10000;
-    cfg->max_buffered_bytes = 256u * 1024 * 1024;
-    cfg->max_queued_bytes = 64u * 1024 * 1024;
-    cfg->max_connections_per_address = 0;
-    cfg->upstream_tls_verify = true;
-    cfg->otlp_sample_ratio = 1.0;
-    cfg->otlp_queue_spans = 4096;
-    cfg->otlp_timeout_ms = 2000;
-    if (policy_defaults(&cfg->defaults) != 0)
-        goto nomem;
-    if (idem__config_set_string(&cfg->listen, "127.0.0.1:8080") != 0 ||
-        idem__config_set_string(&cfg->admin, "127.0.0.1:8081") != 0 ||
-        idem__config_set_string(&cfg->upstream, "http://127.0.0.1:9000") != 0 ||
-        idem__config_set_string(&cfg->store, "lmdb:./idem-data") != 0 ||
-        idem__config_set_string(&cfg->replay_header, "X-Idempotent-Replay") != 0 ||
-        idem__config_set_string(&cfg->scope_header, "Authorization") != 0 ||
-        idem__config_set_string(&cfg->log_format, "text") != 0 ||
-        idem__config_set_string(&cfg->otlp_service_name, "idemd") != 0)
-        goto nomem;
-    if (route_defaults(&cfg->routes[0]) != 0)
-        goto nomem;
-    cfg->n_routes = 1;
-    if (policy_inherit(&cfg->routes[0].policy, &cfg->defaults, 0) != 0)
-        goto nomem;
-    return 0;
-nomem:
-    idem__config_cleanup(cfg);
-    return -1;
-}
-
-void idem__config_cleanup(idem_config_t *cfg)
-{
-    if (cfg == NULL)
-        return;
-    char **strings[] = {
-        &cfg->listen, &cfg->admin, &cfg->upstream, &cfg->store, &cfg->replay_header,
-        &cfg->scope_header, &cfg->log_format, &cfg->listen_tls_address,
-        &cfg->listen_tls_cert_file, &cfg->listen_tls_key_file, &cfg->listen_tls_client_ca_file,
-        &cfg->upstream_tls_ca_file, &cfg->upstream_tls_cert_file, &cfg->upstream_tls_key_file,
-        &cfg->upstream_tls_server_name, &cfg->policy_link, &cfg->jwt_keys, &cfg->jwt_secret_file,
-        &cfg->admin_token_file, &cfg->otlp_endpoint, &cfg->otlp_service_name,
-    };
-    for (size_t i = 0; i < sizeof strings / sizeof *strings; i++) {
-        idem_free(*strings[i]);
-        *strings[i] = NULL;
-    }
-    free_strings(cfg->admin_hosts, &cfg->n_admin_hosts);
-    policy_cleanup(&cfg->defaults);
-    for (size_t i = 0; i < cfg->n_routes; i++)
-        route_cleanup(&cfg->routes[i]);
-    cfg->n_routes = 0;
-}
+static void route_cleanup(idem_route_t *r); /* by the table, below */
 
 /* ---- addresses --------------------------------------------------------- */
 
@@ -459,17 +271,36 @@ int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int
 
 /* ---- the YAML walk ----------------------------------------------------- */
 
+/* Where a key may be written: the mapping it belongs to (a row's `where`). */
+enum {
+    W_TOP = IDEM_CFG_IN_TOP,
+    W_DEFAULTS = IDEM_CFG_IN_DEFAULTS,
+    W_ROUTE = IDEM_CFG_IN_ROUTE,
+    W_LISTEN_TLS = IDEM_CFG_IN_LISTEN_TLS,
+    W_UPSTREAM_TLS = IDEM_CFG_IN_UPSTREAM_TLS,
+};
+#define W_POLICY (W_DEFAULTS | W_ROUTE) /* a policy key: in defaults, and per route */
+
+#define MAX_KEYS 256 /* rows of the table; a mapping's seen set holds them all */
+typedef struct keyset {
+    uint64_t w[MAX_KEYS / 64];
+} keyset_t;
+
 typedef struct ctx {
     yaml_document_t *doc;
     const char *file;
     char *err;
     size_t errlen;
     idem_config_t *cfg;
+    bool builtin;       /* reading the table's own defaults, not a file */
+    bool in_defaults;   /* walking `defaults` (not a route) */
     bool routes_seen;   /* the file had `routes:` (they replaced cfg's) */
     bool defaults_seen; /* the file had `defaults:` */
+    const yaml_node_t *cur_key;         /* the key node of the pair being parsed */
     const yaml_node_t *defaults_marker; /* defaults.replay_marker's key, if written */
     const yaml_node_t *replay_header;   /* replay_header's value, if written */
-    uint32_t route_set[IDEM_CONFIG_MAX_ROUTES]; /* P_* bits each file route set itself */
+    const yaml_node_t *scope_node;      /* scope's value, if written */
+    keyset_t route_set[IDEM_CONFIG_MAX_ROUTES]; /* policy rows each file route set itself */
 } ctx_t;
 
 /* Report "<file>:<line>: <key>: <problem>" at node n.  Always -1. */
@@ -552,30 +383,6 @@ static int want_mapping(ctx_t *c, const yaml_node_t *n, const char *key)
 /* Look the key of a mapping pair up in names[]; build its dotted path into
  * path ("prefix.name", or "name" at the top level); refuse an unknown or a
  * repeated key.  @return the index, or -1 with the error set. */
-static int lookup_key(ctx_t *c, const yaml_node_t *k, const char *prefix,
-                      const char *const *names, int count, uint64_t *seen, char *path,
-                      size_t pathlen)
-{
-    char shown[80];
-    const char *dot = *prefix ? "." : "";
-    if (k->type != YAML_SCALAR_NODE || is_null(k)) {
-        snprintf(path, pathlen, "%s", *prefix ? prefix : "(top level)");
-        return fail(c, k, path, "keys must be plain names");
-    }
-    const char *name = (const char *)k->data.scalar.value;
-    for (int i = 0; i < count; i++) {
-        if (strcmp(name, names[i]) != 0)
-            continue;
-        snprintf(path, pathlen, "%s%s%s", prefix, dot, names[i]);
-        if (*seen & (UINT64_C(1) << i))
-            return fail(c, k, path, "key given twice");
-        *seen |= UINT64_C(1) << i;
-        return i;
-    }
-    show(shown, sizeof shown, name);
-    snprintf(path, pathlen, "%s%s%s", prefix, dot, shown);
-    return fail(c, k, path, "unknown key");
-}
 
 static int duration(ctx_t *c, const yaml_node_t *n, const char *key, bool zero_ok, int64_t *out)
 {
@@ -779,31 +586,6 @@ fail:
     return -1;
 }
 
-static int status_list(ctx_t *c, const yaml_node_t *n, const char *key, idem_policy_t *p)
-{
-    int tmp[IDEM_CONFIG_MAX_LIST];
-    size_t count;
-    char item_key[160];
-    if (want_list(c, n, key, IDEM_CONFIG_MAX_LIST, &count) != 0)
-        return -1;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t v;
-        snprintf(item_key, sizeof item_key, "%s[%zu]", key, i);
-        if (number(c, node(c, n->data.sequence.items.start[i]), item_key, 100, 599, &v) != 0)
-            return -1;
-        tmp[i] = (int)v;
-    }
-    memcpy(p->release_statuses, tmp, count * sizeof *tmp);
-    p->n_release_statuses = count;
-    return 0;
-}
-
-static const char *const conflict_names[] = {"reject", "wait"};
-static const char *const unknown_names[] = {"expire", "hold", "reconcile"};
-static const char *const fpbody_names[] = {"raw", "json"};
-static const char *const store_error_names[] = {"closed", "open"};
-static const char *const mode_names[] = {"required", "optional", "token", "off"};
-static const char *const log_format_names[] = {"json", "text"};
 
 /* `key_from`: header:NAME (a field name) or json:/pointer (RFC 6901, not
  * the whole document: a key is a string or a number, never the body). */
@@ -841,91 +623,6 @@ static int key_from(ctx_t *c, const yaml_node_t *n, const char *key, idem_policy
 }
 
 /* One key of `defaults` or of a route (index P_*) into p. */
-static int policy_key(ctx_t *c, const yaml_node_t *v, const char *key, int index,
-                      idem_policy_t *p)
-{
-    int e = 0;
-    switch (index) {
-    case P_KEY_TTL: return duration(c, v, key, false, &p->key_ttl_ms);
-    case P_FAILURE_TTL: return duration(c, v, key, true, &p->failure_ttl_ms);
-    case P_LEASE: return duration(c, v, key, false, &p->lease_ms);
-    case P_WAIT_TIMEOUT: return duration(c, v, key, true, &p->wait_timeout_ms);
-    case P_MAX_RESPONSE: return size(c, v, key, true, &p->max_response_bytes);
-    case P_RELEASE: return status_list(c, v, key, p);
-    case P_FP_HEADERS:
-        return string_list(c, v, key, L_HEADER, p->fingerprint_headers,
-                           &p->n_fingerprint_headers);
-    case P_FP_IGNORE:
-        return string_list(c, v, key, L_POINTER, p->fingerprint_ignore,
-                           &p->n_fingerprint_ignore);
-    case P_ON_CONFLICT:
-        if (choice(c, v, key, conflict_names, 2, &e) != 0)
-            return -1;
-        p->on_conflict = (idem_on_conflict_t)e;
-        return 0;
-    case P_ON_UNKNOWN:
-        if (choice(c, v, key, unknown_names, 3, &e) != 0)
-            return -1;
-        p->on_unknown_outcome = (idem_on_unknown_t)e;
-        return 0;
-    case P_RECONCILE_AFTER: return duration(c, v, key, false, &p->reconcile_after_ms);
-    case P_RECONCILE_URL: {
-        const char *u = scalar(c, v, key);
-        if (u == NULL)
-            return -1;
-        if (idem__config_set_string(&p->reconcile_url, u) != 0)
-            return nomem(c, v, key);
-        return 0; /* checked against upstream in idem__config_validate */
-    }
-    case P_FP_BODY:
-        if (choice(c, v, key, fpbody_names, 2, &e) != 0)
-            return -1;
-        p->fingerprint_body = (idem_fp_body_t)e;
-        return 0;
-    case P_KEY_FROM: return key_from(c, v, key, p);
-    case P_REPLAY_DROP:
-        return string_list(c, v, key, L_HEADER, p->replay_drop_headers,
-                           &p->n_replay_drop_headers);
-    case P_REPLAY_MARKER:
-        return string_list(c, v, key, L_FIELD, p->replay_marker, &p->n_replay_marker);
-    default: return -1;
-    }
-}
-
-static const char *const policy_names[] = {
-#define X(id, name) name,
-    POLICY_KEYS(X)
-#undef X
-};
-
-/* A route's own keys come first, then the policy keys (index - R_POLICY). */
-enum { R_METHODS, R_PATH, R_MODE, R_NAME, R_POLICY };
-static const char *const route_names[] = {
-    "methods", "path", "mode", "name",
-#define X(id, name) name,
-    POLICY_KEYS(X)
-#undef X
-};
-
-static int parse_defaults(ctx_t *c, const yaml_node_t *n)
-{
-    char key[160];
-    uint64_t seen = 0;
-    if (want_mapping(c, n, "defaults") != 0)
-        return -1;
-    c->defaults_seen = true;
-    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
-         pr++) {
-        int i = lookup_key(c, node(c, pr->key), "defaults", policy_names, P_COUNT, &seen, key,
-                           sizeof key);
-        if (i < 0 || policy_key(c, node(c, pr->value), key, i, &c->cfg->defaults) != 0)
-            return -1;
-        if (i == P_REPLAY_MARKER)
-            c->defaults_marker = node(c, pr->key);
-    }
-    return 0;
-}
-
 static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_route_t *r)
 {
     char shown[80];
@@ -962,209 +659,6 @@ static int route_path(ctx_t *c, const yaml_node_t *n, const char *key, idem_rout
     return 0;
 }
 
-/* ---- issue 22: admin_token_file, workers: auto, a route's name ----------
- *
- * Kept together so that the table of keys (issue 22 item 1) can take them
- * over as rows:
- *   admin_token_file  top level  file_name      default none   "a file holding the admin
- *                                                              listener's bearer token"
- *   workers           top level  workers_value  default auto   "worker threads: a number
- *                                                              from 1 to 64, or auto"
- *   name              routes[i]  route_name     default index  "the route label of
- *                                                              /metrics" */
-
-/* `workers:` a whole number from 1 to MAX_WORKERS, or `auto` (one per CPU,
- * resolved by main.c). */
-static int workers_value(ctx_t *c, const yaml_node_t *n, const char *key, int *out)
-{
-    const char *v = scalar(c, n, key);
-    uint64_t w;
-    if (v == NULL)
-        return -1;
-    if (strcmp(v, "auto") == 0) {
-        *out = IDEM_WORKERS_AUTO;
-        return 0;
-    }
-    if (!parse_uint(v, &w) || w < 1 || w > MAX_WORKERS)
-        return fail(c, n, key, "must be auto or a whole number from 1 to %d", MAX_WORKERS);
-    *out = (int)w;
-    return 0;
-}
-
-/* Whether s can be a route's name: 1 to IDEM_CONFIG_MAX_ROUTE_NAME of
- * [A-Za-z0-9_.-], not all digits (those are the labels of unnamed routes)
- * and not "none" (requests no route matches).  So it is a label value
- * without escapes, and no two label values can mean different routes. */
-static bool route_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    bool digits = true;
-    if (n == 0 || n > IDEM_CONFIG_MAX_ROUTE_NAME || strcmp(s, "none") == 0)
-        return false;
-    for (const char *p = s; *p; p++) {
-        bool d = *p >= '0' && *p <= '9';
-        if (!d && !((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' ||
-                    *p == '.' || *p == '-'))
-            return false;
-        digits = digits && d;
-    }
-    return !digits;
-}
-
-static int route_name(ctx_t *c, const yaml_node_t *n, const char *key, idem_route_t *r)
-{
-    char shown[80];
-    const char *v = scalar(c, n, key);
-    if (v == NULL)
-        return -1;
-    show(shown, sizeof shown, v);
-    if (!route_name_ok(v))
-        return fail(c, n, key,
-                    "must be 1 to %d of A-Z a-z 0-9 _ . -, not only digits and not 'none': '%s'",
-                    IDEM_CONFIG_MAX_ROUTE_NAME, shown);
-    for (size_t i = 0; i + 1 < c->cfg->n_routes; i++)
-        if (c->cfg->routes[i].name != NULL && strcmp(c->cfg->routes[i].name, v) == 0)
-            return fail(c, n, key, "routes[%zu] has this name already: '%s'", i, shown);
-    return idem__config_set_string(&r->name, v) != 0 ? nomem(c, n, key) : 0;
-}
-
-bool idem__config_host_is_loopback(const char *host)
-{
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (strcasecmp(host, "localhost") == 0)
-        return true;
-    if (inet_pton(AF_INET, host, &a4) == 1)
-        return (ntohl(a4.s_addr) >> 24) == 127;
-    if (inet_pton(AF_INET6, host, &a6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&a6);
-    return false;
-}
-
-const char *idem__config_route_label(const idem_config_t *cfg, size_t i, char *buf,
-                                     size_t bufsize)
-{
-    if (i < cfg->n_routes && cfg->routes[i].name != NULL)
-        return cfg->routes[i].name;
-    snprintf(buf, bufsize, "%zu", i);
-    return buf;
-}
-
-/* The checks of these keys in idem__config_validate: an admin address
- * that is not loopback needs admin_token_file (SPEC section 19).
- * @return NULL, or the problem (static or in buf). */
-static const char *ops_problem(const idem_config_t *cfg, char *buf, size_t buflen)
-{
-    char admin_host[256];
-    int admin_port;
-    if (idem__config_parse_addr(cfg->admin, admin_host, sizeof admin_host, &admin_port) != 0)
-        return "admin: not HOST:PORT"; /* checked before: cannot happen */
-    if (cfg->workers != IDEM_WORKERS_AUTO && (cfg->workers < 1 || cfg->workers > MAX_WORKERS)) {
-        snprintf(buf, buflen, "workers: must be auto or a whole number from 1 to %d",
-                 MAX_WORKERS);
-        return buf;
-    }
-    if (cfg->admin_token_file != NULL && cfg->admin_token_file[0] == '\0')
-        return "admin_token_file: must not be empty";
-    if (cfg->admin_token_file == NULL && !idem__config_host_is_loopback(admin_host)) {
-        char shown[80];
-        show(shown, sizeof shown, cfg->admin);
-        snprintf(buf, buflen,
-                 "admin: '%s' is not a loopback address: set admin_token_file, or listen on "
-                 "127.0.0.1 or [::1]",
-                 shown);
-        return buf;
-    }
-    return NULL;
-}
-
-static int parse_route(ctx_t *c, const yaml_node_t *n, size_t index)
-{
-    char prefix[32], key[160];
-    uint64_t seen = 0;
-    int e;
-    snprintf(prefix, sizeof prefix, "routes[%zu]", index);
-    if (want_mapping(c, n, prefix) != 0)
-        return -1;
-    idem_route_t *r = &c->cfg->routes[c->cfg->n_routes];
-    if (route_defaults(r) != 0)
-        return nomem(c, n, prefix);
-    c->cfg->n_routes++;
-    c->route_set[index] = 0;
-    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
-         pr++) {
-        int i = lookup_key(c, node(c, pr->key), prefix, route_names,
-                           (int)(sizeof route_names / sizeof *route_names), &seen, key,
-                           sizeof key);
-        if (i < 0)
-            return -1;
-        const yaml_node_t *v = node(c, pr->value);
-        int rc;
-        if (i == R_METHODS) {
-            rc = string_list(c, v, key, L_METHOD, r->methods, &r->n_methods);
-        } else if (i == R_PATH) {
-            rc = route_path(c, v, key, r);
-        } else if (i == R_NAME) {
-            rc = route_name(c, v, key, r);
-        } else if (i == R_MODE) {
-            rc = choice(c, v, key, mode_names, 4, &e);
-            if (rc == 0)
-                r->mode = (idem_route_mode_t)e;
-        } else {
-            rc = policy_key(c, v, key, i - R_POLICY, &r->policy);
-            c->route_set[index] |= 1u << (i - R_POLICY);
-        }
-        if (rc != 0)
-            return -1;
-    }
-    return 0;
-}
-
-static int parse_routes(ctx_t *c, const yaml_node_t *n)
-{
-    size_t count;
-    if (n->type == YAML_SEQUENCE_NODE &&
-        n->data.sequence.items.top - n->data.sequence.items.start > IDEM_CONFIG_MAX_ROUTES)
-        return fail(c, n, "routes", "too many routes (at most %d)", IDEM_CONFIG_MAX_ROUTES);
-    if (want_list(c, n, "routes", IDEM_CONFIG_MAX_ROUTES, &count) != 0)
-        return -1;
-    for (size_t i = 0; i < c->cfg->n_routes; i++)
-        route_cleanup(&c->cfg->routes[i]);
-    c->cfg->n_routes = 0;
-    c->routes_seen = true;
-    for (size_t i = 0; i < count; i++)
-        if (parse_route(c, node(c, n->data.sequence.items.start[i]), i) != 0)
-            return -1;
-    return 0;
-}
-
-enum {
-    T_LISTEN, T_ADMIN, T_UPSTREAM, T_STORE, T_WORKERS, T_UPSTREAM_TIMEOUT, T_MAX_REQUEST,
-    T_ON_STORE_ERROR, T_REPLAY_HEADER, T_SCOPE_HEADER, T_LOCAL_CACHE, T_TOKEN_TTL,
-    T_LOG_FORMAT, T_HEADER_TIMEOUT, T_BODY_TIMEOUT, T_IDLE_TIMEOUT, T_MAX_CONNECTIONS,
-    T_MAX_BUFFERED, T_ADMIN_HOSTS, T_DEFAULTS, T_ROUTES, T_SCOPE, T_SCOPE_RATE_LIMIT,
-    T_MAX_QUEUED, T_MAX_PER_ADDRESS, T_LISTEN_TLS, T_UPSTREAM_TLS, T_POLICY_LINK,
-    /* Who the caller is: what jwt: sources verify with, what a missing one does. */
-    T_JWT_KEYS, T_JWT_SECRET_FILE, T_SCOPE_MISSING,
-    T_ADMIN_TOKEN_FILE, /* issue 22 */
-    /* Traces: otlp_key() reads them all. */
-    T_OTLP_ENDPOINT, T_OTLP_SERVICE_NAME, T_OTLP_SAMPLE_RATIO, T_OTLP_QUEUE_SPANS,
-    T_OTLP_TIMEOUT,
-    T_COUNT
-};
-static const char *const top_names[] = {
-    "listen", "admin", "upstream", "store", "workers", "upstream_timeout",
-    "max_request_bytes", "on_store_error", "replay_header", "scope_header", "local_cache",
-    "token_ttl", "log_format", "header_timeout", "body_timeout", "idle_timeout",
-    "max_connections", "max_buffered_bytes", "admin_hosts", "defaults", "routes", "scope",
-    "scope_rate_limit", "max_queued_bytes", "max_connections_per_address", "listen_tls",
-    "upstream_tls", "policy_link",
-    "jwt_keys", "jwt_secret_file", "scope_missing",
-    "admin_token_file",
-    "otlp_endpoint", "otlp_service_name", "otlp_sample_ratio", "otlp_queue_spans",
-    "otlp_timeout",
-};
-_Static_assert(T_COUNT <= 64, "lookup_key's seen set holds 64 keys");
 
 /* A file name: any non-empty text (opened by the TLS loader, not here). */
 static int file_name(ctx_t *c, const yaml_node_t *n, const char *key, char **slot)
@@ -1180,104 +674,6 @@ static int file_name(ctx_t *c, const yaml_node_t *n, const char *key, char **slo
 }
 
 /* `listen_tls:`, a mapping of address, cert_file, key_file, client_ca_file. */
-static int listen_tls(ctx_t *c, const yaml_node_t *n)
-{
-    enum { LT_ADDRESS, LT_CERT, LT_KEY, LT_CLIENT_CA, LT_COUNT };
-    static const char *const names[] = {"address", "cert_file", "key_file", "client_ca_file"};
-    idem_config_t *cfg = c->cfg;
-    char key[160], host[256], shown[80];
-    int port;
-    uint64_t seen = 0;
-    if (want_mapping(c, n, "listen_tls") != 0)
-        return -1;
-    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
-         pr++) {
-        int i = lookup_key(c, node(c, pr->key), "listen_tls", names, LT_COUNT, &seen, key,
-                           sizeof key);
-        if (i < 0)
-            return -1;
-        const yaml_node_t *v = node(c, pr->value);
-        int rc;
-        switch (i) {
-        case LT_ADDRESS: {
-            const char *a = scalar(c, v, key);
-            if (a == NULL)
-                return -1;
-            show(shown, sizeof shown, a);
-            if (idem__config_parse_addr(a, host, sizeof host, &port) != 0)
-                return fail(c, v, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'",
-                            shown);
-            rc = idem__config_set_string(&cfg->listen_tls_address, a) != 0 ? nomem(c, v, key) : 0;
-            break;
-        }
-        case LT_CERT: rc = file_name(c, v, key, &cfg->listen_tls_cert_file); break;
-        case LT_KEY: rc = file_name(c, v, key, &cfg->listen_tls_key_file); break;
-        default: rc = file_name(c, v, key, &cfg->listen_tls_client_ca_file); break;
-        }
-        if (rc != 0)
-            return -1;
-    }
-    for (int i = 0; i < LT_CLIENT_CA; i++)
-        if (!(seen & (1u << i)))
-            return fail(c, n, "listen_tls", "needs address, cert_file and key_file (%s missing)",
-                        names[i]);
-    return 0;
-}
-
-/* `upstream_tls:`, a mapping of ca_file, cert_file, key_file, server_name,
- * verify. */
-static int upstream_tls(ctx_t *c, const yaml_node_t *n)
-{
-    enum { UT_CA, UT_CERT, UT_KEY, UT_SERVER_NAME, UT_VERIFY, UT_COUNT };
-    static const char *const names[] = {"ca_file", "cert_file", "key_file", "server_name",
-                                        "verify"};
-    static const char *const bool_names[] = {"false", "true"};
-    idem_config_t *cfg = c->cfg;
-    char key[160], shown[80];
-    uint64_t seen = 0;
-    int e;
-    if (want_mapping(c, n, "upstream_tls") != 0)
-        return -1;
-    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
-         pr++) {
-        int i = lookup_key(c, node(c, pr->key), "upstream_tls", names, UT_COUNT, &seen, key,
-                           sizeof key);
-        if (i < 0)
-            return -1;
-        const yaml_node_t *v = node(c, pr->value);
-        int rc;
-        switch (i) {
-        case UT_CA: rc = file_name(c, v, key, &cfg->upstream_tls_ca_file); break;
-        case UT_CERT: rc = file_name(c, v, key, &cfg->upstream_tls_cert_file); break;
-        case UT_KEY: rc = file_name(c, v, key, &cfg->upstream_tls_key_file); break;
-        case UT_SERVER_NAME: {
-            const char *s = scalar(c, v, key);
-            if (s == NULL)
-                return -1;
-            show(shown, sizeof shown, s);
-            if (!is_host_name(s))
-                return fail(c, v, key, "not a host name or [IPv6] address without a port: '%s'",
-                            shown);
-            rc = idem__config_set_string(&cfg->upstream_tls_server_name, s) != 0
-                     ? nomem(c, v, key)
-                     : 0;
-            break;
-        }
-        default:
-            rc = choice(c, v, key, bool_names, 2, &e);
-            if (rc == 0)
-                cfg->upstream_tls_verify = e == 1;
-            break;
-        }
-        if (rc != 0)
-            return -1;
-    }
-    if (((seen >> UT_CERT) & 1u) != ((seen >> UT_KEY) & 1u))
-        return fail(c, n, "upstream_tls",
-                    "cert_file and key_file go together (a client "
-                    "certificate and its key): write both or neither");
-    return 0;
-}
 
 /* `scope:`, the list of sources that name the caller (scope.h). */
 static int scope_list(ctx_t *c, const yaml_node_t *n, const char *key)
@@ -1331,132 +727,979 @@ static int rate_limit(ctx_t *c, const yaml_node_t *n, const char *key, idem_rate
 }
 
 /* A string-valued top-level key, checked where it can be on its own. */
-static int top_string(ctx_t *c, const yaml_node_t *n, const char *key, int index)
+
+static int status_list(ctx_t *c, const yaml_node_t *n, const char *key, int *dst, size_t *ndst)
 {
-    idem_config_t *cfg = c->cfg;
-    char shown[80], host[256];
-    int port, e;
+    int tmp[IDEM_CONFIG_MAX_LIST];
+    size_t count;
+    char item_key[160];
+    if (want_list(c, n, key, IDEM_CONFIG_MAX_LIST, &count) != 0)
+        return -1;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t v;
+        snprintf(item_key, sizeof item_key, "%s[%zu]", key, i);
+        if (number(c, node(c, n->data.sequence.items.start[i]), item_key, 100, 599, &v) != 0)
+            return -1;
+        tmp[i] = (int)v;
+    }
+    memcpy(dst, tmp, count * sizeof *tmp);
+    *ndst = count;
+    return 0;
+}
+
+/* ---- the table of keys ---------------------------------------------------
+ *
+ * Every key of the file is one row of keys[] below: its name, the mapping
+ * it belongs to, its parser, the field it fills, its default (as YAML text,
+ * which idem__config_defaults parses with the same parsers), whether SIGHUP
+ * applies a change to it, and one line of documentation.  The walk, the
+ * "unknown key" and "key given twice" errors, the defaults, a route's
+ * inheritance from `defaults`, SIGHUP's restart check and `idemd
+ * --list-config-keys` all read the table.  Adding a key is one row, plus a
+ * parser when none of those below fits. */
+
+/* How a row's field is stored, so that it can be copied (a route inherits
+ * it, SIGHUP keeps the running value) and compared without a switch per key. */
+typedef enum {
+    F_NONE,     /* a mapping or list of other keys: no field of its own */
+    F_STR,      /* char *, owned */
+    F_I64,      /* int64_t (durations in ms) */
+    F_U64,      /* uint64_t (sizes, counts) */
+    F_INT,      /* int, or an enum of int size */
+    F_BOOL,     /* bool */
+    F_STRLIST,  /* char *[IDEM_CONFIG_MAX_LIST] at off, its count (size_t) at off_n */
+    F_STATUSES, /* int[IDEM_CONFIG_MAX_LIST] at off, its count at off_n */
+    F_KEYFROM,  /* idem_key_from_t at off, its argument (char *) at off_n */
+    F_SCOPE,    /* idem_scope_source_t[IDEM_SCOPE_MAX_SOURCES] at off, count at off_n */
+    F_RATE,     /* idem_rate_t */
+    F_DBL,      /* double */
+} field_t;
+
+_Static_assert(sizeof(idem_on_conflict_t) == sizeof(int) && sizeof(idem_on_unknown_t) == sizeof(int) &&
+                   sizeof(idem_fp_body_t) == sizeof(int) &&
+                   sizeof(idem_on_store_error_t) == sizeof(int) &&
+                   sizeof(idem_route_mode_t) == sizeof(int) &&
+                   sizeof(idem_scope_missing_t) == sizeof(int) &&
+                   sizeof(idem_key_from_t) == sizeof(int),
+               "enum fields are copied as int");
+
+typedef struct cfgkey cfgkey_t;
+/* Parse the value n of key (its dotted path) into the row's field of obj
+ * (idem_config_t, idem_policy_t or idem_route_t, as the row's `where`
+ * says).  @return 0, or -1 with the error set. */
+typedef int (*parse_fn)(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                        void *obj);
+
+struct cfgkey {
+    const char *name;
+    unsigned where;   /* W_*: the mapping(s) it may be written in */
+    parse_fn parse;
+    field_t field;
+    size_t off, off_n;
+    int64_t lo, hi;            /* number: bounds; duration, size: lo 1 = 0 allowed;
+                                * a list: its list_kind_t */
+    const char *const *words;  /* a choice: its words, NULL-terminated */
+    unsigned block;            /* a mapping of the keys of this W_* (F_NONE rows) */
+    bool required;             /* must be written when its mapping is */
+    const char *def;           /* the default as YAML text; NULL: none (zero) */
+    const char *shown;         /* the default as the docs say it, when def says less */
+    idem_config_reload_t reload;
+    const char *doc;
+};
+
+static void *at(const void *obj, size_t off) { return (char *)obj + off; }
+
+static int field_copy(void *dst, const void *src, const cfgkey_t *k)
+{
+    switch (k->field) {
+    case F_STR: return idem__config_set_string(at(dst, k->off), *(char *const *)at(src, k->off));
+    case F_I64: memcpy(at(dst, k->off), at(src, k->off), sizeof(int64_t)); break;
+    case F_U64: memcpy(at(dst, k->off), at(src, k->off), sizeof(uint64_t)); break;
+    case F_INT: memcpy(at(dst, k->off), at(src, k->off), sizeof(int)); break;
+    case F_BOOL: memcpy(at(dst, k->off), at(src, k->off), sizeof(bool)); break;
+    case F_RATE: memcpy(at(dst, k->off), at(src, k->off), sizeof(idem_rate_t)); break;
+    case F_DBL: memcpy(at(dst, k->off), at(src, k->off), sizeof(double)); break;
+    case F_STRLIST:
+        return copy_strings(at(dst, k->off), at(dst, k->off_n), at(src, k->off),
+                            *(const size_t *)at(src, k->off_n));
+    case F_STATUSES:
+        memcpy(at(dst, k->off), at(src, k->off), IDEM_CONFIG_MAX_LIST * sizeof(int));
+        memcpy(at(dst, k->off_n), at(src, k->off_n), sizeof(size_t));
+        break;
+    case F_SCOPE:
+        memcpy(at(dst, k->off), at(src, k->off),
+               IDEM_SCOPE_MAX_SOURCES * sizeof(idem_scope_source_t));
+        memcpy(at(dst, k->off_n), at(src, k->off_n), sizeof(size_t));
+        break;
+    case F_KEYFROM:
+        memcpy(at(dst, k->off), at(src, k->off), sizeof(int));
+        return idem__config_set_string(at(dst, k->off_n), *(char *const *)at(src, k->off_n));
+    case F_NONE: break;
+    }
+    return 0;
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+    return (a == NULL || b == NULL) ? a == b : strcmp(a, b) == 0;
+}
+
+static bool field_equal(const void *a, const void *b, const cfgkey_t *k)
+{
+    switch (k->field) {
+    case F_STR: return str_eq(*(char *const *)at(a, k->off), *(char *const *)at(b, k->off));
+    case F_I64: return memcmp(at(a, k->off), at(b, k->off), sizeof(int64_t)) == 0;
+    case F_U64: return memcmp(at(a, k->off), at(b, k->off), sizeof(uint64_t)) == 0;
+    case F_INT: return memcmp(at(a, k->off), at(b, k->off), sizeof(int)) == 0;
+    case F_BOOL: return *(const bool *)at(a, k->off) == *(const bool *)at(b, k->off);
+    case F_DBL: return *(const double *)at(a, k->off) == *(const double *)at(b, k->off);
+    case F_RATE: {
+        const idem_rate_t *x = at(a, k->off), *y = at(b, k->off);
+        return x->count == y->count && (x->count == 0 || x->period_ms == y->period_ms);
+    }
+    case F_STRLIST:
+    case F_STATUSES:
+    case F_SCOPE: {
+        size_t n = *(const size_t *)at(a, k->off_n);
+        if (n != *(const size_t *)at(b, k->off_n))
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            if (k->field == F_STRLIST &&
+                !str_eq(((char *const *)at(a, k->off))[i], ((char *const *)at(b, k->off))[i]))
+                return false;
+            if (k->field == F_STATUSES &&
+                ((const int *)at(a, k->off))[i] != ((const int *)at(b, k->off))[i])
+                return false;
+            if (k->field == F_SCOPE) {
+                const idem_scope_source_t *x = at(a, k->off), *y = at(b, k->off);
+                if (x[i].kind != y[i].kind || strcmp(x[i].name, y[i].name) != 0)
+                    return false;
+            }
+        }
+        return true;
+    }
+    case F_KEYFROM:
+        return memcmp(at(a, k->off), at(b, k->off), sizeof(int)) == 0 &&
+               str_eq(*(char *const *)at(a, k->off_n), *(char *const *)at(b, k->off_n));
+    case F_NONE: break;
+    }
+    return true;
+}
+
+/* ---- the parsers the rows name ----------------------------------------- */
+
+static int walk(ctx_t *c, const yaml_node_t *n, const char *prefix, unsigned where, void *obj,
+                void *pobj, keyset_t *seen);
+
+static int p_duration(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    return duration(c, n, key, k->lo == 1, at(obj, k->off));
+}
+
+static int p_size(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    return size(c, n, key, k->lo == 1, at(obj, k->off));
+}
+
+static int p_number(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    uint64_t v;
+    if (number(c, n, key, (uint64_t)k->lo, (uint64_t)k->hi, &v) != 0)
+        return -1;
+    if (k->field == F_INT)
+        *(int *)at(obj, k->off) = (int)v;
+    else
+        *(uint64_t *)at(obj, k->off) = v;
+    return 0;
+}
+
+/* max_connections: a value written in the file is never lowered to fit the
+ * open-files limit (main.c); the built-in one may be. */
+static int p_max_connections(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                             void *obj)
+{
+    if (p_number(c, n, key, k, obj) != 0)
+        return -1;
+    if (!c->builtin)
+        ((idem_config_t *)obj)->max_connections_set = true;
+    return 0;
+}
+
+/* One of k->words: its index (F_INT), whether it is the second (F_BOOL:
+ * false, true), or the word itself (F_STR). */
+static int p_choice(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    int count = 0, e = 0;
+    while (k->words[count] != NULL)
+        count++;
+    if (choice(c, n, key, k->words, count, &e) != 0)
+        return -1;
+    if (k->field == F_BOOL)
+        *(bool *)at(obj, k->off) = e == 1;
+    else if (k->field == F_STR) {
+        if (idem__config_set_string(at(obj, k->off), k->words[e]) != 0)
+            return nomem(c, n, key);
+    } else
+        *(int *)at(obj, k->off) = e;
+    return 0;
+}
+
+static int p_list(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    return string_list(c, n, key, (list_kind_t)k->lo, at(obj, k->off), at(obj, k->off_n));
+}
+
+/* defaults.replay_marker: remembered, since replay_header says the same. */
+static int p_marker(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    if (c->in_defaults)
+        c->defaults_marker = c->cur_key;
+    return p_list(c, n, key, k, obj);
+}
+
+static int p_statuses(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    return status_list(c, n, key, at(obj, k->off), at(obj, k->off_n));
+}
+
+static int p_key_from(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    (void)k;
+    return key_from(c, n, key, obj);
+}
+
+/* Any single value (checked later, as reconcile_url is in idem__config_validate). */
+static int p_text(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
     const char *v = scalar(c, n, key);
     if (v == NULL)
         return -1;
-    show(shown, sizeof shown, v);
-    char **slot = NULL;
-    switch (index) {
-    case T_LISTEN:
-    case T_ADMIN:
-        if (idem__config_parse_addr(v, host, sizeof host, &port) != 0)
-            return fail(c, n, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'",
-                        shown);
-        slot = index == T_LISTEN ? &cfg->listen : &cfg->admin;
-        break;
-    case T_UPSTREAM: {
-        bool tls;
-        const char *why = upstream_problem(v, host, sizeof host, &port, &tls);
-        if (why != NULL)
-            return fail(c, n, key, "%s: '%s'", why, shown);
-        slot = &cfg->upstream;
-        break;
-    }
-    case T_STORE:
-        /* scalar() refuses a plain empty value; a quoted one ("") is text. */
-        if (*v == '\0')
-            return fail(c, n, key, "must not be empty");
-        slot = &cfg->store;
-        break;
-    case T_REPLAY_HEADER:
-    case T_SCOPE_HEADER:
-        if (!is_token(v))
-            return fail(c, n, key, "not a header name: '%s'", shown);
-        if (index == T_REPLAY_HEADER && is_framing_field(v))
-            return fail(c, n, key, "a field that frames the message cannot mark a replay: '%s'",
-                        shown);
-        if (index == T_REPLAY_HEADER)
-            c->replay_header = n;
-        slot = index == T_REPLAY_HEADER ? &cfg->replay_header : &cfg->scope_header;
-        break;
-    case T_POLICY_LINK:
-        if (!is_link_target(v))
-            return fail(c, n, key,
-                        "not a URI reference (at most %d characters of letters, digits and "
-                        "-._~:/?#[]@!$&'()*+,;=%%): '%s'",
-                        IDEM_CONFIG_MAX_LINK, shown);
-        slot = &cfg->policy_link;
-        break;
-    case T_LOG_FORMAT:
-        if (choice(c, n, key, log_format_names, 2, &e) != 0)
-            return -1;
-        slot = &cfg->log_format;
-        break;
-    default: return -1;
-    }
-    if (idem__config_set_string(slot, v) != 0)
+    if (idem__config_set_string(at(obj, k->off), v) != 0)
         return nomem(c, n, key);
     return 0;
 }
 
-/* The otlp_* keys (traces, SPEC section 19), all in one place:
- *   otlp_endpoint      http://HOST:PORT or https://, a path optional  NULL (off)
- *   otlp_service_name  1-100 printable ASCII characters              "idemd"
- *   otlp_sample_ratio  a decimal from 0 to 1                         1
- *   otlp_queue_spans   1 to IDEM_OTLP_QUEUE_MAX (1000000)            4096
- *   otlp_timeout       a duration over 0                             2s */
-static int otlp_key(ctx_t *c, const yaml_node_t *n, const char *key, int index)
+static int p_file(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
 {
-    idem_config_t *cfg = c->cfg;
+    return file_name(c, n, key, at(obj, k->off));
+}
+
+static int p_addr(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    char shown[80], host[256];
+    int port;
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (idem__config_parse_addr(v, host, sizeof host, &port) != 0)
+        return fail(c, n, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'", shown);
+    return p_text(c, n, key, k, obj);
+}
+
+static int p_upstream(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    char shown[80], host[256];
+    int port;
+    bool tls;
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    const char *why = upstream_problem(v, host, sizeof host, &port, &tls);
+    if (why != NULL)
+        return fail(c, n, key, "%s: '%s'", why, shown);
+    return p_text(c, n, key, k, obj);
+}
+
+static int p_nonempty(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    /* scalar() refuses a plain empty value; a quoted one ("") is text. */
+    if (*v == '\0')
+        return fail(c, n, key, "must not be empty");
+    return p_text(c, n, key, k, obj);
+}
+
+static int p_header(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
     char shown[80];
-    uint64_t v;
-    if (index == T_OTLP_QUEUE_SPANS) {
-        if (number(c, n, key, 1, 1000000, &v) != 0)
-            return -1;
-        cfg->otlp_queue_spans = v;
-        return 0;
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (!is_token(v))
+        return fail(c, n, key, "not a header name: '%s'", shown);
+    return p_text(c, n, key, k, obj);
+}
+
+/* replay_header: the older spelling of defaults.replay_marker: [NAME]. */
+static int p_replay_header(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                           void *obj)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (is_token(v) && is_framing_field(v))
+        return fail(c, n, key, "a field that frames the message cannot mark a replay: '%s'",
+                    shown);
+    if (p_header(c, n, key, k, obj) != 0)
+        return -1;
+    if (!c->builtin)
+        c->replay_header = n;
+    return 0;
+}
+
+static int p_link(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (!is_link_target(v))
+        return fail(c, n, key,
+                    "not a URI reference (at most %d characters of letters, digits and "
+                    "-._~:/?#[]@!$&'()*+,;=%%): '%s'",
+                    IDEM_CONFIG_MAX_LINK, shown);
+    return p_text(c, n, key, k, obj);
+}
+
+static int p_host(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    char shown[80];
+    const char *v = scalar(c, n, key);
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (!is_host_name(v))
+        return fail(c, n, key, "not a host name or [IPv6] address without a port: '%s'", shown);
+    return p_text(c, n, key, k, obj);
+}
+
+static int p_scope(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    (void)k;
+    (void)obj;
+    c->scope_node = n;
+    return scope_list(c, n, key);
+}
+
+static int p_rate(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    return rate_limit(c, n, key, at(obj, k->off));
+}
+
+static int p_path(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    (void)k;
+    return route_path(c, n, key, obj);
+}
+
+static int p_defaults(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                      void *obj)
+{
+    keyset_t seen = {{0}};
+    (void)obj;
+    if (want_mapping(c, n, key) != 0)
+        return -1;
+    c->defaults_seen = true;
+    c->in_defaults = true;
+    int rc = walk(c, n, key, k->block, c->cfg, &c->cfg->defaults, &seen);
+    c->in_defaults = false;
+    return rc;
+}
+
+static int p_routes(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj);
+
+/* The rows of `where` named in list_names: "a, b and c". */
+static void join_required(unsigned where, char *out, size_t outlen);
+
+/* listen_tls, upstream_tls: a mapping of the keys of k->block into obj. */
+static int p_block(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj);
+
+/* ---- the rows ------------------------------------------------------------ */
+
+/* Whether s can be a route's name: 1 to IDEM_CONFIG_MAX_ROUTE_NAME of
+ * [A-Za-z0-9_.-], not all digits (those are the labels of unnamed routes)
+ * and not "none" (requests no route matches).  So it is a label value
+ * without escapes, and no two label values can mean different routes. */
+static bool route_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    bool digits = true;
+    if (n == 0 || n > IDEM_CONFIG_MAX_ROUTE_NAME || strcmp(s, "none") == 0)
+        return false;
+    for (const char *p = s; *p; p++) {
+        bool d = *p >= '0' && *p <= '9';
+        if (!d && !((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_' ||
+                    *p == '.' || *p == '-'))
+            return false;
+        digits = digits && d;
     }
-    if (index == T_OTLP_TIMEOUT)
-        return duration(c, n, key, false, &cfg->otlp_timeout_ms);
+    return !digits;
+}
+
+static int p_route_name(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                        void *obj)
+{
+    char shown[80];
+    idem_route_t *r = obj;
+    const char *v = scalar(c, n, key);
+    (void)k;
+    if (v == NULL)
+        return -1;
+    show(shown, sizeof shown, v);
+    if (!route_name_ok(v))
+        return fail(c, n, key,
+                    "must be 1 to %d of A-Z a-z 0-9 _ . -, not only digits and not 'none': '%s'",
+                    IDEM_CONFIG_MAX_ROUTE_NAME, shown);
+    for (size_t i = 0; i + 1 < c->cfg->n_routes; i++)
+        if (c->cfg->routes[i].name != NULL && strcmp(c->cfg->routes[i].name, v) == 0)
+            return fail(c, n, key, "routes[%zu] has this name already: '%s'", i, shown);
+    return idem__config_set_string(&r->name, v) != 0 ? nomem(c, n, key) : 0;
+}
+
+/* `workers:` a whole number from 1 to MAX_WORKERS, or `auto` (one per CPU,
+ * resolved by main.c). */
+static int p_workers(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                     void *obj)
+{
+    const char *v = scalar(c, n, key);
+    uint64_t w;
+    if (v == NULL)
+        return -1;
+    if (strcmp(v, "auto") == 0)
+        w = IDEM_WORKERS_AUTO;
+    else if (!parse_uint(v, &w) || w < 1 || w > MAX_WORKERS)
+        return fail(c, n, key, "must be auto or a whole number from 1 to %d", MAX_WORKERS);
+    *(int *)at(obj, k->off) = (int)w;
+    return 0;
+}
+
+/* otlp_endpoint: http://HOST:PORT or https://, a path optional. */
+static int p_otlp_endpoint(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                           void *obj)
+{
+    char shown[80];
     const char *s = scalar(c, n, key);
     if (s == NULL)
         return -1;
     show(shown, sizeof shown, s);
-    if (index == T_OTLP_SAMPLE_RATIO) {
-        char *end;
-        errno = 0;
-        double r = strtod(s, &end);
-        if (*s == '\0' || *end != '\0' || errno != 0 || !(r >= 0.0 && r <= 1.0))
-            return fail(c, n, key, "not a ratio from 0 to 1: '%s'", shown);
-        cfg->otlp_sample_ratio = r;
-        return 0;
+    const char *rest = strncmp(s, "http://", 7) == 0    ? s + 7
+                       : strncmp(s, "https://", 8) == 0 ? s + 8
+                                                        : NULL;
+    bool ok = rest != NULL && *rest != '\0' && *rest != '/' && strlen(s) <= 1000;
+    for (const char *p = s; ok && *p; p++)
+        ok = *p > ' ' && *p < 0x7f;
+    if (!ok)
+        return fail(c, n, key, "not an http:// or https:// URL of a collector: '%s'", shown);
+    return idem__config_set_string(at(obj, k->off), s) != 0 ? nomem(c, n, key) : 0;
+}
+
+/* otlp_service_name: 1 to 100 printable ASCII characters. */
+static int p_service_name(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                          void *obj)
+{
+    char shown[80];
+    const char *s = scalar(c, n, key);
+    if (s == NULL)
+        return -1;
+    show(shown, sizeof shown, s);
+    bool ok = *s != '\0' && strlen(s) <= 100;
+    for (const char *p = s; ok && *p; p++)
+        ok = *p >= ' ' && *p < 0x7f;
+    if (!ok)
+        return fail(c, n, key, "not 1 to 100 printable ASCII characters: '%s'", shown);
+    return idem__config_set_string(at(obj, k->off), s) != 0 ? nomem(c, n, key) : 0;
+}
+
+/* A decimal from 0 to 1 (otlp_sample_ratio). */
+static int p_ratio(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    char shown[80];
+    char *end;
+    const char *s = scalar(c, n, key);
+    if (s == NULL)
+        return -1;
+    show(shown, sizeof shown, s);
+    errno = 0;
+    double r = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno != 0 || !(r >= 0.0 && r <= 1.0))
+        return fail(c, n, key, "not a ratio from 0 to 1: '%s'", shown);
+    *(double *)at(obj, k->off) = r;
+    return 0;
+}
+
+bool idem__config_host_is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcasecmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+const char *idem__config_route_label(const idem_config_t *cfg, size_t i, char *buf,
+                                     size_t bufsize)
+{
+    if (i < cfg->n_routes && cfg->routes[i].name != NULL)
+        return cfg->routes[i].name;
+    snprintf(buf, bufsize, "%zu", i);
+    return buf;
+}
+
+/* The checks of these keys in idem__config_validate: an admin address
+ * that is not loopback needs admin_token_file (SPEC section 19).
+ * @return NULL, or the problem (static or in buf). */
+static const char *ops_problem(const idem_config_t *cfg, char *buf, size_t buflen)
+{
+    char admin_host[256];
+    int admin_port;
+    if (idem__config_parse_addr(cfg->admin, admin_host, sizeof admin_host, &admin_port) != 0)
+        return "admin: not HOST:PORT"; /* checked before: cannot happen */
+    if (cfg->workers != IDEM_WORKERS_AUTO && (cfg->workers < 1 || cfg->workers > MAX_WORKERS)) {
+        snprintf(buf, buflen, "workers: must be auto or a whole number from 1 to %d",
+                 MAX_WORKERS);
+        return buf;
     }
-    char **slot = &cfg->otlp_service_name;
-    if (index == T_OTLP_ENDPOINT) {
-        const char *rest = strncmp(s, "http://", 7) == 0    ? s + 7
-                           : strncmp(s, "https://", 8) == 0 ? s + 8
-                                                            : NULL;
-        bool ok = rest != NULL && *rest != '\0' && *rest != '/' && strlen(s) <= 1000;
-        for (const char *p = s; ok && *p; p++)
-            ok = *p > ' ' && *p < 0x7f;
-        if (!ok)
-            return fail(c, n, key, "not an http:// or https:// URL of a collector: '%s'", shown);
-        slot = &cfg->otlp_endpoint;
-    } else {
-        bool ok = *s != '\0' && strlen(s) <= 100;
-        for (const char *p = s; ok && *p; p++)
-            ok = *p >= ' ' && *p < 0x7f;
-        if (!ok)
-            return fail(c, n, key, "not 1 to 100 printable ASCII characters: '%s'", shown);
+    if (cfg->admin_token_file != NULL && cfg->admin_token_file[0] == '\0')
+        return "admin_token_file: must not be empty";
+    if (cfg->admin_token_file == NULL && !idem__config_host_is_loopback(admin_host)) {
+        char shown[80];
+        show(shown, sizeof shown, cfg->admin);
+        snprintf(buf, buflen,
+                 "admin: '%s' is not a loopback address: set admin_token_file, or listen on "
+                 "127.0.0.1 or [::1]",
+                 shown);
+        return buf;
     }
-    if (idem__config_set_string(slot, s) != 0)
-        return nomem(c, n, key);
+    return NULL;
+}
+
+#define CFG(m, kind) .field = kind, .off = offsetof(idem_config_t, m)
+#define POL(m, kind) .field = kind, .off = offsetof(idem_policy_t, m)
+#define ROUTE(m, kind) .field = kind, .off = offsetof(idem_route_t, m)
+#define CFG_LIST(m, n) .field = F_STRLIST, .off = offsetof(idem_config_t, m), \
+                       .off_n = offsetof(idem_config_t, n)
+#define POL_LIST(m, n) .field = F_STRLIST, .off = offsetof(idem_policy_t, m), \
+                       .off_n = offsetof(idem_policy_t, n)
+#define WORDS(...) .words = (const char *const[]){__VA_ARGS__, NULL}
+#define RELOAD .reload = IDEM_CONFIG_RELOAD
+#define RESTART .reload = IDEM_CONFIG_RESTART
+
+static const cfgkey_t keys[] = {
+    /* top level */
+    {"listen", W_TOP, p_addr, CFG(listen, F_STR), .def = "127.0.0.1:8080", RESTART,
+     .doc = "the public listener clients connect to"},
+    {"admin", W_TOP, p_addr, CFG(admin, F_STR), .def = "127.0.0.1:8081", RESTART,
+     .doc = "the admin listener (/healthz, /readyz, /metrics, /keys)"},
+    {"upstream", W_TOP, p_upstream, CFG(upstream, F_STR), .def = "http://127.0.0.1:9000",
+     RESTART, .doc = "the service behind idemd: http(s)://HOST:PORT"},
+    {"store", W_TOP, p_nonempty, CFG(store, F_STR), .def = "lmdb:./idem-data", RESTART,
+     .doc = "where key records live (a store URL)"},
+    {"workers", W_TOP, p_workers, CFG(workers, F_INT), .def = "auto", RESTART,
+     .doc = "worker threads, each with its own event loop: 1 to 64, or auto (one per CPU)"},
+    {"upstream_timeout", W_TOP, p_duration, CFG(upstream_timeout_ms, F_I64), .def = "60s",
+     RESTART, .doc = "how long to wait for the upstream's complete response"},
+    {"max_request_bytes", W_TOP, p_size, CFG(max_request_bytes, F_U64), .def = "10MiB",
+     RESTART, .doc = "the largest request body accepted"},
+    {"on_store_error", W_TOP, p_choice, CFG(on_store_error, F_INT), WORDS("closed", "open"),
+     .def = "closed", RELOAD, .doc = "what a request gets when the store fails"},
+    {"replay_header", W_TOP, p_replay_header, CFG(replay_header, F_STR),
+     .def = "X-Idempotent-Replay", RELOAD,
+     .doc = "the older spelling of defaults.replay_marker: [NAME]"},
+    {"policy_link", W_TOP, p_link, CFG(policy_link, F_STR), .shown = "none (/_idem/policy)",
+     RESTART, .doc = "the URL problems name in Link: rel=\"describedby\""},
+    {"scope_header", W_TOP, p_header, CFG(scope_header, F_STR), .def = "Authorization", RELOAD,
+     .doc = "the header that scopes keys to a caller (scope generalises it)"},
+    {"scope", W_TOP, p_scope, .field = F_SCOPE, .off = offsetof(idem_config_t, scope),
+     .off_n = offsetof(idem_config_t, n_scope), .shown = "[authorization]", RELOAD,
+     .doc = "the sources that name the caller"},
+    {"jwt_keys", W_TOP, p_file, CFG(jwt_keys, F_STR), RELOAD,
+     .doc = "PEM public keys or a JWKS that jwt: sources verify with"},
+    {"jwt_secret_file", W_TOP, p_file, CFG(jwt_secret_file, F_STR), RELOAD,
+     .doc = "the HS256 secret that jwt: sources verify with"},
+    {"scope_missing", W_TOP, p_choice, CFG(scope_missing, F_INT), WORDS("fallback", "reject"),
+     .def = "fallback", RELOAD, .doc = "what a request whose scope source is absent gets"},
+    {"scope_rate_limit", W_TOP, p_rate, CFG(scope_rate_limit, F_RATE), .def = "off", RESTART,
+     .doc = "the most keyed requests one caller may send per second, minute or hour"},
+    {"local_cache", W_TOP, p_number, CFG(local_cache, F_U64), .lo = 0, .hi = MAX_LOCAL_CACHE,
+     .def = "0", RESTART, .doc = "completed records cached in process (entries; 0: off)"},
+    {"token_ttl", W_TOP, p_duration, CFG(token_ttl_ms, F_I64), .def = "5m", RELOAD,
+     .doc = "lifetime of a prevention token"},
+    {"log_format", W_TOP, p_choice, CFG(log_format, F_STR), WORDS("json", "text"),
+     .def = "text", RELOAD, .doc = "the log format on stderr"},
+    {"header_timeout", W_TOP, p_duration, CFG(header_timeout_ms, F_I64), .def = "10s", RESTART,
+     .doc = "a request head must be whole within this"},
+    {"body_timeout", W_TOP, p_duration, CFG(body_timeout_ms, F_I64), .def = "30s", RESTART,
+     .doc = "the longest pause between bytes of a request body"},
+    {"idle_timeout", W_TOP, p_duration, CFG(idle_timeout_ms, F_I64), .def = "60s", RESTART,
+     .doc = "how long a keep-alive connection may wait for its next request"},
+    {"max_connections", W_TOP, p_max_connections, CFG(max_connections, F_U64), .lo = 1,
+     .hi = MAX_CONNECTIONS, .def = "10000", RESTART,
+     .doc = "client connections at once, all workers together"},
+    {"max_buffered_bytes", W_TOP, p_size, CFG(max_buffered_bytes, F_U64), .def = "256MiB",
+     RESTART, .doc = "request bodies held in memory at once"},
+    {"max_queued_bytes", W_TOP, p_size, CFG(max_queued_bytes, F_U64), .def = "64MiB", RESTART,
+     .doc = "answers queued to clients that do not read them"},
+    {"max_connections_per_address", W_TOP, p_number, CFG(max_connections_per_address, F_U64),
+     .lo = 0, .hi = MAX_CONNECTIONS, .def = "0", RESTART,
+     .doc = "client connections one IP address may hold at once (0: off)"},
+    {"listen_tls", W_TOP, p_block, .block = W_LISTEN_TLS, .shown = "none",
+     .reload = IDEM_CONFIG_PARTLY, .doc = "an extra public listener that speaks TLS"},
+    {"upstream_tls", W_TOP, p_block, .block = W_UPSTREAM_TLS, .shown = "none", RESTART,
+     .doc = "how an https:// upstream is spoken to"},
+    {"admin_hosts", W_TOP, p_list, CFG_LIST(admin_hosts, n_admin_hosts), .lo = L_HOST,
+     .def = "[]", RESTART, .doc = "Host names the admin listener answers besides loopback's"},
+    {"admin_token_file", W_TOP, p_file, CFG(admin_token_file, F_STR), .shown = "none", RESTART,
+     .doc = "a file holding the admin listener's bearer token"},
+    {"otlp_endpoint", W_TOP, p_otlp_endpoint, CFG(otlp_endpoint, F_STR), .shown = "none",
+     RESTART, .doc = "the OTLP/HTTP collector spans are sent to"},
+    {"otlp_service_name", W_TOP, p_service_name, CFG(otlp_service_name, F_STR), .def = "idemd",
+     RESTART, .doc = "the service.name of idemd's spans"},
+    {"otlp_sample_ratio", W_TOP, p_ratio, CFG(otlp_sample_ratio, F_DBL), .def = "1", RESTART,
+     .doc = "the share of new traces recorded"},
+    {"otlp_queue_spans", W_TOP, p_number, CFG(otlp_queue_spans, F_U64), .lo = 1, .hi = 1000000,
+     .def = "4096", RESTART, .doc = "spans waiting for export at most; more are dropped"},
+    {"otlp_timeout", W_TOP, p_duration, CFG(otlp_timeout_ms, F_I64), .def = "2s", RESTART,
+     .doc = "one export POST at most"},
+    {"defaults", W_TOP, p_defaults, .block = W_DEFAULTS, RELOAD,
+     .doc = "the policy every route inherits"},
+    {"routes", W_TOP, p_routes, .block = W_ROUTE, RELOAD,
+     .doc = "which requests are handled how; first match wins"},
+
+    /* listen_tls: */
+    {"address", W_LISTEN_TLS, p_addr, CFG(listen_tls_address, F_STR), .required = true,
+     .shown = "none", RESTART, .doc = "HOST:PORT of the TLS listener"},
+    {"cert_file", W_LISTEN_TLS, p_file, CFG(listen_tls_cert_file, F_STR), .required = true,
+     RELOAD, .doc = "the server certificate (PEM, chain after it)"},
+    {"key_file", W_LISTEN_TLS, p_file, CFG(listen_tls_key_file, F_STR), .required = true,
+     RELOAD, .doc = "its private key (PEM)"},
+    {"client_ca_file", W_LISTEN_TLS, p_file, CFG(listen_tls_client_ca_file, F_STR), RELOAD,
+     .doc = "CAs client certificates are verified against; asks for one"},
+
+    /* upstream_tls: */
+    {"ca_file", W_UPSTREAM_TLS, p_file, CFG(upstream_tls_ca_file, F_STR),
+     .shown = "the system's trust store", RESTART,
+     .doc = "CAs the upstream's certificate is verified against"},
+    {"cert_file", W_UPSTREAM_TLS, p_file, CFG(upstream_tls_cert_file, F_STR), RESTART,
+     .doc = "a client certificate idemd presents (with key_file)"},
+    {"key_file", W_UPSTREAM_TLS, p_file, CFG(upstream_tls_key_file, F_STR), RESTART,
+     .doc = "its private key (with cert_file)"},
+    {"server_name", W_UPSTREAM_TLS, p_host, CFG(upstream_tls_server_name, F_STR),
+     .shown = "the upstream URL's host", RESTART, .doc = "the name sent in SNI and verified"},
+    {"verify", W_UPSTREAM_TLS, p_choice, CFG(upstream_tls_verify, F_BOOL),
+     WORDS("false", "true"), .def = "true", RESTART,
+     .doc = "false skips verifying the upstream's certificate"},
+
+    /* a route's own keys */
+    {"methods", W_ROUTE, p_list, ROUTE(methods, F_STRLIST),
+     .off_n = offsetof(idem_route_t, n_methods), .lo = L_METHOD, .def = "[POST, PATCH]",
+     RELOAD, .doc = "the methods the route applies to"},
+    {"path", W_ROUTE, p_path, ROUTE(path, F_STR), .def = "/", RELOAD,
+     .doc = "the path prefix the route applies to"},
+    {"name", W_ROUTE, p_route_name, ROUTE(name, F_STR), .shown = "the route's index", RELOAD,
+     .doc = "the route's label in /metrics"},
+    {"mode", W_ROUTE, p_choice, ROUTE(mode, F_INT),
+     WORDS("required", "optional", "token", "off"), .def = "required", RELOAD,
+     .doc = "required, optional, token or off"},
+
+    /* the policy: in defaults, and in any route */
+    {"key_ttl", W_POLICY, p_duration, POL(key_ttl_ms, F_I64), .def = "24h", RELOAD,
+     .doc = "how long a completed record is kept and replayed"},
+    {"failure_ttl", W_POLICY, p_duration, POL(failure_ttl_ms, F_I64), .lo = 1, .def = "5m",
+     RELOAD, .doc = "how long a 5xx answer is kept and replayed"},
+    {"lease", W_POLICY, p_duration, POL(lease_ms, F_I64), .def = "30s", RELOAD,
+     .doc = "how long a claim holds a key while its request runs"},
+    {"on_conflict", W_POLICY, p_choice, POL(on_conflict, F_INT), WORDS("reject", "wait"),
+     .def = "reject", RELOAD, .doc = "a repeat while the first runs: 409, or wait"},
+    {"on_unknown_outcome", W_POLICY, p_choice, POL(on_unknown_outcome, F_INT),
+     WORDS("expire", "hold", "reconcile"), .def = "expire", RELOAD,
+     .doc = "when no complete answer came: expire, hold or reconcile"},
+    {"wait_timeout", W_POLICY, p_duration, POL(wait_timeout_ms, F_I64), .lo = 1, .def = "10s",
+     RELOAD, .doc = "with on_conflict: wait, the longest a repeat is held"},
+    {"fingerprint_body", W_POLICY, p_choice, POL(fingerprint_body, F_INT), WORDS("raw", "json"),
+     .def = "raw", RELOAD, .doc = "hash the body bytes, or its canonical JSON"},
+    {"fingerprint_headers", W_POLICY, p_list, POL_LIST(fingerprint_headers, n_fingerprint_headers),
+     .lo = L_HEADER, .def = "[]", RELOAD, .doc = "request headers part of the fingerprint"},
+    {"fingerprint_ignore", W_POLICY, p_list, POL_LIST(fingerprint_ignore, n_fingerprint_ignore),
+     .lo = L_POINTER, .def = "[]", RELOAD, .doc = "JSON fields left out of the fingerprint"},
+    {"max_response_bytes", W_POLICY, p_size, POL(max_response_bytes, F_U64), .lo = 1,
+     .def = "1MiB", RELOAD, .doc = "the largest response body stored for replay"},
+    {"release_statuses", W_POLICY, p_statuses, .field = F_STATUSES,
+     .off = offsetof(idem_policy_t, release_statuses),
+     .off_n = offsetof(idem_policy_t, n_release_statuses), .def = "[429, 503]", RELOAD,
+     .doc = "upstream statuses that mean nothing was done"},
+    {"key_from", W_POLICY, p_key_from, .field = F_KEYFROM, .off = offsetof(idem_policy_t, key_from),
+     .off_n = offsetof(idem_policy_t, key_from_arg), .def = "header:Idempotency-Key", RELOAD,
+     .doc = "where the key is read: header:NAME or json:/pointer"},
+    {"replay_drop_headers", W_POLICY, p_list,
+     POL_LIST(replay_drop_headers, n_replay_drop_headers), .lo = L_HEADER,
+     .def = "[Set-Cookie]", RELOAD, .doc = "response fields never stored nor replayed"},
+    {"replay_marker", W_POLICY, p_marker, POL_LIST(replay_marker, n_replay_marker),
+     .lo = L_FIELD, .def = "[X-Idempotent-Replay]", RELOAD,
+     .doc = "fields set to true on every replay"},
+    {"reconcile_url", W_POLICY, p_text, POL(reconcile_url, F_STR), RELOAD,
+     .doc = "with reconcile: the upstream's status endpoint ({key} replaced)"},
+    {"reconcile_after", W_POLICY, p_duration, POL(reconcile_after_ms, F_I64), .def = "5s",
+     RELOAD, .doc = "with reconcile: when the first question goes"},
+};
+#define N_KEYS (sizeof keys / sizeof keys[0])
+_Static_assert(sizeof keys / sizeof keys[0] <= MAX_KEYS, "keyset_t holds every row");
+
+/* Free what row k owns in obj (a string, a list). */
+static void field_free(void *obj, const cfgkey_t *k)
+{
+    char **slot = NULL;
+    if (k->field == F_STR)
+        slot = at(obj, k->off);
+    else if (k->field == F_KEYFROM)
+        slot = at(obj, k->off_n);
+    else if (k->field == F_STRLIST)
+        free_strings(at(obj, k->off), at(obj, k->off_n));
+    if (slot != NULL) {
+        idem_free(*slot);
+        *slot = NULL;
+    }
+}
+
+static void policy_cleanup(idem_policy_t *p)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (keys[i].where & W_DEFAULTS)
+            field_free(p, &keys[i]);
+}
+
+static void route_cleanup(idem_route_t *r)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (keys[i].where == W_ROUTE)
+            field_free(r, &keys[i]);
+    policy_cleanup(&r->policy);
+}
+
+void idem__config_cleanup(idem_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (keys[i].where & (W_TOP | W_LISTEN_TLS | W_UPSTREAM_TLS))
+            field_free(cfg, &keys[i]);
+    policy_cleanup(&cfg->defaults);
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        route_cleanup(&cfg->routes[i]);
+    cfg->n_routes = 0;
+}
+
+static bool keyset_has(const keyset_t *s, size_t i) { return (s->w[i / 64] >> (i % 64)) & 1u; }
+static void keyset_add(keyset_t *s, size_t i) { s->w[i / 64] |= UINT64_C(1) << (i % 64); }
+
+/* The row named name in where (it exists: a name in this file). */
+static size_t row(const char *name, unsigned where)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if ((keys[i].where & where) && strcmp(keys[i].name, name) == 0)
+            return i;
+    return 0;
+}
+
+/* Look the key of a mapping pair up among the rows of where; build its
+ * dotted path into path ("prefix.name", or "name" at the top level); refuse
+ * an unknown or a repeated key.  @return the row, or -1 with the error set. */
+static int lookup_key(ctx_t *c, const yaml_node_t *k, const char *prefix, unsigned where,
+                      keyset_t *seen, char *path, size_t pathlen)
+{
+    char shown[80];
+    const char *dot = *prefix ? "." : "";
+    if (k->type != YAML_SCALAR_NODE || is_null(k)) {
+        snprintf(path, pathlen, "%s", *prefix ? prefix : "(top level)");
+        return fail(c, k, path, "keys must be plain names");
+    }
+    const char *name = (const char *)k->data.scalar.value;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (!(keys[i].where & where) || strcmp(name, keys[i].name) != 0)
+            continue;
+        snprintf(path, pathlen, "%s%s%s", prefix, dot, keys[i].name);
+        if (keyset_has(seen, i))
+            return fail(c, k, path, "key given twice");
+        keyset_add(seen, i);
+        return (int)i;
+    }
+    show(shown, sizeof shown, name);
+    snprintf(path, pathlen, "%s%s%s", prefix, dot, shown);
+    return fail(c, k, path, "unknown key");
+}
+
+/* Every pair of the mapping n by its row: a policy row into pobj, any other
+ * into obj. */
+static int walk(ctx_t *c, const yaml_node_t *n, const char *prefix, unsigned where, void *obj,
+                void *pobj, keyset_t *seen)
+{
+    char key[160];
+    for (yaml_node_pair_t *pr = n->data.mapping.pairs.start; pr < n->data.mapping.pairs.top;
+         pr++) {
+        const yaml_node_t *kn = node(c, pr->key);
+        int i = lookup_key(c, kn, prefix, where, seen, key, sizeof key);
+        if (i < 0)
+            return -1;
+        const cfgkey_t *k = &keys[i];
+        c->cur_key = kn;
+        if (k->parse(c, node(c, pr->value), key, k, (k->where & W_DEFAULTS) ? pobj : obj) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void join_required(unsigned where, char *out, size_t outlen)
+{
+    size_t n = 0, total = 0, used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++)
+        total += (keys[i].where & where) && keys[i].required;
+    for (size_t i = 0; i < N_KEYS && used < outlen; i++) {
+        if (!(keys[i].where & where) || !keys[i].required)
+            continue;
+        n++;
+        const char *sep = n == 1 ? "" : n == total ? " and " : ", ";
+        used += (size_t)snprintf(out + used, outlen - used, "%s%s", sep, keys[i].name);
+    }
+}
+
+static int p_block(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    keyset_t seen = {{0}};
+    char need[128];
+    if (want_mapping(c, n, key) != 0 || walk(c, n, key, k->block, obj, obj, &seen) != 0)
+        return -1;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if ((keys[i].where & k->block) && keys[i].required && !keyset_has(&seen, i)) {
+            join_required(k->block, need, sizeof need);
+            return fail(c, n, key, "needs %s (%s missing)", need, keys[i].name);
+        }
+    if (k->block == W_UPSTREAM_TLS && keyset_has(&seen, row("cert_file", W_UPSTREAM_TLS)) !=
+                                          keyset_has(&seen, row("key_file", W_UPSTREAM_TLS)))
+        return fail(c, n, key,
+                    "cert_file and key_file go together (a client "
+                    "certificate and its key): write both or neither");
+    return 0;
+}
+
+/* ---- defaults from the table ------------------------------------------- */
+
+/* Append to b (cap bytes, *used so far) the defaults of the rows of where
+ * as YAML block lines indented by indent; a route's policy rows are left
+ * out (a route inherits them from `defaults`).  @return false when b is
+ * too small. */
+static bool emit(char *b, size_t cap, size_t *used, unsigned where, int indent)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cfgkey_t *k = &keys[i];
+        if (!(k->where & where) || (where == W_ROUTE && (k->where & W_DEFAULTS)))
+            continue;
+        char inner[2048];
+        size_t n = 0;
+        int w;
+        if (k->block != 0) {
+            bool list = k->block == W_ROUTE;
+            if (!emit(inner, sizeof inner, &n, k->block, indent + (list ? 4 : 2)))
+                return false;
+            if (n == 0)
+                continue;
+            if (list) /* one list item: its first line starts "- " */
+                memcpy(inner + indent + 2, "- ", 2);
+            w = snprintf(b + *used, cap - *used, "%*s%s:\n%s", indent, "", k->name, inner);
+        } else if (k->def != NULL) {
+            w = snprintf(b + *used, cap - *used, "%*s%s: %s\n", indent, "", k->name, k->def);
+        } else {
+            continue;
+        }
+        if (w < 0 || (size_t)w >= cap - *used)
+            return false;
+        *used += (size_t)w;
+    }
+    return true;
+}
+
+static int load_text(ctx_t *c, const char *text, size_t len, const char *file, unsigned where,
+                     void *obj, void *pobj, const char *prefix);
+
+/* A route before its own keys: the route rows' defaults (POST and PATCH on
+ * every path, key required; docs/protocol.md section 5). */
+static int route_defaults(ctx_t *c, idem_route_t *r)
+{
+    char text[512];
+    size_t n = 0;
+    memset(r, 0, sizeof *r);
+    if (!emit(text, sizeof text, &n, W_ROUTE, 0))
+        return -1;
+    if (load_text(c, text, n, "(built-in route)", W_ROUTE, r, &r->policy, "routes[]") != 0) {
+        route_cleanup(r);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_route(ctx_t *c, const yaml_node_t *n, size_t index)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "routes[%zu]", index);
+    if (want_mapping(c, n, prefix) != 0)
+        return -1;
+    idem_route_t *r = &c->cfg->routes[c->cfg->n_routes];
+    if (route_defaults(c, r) != 0)
+        return nomem(c, n, prefix);
+    c->cfg->n_routes++;
+    memset(&c->route_set[index], 0, sizeof c->route_set[index]);
+    return walk(c, n, prefix, W_ROUTE, r, &r->policy, &c->route_set[index]);
+}
+
+static int p_routes(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    size_t count;
+    (void)k;
+    (void)obj;
+    if (n->type == YAML_SEQUENCE_NODE &&
+        n->data.sequence.items.top - n->data.sequence.items.start > IDEM_CONFIG_MAX_ROUTES)
+        return fail(c, n, key, "too many routes (at most %d)", IDEM_CONFIG_MAX_ROUTES);
+    if (want_list(c, n, key, IDEM_CONFIG_MAX_ROUTES, &count) != 0)
+        return -1;
+    for (size_t i = 0; i < c->cfg->n_routes; i++)
+        route_cleanup(&c->cfg->routes[i]);
+    c->cfg->n_routes = 0;
+    c->routes_seen = true;
+    for (size_t i = 0; i < count; i++)
+        if (parse_route(c, node(c, n->data.sequence.items.start[i]), i) != 0)
+            return -1;
+    return 0;
+}
+
+/* Copy the policy rows of src not in keep into dst. */
+static int policy_inherit(idem_policy_t *dst, const idem_policy_t *src, const keyset_t *keep)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if ((keys[i].where & W_DEFAULTS) && !(keep && keyset_has(keep, i)) &&
+            field_copy(dst, src, &keys[i]) != 0)
+            return -1;
     return 0;
 }
 
 static int parse_top(ctx_t *c, const yaml_node_t *root)
 {
-    idem_config_t *cfg = c->cfg;
-    char key[160];
-    uint64_t seen = 0;
-    uint64_t v;
-    int e;
-    const yaml_node_t *scope_node = root;
+    keyset_t seen = {{0}};
     if (is_null(root))
         return 0; /* "---" alone: an empty document */
     if (root->type != YAML_MAPPING_NODE) {
@@ -1465,80 +1708,11 @@ static int parse_top(ctx_t *c, const yaml_node_t *root)
                      c->file, (unsigned long)root->start_mark.line + 1);
         return -1;
     }
-    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start;
-         pr < root->data.mapping.pairs.top; pr++) {
-        int i = lookup_key(c, node(c, pr->key), "", top_names, T_COUNT, &seen, key, sizeof key);
-        if (i < 0)
-            return -1;
-        const yaml_node_t *n = node(c, pr->value);
-        int rc;
-        switch (i) {
-        case T_WORKERS: rc = workers_value(c, n, key, &cfg->workers); break;
-        case T_ADMIN_TOKEN_FILE: rc = file_name(c, n, key, &cfg->admin_token_file); break;
-        case T_LOCAL_CACHE:
-            rc = number(c, n, key, 0, MAX_LOCAL_CACHE, &v);
-            if (rc == 0)
-                cfg->local_cache = v;
-            break;
-        case T_UPSTREAM_TIMEOUT: rc = duration(c, n, key, false, &cfg->upstream_timeout_ms); break;
-        case T_TOKEN_TTL: rc = duration(c, n, key, false, &cfg->token_ttl_ms); break;
-        case T_MAX_REQUEST: rc = size(c, n, key, false, &cfg->max_request_bytes); break;
-        case T_HEADER_TIMEOUT: rc = duration(c, n, key, false, &cfg->header_timeout_ms); break;
-        case T_BODY_TIMEOUT: rc = duration(c, n, key, false, &cfg->body_timeout_ms); break;
-        case T_IDLE_TIMEOUT: rc = duration(c, n, key, false, &cfg->idle_timeout_ms); break;
-        case T_MAX_CONNECTIONS:
-            rc = number(c, n, key, 1, MAX_CONNECTIONS, &v);
-            if (rc == 0) {
-                cfg->max_connections = v;
-                cfg->max_connections_set = true;
-            }
-            break;
-        case T_MAX_BUFFERED: rc = size(c, n, key, false, &cfg->max_buffered_bytes); break;
-        case T_ADMIN_HOSTS:
-            rc = string_list(c, n, key, L_HOST, cfg->admin_hosts, &cfg->n_admin_hosts);
-            break;
-        case T_ON_STORE_ERROR:
-            rc = choice(c, n, key, store_error_names, 2, &e);
-            if (rc == 0)
-                cfg->on_store_error = (idem_on_store_error_t)e;
-            break;
-        case T_DEFAULTS: rc = parse_defaults(c, n); break;
-        case T_ROUTES: rc = parse_routes(c, n); break;
-        case T_SCOPE:
-            rc = scope_list(c, n, key);
-            scope_node = n;
-            break;
-        case T_SCOPE_RATE_LIMIT: rc = rate_limit(c, n, key, &cfg->scope_rate_limit); break;
-        case T_MAX_QUEUED: rc = size(c, n, key, false, &cfg->max_queued_bytes); break;
-        case T_MAX_PER_ADDRESS:
-            rc = number(c, n, key, 0, MAX_CONNECTIONS, &v);
-            if (rc == 0)
-                cfg->max_connections_per_address = v;
-            break;
-        case T_LISTEN_TLS: rc = listen_tls(c, n); break;
-        case T_UPSTREAM_TLS: rc = upstream_tls(c, n); break;
-        case T_JWT_KEYS: rc = file_name(c, n, key, &cfg->jwt_keys); break;
-        case T_JWT_SECRET_FILE: rc = file_name(c, n, key, &cfg->jwt_secret_file); break;
-        case T_OTLP_ENDPOINT:
-        case T_OTLP_SERVICE_NAME:
-        case T_OTLP_SAMPLE_RATIO:
-        case T_OTLP_QUEUE_SPANS:
-        case T_OTLP_TIMEOUT: rc = otlp_key(c, n, key, i); break;
-        case T_SCOPE_MISSING: {
-            static const char *const missing_names[] = {"fallback", "reject"};
-            rc = choice(c, n, key, missing_names, 2, &e);
-            if (rc == 0)
-                cfg->scope_missing = (idem_scope_missing_t)e;
-            break;
-        }
-        default: rc = top_string(c, n, key, i); break;
-        }
-        if (rc != 0)
-            return -1;
-    }
+    if (walk(c, root, "", W_TOP, c->cfg, NULL, &seen) != 0)
+        return -1;
     /* Two answers to "who is the caller" would leave one silently unused. */
-    if ((seen & (1u << T_SCOPE)) && (seen & (1u << T_SCOPE_HEADER)))
-        return fail(c, scope_node, "scope",
+    if (keyset_has(&seen, row("scope", W_TOP)) && keyset_has(&seen, row("scope_header", W_TOP)))
+        return fail(c, c->scope_node, "scope",
                     "scope and scope_header both name the caller; write scope_header: X "
                     "as scope: [header:X]");
     return 0;
@@ -1563,7 +1737,7 @@ static int finish_routes(ctx_t *c)
     if (!c->routes_seen && !c->defaults_seen && c->replay_header == NULL)
         return 0;
     for (size_t i = 0; i < cfg->n_routes; i++) {
-        uint32_t keep = c->routes_seen ? c->route_set[i] : 0;
+        const keyset_t *keep = c->routes_seen ? &c->route_set[i] : NULL;
         if (policy_inherit(&cfg->routes[i].policy, &cfg->defaults, keep) != 0) {
             snprintf(c->err, c->errlen, "%s: out of memory", c->file);
             return -1;
@@ -1571,6 +1745,7 @@ static int finish_routes(ctx_t *c)
     }
     return 0;
 }
+
 
 /* Read the whole file, refusing more than MAX_FILE_BYTES. */
 static int slurp(const char *path, char **out, size_t *len, char *err, size_t errlen)
@@ -1628,6 +1803,89 @@ static void syntax_error(const yaml_parser_t *p, const char *file, const char *b
              p->context ? p->context : "", p->context ? ")" : "");
 }
 
+
+/* Parse text (len bytes, named file in messages) as one YAML document and
+ * walk it: the whole file when where is W_TOP, else one mapping of the rows
+ * of where into obj and pobj (named prefix).  Nested calls (a route's
+ * defaults while its file is read) leave c as they found it. */
+static int load_text(ctx_t *c, const char *text, size_t len, const char *file, unsigned where,
+                     void *obj, void *pobj, const char *prefix)
+{
+    yaml_document_t *saved_doc = c->doc;
+    const char *saved_file = c->file;
+    const yaml_node_t *saved_key = c->cur_key;
+    bool saved_builtin = c->builtin, saved_in_defaults = c->in_defaults;
+    yaml_parser_t parser;
+    yaml_document_t doc, extra;
+    int rc = -1;
+    if (!yaml_parser_initialize(&parser)) {
+        snprintf(c->err, c->errlen, "%s: out of memory", file);
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        syntax_error(&parser, file, text, c->err, c->errlen);
+        goto out;
+    }
+    c->doc = &doc;
+    c->file = file;
+    c->builtin = saved_builtin || file[0] == '(';
+    c->in_defaults = false;
+    const yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (where != W_TOP) {
+        keyset_t seen = {{0}};
+        if (root == NULL || (want_mapping(c, root, prefix) == 0 &&
+                             walk(c, root, prefix, where, obj, pobj, &seen) == 0))
+            rc = 0;
+        goto out_doc;
+    }
+    if (root != NULL && (parse_top(c, root) != 0 || finish_routes(c) != 0))
+        goto out_doc;
+    /* A second document would be silently ignored: refuse it. */
+    if (!yaml_parser_load(&parser, &extra)) {
+        syntax_error(&parser, file, text, c->err, c->errlen);
+        goto out_doc;
+    }
+    const yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
+    if (extra_root != NULL)
+        snprintf(c->err, c->errlen, "%s:%lu: only one YAML document is allowed", file,
+                 (unsigned long)extra_root->start_mark.line + 1);
+    else
+        rc = 0;
+    yaml_document_delete(&extra);
+out_doc:
+    yaml_document_delete(&doc);
+out:
+    yaml_parser_delete(&parser);
+    c->doc = saved_doc;
+    c->file = saved_file;
+    c->cur_key = saved_key;
+    c->builtin = saved_builtin;
+    c->in_defaults = saved_in_defaults;
+    return rc;
+}
+
+int idem__config_defaults(idem_config_t *cfg)
+{
+    char text[4096], err[256];
+    size_t n = 0;
+    memset(cfg, 0, sizeof *cfg);
+    ctx_t *c = idem_calloc(1, sizeof *c);
+    if (c == NULL)
+        return -1;
+    c->cfg = cfg;
+    c->err = err;
+    c->errlen = sizeof err;
+    c->builtin = true;
+    int rc = emit(text, sizeof text, &n, W_TOP, 0)
+                 ? load_text(c, text, n, "(built-in defaults)", W_TOP, cfg, NULL, "")
+                 : -1;
+    idem_free(c);
+    if (rc != 0)
+        idem__config_cleanup(cfg);
+    return rc;
+}
+
 int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size_t errlen)
 {
     char dummy[8];
@@ -1640,49 +1898,107 @@ int idem__config_load_file(idem_config_t *cfg, const char *path, char *err, size
     size_t len;
     if (slurp(path, &buf, &len, err, errlen) != 0)
         return -1;
-
     ctx_t *c = idem_calloc(1, sizeof *c);
-    yaml_parser_t parser;
-    yaml_document_t doc, extra;
-    int rc = -1;
-    if (c == NULL || !yaml_parser_initialize(&parser)) {
+    if (c == NULL) {
         snprintf(err, errlen, "%s: out of memory", path);
-        idem_free(c);
         idem_free(buf);
         return -1;
     }
-    yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        syntax_error(&parser, path, buf, err, errlen);
-        goto out;
-    }
-    c->doc = &doc;
-    c->file = path;
     c->err = err;
     c->errlen = errlen;
     c->cfg = cfg;
-    const yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root != NULL && (parse_top(c, root) != 0 || finish_routes(c) != 0))
-        goto out_doc;
-    /* A second document would be silently ignored: refuse it. */
-    if (!yaml_parser_load(&parser, &extra)) {
-        syntax_error(&parser, path, buf, err, errlen);
-        goto out_doc;
-    }
-    const yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
-    if (extra_root != NULL)
-        snprintf(err, errlen, "%s:%lu: only one YAML document is allowed", path,
-                 (unsigned long)extra_root->start_mark.line + 1);
-    else
-        rc = 0;
-    yaml_document_delete(&extra);
-out_doc:
-    yaml_document_delete(&doc);
-out:
-    yaml_parser_delete(&parser);
+    int rc = load_text(c, buf, len, path, W_TOP, cfg, NULL, "");
     idem_free(c);
     idem_free(buf);
     return rc;
+}
+
+/* ---- the table, outside --------------------------------------------------- */
+
+/* The dotted name of row k for people: "listen", "defaults.key_ttl",
+ * "routes[].path", "listen_tls.address". */
+static void dotted(const cfgkey_t *k, char *out, size_t outlen)
+{
+    const char *prefix = (k->where & W_DEFAULTS)       ? "defaults."
+                         : (k->where & W_ROUTE)        ? "routes[]."
+                         : (k->where & W_LISTEN_TLS)   ? "listen_tls."
+                         : (k->where & W_UPSTREAM_TLS) ? "upstream_tls."
+                                                       : "";
+    snprintf(out, outlen, "%s%s", prefix, k->name);
+}
+
+void idem__config_list_keys(FILE *f)
+{
+    static const char *const reload_names[] = {"restart", "yes", "partly"};
+    char name[80];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cfgkey_t *k = &keys[i];
+        dotted(k, name, sizeof name);
+        const char *def = k->shown ? k->shown : k->def ? k->def : k->block ? "-" : "none";
+        fprintf(f, "%s\t%s\t%s\t%s\n", name, reload_names[k->reload], def, k->doc);
+    }
+}
+
+int idem__config_keep_restart_keys(idem_config_t *next, const idem_config_t *running,
+                                   char *changed, size_t changedlen)
+{
+    char name[80];
+    size_t used = 0;
+    if (changedlen > 0)
+        changed[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cfgkey_t *k = &keys[i];
+        if (k->reload != IDEM_CONFIG_RESTART || k->field == F_NONE ||
+            (k->where & (W_DEFAULTS | W_ROUTE)) || field_equal(next, running, k))
+            continue;
+        dotted(k, name, sizeof name);
+        if (used < changedlen)
+            used += (size_t)snprintf(changed + used, changedlen - used, "%s%s",
+                                     used ? ", " : "", name);
+        if (field_copy(next, running, k) != 0)
+            return -1;
+    }
+    next->max_connections_set = running->max_connections_set;
+    return 0;
+}
+
+/* A configuration shared by threads: the one a request began with stays
+ * until its last holder lets it go. */
+typedef struct shared_cfg {
+    idem_config_t cfg; /* first: a config's address is its holder's */
+    atomic_uint refs;
+} shared_cfg_t;
+
+idem_config_t *idem__config_new(void)
+{
+    shared_cfg_t *s = idem_calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    if (idem__config_defaults(&s->cfg) != 0) {
+        idem_free(s);
+        return NULL;
+    }
+    atomic_init(&s->refs, 1);
+    return &s->cfg;
+}
+
+const idem_config_t *idem__config_ref(const idem_config_t *cfg)
+{
+    if (cfg != NULL)
+        atomic_fetch_add_explicit(&((shared_cfg_t *)(void *)(uintptr_t)cfg)->refs, 1,
+                                  memory_order_relaxed);
+    return cfg;
+}
+
+void idem__config_unref(const idem_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    shared_cfg_t *s = (shared_cfg_t *)(void *)(uintptr_t)cfg;
+    if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    idem__config_cleanup(&s->cfg);
+    idem_free(s);
 }
 
 /* ---- validation and matching ------------------------------------------- */

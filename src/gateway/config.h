@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gateway/ratelimit.h"
 #include "gateway/scope.h"
@@ -147,6 +148,22 @@ typedef struct idem_config {
     size_t n_routes;
 } idem_config_t;
 
+/* The mappings a key may be written in (the table in config.c). */
+enum {
+    IDEM_CFG_IN_TOP = 1,
+    IDEM_CFG_IN_DEFAULTS = 2,
+    IDEM_CFG_IN_ROUTE = 4,
+    IDEM_CFG_IN_LISTEN_TLS = 8,
+    IDEM_CFG_IN_UPSTREAM_TLS = 16,
+};
+/** What SIGHUP does to a key: leaves it (needs a restart), applies it, or,
+ * for a mapping, as each of its keys says. */
+typedef enum {
+    IDEM_CONFIG_RESTART = 0,
+    IDEM_CONFIG_RELOAD = 1,
+    IDEM_CONFIG_PARTLY = 2,
+} idem_config_reload_t;
+
 /** Fill cfg with the defaults of docs/protocol.md section 14 (one route: POST, PATCH on
  * "/" required; log_format "text").  cfg need not be initialised; its strings
  * are then owned by it (replace them with idem__config_set_string, free them
@@ -222,5 +239,31 @@ int idem__config_parse_upstream(const char *url, char *host, size_t hostlen, int
  *              that does not begin with '/' matches nothing. */
 const idem_route_t *idem__config_match(const idem_config_t *cfg, const char *method,
                                        size_t method_len, const char *path, size_t path_len);
+
+/** Print every key of the table to f, one a line, four fields separated by
+ * tabs: the dotted name ("listen", "defaults.key_ttl", "routes[].path",
+ * "listen_tls.address"), what SIGHUP does ("yes", "restart" or "partly"),
+ * the default as the docs say it ("none", "-" for a mapping) and one line
+ * of documentation.  `idemd --list-config-keys` prints this; the docs are
+ * checked against it (tests/blackbox/test_config_keys.py). */
+void idem__config_list_keys(FILE *f);
+
+/** For SIGHUP: give next (the file read again) the running value of every
+ * key SIGHUP cannot change, and name each that differed in changed
+ * ("listen, workers", changedlen bytes, truncated; "" when none).
+ * @return 0, or -1 when out of memory (next stays valid). */
+int idem__config_keep_restart_keys(idem_config_t *next, const idem_config_t *running,
+                                   char *changed, size_t changedlen);
+
+/** A configuration on the heap, shared by threads and freed when the last
+ * holder lets go: it starts with the defaults and one reference.  Only a
+ * configuration made here may be passed to idem__config_ref/unref.
+ * @return NULL when out of memory. */
+idem_config_t *idem__config_new(void);
+/** One more reference to cfg (returned).  Any thread. */
+const idem_config_t *idem__config_ref(const idem_config_t *cfg);
+/** Drop a reference; the last frees cfg (idem__config_cleanup).  NULL is a
+ * no-op.  Any thread. */
+void idem__config_unref(const idem_config_t *cfg);
 
 #endif /* IDEM_GATEWAY_CONFIG_H */
