@@ -438,6 +438,15 @@ int idem__tls_server_reload(idem_tls_server_t *s, char *err, size_t errlen)
     return 0;
 }
 
+void idem__tls_server_swap(idem_tls_server_t *s, idem_tls_ctx_t *fresh)
+{
+    pthread_mutex_lock(&s->mu);
+    idem_tls_ctx_t *old = s->cur;
+    s->cur = fresh;
+    pthread_mutex_unlock(&s->mu);
+    idem__tls_ctx_unref(old);
+}
+
 void idem__tls_server_cleanup(idem_tls_server_t *s)
 {
     if (!s->cur)

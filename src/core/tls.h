@@ -132,6 +132,11 @@ idem_tls_ctx_t *idem__tls_server_current(idem_tls_server_t *s);
  * running context is kept, and err says why.  Any thread.
  * @return 0, or -1 with err. */
 int idem__tls_server_reload(idem_tls_server_t *s, char *err, size_t errlen);
+/** Give new connections fresh (its reference is taken over) instead of the
+ * running context, as reload does, for a context made from other files
+ * (SIGHUP with a changed listen_tls).  Open sessions keep theirs.  Any
+ * thread. */
+void idem__tls_server_swap(idem_tls_server_t *s, idem_tls_ctx_t *fresh);
 /** Drop the holder's reference and its copies.  Sessions may outlive it. */
 void idem__tls_server_cleanup(idem_tls_server_t *s);
 

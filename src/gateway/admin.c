@@ -546,7 +546,15 @@ static void handle_metrics(idem_admin_t *admin, const idem_http_msg_t *m, idem_a
     (void)m;
     idem_buf_t out;
     idem__buf_init(&out, ADMIN_METRICS_MAX);
-    if (idem__metrics_render(&admin->gw->metrics, admin->gw->cfg, &out) == 0) {
+    /* The route labels are those of the routes new requests get (a SIGHUP
+     * may have renamed them); a route's counts are kept by its index. */
+    idem_gw_t *gw = admin->gw;
+    pthread_mutex_lock(&gw->live_mu);
+    const idem_config_t *live = idem__config_ref(gw->live != NULL ? gw->live : gw->cfg);
+    pthread_mutex_unlock(&gw->live_mu);
+    int rendered = idem__metrics_render(&gw->metrics, live, &out);
+    idem__config_unref(live);
+    if (rendered == 0) {
         idem__buf_cleanup(&a->body);
         a->body = out; /* the answer takes the rendering */
         a->status = 200;

@@ -24,13 +24,15 @@
  *
  * THREADING: everything in a worker is touched only by its loop thread,
  * except the done list (the writer thread pushes to it under its mutex) and
- * the metrics (atomics).  The config and the store handle are shared,
- * read-only and thread-safe respectively.
+ * the metrics (atomics).  A config is shared read-only and reference
+ * counted (SIGHUP replaces the live one, see live below); the store handle
+ * is thread-safe.
  */
 #ifndef IDEM_GATEWAY_H
 #define IDEM_GATEWAY_H
 
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -52,7 +54,19 @@ typedef struct idem_worker idem_worker_t;
 typedef struct idem_admin idem_admin_t;
 
 struct idem_gw {
+    /* The configuration idemd started with.  Read it only for keys SIGHUP
+     * cannot change (listen, store, workers, the connection limits ...:
+     * IDEM_CONFIG_RESTART in config.c's table): those are the same in every
+     * later configuration. */
     idem_config_t *cfg;
+    /* The configuration new requests start with: the start's, then each
+     * good SIGHUP's (main.c publishes it under live_mu and bumps live_gen).
+     * A worker holds the latest it has seen (idem__worker_cfg), each request
+     * the one it began with (idem_req_t.cfg), a reconcile question the one
+     * of its request; the last holder frees it (idem__config_unref). */
+    pthread_mutex_t live_mu;
+    const idem_config_t *live; /* guarded by live_mu */
+    _Atomic uint64_t live_gen;
     idem_store_t *store;
     idem_cache_t *cache;                   /* local_cache; NULL when off */
     idem_ratelimit_t *ratelimit;           /* scope_rate_limit; NULL when off */
@@ -82,7 +96,7 @@ struct idem_gw {
     bool admin_token_set;
     uint8_t admin_token_sha256[32];
     _Atomic bool stopping;
-    bool log_json;
+    _Atomic bool log_json; /* log_format: json; SIGHUP may change it */
 };
 
 /** idem_store_get, counted in the metrics (every read of the store outside

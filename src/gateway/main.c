@@ -16,9 +16,13 @@
  * accepting and finish what is in flight (their completions go through the
  * writer), then the admin thread stops, then the writer applies its last
  * batch, then the store is closed and idemd exits 0.  SIGHUP reads the
- * listen_tls certificate and the JWT keys (jwt_keys, jwt_secret_file) again;
- * a file that does not load keeps the running ones, with one line in the
- * log; the rest of the configuration needs a restart.  A thread
+ * configuration again (reload): what can change at run time (routes and
+ * policies, TTLs, scope, JWT keys, the listen_tls certificate, log format:
+ * the "yes" keys of `idemd --list-config-keys`) applies to requests that
+ * start after it, while those in flight finish under the configuration
+ * they began with; a changed key that needs a restart is logged and kept;
+ * a file that does not load keeps the running configuration, with one
+ * line in the log.  A thread
  * that does not start (idem__thread_create, thread.h) is one line naming it
  * and exit 2, after the threads that did start are stopped and joined.
  *
@@ -79,31 +83,10 @@ static void usage(FILE *f)
           "                      on the same addresses (docs/operations.md); it serves on\n"
           "                      until SIGTERM drains it\n"
           "  -t                  check the configuration and exit (0 good, 2 bad)\n"
+          "  --list-config-keys  print every configuration key: name, what SIGHUP does\n"
+          "                      (yes, restart, partly), default, what it is for\n"
           "  --version           print the version\n",
           f);
-}
-
-/* SIGHUP: read jwt_keys and jwt_secret_file again.  The new set goes in
- * at once; the old one is kept until exit (gateway.h says why).  A file
- * that does not load keeps the running set. */
-static void reload_jwt_keys(idem_gw_t *gw)
-{
-    idem__jwt_keys_t *keys = NULL;
-    char jerr[700];
-    if (idem__jwt_keys_load(gw->cfg->jwt_keys, gw->cfg->jwt_secret_file, &keys, jerr,
-                            sizeof jerr) != IDEM_OK) {
-        idem__log(gw, "error", "SIGHUP: %s; the running JWT keys are kept", jerr);
-        return;
-    }
-    idem__jwt_keys_t **r = realloc(gw->jwt_retired, (gw->n_jwt_retired + 1) * sizeof *r);
-    if (r == NULL) {
-        idem__jwt_keys_unref(keys);
-        idem__log(gw, "error", "SIGHUP: out of memory; the running JWT keys are kept");
-        return;
-    }
-    gw->jwt_retired = r;
-    r[gw->n_jwt_retired++] = atomic_exchange_explicit(&gw->jwt_keys, keys, memory_order_acq_rel);
-    idem__log(gw, "info", "SIGHUP: JWT keys read again (%zu key(s))", idem__jwt_keys_count(keys));
 }
 
 /* The CPUs a cgroup v2 quota (cpu.max "QUOTA PERIOD") lets idemd use,
@@ -183,7 +166,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *name, b
 
 typedef struct {
     const char *config, *listen, *upstream, *store, *admin, *workers, *log_format;
-    bool test, version, help, takeover;
+    bool test, version, help, takeover, list_keys;
 } args_t;
 
 static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen)
@@ -204,6 +187,10 @@ static int parse_args(int argc, char **argv, args_t *a, char *err, size_t errlen
         }
         if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
             a->version = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--list-config-keys") == 0) {
+            a->list_keys = true;
             continue;
         }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -264,6 +251,100 @@ static int apply_flags(idem_config_t *cfg, const args_t *a, char *err, size_t er
         }
     }
     return 0;
+}
+
+/* SIGHUP: read the configuration again (defaults, the file, the flags, as
+ * at the start) and make it the one new requests start with, with the JWT
+ * keys and the listen_tls certificate it names read again too.  Keys only
+ * a restart changes keep their running values, named in one line.  A file
+ * that does not load, or keys or a certificate that do not, leave
+ * everything as it was, with one line in the log. */
+static void reload(idem_gw_t *gw, const args_t *a, uint64_t loaded_max_connections)
+{
+    char err[1024], changed[512] = "";
+    const char *kept = "the running configuration is kept";
+    idem__jwt_keys_t *keys = NULL;
+    idem_tls_ctx_t *fresh = NULL;
+    idem_config_t *next = idem__config_new();
+    if (next == NULL) {
+        snprintf(err, sizeof err, "out of memory");
+        goto bad;
+    }
+    if ((a->config && idem__config_load_file(next, a->config, err, sizeof err) != 0) ||
+        apply_flags(next, a, err, sizeof err) != 0)
+        goto bad;
+    if (next->max_connections == loaded_max_connections)
+        next->max_connections = gw->cfg->max_connections;
+    if (next->workers == IDEM_WORKERS_AUTO) /* as at the start: a number */
+        next->workers = auto_workers();
+    if (idem__config_keep_restart_keys(next, gw->cfg, changed, sizeof changed) != 0) {
+        snprintf(err, sizeof err, "out of memory");
+        goto bad;
+    }
+    if (idem__config_validate(next, err, sizeof err) != 0)
+        goto bad;
+    if (next->jwt_keys != NULL || next->jwt_secret_file != NULL) {
+        char jerr[700];
+        if (idem__jwt_keys_load(next->jwt_keys, next->jwt_secret_file, &keys, jerr,
+                                sizeof jerr) != IDEM_OK) {
+            snprintf(err, sizeof err, "%s", jerr);
+            kept = "the running JWT keys are kept, and the running configuration";
+            goto bad;
+        }
+    }
+    if (gw->has_tls_listener) {
+        /* New connections get the new certificate; open ones keep theirs. */
+        idem_tls_server_opts_t topts = {
+            .name = "listen_tls",
+            .cert_file = next->listen_tls_cert_file,
+            .key_file = next->listen_tls_key_file,
+            .client_ca_file = next->listen_tls_client_ca_file,
+        };
+        if (idem__tls_server_ctx_create(&topts, &fresh, err, sizeof err) != 0) {
+            kept = "the running certificate is kept, and the running configuration";
+            goto bad;
+        }
+    }
+    /* The set of JWT keys replaced is kept until exit (gateway.h says why). */
+    idem__jwt_keys_t **r = realloc(gw->jwt_retired, (gw->n_jwt_retired + 1) * sizeof *r);
+    if (r == NULL) {
+        snprintf(err, sizeof err, "out of memory");
+        goto bad;
+    }
+    gw->jwt_retired = r;
+
+    /* Everything loaded: now it all goes in. */
+    if (changed[0] != '\0')
+        idem__log(gw, "warn",
+                  "SIGHUP: %s changed in the configuration: needs a restart; the running "
+                  "value is kept",
+                  changed);
+    r[gw->n_jwt_retired] = atomic_exchange_explicit(&gw->jwt_keys, keys, memory_order_acq_rel);
+    if (r[gw->n_jwt_retired] != NULL)
+        gw->n_jwt_retired++;
+    if (fresh != NULL)
+        idem__tls_server_swap(&gw->tls_server, fresh);
+    atomic_store(&gw->log_json, strcmp(next->log_format, "json") == 0);
+    size_t n_routes = next->n_routes;
+    pthread_mutex_lock(&gw->live_mu);
+    const idem_config_t *old = gw->live;
+    gw->live = next;
+    atomic_fetch_add_explicit(&gw->live_gen, 1, memory_order_release);
+    pthread_mutex_unlock(&gw->live_mu);
+    idem__config_unref(old); /* freed when the last request holding it ends */
+    if (fresh != NULL)
+        idem__log(gw, "info", "SIGHUP: listen_tls certificate and key read again");
+    if (keys != NULL)
+        idem__log(gw, "info", "SIGHUP: JWT keys read again (%zu key(s))",
+                  idem__jwt_keys_count(keys));
+    idem__log(gw, "info", "SIGHUP: configuration read again (%zu route(s)); new requests use it",
+              n_routes);
+    return;
+bad:
+    idem__jwt_keys_unref(keys);
+    idem__tls_ctx_unref(fresh);
+    idem__config_unref(next);
+    idem__log(gw, "error", "SIGHUP: %s; %s", err, kept);
 }
 
 /* Resolve the upstream URL (validated as http://host:port) once. */
@@ -421,36 +502,43 @@ int main(int argc, char **argv)
         printf("idemd %s\n", IDEM_VERSION_STRING);
         return 0;
     }
-    static idem_config_t cfg;
-    if (idem__config_defaults(&cfg) != 0)
+    if (a.list_keys) {
+        idem__config_list_keys(stdout);
+        return 0;
+    }
+    /* The configuration is shared (config.h): the start's is gw.cfg and the
+     * first live one; SIGHUP publishes the next ones (reload). */
+    idem_config_t *cfg = idem__config_new();
+    if (cfg == NULL)
         return fail("out of memory");
-    if (a.config && idem__config_load_file(&cfg, a.config, err, sizeof err) != 0) {
-        idem__config_cleanup(&cfg);
+    if (a.config && idem__config_load_file(cfg, a.config, err, sizeof err) != 0) {
+        idem__config_unref(cfg);
         return fail(err);
     }
-    if (apply_flags(&cfg, &a, err, sizeof err) != 0 ||
-        idem__config_validate(&cfg, err, sizeof err) != 0) {
-        idem__config_cleanup(&cfg);
+    if (apply_flags(cfg, &a, err, sizeof err) != 0 ||
+        idem__config_validate(cfg, err, sizeof err) != 0) {
+        idem__config_unref(cfg);
         return fail(err);
     }
-    bool workers_auto = cfg.workers == IDEM_WORKERS_AUTO;
+    bool workers_auto = cfg->workers == IDEM_WORKERS_AUTO;
     if (workers_auto)
-        cfg.workers = auto_workers();
+        cfg->workers = auto_workers();
     static idem_gw_t gw;
-    gw.cfg = &cfg;
+    gw.cfg = cfg;
+    pthread_mutex_init(&gw.live_mu, NULL);
     /* The admin token is read now, so that a file that does not do stops
      * idemd here with one line (exit 2), `-t` included. */
-    if (cfg.admin_token_file != NULL) {
-        if (idem__admin_token_load(cfg.admin_token_file, gw.admin_token_sha256, err,
+    if (cfg->admin_token_file != NULL) {
+        if (idem__admin_token_load(cfg->admin_token_file, gw.admin_token_sha256, err,
                                    sizeof err) != 0) {
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail(err);
         }
         gw.admin_token_set = true;
     }
-    gw.log_json = strcmp(cfg.log_format, "json") == 0;
+    gw.log_json = strcmp(cfg->log_format, "json") == 0;
     if (resolve_upstream(&gw, err, sizeof err) != 0) {
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     if (gw.upstream_tls) {
@@ -458,43 +546,46 @@ int main(int argc, char **argv)
          * checks its files too. */
         const idem_tls_client_opts_t topts = {
             .name = "upstream_tls",
-            .ca_file = cfg.upstream_tls_ca_file,
-            .cert_file = cfg.upstream_tls_cert_file,
-            .key_file = cfg.upstream_tls_key_file,
-            .no_verify = !cfg.upstream_tls_verify,
+            .ca_file = cfg->upstream_tls_ca_file,
+            .cert_file = cfg->upstream_tls_cert_file,
+            .key_file = cfg->upstream_tls_key_file,
+            .no_verify = !cfg->upstream_tls_verify,
         };
         if (idem__tls_client_ctx_create(&topts, &gw.upstream_tls_ctx, err, sizeof err) != 0) {
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail(err);
         }
     }
-    if (idem_store_check_url(cfg.store, err, sizeof err) != IDEM_OK) {
+    if (idem_store_check_url(cfg->store, err, sizeof err) != IDEM_OK) {
         char msg[1200];
         snprintf(msg, sizeof msg, "store: %s", err);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(msg);
     }
     char nofile_warning[256];
+    /* max_connections as read, before fit_open_files may lower it: a
+     * SIGHUP that reads the same value changed nothing. */
+    uint64_t loaded_max_connections = cfg->max_connections;
     if (fit_open_files(&gw, err, sizeof err, nofile_warning, sizeof nofile_warning) != 0) {
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     /* The JWT keys are read now, so a file that does not load stops idemd
      * here with one line (exit 2), as a TLS certificate does. */
-    if (cfg.jwt_keys != NULL || cfg.jwt_secret_file != NULL) {
+    if (cfg->jwt_keys != NULL || cfg->jwt_secret_file != NULL) {
         idem__jwt_keys_t *keys = NULL;
         char jerr[700];
-        if (idem__jwt_keys_load(cfg.jwt_keys, cfg.jwt_secret_file, &keys, jerr, sizeof jerr) !=
+        if (idem__jwt_keys_load(cfg->jwt_keys, cfg->jwt_secret_file, &keys, jerr, sizeof jerr) !=
             IDEM_OK) {
             char msg[800];
             snprintf(msg, sizeof msg, "%s: %s",
-                     cfg.jwt_keys != NULL && strstr(jerr, cfg.jwt_keys) == jerr ? "jwt_keys"
+                     cfg->jwt_keys != NULL && strstr(jerr, cfg->jwt_keys) == jerr ? "jwt_keys"
                                                                                 : "jwt_secret_file",
                      jerr);
             idem__tls_ctx_unref(gw.upstream_tls_ctx);
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail(msg);
         }
         atomic_store_explicit(&gw.jwt_keys, keys, memory_order_release);
@@ -503,7 +594,7 @@ int main(int argc, char **argv)
         idem__jwt_keys_unref(atomic_exchange(&gw.jwt_keys, NULL));
         printf("idemd: configuration OK\n");
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return 0;
     }
 
@@ -524,7 +615,7 @@ int main(int argc, char **argv)
      * admin thread each watch a dup() of these sockets, so these
      * descriptors are closed once they have started. */
     static idem_takeover_t tk;
-    idem__takeover_init(&tk, cfg.listen, cfg.admin, cfg.listen_tls_address);
+    idem__takeover_init(&tk, cfg->listen, cfg->admin, cfg->listen_tls_address);
     int listen_fd = -1, admin_fd = -1;
     if (idem__takeover_inherit(&tk, a.takeover, err, sizeof err) == 0)
         listen_fd = idem__takeover_listener(&tk, IDEM_TK_PUBLIC, IDEM_LISTEN_BACKLOG, "--listen",
@@ -537,33 +628,33 @@ int main(int argc, char **argv)
         if (listen_fd >= 0)
             close(listen_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     /* listen_tls: a third socket, and its certificate loaded now, so that
      * a file that does not load stops idemd here with one line. */
     int tls_fd = -1;
-    if (cfg.listen_tls_address != NULL) {
+    if (cfg->listen_tls_address != NULL) {
         tls_fd = idem__takeover_listener(&tk, IDEM_TK_TLS, IDEM_LISTEN_BACKLOG,
                                          "listen_tls.address", err, sizeof err);
         idem_tls_server_opts_t topts = {
             .name = "listen_tls",
-            .cert_file = cfg.listen_tls_cert_file,
-            .key_file = cfg.listen_tls_key_file,
-            .client_ca_file = cfg.listen_tls_client_ca_file,
+            .cert_file = cfg->listen_tls_cert_file,
+            .key_file = cfg->listen_tls_key_file,
+            .client_ca_file = cfg->listen_tls_client_ca_file,
         };
         if (tls_fd < 0 || idem__tls_server_init(&gw.tls_server, &topts, err, sizeof err) != 0) {
             if (tls_fd >= 0)
                 close(tls_fd);
             close(listen_fd);
             close(admin_fd);
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail(err);
         }
         gw.has_tls_listener = true;
     }
 
-    idem_err_t serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+    idem_err_t serr = idem_store_open(cfg->store, &gw.store, err, sizeof err);
     /* Taken over from a running idemd whose store admits one process
      * (rocksdb:): the sockets queue connections until it has drained and
      * exited, then the store opens here (docs/operations.md). */
@@ -571,7 +662,7 @@ int main(int argc, char **argv)
         idem__log(&gw, "info", "--store: %s; waiting for idemd pid %ld, which has it open, to exit",
                   err[0] ? err : idem_strerror(serr), (long)tk.old_pid);
         if (idem__takeover_wait_old(&tk))
-            serr = idem_store_open(cfg.store, &gw.store, err, sizeof err);
+            serr = idem_store_open(cfg->store, &gw.store, err, sizeof err);
     }
     if (serr != IDEM_OK) {
         char msg[1200];
@@ -579,7 +670,7 @@ int main(int argc, char **argv)
         close(listen_fd);
         close(admin_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(msg);
     }
     /* The store proves it claims, fences and deletes (selfcheck.h) before
@@ -592,43 +683,43 @@ int main(int argc, char **argv)
         close(listen_fd);
         close(admin_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
-    if (cfg.local_cache > 0) {
-        gw.cache = idem__cache_create((size_t)cfg.local_cache, IDEM_CACHE_MAX_BYTES);
+    if (cfg->local_cache > 0) {
+        gw.cache = idem__cache_create((size_t)cfg->local_cache, IDEM_CACHE_MAX_BYTES);
         if (gw.cache == NULL) {
             idem_store_close(gw.store);
             close(listen_fd);
             close(admin_fd);
             idem__tls_ctx_unref(gw.upstream_tls_ctx);
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail("local_cache: out of memory");
         }
     }
-    if (cfg.scope_rate_limit.count > 0) {
-        gw.ratelimit = idem__ratelimit_create(cfg.scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
+    if (cfg->scope_rate_limit.count > 0) {
+        gw.ratelimit = idem__ratelimit_create(cfg->scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
         if (gw.ratelimit == NULL) {
             idem__cache_destroy(gw.cache);
             idem_store_close(gw.store);
             close(listen_fd);
             close(admin_fd);
             idem__tls_ctx_unref(gw.upstream_tls_ctx);
-            idem__config_cleanup(&cfg);
+            idem__config_unref(cfg);
             return fail("scope_rate_limit: out of memory");
         }
     }
     bool addr_oom;
-    gw.addrlimit = idem__addrlimit_create(cfg.max_connections_per_address, &addr_oom);
+    gw.addrlimit = idem__addrlimit_create(cfg->max_connections_per_address, &addr_oom);
     if (addr_oom) {
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail("max_connections_per_address: out of memory");
     }
-    if (cfg.otlp_endpoint != NULL && start_otlp(&gw, err, sizeof err) != 0) {
+    if (cfg->otlp_endpoint != NULL && start_otlp(&gw, err, sizeof err) != 0) {
         idem__addrlimit_destroy(gw.addrlimit);
         idem__ratelimit_destroy(gw.ratelimit);
         idem__cache_destroy(gw.cache);
@@ -636,7 +727,7 @@ int main(int argc, char **argv)
         close(listen_fd);
         close(admin_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw, err, sizeof err) != 0) {
@@ -647,11 +738,12 @@ int main(int argc, char **argv)
         close(listen_fd);
         close(admin_fd);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
-    gw.nworkers = cfg.workers;
-    atomic_store(&gw.metrics.workers, (uint32_t)cfg.workers);
+    gw.live = idem__config_ref(cfg); /* what the first requests start with */
+    gw.nworkers = cfg->workers;
+    atomic_store(&gw.metrics.workers, (uint32_t)cfg->workers);
     gw.workers = calloc((size_t)gw.nworkers, sizeof *gw.workers);
     int rc = 0;
     if (gw.workers == NULL) {
@@ -681,7 +773,7 @@ int main(int argc, char **argv)
         idem__cache_destroy(gw.cache);
         idem_store_close(gw.store);
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     /* The workers first, the admin thread last: once /healthz answers,
@@ -730,14 +822,14 @@ int main(int argc, char **argv)
         idem__tls_ctx_unref(gw.upstream_tls_ctx);
         if (gw.has_tls_listener)
             idem__tls_server_cleanup(&gw.tls_server);
-        idem__config_cleanup(&cfg);
+        idem__config_unref(cfg);
         return fail(err);
     }
     idem__log(&gw, "info",
               "listening on %s%s%s, upstream %s, store %s, admin %s%s, %d worker(s)%s",
-              cfg.listen, cfg.listen_tls_address ? " and TLS on " : "",
-              cfg.listen_tls_address ? cfg.listen_tls_address : "", cfg.upstream, cfg.store,
-              cfg.admin, gw.admin_token_set ? " (token required)" : "", cfg.workers,
+              cfg->listen, cfg->listen_tls_address ? " and TLS on " : "",
+              cfg->listen_tls_address ? cfg->listen_tls_address : "", cfg->upstream, cfg->store,
+              cfg->admin, gw.admin_token_set ? " (token required)" : "", cfg->workers,
               workers_auto ? " (auto: one per CPU)" : "");
     if (tk.from[0] != '\0')
         idem__log(&gw, "info", "listening sockets inherited from %s", tk.from);
@@ -749,20 +841,7 @@ int main(int argc, char **argv)
         sigwait(&sigs, &sig);
         if (sig != SIGHUP)
             break;
-        if (gw.has_tls_listener) {
-            /* New connections get the new certificate; open ones keep
-             * theirs; a file that does not load keeps the running one. */
-            char terr[512];
-            if (idem__tls_server_reload(&gw.tls_server, terr, sizeof terr) == 0)
-                idem__log(&gw, "info", "SIGHUP: listen_tls certificate and key read again");
-            else
-                idem__log(&gw, "error", "SIGHUP: %s; the running certificate is kept", terr);
-        }
-        if (cfg.jwt_keys != NULL || cfg.jwt_secret_file != NULL)
-            reload_jwt_keys(&gw);
-        idem__log(&gw, "warn",
-                  "SIGHUP: reloading the rest of the configuration is not supported yet; "
-                  "ignored (restart idemd to apply a change)");
+        reload(&gw, &a, loaded_max_connections);
     }
     idem__log(&gw, "info", "%s: finishing requests in flight",
               sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -794,7 +873,8 @@ int main(int argc, char **argv)
         idem__jwt_keys_unref(gw.jwt_retired[i]);
     free(gw.jwt_retired);
     idem__log(&gw, "info", "stopped");
+    idem__config_unref(gw.live);
     idem__tls_ctx_unref(gw.upstream_tls_ctx);
-    idem__config_cleanup(&cfg);
+    idem__config_unref(cfg);
     return 0;
 }

@@ -42,6 +42,7 @@ struct recon_key {
     idem_link_t link;       /* in r->keys */
     idem_link_t ready_link; /* in r->ready while K_READY */
     idem_reconcile_t *r;
+    const idem_config_t *cfg;   /* a reference: policy is one of its */
     const idem_policy_t *policy;
     idem_key_id_t id;
     uint64_t fence;
@@ -81,6 +82,7 @@ static void key_free(recon_key_t *k)
     idem_free(k->headers);
     if (!idem__upstream_req_active(&k->up))
         idem__upstream_req_cleanup(&k->up);
+    idem__config_unref(k->cfg);
     idem_free(k);
 }
 
@@ -454,7 +456,8 @@ void idem__reconcile_init(idem_reconcile_t *r, idem_worker_t *w)
     idem_list_init(&r->ready);
 }
 
-void idem__reconcile_track(idem_reconcile_t *r, const idem_policy_t *policy,
+void idem__reconcile_track(idem_reconcile_t *r, const idem_config_t *cfg,
+                           const idem_policy_t *policy,
                            const idem_key_id_t *id, uint64_t fence, int64_t expires_at_ms,
                            bool ask_now)
 {
@@ -490,6 +493,7 @@ void idem__reconcile_track(idem_reconcile_t *r, const idem_policy_t *policy,
         return;
     }
     k->r = r;
+    k->cfg = idem__config_ref(cfg);
     k->policy = policy;
     k->id = *id;
     k->fence = fence;

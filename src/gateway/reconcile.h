@@ -56,11 +56,14 @@ typedef struct idem_reconcile {
 /** Set up r for worker w (its loop, upstream client, store jobs). */
 void idem__reconcile_init(idem_reconcile_t *r, idem_worker_t *w);
 
-/** Track id, held under fence by this worker with policy (which outlives
- * the worker), until expires_at_ms: renew its lease, and ask at once
- * (ask_now, a repeat took the key of a gone owner) or after
- * reconcile_after.  A key tracked already takes the new fence. */
-void idem__reconcile_track(idem_reconcile_t *r, const idem_policy_t *policy,
+/** Track id, held under fence by this worker with policy (a policy of cfg,
+ * of which the key keeps a reference while tracked, so that a SIGHUP that
+ * replaces the configuration leaves it valid), until expires_at_ms: renew
+ * its lease, and ask at once (ask_now, a repeat took the key of a gone
+ * owner) or after reconcile_after.  A key tracked already takes the new
+ * fence. */
+void idem__reconcile_track(idem_reconcile_t *r, const idem_config_t *cfg,
+                           const idem_policy_t *policy,
                            const idem_key_id_t *id, uint64_t fence, int64_t expires_at_ms,
                            bool ask_now);
 

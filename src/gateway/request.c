@@ -90,8 +90,8 @@ void idem__req_release(idem_req_t *req, idem_hold_t h)
  * request was routed by alive until it ends (req->route points into it). */
 static size_t req_route_slot(const idem_req_t *req)
 {
-    const idem_config_t *cfg = req_gw(req)->cfg;
-    if (req->route == NULL || req->route < cfg->routes || req->route >= cfg->routes + cfg->n_routes)
+    const idem_config_t *cfg = req->cfg; /* the config req->route belongs to */
+    if (cfg == NULL || req->route == NULL || req->route < cfg->routes || req->route >= cfg->routes + cfg->n_routes)
         return 0;
     return (size_t)(req->route - cfg->routes) + 1;
 }
@@ -218,7 +218,7 @@ static void req_trace_end(idem_req_t *req)
         nl = 0;
     if ((size_t)nl >= sizeof name)
         nl = (int)sizeof name - 1;
-    const idem_config_t *cfg = gw->cfg;
+    const idem_config_t *cfg = req->cfg; /* the config req->route belongs to */
     idem__span_init(s, req->trace.trace_id, req->span_id,
                     req->trace_parent ? req->trace.span_id : NULL, IDEM_SPAN_KIND_SERVER, name,
                     (size_t)nl);
@@ -319,6 +319,7 @@ static idem_req_t *req_create(idem_worker_t *w, idem_ostream_t *os, const idem_c
     }
     idem__life_init(&req->life, IDEM_HOLD_CONN); /* the connection's, until on_gone or the end */
     req->w = w;
+    req->cfg = idem__config_ref(idem__worker_cfg(w));
     req->os = os;
     req->tls = facts->tls;
     if (facts->client_cert_sha256 != NULL)
@@ -351,7 +352,7 @@ static void req_problem_flags(idem_req_t *req, int status, const char *type, con
         return;
     /* Out of memory: the client must not wait for an answer forever. */
     if (idem__ostream_problem(os, status, type, detail, retry_after,
-                              idem__config_policy_link(req_gw(req)->cfg), flags) != 0)
+                              idem__config_policy_link(req->cfg), flags) != 0)
         os->ops->abort(os);
     req_stream_over(req);
 }
@@ -953,7 +954,7 @@ static void on_failure_recorded(idem_wjob_t *job)
     }
     if (job->op.kind == IDEM_OP_HOLD &&
         req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE)
-        idem__reconcile_track(&req->w->recon, req->policy, &req->id, req->fence,
+        idem__reconcile_track(&req->w->recon, req->cfg, req->policy, &req->id, req->fence,
                               job->op.expires_at_ms, false);
     idem__req_answer_failure(req, req->up_result);
 }
@@ -1140,7 +1141,7 @@ void idem__req_forward(idem_req_t *req)
         idem__otlp_traceparent_format(&up, traceparent);
         rq.traceparent = traceparent;
     }
-    bool built = idem__gw_upstream_head(&head, gw->cfg, gw->upstream_hostport, &rq, req->keyed,
+    bool built = idem__gw_upstream_head(&head, req->cfg, gw->upstream_hostport, &rq, req->keyed,
                                         req->fence) == 0;
     if (!built)
         idem__buf_cleanup(&head); /* out of memory: the call fails, nothing sent */
@@ -1163,7 +1164,7 @@ static void req_passthrough(idem_req_t *req)
 
 void idem__req_store_error(idem_req_t *req, idem_err_t err)
 {
-    if (req_gw(req)->cfg->on_store_error == IDEM_STORE_ERR_OPEN) {
+    if (req->cfg->on_store_error == IDEM_STORE_ERR_OPEN) {
         req->bypassed = true;
         req->outcome = IDEM_OUT_BYPASSED;
         req_passthrough(req);
@@ -1236,7 +1237,7 @@ static void on_claim_done(idem_wjob_t *job)
         /* The held key's owner is gone: this claim took its lease, and this
          * worker asks the upstream now; the repeat itself is answered as
          * the hold's would be. */
-        idem__reconcile_track(&req->w->recon, req->policy, &req->id, d.fence,
+        idem__reconcile_track(&req->w->recon, req->cfg, req->policy, &req->id, d.fence,
                               idem_clock_now(NULL) + d.retry_after_s * 1000, true);
         req_in_flight(req, d);
         break;
@@ -1331,7 +1332,7 @@ static int req_fingerprint(idem_req_t *req)
 bool idem__req_scope_admit(idem_req_t *req, char *out)
 {
     idem_gw_t *gw = req_gw(req);
-    const idem_config_t *cfg = gw->cfg;
+    const idem_config_t *cfg = req->cfg;
     const char *dup = NULL;
     unsigned why = IDEM_SCOPE_WHY_ABSENT;
     idem_scope_env_t env = {
@@ -1393,7 +1394,7 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
     }
     idem_problem_t p;
     if (idem__problem_init(&p, r->status, r->type, r->detail, 0,
-                           idem__config_policy_link(req_gw(req)->cfg)) != 0) {
+                           idem__config_policy_link(req->cfg)) != 0) {
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
     }
@@ -1407,7 +1408,7 @@ static void req_refuse(idem_req_t *req, const idem_gw_refusal_t *r)
 /* GET /_idem/policy: the published policy (SPEC section 18, policy.h). */
 static void req_publish_policy(idem_req_t *req)
 {
-    char *body = idem__policy_document(req_gw(req)->cfg);
+    char *body = idem__policy_document(req->cfg);
     if (body == NULL) {
         idem__req_problem(req, 500, "internal", "out of memory", 0);
         return;
@@ -1426,7 +1427,7 @@ static bool req_check_head(idem_req_t *req)
     idem_gw_request_t rq = idem_req_view(req);
     idem_gw_class_t cls;
     idem_gw_refusal_t refusal;
-    bool ok = idem__gw_classify(req_gw(req)->cfg, &rq, &cls, &refusal);
+    bool ok = idem__gw_classify(req->cfg, &rq, &cls, &refusal);
     req->kind = cls.kind;
     req->route = cls.route;
     req->policy = cls.policy;
@@ -1557,7 +1558,7 @@ static void req_route(idem_req_t *req)
         if (req->trace_on)
             rq.traceparent = trace_placeholder;
         idem_gw_refusal_t refusal;
-        if (!idem__gw_upstream_fits(req_gw(req)->cfg, req_gw(req)->upstream_hostport, &rq,
+        if (!idem__gw_upstream_fits(req->cfg, req_gw(req)->upstream_hostport, &rq,
                                     req->kind == IDEM_GW_KEYED, &refusal)) {
             req_refuse(req, &refusal);
             return;
@@ -1603,6 +1604,7 @@ static void req_free(idem_req_t *req)
     idem__buf_cleanup(&req->resp_body);
     idem__upstream_req_cleanup(&req->up);
     idem_free(req->store_headers);
+    idem__config_unref(req->cfg);
     idem_free(req);
 }
 
@@ -1708,7 +1710,7 @@ static idem_hreq_t *proxy_on_head(idem_handler_t *h, const idem_http_msg_t *m, c
 {
     idem_worker_t *w = h->data;
     idem_gw_refusal_t refusal;
-    if (!idem__gw_check_head(w->gw->cfg, m, &refusal)) {
+    if (!idem__gw_check_head(idem__worker_cfg(w), m, &refusal)) {
         proxy_refuse_head(w, os, &refusal);
         return NULL;
     }

@@ -54,6 +54,8 @@ struct idem_req {
     size_t path_len;              /* target[0..path_len) is the path */
     idem_slice_t authority;       /* an absolute-form target's authority (into head), else empty */
     idem_buf_t body;              /* the decoded request body */
+    const idem_config_t *cfg;     /* the configuration it began with, a reference
+                                   * (idem__worker_cfg): route and policy are its */
     const idem_route_t *route;    /* NULL: no route (off) */
     const idem_policy_t *policy;  /* route's or defaults */
     bool keyed;                   /* goes through the store */

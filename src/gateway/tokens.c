@@ -22,7 +22,7 @@
 static void on_token_issued(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
-    const idem_config_t *cfg = req_gw(req)->cfg;
+    const idem_config_t *cfg = req->cfg;
     if (job->batch_err != IDEM_OK) {
         idem__log(req->w->gw, "error", "store: could not issue a token: %s",
                   idem_strerror(job->batch_err));
@@ -45,7 +45,7 @@ static void on_token_issued(idem_wjob_t *job)
 /* POST /_idem/tokens: a single-use token bound to the caller's scope. */
 void idem__req_issue_token(idem_req_t *req)
 {
-    const idem_config_t *cfg = req_gw(req)->cfg;
+    const idem_config_t *cfg = req->cfg;
     char token[IDEM_TOKEN_LEN + 1], scope[IDEM_SCOPE_MAX + 1];
 
     req->policy = &cfg->defaults;

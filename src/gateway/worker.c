@@ -10,6 +10,10 @@
  * a batch of its own.  Either way its callback runs on this loop, never
  * inside the call that queued it.
  *
+ * Each request starts with the worker's latest view of the live
+ * configuration (idem__worker_cfg), which SIGHUP may have replaced; it
+ * keeps that one to its end.
+ *
  * Once per loop turn (the log check) the worker applies its inline jobs
  * and flushes its log lines.  A request is freed by whatever lets go of it
  * last (request.c); a connection's pipelined requests are parsed from the
@@ -30,6 +34,22 @@
 #include "gateway/log.h"
 #include "gateway/request.h"
 #include "gateway/worker.h"
+
+/* ---- the configuration ------------------------------------------------------ */
+
+const idem_config_t *idem__worker_cfg(idem_worker_t *w)
+{
+    idem_gw_t *gw = w->gw;
+    if (atomic_load_explicit(&gw->live_gen, memory_order_acquire) == w->cfg_gen)
+        return w->cfg;
+    pthread_mutex_lock(&gw->live_mu);
+    const idem_config_t *now = idem__config_ref(gw->live);
+    w->cfg_gen = atomic_load_explicit(&gw->live_gen, memory_order_relaxed);
+    pthread_mutex_unlock(&gw->live_mu);
+    idem__config_unref(w->cfg);
+    w->cfg = now;
+    return now;
+}
 
 /* ---- the writer round trip ------------------------------------------------ */
 
@@ -211,6 +231,10 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
     memset(w, 0, sizeof *w);
     w->gw = gw;
     w->index = index;
+    pthread_mutex_lock(&gw->live_mu);
+    w->cfg = idem__config_ref(gw->live);
+    w->cfg_gen = atomic_load(&gw->live_gen);
+    pthread_mutex_unlock(&gw->live_mu);
     idem__reconcile_init(&w->recon, w);
     idem_list_init(&w->done);
     idem_list_init(&w->reqs);
@@ -296,6 +320,8 @@ void idem__worker_cleanup(idem_worker_t *w)
     uv_walk(&w->loop, close_any, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     idem__reconcile_cleanup(&w->recon);
+    idem__config_unref(w->cfg);
+    w->cfg = NULL;
     uv_loop_close(&w->loop);
     idem__log_flush(w);
     pthread_mutex_destroy(&w->done_mu);

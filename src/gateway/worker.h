@@ -53,6 +53,8 @@ struct idem_worker {
     idem_buf_t log;         /* pending log lines */
     bool stopping;
     pthread_t thread;
+    const idem_config_t *cfg; /* a reference to the latest live config seen */
+    uint64_t cfg_gen;         /* gw->live_gen when cfg was taken */
 };
 
 /** Set up worker index to accept on listen_fd, and on tls_fd with TLS
@@ -63,6 +65,11 @@ void *idem__worker_main(void *arg);
 /** Ask a worker to stop: close its listener, finish what is in flight. */
 void idem__worker_request_stop(idem_worker_t *w);
 void idem__worker_cleanup(idem_worker_t *w);
+/** The configuration a request starting now on w gets: gw->live, taken
+ * again when SIGHUP has published a new one (the old one is let go).  The
+ * pointer stays valid until the next call on this loop; a request keeps
+ * its own reference (idem__config_ref).  The worker's loop thread only. */
+const idem_config_t *idem__worker_cfg(idem_worker_t *w);
 /** Queue a job for the writer on behalf of req's worker. */
 void idem__worker_submit(idem_worker_t *w, idem_wjob_t *job);
 

@@ -10,8 +10,8 @@ normalised target is what the fingerprint hashes and what the upstream is
 sent, and /_idem/tokens is idemd's own in every spelling.  Section 7: an
 upstream 101 (idemd never forwards Upgrade, so no one asked for it) is a
 broken response, 502.  Section 14: a second idemd on an address another
-process holds exits 2 (EADDRINUSE); SIGHUP, until reloading exists, is
-logged and ignored.  Section 5 again: a method that differs from a routed
+process holds exits 2 (EADDRINUSE); SIGHUP (a reload, test_reload.py) is
+logged, and the request in flight answered.  Section 5 again: a method that differs from a routed
 one only in case ("post") is 400 invalid-method, never forwarded.
 """
 
@@ -297,7 +297,7 @@ class Sighup(h.IdemTestCase):
         h.wait_until(lambda: "SIGHUP" in d.log_text() or not d.running(), 30,
                      what="idemd to take the SIGHUP")
         self.assertTrue(d.running(), "idemd died of SIGHUP (status %r)" % d.proc.poll())
-        self.assertIn("not supported", d.log_text())
+        self.assertIn("configuration read again", d.log_text())
         release.set()
         r = bg.result(60)
         self.assertEqual((r.status, r.body), (200, b"first"), r)

@@ -188,7 +188,7 @@ static void tout_cleanup(tout_t *o) { free(o->body); }
 
 /* ---- the worker ------------------------------------------------------------------ */
 
-static idem_config_t cfg;
+static idem_config_t *cfg; /* shared: the worker and each request hold it */
 static idem_gw_t gw;
 static idem_worker_t w;
 
@@ -201,14 +201,16 @@ static void set_policy(idem_policy_t *p)
 static void setup(void)
 {
     up_start();
-    cr_assert_eq(idem__config_defaults(&cfg), 0);
-    cfg.upstream_timeout_ms = 1500;
-    set_policy(&cfg.defaults);
-    for (size_t i = 0; i < cfg.n_routes; i++)
-        set_policy(&cfg.routes[i].policy);
+    cfg = idem__config_new();
+    cr_assert_not_null(cfg);
+    cfg->upstream_timeout_ms = 1500;
+    set_policy(&cfg->defaults);
+    for (size_t i = 0; i < cfg->n_routes; i++)
+        set_policy(&cfg->routes[i].policy);
     memset(&gw, 0, sizeof gw);
-    gw.cfg = &cfg;
-    replay_header = cfg.replay_header;
+    gw.cfg = cfg;
+    gw.live = cfg;
+    replay_header = cfg->replay_header;
     char err[256] = "";
     cr_assert_eq(idem_store_open("memory:", &gw.store, err, sizeof err), IDEM_OK, "%s", err);
     struct sockaddr_in *sa = (struct sockaddr_in *)&gw.upstream_addr;
@@ -244,7 +246,7 @@ static void teardown(void)
     cr_expect_eq(atomic_load(&gw.metrics.in_flight), 0);
     cr_expect_eq(atomic_load(&gw.metrics.buffered_bytes), 0, "every body's charge given back");
     cr_expect_eq(atomic_load(&gw.metrics.connections), 0, "every outlived slot given back");
-    idem__config_cleanup(&cfg);
+    idem__config_unref(cfg);
 }
 
 TestSuite(request, .init = setup, .fini = teardown, .timeout = 300);
