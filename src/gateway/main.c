@@ -56,7 +56,7 @@ static void usage(FILE *f)
 {
     fputs("usage: idemd [--config FILE] [--listen ADDR:PORT] [--upstream URL] [--store URL]\n"
           "             [--admin ADDR:PORT] [--workers N] [--log-format json|text]\n"
-          "             [--takeover] [-t] [--version] [--help]\n"
+          "             [--takeover] [-t] [--list-config-keys] [--version] [--help]\n"
           "\n"
           "An idempotency gateway: a reverse proxy that runs each keyed POST/PATCH once\n"
           "and answers every repeat with the first answer (Idempotency-Key).\n"
