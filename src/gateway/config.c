@@ -1610,7 +1610,7 @@ static bool emit(char *b, size_t cap, size_t *used, unsigned where, int indent)
         const cfgkey_t *k = &keys[i];
         if (!(k->where & where) || (where == W_ROUTE && (k->where & W_DEFAULTS)))
             continue;
-        char inner[2048];
+        char inner[4096];
         size_t n = 0;
         int w;
         if (k->block != 0) {
@@ -1867,7 +1867,9 @@ out:
 
 int idem__config_defaults(idem_config_t *cfg)
 {
-    char text[4096], err[256];
+    /* The table's defaults as one YAML document (about 1.5 KiB): a table
+     * that outgrew this would fail every start and every test at once. */
+    char text[8192], err[256];
     size_t n = 0;
     memset(cfg, 0, sizeof *cfg);
     ctx_t *c = idem_calloc(1, sizeof *c);

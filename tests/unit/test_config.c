@@ -1306,3 +1306,68 @@ Test(config, scope_rate_limit_is_read)
                  "scope_rate_limit: not a rate (N/s, N/m or N/h with N from 1 to 1000000, or "
                  "off): '0/s'");
 }
+
+/* ---- the table of keys, and what SIGHUP keeps ---------------------------- */
+
+Test(config, the_key_list_names_every_key_once_with_its_sighup_behaviour)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    idem__config_list_keys(f);
+    fclose(f);
+    static const char *const want[] = {
+        "listen\trestart\t127.0.0.1:8080\t", "workers\trestart\t1\t",
+        "defaults.key_ttl\tyes\t24h\t", "routes[].methods\tyes\t[POST, PATCH]\t",
+        "listen_tls.address\trestart\tnone\t", "listen_tls.cert_file\tyes\tnone\t",
+        "upstream_tls.verify\trestart\ttrue\t", "routes\tyes\t-\t",
+        "listen_tls\tpartly\tnone\t", "scope\tyes\t[authorization]\t",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "\n%s", want[i]);
+        const char *at = strstr(text, line);
+        if (strncmp(text, want[i], strlen(want[i])) != 0)
+            cr_assert_not_null(at, "no line %s in:\n%s", want[i], text);
+        if (at != NULL)
+            cr_assert_null(strstr(at + 1, line), "%s listed twice", want[i]);
+    }
+    free(text);
+}
+
+Test(config, keep_restart_keys_keeps_the_running_values_and_names_them)
+{
+    static idem_config_t next;
+    char changed[256];
+    cr_assert_eq(idem__config_defaults(&next), 0);
+    idem__config_set_string(&next.listen, "127.0.0.1:9999");
+    next.workers = 4;
+    next.defaults.key_ttl_ms = 1000;
+    idem__config_set_string(&next.log_format, "json");
+    idem__config_set_string(&next.admin_hosts[0], "example.com");
+    next.n_admin_hosts = 1;
+    cr_assert_eq(idem__config_keep_restart_keys(&next, &cfg, changed, sizeof changed), 0);
+    cr_assert_str_eq(changed, "listen, workers, admin_hosts");
+    cr_assert_str_eq(next.listen, "127.0.0.1:8080");
+    cr_assert_eq(next.workers, 1);
+    cr_assert_eq(next.n_admin_hosts, 0);
+    /* what SIGHUP applies stays as the file said */
+    cr_assert_eq(next.defaults.key_ttl_ms, 1000);
+    cr_assert_str_eq(next.log_format, "json");
+    cr_assert_eq(idem__config_keep_restart_keys(&next, &cfg, changed, sizeof changed), 0);
+    cr_assert_str_eq(changed, "", "nothing left to keep");
+    idem__config_cleanup(&next);
+}
+
+Test(config, a_shared_config_is_freed_by_its_last_holder)
+{
+    idem_config_t *c = idem__config_new();
+    cr_assert_not_null(c);
+    cr_assert_str_eq(c->listen, "127.0.0.1:8080");
+    cr_assert_eq(idem__config_ref(c), c);
+    idem__config_unref(c);
+    cr_assert_str_eq(c->listen, "127.0.0.1:8080", "one holder left: still there");
+    idem__config_unref(c); /* the last: freed (ASan sees a leak or a double free) */
+    idem__config_unref(NULL);
+}
