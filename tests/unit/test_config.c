@@ -1318,7 +1318,7 @@ Test(config, the_key_list_names_every_key_once_with_its_sighup_behaviour)
     idem__config_list_keys(f);
     fclose(f);
     static const char *const want[] = {
-        "listen\trestart\t127.0.0.1:8080\t", "workers\trestart\t1\t",
+        "listen\trestart\t127.0.0.1:8080\t", "workers\trestart\tauto\t",
         "defaults.key_ttl\tyes\t24h\t", "routes[].methods\tyes\t[POST, PATCH]\t",
         "listen_tls.address\trestart\tnone\t", "listen_tls.cert_file\tyes\tnone\t",
         "upstream_tls.verify\trestart\ttrue\t", "routes\tyes\t-\t",
@@ -1350,7 +1350,7 @@ Test(config, keep_restart_keys_keeps_the_running_values_and_names_them)
     cr_assert_eq(idem__config_keep_restart_keys(&next, &cfg, changed, sizeof changed), 0);
     cr_assert_str_eq(changed, "listen, workers, admin_hosts");
     cr_assert_str_eq(next.listen, "127.0.0.1:8080");
-    cr_assert_eq(next.workers, 1);
+    cr_assert_eq(next.workers, IDEM_WORKERS_AUTO); /* the running (default) value */
     cr_assert_eq(next.n_admin_hosts, 0);
     /* what SIGHUP applies stays as the file said */
     cr_assert_eq(next.defaults.key_ttl_ms, 1000);
