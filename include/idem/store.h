@@ -150,6 +150,55 @@ IDEM_EXTERN const char *idem_store_name(const idem_store_t *store);
  * Valid until the next call on the store from the same thread. */
 IDEM_EXTERN const char *idem_store_errstr(idem_store_t *store);
 
+/* ---- Invalidations: what other processes delete (local_cache) ----------
+ *
+ * A process that keeps records in memory in front of a shared store (idemd's
+ * local_cache) must forget a record that any process deletes.  The deleting
+ * process calls idem_store_publish_delete after each delete (or
+ * idem_store_publish_clear after many); every process that watches the
+ * store hears it within about a second: Redis pub/sub on the channel
+ * "<prefix>invalidate", PostgreSQL NOTIFY on "<table>_invalidate".
+ * Embedded stores (memory:, lmdb:, rocksdb:) publish nothing and cannot be
+ * watched (IDEM_E_UNSUPPORTED). */
+
+/** What a watch reports, on its own thread (a callback must be quick and
+ * thread-safe).  Any member may be NULL. */
+typedef struct idem_store_watch_cbs {
+    /** A record was deleted by some process: forget id; id NULL: forget
+     * every record. */
+    void (*deleted)(void *arg, const idem_key_id_t *id);
+    /** up: subscribed, every later delete will be reported (one missed
+     * while down was not: forget everything before trusting memory again);
+     * !up: the connection is lost, deletes may be missed until up again.
+     * A watch starts down. */
+    void (*state)(void *arg, bool up);
+    /** A message on the channel that is not one of ours (ignored). */
+    void (*malformed)(void *arg);
+    void *arg;
+} idem_store_watch_cbs_t;
+
+/** Start watching store's deletes on a thread of its own, which reconnects
+ * (after a pause of up to a second) whenever its connection drops;
+ * idem_store_close stops it.  One watch per handle.
+ * @return IDEM_OK; IDEM_E_UNSUPPORTED for an embedded store; IDEM_E_EXISTS
+ *         when already watched; IDEM_E_NOMEM, IDEM_E_IO (no thread). */
+IDEM_EXTERN idem_err_t idem_store_watch(idem_store_t *store, const idem_store_watch_cbs_t *cbs);
+
+/** Stop the watch of store, if any, and wait for its thread: no callback
+ * runs after it returns. */
+IDEM_EXTERN void idem_store_unwatch(idem_store_t *store);
+
+/** Tell every watcher of the store (every process, this one included) that
+ * the record id was deleted.  Call it after each successful delete.
+ * @return IDEM_OK (also for an embedded store: nothing to tell), or
+ *         IDEM_E_STORE_DOWN when the message could not be sent (watchers
+ *         whose connection dropped forget everything when they reconnect). */
+IDEM_EXTERN idem_err_t idem_store_publish_delete(idem_store_t *store, const idem_key_id_t *id);
+
+/** As idem_store_publish_delete for every record at once (after a bulk
+ * delete too large to name each key). */
+IDEM_EXTERN idem_err_t idem_store_publish_clear(idem_store_t *store);
+
 /* Conveniences: a batch of one. */
 IDEM_EXTERN idem_err_t idem_store_claim(idem_store_t *store, idem_op_t *op);
 IDEM_EXTERN idem_err_t idem_store_complete(idem_store_t *store, const idem_key_id_t *id,

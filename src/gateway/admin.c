@@ -234,6 +234,13 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
         if (err == IDEM_OK || err == IDEM_E_NOTFOUND) {
             idem_err_t derr = idem_store_delete(gw->store, &id);
             idem__cache_remove(gw->cache, &id);
+            /* Every other idemd's local_cache forgets it too (invalidate.c). */
+            if (derr == IDEM_OK && idem_store_publish_delete(gw->store, &id) != IDEM_OK)
+                idem__log(gw, "warn",
+                          "DELETE /keys: the invalidation was not published (%s); other "
+                          "instances' local_cache may replay the key until it "
+                          "expires or is evicted",
+                          idem_store_errstr(gw->store));
             if (derr == IDEM_OK && err == IDEM_OK) {
                 a->status = 204;
                 return;

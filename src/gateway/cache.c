@@ -8,6 +8,11 @@
  * of two near twice the entry bound) and a hash seeded from the kernel at
  * creation, so a client that picks keys cannot choose which collide.
  *
+ * Trust and generations (cache.h): `trusted` false makes get and put
+ * no-ops; `gen` is bumped by every remove, clear and change of trust, under
+ * the same mutex, so a put_since that sees the generation it was given
+ * knows no invalidation came between its caller's read and now.
+ *
  * THREADING: every function takes the mutex; any thread may call them.
  */
 #include "gateway/cache.h"
@@ -37,6 +42,8 @@ struct idem_cache {
     size_t entries, bytes;
     size_t max_entries, max_bytes;
     uint64_t seed;
+    uint64_t gen; /* starts at 1: a generation of 0 is never current */
+    bool trusted;
 };
 
 static uint64_t hash_id(const idem_cache_t *c, const idem_key_id_t *id)
@@ -79,6 +86,8 @@ idem_cache_t *idem__cache_create(size_t max_entries, size_t max_bytes)
     c->max_entries = max_entries;
     c->max_bytes = max_bytes;
     c->seed = idem_rng_u64(NULL);
+    c->gen = 1;
+    c->trusted = true;
     pthread_mutex_init(&c->mu, NULL);
     return c;
 }
@@ -144,7 +153,7 @@ idem_err_t idem__cache_get(idem_cache_t *c, const idem_key_id_t *id, int64_t now
     idem_err_t err = IDEM_E_NOTFOUND;
     pthread_mutex_lock(&c->mu);
     struct ent **pp = find(c, h, id);
-    if (*pp != NULL) {
+    if (*pp != NULL && c->trusted) {
         struct ent *e = *pp;
         if (now_ms >= e->expires_at_ms) {
             drop(c, pp);
@@ -163,7 +172,9 @@ idem_err_t idem__cache_get(idem_cache_t *c, const idem_key_id_t *id, int64_t now
     return err;
 }
 
-void idem__cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record_t *rec)
+/* Put unless gen is given (any_gen false) and no longer current. */
+static void put(idem_cache_t *c, bool any_gen, uint64_t gen, const idem_key_id_t *id,
+                const idem_record_t *rec)
 {
     if (c == NULL || rec->state != IDEM_STATE_COMPLETED)
         return;
@@ -185,6 +196,12 @@ void idem__cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record
     e->enc_len = len;
 
     pthread_mutex_lock(&c->mu);
+    if (!c->trusted || (!any_gen && gen != c->gen)) {
+        pthread_mutex_unlock(&c->mu);
+        idem_free(enc);
+        idem_free(e);
+        return;
+    }
     struct ent **pp = find(c, e->h, id);
     if (*pp != NULL)
         drop(c, pp);
@@ -199,16 +216,75 @@ void idem__cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record
     pthread_mutex_unlock(&c->mu);
 }
 
+void idem__cache_put(idem_cache_t *c, const idem_key_id_t *id, const idem_record_t *rec)
+{
+    put(c, true, 0, id, rec);
+}
+
+void idem__cache_put_since(idem_cache_t *c, uint64_t gen, const idem_key_id_t *id,
+                           const idem_record_t *rec)
+{
+    put(c, false, gen, id, rec);
+}
+
+uint64_t idem__cache_gen(idem_cache_t *c)
+{
+    if (c == NULL)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    uint64_t g = c->gen;
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
 void idem__cache_remove(idem_cache_t *c, const idem_key_id_t *id)
 {
     if (c == NULL)
         return;
     uint64_t h = hash_id(c, id);
     pthread_mutex_lock(&c->mu);
+    c->gen++;
     struct ent **pp = find(c, h, id);
     if (*pp != NULL)
         drop(c, pp);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Drop every entry; the caller holds the mutex. */
+static void clear_locked(idem_cache_t *c)
+{
+    c->gen++;
+    while (c->lru.next != &c->lru)
+        drop_ent(c, c->lru.next);
+}
+
+void idem__cache_clear(idem_cache_t *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    clear_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void idem__cache_set_trusted(idem_cache_t *c, bool trusted)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    clear_locked(c);
+    c->trusted = trusted;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool idem__cache_trusted(idem_cache_t *c)
+{
+    if (c == NULL)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    bool t = c->trusted;
+    pthread_mutex_unlock(&c->mu);
+    return t;
 }
 
 size_t idem__cache_entries(idem_cache_t *c)

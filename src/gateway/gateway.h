@@ -105,7 +105,15 @@ struct idem_gw {
 idem_err_t idem__gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t now_ms,
                               idem_record_t *rec);
 
-/* admin.c */
+/* invalidate.c */
+/** Watch the store's deletes for local_cache (SPEC section 19): the cache
+ * is bypassed until the watch is up, emptied whenever it comes up.
+ * @return 0 watching; 1 nothing to watch (no cache, or an embedded store:
+ *         the cache is used as it is); -1 with err set (no thread). */
+int idem__inval_start(idem_gw_t *gw, char *err, size_t errlen);
+/** Stop the watch (before the cache is destroyed); no watch: nothing. */
+void idem__inval_stop(idem_gw_t *gw);
+
 /* admin.c */
 /** Start the admin thread, accepting on a dup() of the listening socket
  * listen_fd (idem__listen_socket; the caller keeps listen_fd). */

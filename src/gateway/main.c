@@ -789,6 +789,9 @@ int main(int argc, char **argv)
             break;
         }
     }
+    /* local_cache hears other instances' deletes (invalidate.c). */
+    if (rc == 0 && idem__inval_start(&gw, err, sizeof err) < 0)
+        rc = -1;
     idem_admin_t *admin = NULL;
     if (rc == 0)
         rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
@@ -811,6 +814,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < started; i++)
             pthread_join(gw.workers[i].thread, NULL);
         idem__admin_stop(admin);
+        idem__inval_stop(&gw);
         idem__writer_stop(&gw.writer);
         for (int i = 0; i < gw.nworkers; i++)
             idem__worker_cleanup(&gw.workers[i]);
@@ -853,6 +857,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < gw.nworkers; i++)
         pthread_join(gw.workers[i].thread, NULL);
     idem__admin_stop(admin);
+    idem__inval_stop(&gw); /* no callback touches the cache after this */
     /* The writer goes before the loops are torn down: a job it still hands
      * back (a forced shutdown) must find its worker's async handle. */
     idem__writer_stop(&gw.writer);

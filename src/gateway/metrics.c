@@ -145,6 +145,24 @@ int idem__metrics_render(idem_metrics_t *m, const idem_config_t *cfg, idem_buf_t
         (unsigned long long)atomic_load(&m->tls_handshake_failures));
     rc |= idem__buf_appendf(
         out,
+        "# HELP idem_cache_invalidations_total Invalidation messages from the store's "
+        "channel (deletes through any idemd) applied to local_cache, or ignored as "
+        "malformed.\n"
+        "# TYPE idem_cache_invalidations_total counter\n"
+        "idem_cache_invalidations_total{result=\"applied\"} %llu\n"
+        "idem_cache_invalidations_total{result=\"malformed\"} %llu\n",
+        (unsigned long long)atomic_load(&m->cache_inval_applied),
+        (unsigned long long)atomic_load(&m->cache_inval_malformed));
+    if (atomic_load(&m->cache_watch) != 0)
+        rc |= idem__buf_appendf(
+            out,
+            "# HELP idem_cache_invalidation_connected Whether local_cache's subscriber to "
+            "the store's invalidations is connected (0: local_cache is bypassed).\n"
+            "# TYPE idem_cache_invalidation_connected gauge\n"
+            "idem_cache_invalidation_connected %u\n",
+            atomic_load(&m->cache_watch) == 2 ? 1u : 0u);
+    rc |= idem__buf_appendf(
+        out,
         "# HELP idem_connections Open client connections (with requests that "
         "outlived theirs), counted against max_connections.\n"
         "# TYPE idem_connections gauge\nidem_connections %llu\n"

@@ -51,6 +51,12 @@ typedef struct idem_metrics {
                                               * their handshake was done (garbage, a
                                               * certificate refused, a client that left) */
     _Atomic uint64_t cache_hits;      /* answers from local_cache */
+    /* local_cache invalidations from other instances (invalidate.c): the
+     * messages applied and those that did not parse; the watch's state:
+     * 0 no watch (cache off or an embedded store), 1 down, 2 up. */
+    _Atomic uint64_t cache_inval_applied;
+    _Atomic uint64_t cache_inval_malformed;
+    _Atomic uint32_t cache_watch;
     /* Questions to reconcile_url (reconcile.c), by what they came to:
      * the answer stored, the key released (404), asked again later. */
     _Atomic uint64_t reconcile_applied;

@@ -574,11 +574,12 @@ idem_err_t idem__gw_store_get(idem_gw_t *gw, const idem_key_id_t *id, int64_t no
 }
 
 /* A completed record came from the store or was just written: keep it for
- * the next repeat (local_cache). */
+ * the next repeat (local_cache), unless a delete was heard since the lookup
+ * began (it may be this record's). */
 static void req_cache_record(idem_req_t *req, const idem_record_t *rec)
 {
     if (rec->state == IDEM_STATE_COMPLETED)
-        idem__cache_put(req_gw(req)->cache, &req->id, rec);
+        idem__cache_put_since(req_gw(req)->cache, req->cache_gen, &req->id, rec);
 }
 
 /* ---- the writer round trip ------------------------------------------------ */
@@ -1272,6 +1273,7 @@ static void req_lookup(idem_req_t *req)
     idem_record_t rec;
     idem_gw_t *gw = req_gw(req);
     int64_t now = idem_clock_now(NULL);
+    req->cache_gen = idem__cache_gen(gw->cache);
     if (idem__cache_get(gw->cache, &req->id, now, &rec) == IDEM_OK) {
         idem_decision_t d = idem_decide(&rec, req->fp, now);
         atomic_fetch_add_explicit(&gw->metrics.cache_hits, 1, memory_order_relaxed);

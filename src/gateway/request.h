@@ -83,6 +83,7 @@ struct idem_req {
     idem_wjob_t job;              /* claim/complete/release/hold/token */
     idem_wjob_t renew_job;        /* in flight while the life holds IDEM_HOLD_RENEW */
     int64_t lease_until_ms;       /* our lease ends (claim, then each renewal) */
+    uint64_t cache_gen;           /* local_cache's generation before our read (cache.h) */
     bool renewing;                /* the timer renews the lease (claimed until the outcome is
                                      written, or the upstream failed) */
     int complete_tries;           /* completions refused by a failing store so far */

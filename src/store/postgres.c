@@ -1852,6 +1852,64 @@ static idem_err_t pg_ping(idem_store_t *base)
     return with_conn(s, ping_work, NULL) == IDEM_OK ? IDEM_OK : IDEM_E_STORE_DOWN;
 }
 
+/* ---- invalidations (postgres_sub.c) ------------------------------------------ */
+
+/* The NOTIFY channel of the store's table: "<table>_invalidate", the table
+ * cut to 52 bytes so that it fits an identifier (63 bytes). */
+static void channel_name(const struct pg_store *s, char *buf, size_t len)
+{
+    snprintf(buf, len, "%.52s_invalidate", s->cfg.table);
+}
+
+struct notify_arg {
+    const char *msg;
+};
+
+static enum outcome notify_work(struct pg_store *s, PGconn *pq, void *argp, idem_err_t *err)
+{
+    const struct notify_arg *a = argp;
+    char chan[64];
+    channel_name(s, chan, sizeof chan);
+    const char *values[2] = {chan, a->msg};
+    if (PQsendQueryParams(pq, "SELECT pg_notify($1::text, $2::text)", 2, NULL, values, NULL,
+                          NULL, 1) != 1)
+        return R_BROKEN;
+    PGresult *r;
+    if (seg_run(s, pq, 1, &r) != R_OK)
+        return R_STALE;
+    enum outcome o = R_OK;
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        o = classify(s, pq, r, "NOTIFY", err);
+    PQclear(r);
+    if (o == R_RETRY || o == R_FAIL) {
+        *err = IDEM_E_STORE_DOWN;
+        o = R_FAIL;
+    }
+    return o;
+}
+
+/* NOTIFY every listener (the delete it follows has committed). */
+static idem_err_t pg_publish(idem_store_t *base, const char *msg, size_t len)
+{
+    char text[IDEM__INVAL_MSG_MAX + 1];
+    if (len > IDEM__INVAL_MSG_MAX)
+        return IDEM_E_INVAL;
+    memcpy(text, msg, len);
+    text[len] = '\0';
+    struct notify_arg a = {.msg = text};
+    return with_conn((struct pg_store *)base, notify_work, &a) == IDEM_OK ? IDEM_OK
+                                                                          : IDEM_E_STORE_DOWN;
+}
+
+static void pg_watch_session(idem_store_t *base, int stop_fd, idem__watch_sink_t *sink)
+{
+    struct pg_store *s = (struct pg_store *)base;
+    char chan[64];
+    channel_name(s, chan, sizeof chan);
+    idem__pg_watch_session(s->cfg.uri, s->connect_timeout, chan,
+                           s->cfg.timeout_ms + DEADLINE_SLACK_MS, stop_fd, sink);
+}
+
 /* ---- opening ----------------------------------------------------------------- */
 
 static bool table_ok(const char *t)
@@ -2133,6 +2191,8 @@ const struct idem_store_ops idem__store_postgres_ops = {
     .sweep = pg_sweep,
     .ping = pg_ping,
     .list = pg_list,
+    .publish = pg_publish,
+    .watch_session = pg_watch_session,
 };
 
 /* The same backend under libpq's other scheme name. */
@@ -2146,4 +2206,6 @@ const struct idem_store_ops idem__store_postgresql_ops = {
     .sweep = pg_sweep,
     .ping = pg_ping,
     .list = pg_list,
+    .publish = pg_publish,
+    .watch_session = pg_watch_session,
 };

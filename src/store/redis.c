@@ -869,14 +869,14 @@ static int reply_is(const redisReply *r, int type)
     return r != NULL && r->type == type;
 }
 
-/* Ask the sentinels for the master's address. */
-static int discover(struct redis_store *s, struct endpoint *master, char *err, size_t errlen)
+/* Ask the sentinels for the master's address (redis_impl.h). */
+int idem__redis_discover(const struct rcfg *cfg, idem_tls_ctx_t *tls, struct endpoint *master,
+                         char *err, size_t errlen)
 {
-    const struct rcfg *cfg = &s->cfg;
     char last[200] = "no sentinel answered";
 
     for (int i = 0; i < cfg->nep; i++) {
-        idem__rconn_t *c = connect_to(s, &cfg->ep[i], last, sizeof last);
+        idem__rconn_t *c = idem__redis_connect(cfg, tls, &cfg->ep[i], last, sizeof last);
         if (c == NULL)
             continue;
         const char *argv[] = {"SENTINEL", "get-master-addr-by-name", cfg->master};
@@ -958,7 +958,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
 
     *out = NULL;
     if (cfg->sentinel) {
-        if (discover(s, &master, err, errlen) != 0)
+        if (idem__redis_discover(cfg, s->tls, &master, err, errlen) != 0)
             return IDEM_E_STORE_DOWN;
         ep = &master;
     }
@@ -1854,6 +1854,42 @@ static idem_err_t redis_ping(idem_store_t *base)
     return err;
 }
 
+/* ---- invalidations (redis_sub.c) ------------------------------------------- */
+
+/* PUBLISH msg on the invalidation channel, on a pooled connection. */
+static idem_err_t redis_publish(idem_store_t *base, const char *msg, size_t len)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    struct conn *k;
+    if (acquire(s, &k, NULL) != IDEM_OK)
+        return IDEM_E_STORE_DOWN;
+    char chan[IDEM_STORE_OPT_MAX + sizeof "invalidate"];
+    size_t cl = idem__redis_channel(&s->cfg, chan);
+    redisReply *r = command(k->c, 3, (const char *[]){"PUBLISH", chan, msg},
+                            (const size_t[]){7, cl, len});
+    int broken = r == NULL;
+    idem_err_t err = reply_is(r, REDIS_REPLY_INTEGER) ? IDEM_OK : IDEM_E_STORE_DOWN;
+    if (r == NULL) {
+        char why[200];
+        idem__redis_errtext_io(why, sizeof why, s->where, k->c, s->cfg.timeout_ms);
+        idem__store_seterr(base, "redis %s", why);
+    } else if (err != IDEM_OK) {
+        idem__store_seterr(base, "redis %s: PUBLISH: %.150s", s->where,
+                           reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
+        if (reply_is(r, REDIS_REPLY_ERROR))
+            idem__redis_map_error(r->str, &broken);
+    }
+    freeReplyObject(r);
+    release(s, k, broken);
+    return err;
+}
+
+static void redis_watch_session(idem_store_t *base, int stop_fd, idem__watch_sink_t *sink)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    idem__redis_watch_session(&s->cfg, s->tls, stop_fd, sink);
+}
+
 /* ---- open, close ------------------------------------------------------------ */
 
 static void redis_close(idem_store_t *base)
@@ -2000,6 +2036,7 @@ static idem_err_t rediss_sentinel_open(const char *rest, idem_store_t **out, cha
     {                                                                                        \
         .name = "redis", .scheme = scheme_, .open = open_, .close = redis_close,            \
         .exec = redis_exec, .get = redis_get, .sweep = redis_sweep, .ping = redis_ping,     \
+        .publish = redis_publish, .watch_session = redis_watch_session,                     \
     }
 
 const struct idem_store_ops idem__store_redis_ops = REDIS_OPS("redis", redis_open);

@@ -1162,11 +1162,40 @@ static idem_err_t rediss_cluster_open(const char *rest, idem_store_t **out, char
     return open_cluster(rest, 1, out, errbuf, errlen);
 }
 
+/* ---- invalidations (redis_sub.c) ------------------------------------------ */
+
+/* PUBLISH msg on the invalidation channel through the first master that
+ * takes it: the cluster bus broadcasts it to every node's subscribers. */
+static idem_err_t cluster_publish(idem_store_t *base, const char *msg, size_t len)
+{
+    struct cluster_store *s = (struct cluster_store *)base;
+    char chan[IDEM_STORE_OPT_MAX + sizeof "invalidate"];
+    size_t cl = idem__redis_channel(&s->cfg, chan);
+    uint8_t m[NODES_MAX];
+    int uncovered, nm = masters(s, m, &uncovered);
+    for (int i = 0; i < nm; i++) {
+        redisReply *r = node_command(s, m[i], 3, (const char *[]){"PUBLISH", chan, msg},
+                                     (const size_t[]){7, cl, len}, NULL);
+        int ok = r != NULL && r->type == REDIS_REPLY_INTEGER;
+        freeReplyObject(r);
+        if (ok)
+            return IDEM_OK;
+    }
+    return IDEM_E_STORE_DOWN;
+}
+
+static void cluster_watch_session(idem_store_t *base, int stop_fd, idem__watch_sink_t *sink)
+{
+    struct cluster_store *s = (struct cluster_store *)base;
+    idem__redis_watch_session(&s->cfg, s->tls, stop_fd, sink);
+}
+
 #define CLUSTER_OPS(scheme_, open_)                                                          \
     {                                                                                        \
         .name = "redis", .scheme = scheme_, .open = open_, .close = cluster_close,          \
         .exec = cluster_exec, .get = cluster_get, .sweep = cluster_sweep,                   \
-        .ping = cluster_ping,                                                                \
+        .ping = cluster_ping, .publish = cluster_publish,                                   \
+        .watch_session = cluster_watch_session,                                              \
     }
 
 const struct idem_store_ops idem__store_redis_cluster_ops =

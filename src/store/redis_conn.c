@@ -449,6 +449,22 @@ bool idem__rconn_idle_ok(idem__rconn_t *c)
     }
 }
 
+int idem__rconn_wait(idem__rconn_t *c, int stop_fd, int ms)
+{
+    if (c->err)
+        return -1;
+    /* Bytes the reader holds already (two replies came in one read). */
+    if (c->reader->pos < c->reader->len)
+        return 1;
+    struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
+    int r = poll(p, stop_fd >= 0 ? 2 : 1, ms);
+    if (r < 0)
+        return errno == EINTR ? 0 : (set_err(c, IDEM__RCONN_E_IO, "poll: %s", strerror(errno)), -1);
+    if (r > 0 && stop_fd >= 0 && (p[1].revents & POLLIN))
+        return 2;
+    return r > 0 ? 1 : 0;
+}
+
 void idem__rconn_set_timeout(idem__rconn_t *c, int timeout_ms)
 {
     c->timeout_ms = timeout_ms < 1 ? 1 : timeout_ms;

@@ -81,6 +81,12 @@ int idem__rconn_get_reply(idem__rconn_t *c, redisReply **out);
  * it nor sent anything unasked (a TLS session ticket is not a reply). */
 bool idem__rconn_idle_ok(idem__rconn_t *c);
 
+/** Wait at most ms for something to read (a subscriber, redis_sub.c),
+ * without reading it: 1 when a reply may be there (get_reply then reads it,
+ * within the timeout), 0 when nothing came, 2 when stop_fd (-1: none)
+ * became readable first, -1 when the connection has failed. */
+int idem__rconn_wait(idem__rconn_t *c, int stop_fd, int ms);
+
 /** Change the timeout of every later wait (>= 1 ms): redis.c lengthens it
  * around a command the server itself may hold for the URL's timeout
  * (WAIT), so that the server's answer comes before the socket gives up. */

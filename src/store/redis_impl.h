@@ -151,4 +151,17 @@ unsigned idem__redis_keyslot(const char *key, size_t len);
  * slot is served. */
 size_t idem__redis_uncovered(const uint8_t *map, uint8_t none, char *buf, size_t len);
 
+/* redis.c: ask cfg's sentinels for the master's address; 0, or -1 with
+ * err set. */
+int idem__redis_discover(const struct rcfg *cfg, idem_tls_ctx_t *tls, struct endpoint *master,
+                         char *err, size_t errlen);
+
+/* redis_sub.c: the invalidation channel, "<prefix>invalidate", into buf
+ * (IDEM_STORE_OPT_MAX + 11 bytes, NUL-terminated); its length. */
+size_t idem__redis_channel(const struct rcfg *cfg, char *buf);
+/* redis_sub.c: one subscriber session (store_impl.h, watch_session) on a
+ * connection of its own. */
+void idem__redis_watch_session(const struct rcfg *cfg, idem_tls_ctx_t *tls, int stop_fd,
+                               idem__watch_sink_t *sink);
+
 #endif /* IDEM_STORE_REDIS_IMPL_H */

@@ -478,8 +478,10 @@ idem_err_t idem_store_check_url(const char *url, char *errbuf, size_t errlen)
 
 void idem_store_close(idem_store_t *store)
 {
-    if (store != NULL)
+    if (store != NULL) {
+        idem_store_unwatch(store); /* its session uses the store */
         store->ops->close(store);
+    }
 }
 
 idem_err_t idem_store_exec(idem_store_t *store, idem_op_t *ops, size_t n)

@@ -48,6 +48,7 @@
 #define IDEM_STORE_OPT_MAX 64
 
 struct idem__list; /* a listing in progress (below) */
+struct idem__watch_sink;
 
 struct idem_store_ops {
     const char *name;   /* "memory", "lmdb": idem_store_name() */
@@ -76,6 +77,20 @@ struct idem_store_ops {
      * ops, which a backend that decides with idem__store_apply applies. */
     idem_err_t (*delete_if)(idem_store_t *store, const idem_store_listed_t *items, size_t n,
                             bool *removed);
+    /* Optional, for stores several processes share over a network (the
+     * invalidations of local_cache; see "Invalidations" below).  publish
+     * sends msg (len bytes, at most IDEM__INVAL_MSG_MAX) to every process
+     * that watches this store, itself included; NULL: nothing to tell
+     * anyone (idem_store_publish_* are then IDEM_OK).  watch_session runs
+     * one session of the watch on store.c's watch thread: connect, subscribe,
+     * idem__watch_up once every later message will be seen, then
+     * idem__watch_message for each; it returns when its connection fails or
+     * stop_fd becomes readable, and store.c then reports the watch down and
+     * starts another after a pause.  NULL: idem_store_watch is
+     * IDEM_E_UNSUPPORTED. */
+    idem_err_t (*publish)(idem_store_t *store, const char *msg, size_t len);
+    void (*watch_session)(idem_store_t *store, int stop_fd, struct idem__watch_sink *sink);
+
 };
 
 /* The head of every backend's handle. */
@@ -88,6 +103,9 @@ struct idem_store {
     /* get reads local memory or a local file (memory:, lmdb:), never the
      * network, so a caller may read on a latency-sensitive thread. */
     bool reads_are_local;
+    /* The watch thread of idem_store_watch (store.c), stopped by
+     * idem_store_close before the backend closes; NULL without. */
+    struct idem__watch *watch;
 };
 
 /* The backends store.c knows (one per file). */
@@ -161,6 +179,39 @@ void idem__store_list_resume_after(idem__list_t *l, const char *k, size_t klen);
 /* Whether a record head matches the filter's state and age (not its
  * scope or prefix); for backends that read heads otherwise (Redis). */
 bool idem__store_list_match(const idem_store_filter_t *f, const idem_record_t *head);
+/* ---- Invalidations (local_cache across processes) --------------------------
+ *
+ * A message is "d:" scope ":" key (a record was deleted) or "c:" (forget
+ * every record), at most IDEM__INVAL_MSG_MAX bytes; scope is "anonymous" or
+ * 64 lowercase hex digits, so the key is everything after the second ':'.
+ * store.c builds and checks them: a backend only carries the bytes, and a
+ * message that does not parse (a stranger on the channel) is counted and
+ * ignored, never trusted. */
+#define IDEM__INVAL_MSG_MAX (2 + IDEM_SCOPE_MAX + 1 + IDEM_KEY_MAX)
+
+/* What a watch session reports to (store.c); any call from the session's
+ * thread only. */
+typedef struct idem__watch_sink idem__watch_sink_t;
+/* Subscribed: every message published from now on will arrive. */
+void idem__watch_up(idem__watch_sink_t *sink);
+/* One message as it came (checked by store.c). */
+void idem__watch_message(idem__watch_sink_t *sink, const char *msg, size_t len);
+
+/* Stop and free a watch (idem_store_close, before the backend closes);
+ * NULL: nothing. */
+void idem__watch_stop(struct idem__watch *w);
+
+/* postgres_sub.c: one LISTEN session on channel for postgres.c, connecting
+ * with the store's libpq URL and connect_timeout (whole seconds). */
+void idem__pg_watch_session(const char *uri, const char *connect_timeout, const char *channel,
+                            int64_t timeout_ms, int stop_fd, idem__watch_sink_t *sink);
+
+/* The message for id (id NULL: "forget everything") into buf
+ * (IDEM__INVAL_MSG_MAX bytes); its length. */
+size_t idem__inval_encode(const idem_key_id_t *id, char *buf);
+/* Read a message: 1 with *id set ("d:"), 2 for "c:", 0 when malformed. */
+int idem__inval_decode(const char *msg, size_t len, idem_key_id_t *id);
+
 
 /* ---- helpers for backends (store.c) -------------------------------------- */
 
