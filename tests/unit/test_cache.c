@@ -179,3 +179,53 @@ Test(cache, threads_share_it_safely)
     cr_expect_leq(idem__cache_entries(shared), 64);
     idem__cache_destroy(shared);
 }
+
+/* Across instances (cache.h): an untrusted cache finds and keeps nothing,
+ * and trusting it again starts it empty. */
+Test(cache, untrusted_is_bypassed_and_trust_again_starts_empty)
+{
+    idem_cache_t *c = idem__cache_create(10, 1 << 20);
+    idem_key_id_t id = id_of("anonymous", "k");
+    idem_record_t out, r = completed(200, "x", 1000);
+    idem__cache_put(c, &id, &r);
+    cr_assert(idem__cache_trusted(c));
+    idem__cache_set_trusted(c, false);
+    cr_expect(!idem__cache_trusted(c));
+    cr_expect_eq(idem__cache_get(c, &id, 0, &out), IDEM_E_NOTFOUND);
+    idem__cache_put(c, &id, &r);
+    cr_expect_eq(idem__cache_entries(c), 0);
+    idem__cache_set_trusted(c, true);
+    cr_expect_eq(idem__cache_get(c, &id, 0, &out), IDEM_E_NOTFOUND);
+    idem__cache_put(c, &id, &r);
+    cr_expect_eq(idem__cache_get(c, &id, 0, &out), IDEM_OK);
+    idem_record_cleanup(&out);
+    idem__cache_clear(c);
+    cr_expect_eq(idem__cache_entries(c), 0);
+    idem__cache_destroy(c);
+}
+
+/* A record read before an invalidation is not kept after it. */
+Test(cache, put_since_is_refused_after_an_invalidation)
+{
+    idem_cache_t *c = idem__cache_create(10, 1 << 20);
+    idem_key_id_t id = id_of("anonymous", "k"), other = id_of("anonymous", "o");
+    idem_record_t out, r = completed(200, "x", 1000);
+    cr_expect_eq(idem__cache_gen(NULL), 0);
+    uint64_t g = idem__cache_gen(c);
+    idem__cache_put_since(c, g, &id, &r);
+    cr_expect_eq(idem__cache_get(c, &id, 0, &out), IDEM_OK);
+    idem_record_cleanup(&out);
+    g = idem__cache_gen(c);
+    idem__cache_remove(c, &other); /* any invalidation, even of another key */
+    idem__cache_remove(c, &id);
+    idem__cache_put_since(c, g, &id, &r);
+    cr_expect_eq(idem__cache_get(c, &id, 0, &out), IDEM_E_NOTFOUND);
+    g = idem__cache_gen(c);
+    idem__cache_set_trusted(c, false);
+    idem__cache_set_trusted(c, true);
+    idem__cache_put_since(c, g, &id, &r);
+    cr_expect_eq(idem__cache_entries(c), 0);
+    idem__cache_put_since(c, 0, &id, &r); /* 0 is never current */
+    cr_expect_eq(idem__cache_entries(c), 0);
+    idem__cache_destroy(c);
+}
