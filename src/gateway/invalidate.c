@@ -38,11 +38,13 @@ static void on_state(void *arg, bool up)
     idem__cache_set_trusted(gw->cache, up);
     atomic_store(&gw->metrics.cache_watch, up ? 2u : 1u);
     if (up)
-        idem__log(gw, "info", "local_cache: subscribed to the store's invalidations; "
-                              "cache emptied and in use");
+        idem__log(gw, "info",
+                  "local_cache: subscribed to the store's invalidations; "
+                  "cache emptied and in use");
     else
-        idem__log(gw, "warn", "local_cache: the store's invalidation channel is lost; "
-                              "cache bypassed until it is back");
+        idem__log(gw, "warn",
+                  "local_cache: the store's invalidation channel is lost; "
+                  "cache bypassed until it is back");
 }
 
 static void on_malformed(void *arg)
@@ -58,8 +60,8 @@ int idem__inval_start(idem_gw_t *gw, char *err, size_t errlen)
     /* Untrusted before the watch exists: its first message may come at once. */
     idem__cache_set_trusted(gw->cache, false);
     atomic_store(&gw->metrics.cache_watch, 1u);
-    idem_store_watch_cbs_t cbs = {
-        .deleted = on_deleted, .state = on_state, .malformed = on_malformed, .arg = gw};
+    idem_store_watch_cbs_t cbs =
+        {.deleted = on_deleted, .state = on_state, .malformed = on_malformed, .arg = gw};
     idem_err_t e = idem_store_watch(gw->store, &cbs);
     if (e == IDEM_OK)
         return 0;
