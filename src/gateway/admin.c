@@ -348,6 +348,30 @@ static void answer_store_error(idem_answer_t *a, idem_err_t err)
         answer_problem(a, 503, "store-unavailable", idem_strerror(err));
 }
 
+
+/* A bulk delete removing more keys than this in one page tells the other
+ * instances to empty their local_cache once, rather than key by key. */
+#define BULK_PUBLISH_KEYS 64
+
+/* Publish the removed items of a bulk delete (or, with clear, one "forget
+ * every record") to every idemd watching the store (invalidate.c).  A
+ * message that cannot be sent is logged: the deletes stand. */
+static void publish_bulk(idem_gw_t *gw, const idem_store_listed_t *items, size_t n,
+                         const bool *removed, bool clear)
+{
+    idem_err_t err = IDEM_OK;
+    if (clear)
+        err = idem_store_publish_clear(gw->store);
+    for (size_t i = 0; i < n && err == IDEM_OK; i++)
+        if (removed[i])
+            err = idem_store_publish_delete(gw->store, &items[i].id);
+    if (err != IDEM_OK)
+        idem__log(gw, "warn",
+                  "DELETE /keys: the invalidation was not published (%s); other instances' "
+                  "local_cache may replay deleted keys until they expire or are evicted",
+                  idem_store_errstr(gw->store));
+}
+
 /* GET /keys?scope=&state=&prefix=&older_than=&limit=&cursor= : one page of
  * records; DELETE /keys?scope=&state=&prefix=&older_than= : removes every
  * match, a page of IDEM_STORE_LIST_MAX at a time, each record only if it is
@@ -381,6 +405,7 @@ static void handle_keys_bulk(idem_admin_t *admin, const idem_http_msg_t *m, idem
         }
         f.spare_in_flight = f.state == IDEM_LIST_ANY;
         size_t total = 0;
+        bool clear_all = false;
         bool removed[IDEM_STORE_LIST_MAX];
         do {
             idem_err_t err = idem_store_list(gw->store, &f, cursor, IDEM_STORE_LIST_MAX, &page);
@@ -389,16 +414,24 @@ static void handle_keys_bulk(idem_admin_t *admin, const idem_http_msg_t *m, idem
                 err = idem_store_delete_listed(gw->store, page.items, page.n, &gone, removed);
             if (err != IDEM_OK) {
                 idem_store_page_cleanup(&page);
+                publish_bulk(gw, NULL, 0, NULL, clear_all);
                 answer_store_error(a, err);
                 return;
             }
             for (size_t i = 0; i < page.n; i++)
                 if (removed[i])
                     idem__cache_remove(gw->cache, &page.items[i].id);
+            /* Every other idemd's local_cache forgets them too: key by key
+             * for a few, else one "forget everything" at the end. */
+            if (gone > BULK_PUBLISH_KEYS)
+                clear_all = true;
+            else
+                publish_bulk(gw, page.items, page.n, removed, false);
             total += gone;
             memcpy(cursor, page.cursor, sizeof cursor);
             idem_store_page_cleanup(&page);
         } while (cursor[0] != '\0');
+        publish_bulk(gw, NULL, 0, NULL, clear_all);
         char body[64];
         snprintf(body, sizeof body, "{\"deleted\":%zu}", total);
         answer_json(a, 200, "application/json", body);

@@ -127,6 +127,39 @@ class InvalidationCases:
         self.assertGreaterEqual(h.metric_sum(self.b.metrics(), "idem_cache_invalidations_total",
                                              result="applied"), before + 1)
 
+    def test_bulk_delete_through_a_reaches_b(self):
+        # A few keys: each is published on its own.
+        key, _ = self.cached_on_b()
+        r = self.a.admin("DELETE", "/keys?prefix=" + urllib.parse.quote(key, safe=""))
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json(), {"deleted": 1})
+        self.wait_fresh_on_b(key, "A's DELETE /keys?prefix=")
+
+    def test_large_bulk_delete_empties_b_cache(self):
+        # More than a page's worth of keys published one by one: B is told
+        # to forget everything once.
+        key, _ = self.cached_on_b()
+        prefix = "bulk-%s-" % uuid.uuid4().hex[:8]
+        for i in range(70):
+            self.assertEqual(self.a.post(key="%s%03d" % (prefix, i)).status, 200)
+        r = self.a.admin("DELETE", "/keys?prefix=" + prefix)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json(), {"deleted": 70})
+        # The cached key was not among them, but B's cache is emptied: its
+        # next answer comes from the store (a replay still, nothing deleted).
+        hits = h.metric_sum(self.b.metrics(), "idem_local_cache_hits_total")
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            self.b.post(key=key)
+            got = h.metric_sum(self.b.metrics(), "idem_local_cache_hits_total")
+            if got == hits:
+                break  # answered without the cache: it was emptied
+            hits = got
+            if time.monotonic() >= deadline:
+                self.fail("B kept its cache %.0f s after a bulk delete of 70 keys" % DEADLINE)
+            time.sleep(0.01)
+        self.assertEqual(self.up.count(key=key), 1)
+
     def test_missed_message_empties_the_cache_on_reconnect(self):
         key, first = self.cached_on_b()
         self.remove_behind(key)  # a delete whose message B never gets
