@@ -178,12 +178,31 @@ _Static_assert(IDEM_FP_LEN == 32, "Lua: fp is 32 bytes");
 /* What a script returns first: the op's status. */
 enum { ST_OK = 0, ST_FENCE = 1, ST_EXISTS = 2, ST_CORRUPT = 3, ST_NOTFOUND = 4 };
 
-/* Shared by every op script.  load(k) is the record's fields, nil when
- * there is none, false when what is there is not a record of ours. */
+/* The batch script finds each op's function as fn[script index + 1]. */
+_Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
+                   S_RELEASE == 4 && S_DELETE == 5 && S_TOKEN_ISSUE == 6 && S_TOKEN_USE == 7 &&
+                   S_TOKEN_RESTORE == 8,
+               "Lua: the batch's fn table");
+
+/* Every op's decision is written once, as a Lua function op_KIND(k, a, j)
+ * of the record's key k and its arguments a[j + 1] ...: the op script
+ * (EVALSHA of one op, on a cluster the path of an op that was redirected)
+ * is the prelude, that function and "return op_KIND(KEYS[1], ARGV, 0)";
+ * the batch script is the prelude, every function and a loop over the
+ * batch's ops (lua_batch).  Nothing but the calling differs.
+ *
+ * Shared by every op script.  load(k) is the record's fields, nil when
+ * there is none, false when what is there is not a record of ours.  Any
+ * other error of the read (on a cluster: a key this node does not serve,
+ * the cluster down) is raised before the op wrote anything; the batch
+ * script answers it as that op's error. */
 #define LUA_PRELUDE                                                                   \
     "local function load(k)\n"                                                        \
     "  local v = redis.pcall('HMGET', k, 'st', 'fl', 'fp', 'fe', 'lu', 'ex')\n"       \
-    "  if v.err then return false end\n"                                              \
+    "  if v.err then\n"                                                               \
+    "    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return false end\n"           \
+    "    error(v)\n"                                                                  \
+    "  end\n"                                                                         \
     "  if not (v[1] or v[2] or v[3] or v[4] or v[5] or v[6]) then\n"                  \
     "    if redis.call('EXISTS', k) == 1 then return false end\n"                     \
     "    return nil\n"                                                                \
@@ -222,104 +241,172 @@ enum { ST_OK = 0, ST_FENCE = 1, ST_EXISTS = 2, ST_CORRUPT = 3, ST_NOTFOUND = 4 }
     "  return 1\n"                                                                    \
     "end\n"
 
-/* CLAIM: ARGV now, fp, lease_until, expires_at.  idem_decide, rule by rule;
+/* CLAIM: a now, fp, lease_until, expires_at.  idem_decide, rule by rule;
  * {0, kind, fence, retry_after} or, for a replay, the fields and r too. */
-static const char lua_claim[] = LUA_PRELUDE
-    "local function secs(u, now)\n"
-    "  local d = u - now\n"
-    "  if d <= 0 then return 1 end\n"
-    "  local s = math.floor(d / 1000)\n"
-    "  if d - s * 1000 > 0 then s = s + 1 end\n"
-    "  return s\n"
+#define LUA_OP_CLAIM                                                                  \
+    "local function secs(u, now)\n"                                                   \
+    "  local d = u - now\n"                                                           \
+    "  if d <= 0 then return 1 end\n"                                                 \
+    "  local s = math.floor(d / 1000)\n"                                              \
+    "  if d - s * 1000 > 0 then s = s + 1 end\n"                                      \
+    "  return s\n"                                                                    \
+    "end\n"                                                                           \
+    "local function op_claim(k, a, j)\n"                                              \
+    "  local now, fp = tonumber(a[j + 1]), a[j + 2]\n"                                \
+    "  local r = load(k)\n"                                                           \
+    "  if r == false then return {3} end\n"                                           \
+    "  local kind, fence, retry = 0, 0, 0\n"                                          \
+    "  if r == nil then kind, fence = 1, 1\n"                                         \
+    "  elseif now >= r.ex then kind, fence = 1, r.fe + 1\n"                           \
+    "  else\n"                                                                        \
+    "    fence = r.fe\n"                                                              \
+    "    if r.fp ~= fp then kind = 5\n"                                               \
+    "    elseif r.st == 1 then\n"                                                     \
+    "      if bit.band(r.fl, 1) ~= 0 and now >= r.lu then\n"                          \
+    "        kind, fence, retry = 8, r.fe + 1, secs(r.ex, now)\n"                     \
+    "      elseif bit.band(r.fl, 1) ~= 0 then kind, retry = 6, secs(r.ex, now)\n"     \
+    "      elseif now < r.lu then kind, retry = 4, secs(r.lu, now)\n"                 \
+    "      else kind, fence = 2, r.fe + 1 end\n"                                      \
+    "    elseif bit.band(r.fl, 2) ~= 0 then kind = 7\n"                               \
+    "    else kind = 3 end\n"                                                         \
+    "  end\n"                                                                         \
+    "  if kind == 1 or kind == 2 then\n"                                              \
+    "    put(k, '1', '0', fp, int(fence), a[j + 3], a[j + 4], false)\n"               \
+    "  elseif kind == 8 then\n"                                                       \
+    "    put(k, '1', r.fls, r.fp, int(fence), a[j + 3], r.exs, false)\n"              \
+    "  elseif kind == 3 then\n"                                                       \
+    "    return {0, kind, fence, 0, r.sts, r.fls, r.fp, r.fes, r.lus, r.exs,\n"       \
+    "            redis.call('HGET', k, 'r')}\n"                                       \
+    "  end\n"                                                                         \
+    "  return {0, kind, fence, retry}\n"                                              \
     "end\n"
-    "local k, now = KEYS[1], tonumber(ARGV[1])\n"
-    "local r = load(k)\n"
-    "if r == false then return {3} end\n"
-    "local kind, fence, retry = 0, 0, 0\n"
-    "if r == nil then kind, fence = 1, 1\n"
-    "elseif now >= r.ex then kind, fence = 1, r.fe + 1\n"
-    "else\n"
-    "  fence = r.fe\n"
-    "  if r.fp ~= ARGV[2] then kind = 5\n"
-    "  elseif r.st == 1 then\n"
-    "    if bit.band(r.fl, 1) ~= 0 and now >= r.lu then kind, fence, retry = 8, r.fe + 1, secs(r.ex, now)\n"
-    "    elseif bit.band(r.fl, 1) ~= 0 then kind, retry = 6, secs(r.ex, now)\n"
-    "    elseif now < r.lu then kind, retry = 4, secs(r.lu, now)\n"
-    "    else kind, fence = 2, r.fe + 1 end\n"
-    "  elseif bit.band(r.fl, 2) ~= 0 then kind = 7\n"
-    "  else kind = 3 end\n"
+
+/* COMPLETE: a fence, flags, expires_at, the encoded record (zero fp). */
+#define LUA_OP_COMPLETE                                                               \
+    "local function op_complete(k, a, j)\n"                                           \
+    "  local r, e = owns(k, a[j + 1])\n"                                              \
+    "  if not r then return {e} end\n"                                                \
+    "  local rec = string.sub(a[j + 4], 1, 9) .. r.fp .. string.sub(a[j + 4], 42)\n"  \
+    "  put(k, '2', a[j + 2], r.fp, r.fes, '0', a[j + 3], rec)\n"                      \
+    "  return {0}\n"                                                                  \
     "end\n"
-    "if kind == 1 or kind == 2 then\n"
-    "  put(k, '1', '0', ARGV[2], int(fence), ARGV[3], ARGV[4], false)\n"
-    "elseif kind == 8 then\n"
-    "  put(k, '1', r.fls, r.fp, int(fence), ARGV[3], r.exs, false)\n"
-    "elseif kind == 3 then\n"
-    "  return {0, kind, fence, 0, r.sts, r.fls, r.fp, r.fes, r.lus, r.exs,\n"
-    "          redis.call('HGET', k, 'r')}\n"
+
+/* HOLD: a fence, lease_until, expires_at. */
+#define LUA_OP_HOLD                                                                   \
+    "local function op_hold(k, a, j)\n"                                               \
+    "  local r, e = owns(k, a[j + 1])\n"                                              \
+    "  if not r then return {e} end\n"                                                \
+    "  put(k, '1', int(bit.bor(r.fl, 1)), r.fp, r.fes, a[j + 2], a[j + 3], false)\n"  \
+    "  return {0}\n"                                                                  \
     "end\n"
-    "return {0, kind, fence, retry}\n";
 
-/* COMPLETE: ARGV fence, flags, expires_at, the encoded record (zero fp). */
-static const char lua_complete[] = LUA_PRELUDE
-    "local r, e = owns(KEYS[1], ARGV[1])\n"
-    "if not r then return {e} end\n"
-    "local rec = string.sub(ARGV[4], 1, 9) .. r.fp .. string.sub(ARGV[4], 42)\n"
-    "put(KEYS[1], '2', ARGV[2], r.fp, r.fes, '0', ARGV[3], rec)\n"
-    "return {0}\n";
+/* RENEW: a fence, lease_until; retention raised to the lease end. */
+#define LUA_OP_RENEW                                                                  \
+    "local function op_renew(k, a, j)\n"                                              \
+    "  local r, e = owns(k, a[j + 1])\n"                                              \
+    "  if not r then return {e} end\n"                                                \
+    "  local ex = r.exs\n"                                                            \
+    "  if r.ex < tonumber(a[j + 2]) then ex = a[j + 2] end\n"                         \
+    "  put(k, '1', r.fls, r.fp, r.fes, a[j + 2], ex, false)\n"                        \
+    "  return {0}\n"                                                                  \
+    "end\n"
 
-/* HOLD: ARGV fence, lease_until, expires_at. */
-static const char lua_hold[] = LUA_PRELUDE
-    "local r, e = owns(KEYS[1], ARGV[1])\n"
-    "if not r then return {e} end\n"
-    "put(KEYS[1], '1', int(bit.bor(r.fl, 1)), r.fp, r.fes, ARGV[2], ARGV[3], false)\n"
-    "return {0}\n";
-
-/* RENEW: ARGV fence, lease_until; retention raised to the lease end. */
-static const char lua_renew[] = LUA_PRELUDE
-    "local r, e = owns(KEYS[1], ARGV[1])\n"
-    "if not r then return {e} end\n"
-    "local ex = r.exs\n"
-    "if r.ex < tonumber(ARGV[2]) then ex = ARGV[2] end\n"
-    "put(KEYS[1], '1', r.fls, r.fp, r.fes, ARGV[2], ex, false)\n"
-    "return {0}\n";
-
-/* RELEASE: ARGV fence. */
-static const char lua_release[] = LUA_PRELUDE
-    "local r, e = owns(KEYS[1], ARGV[1])\n"
-    "if not r then return {e} end\n"
-    "redis.call('DEL', KEYS[1])\n"
-    "return {0}\n";
+/* RELEASE: a fence. */
+#define LUA_OP_RELEASE                                                                \
+    "local function op_release(k, a, j)\n"                                            \
+    "  local r, e = owns(k, a[j + 1])\n"                                              \
+    "  if not r then return {e} end\n"                                                \
+    "  redis.call('DEL', k)\n"                                                        \
+    "  return {0}\n"                                                                  \
+    "end\n"
 
 /* DELETE: unconditional; a script too, so that every op of a batch is one
  * and NOSCRIPT hits all of them or none. */
-static const char lua_delete[] =
-    "if redis.call('DEL', KEYS[1]) == 1 then return {0} end\n"
-    "return {4}\n";
+#define LUA_OP_DELETE                                                                 \
+    "local function op_delete(k, a, j)\n"                                             \
+    "  if redis.call('DEL', k) == 1 then return {0} end\n"                            \
+    "  return {4}\n"                                                                  \
+    "end\n"
 
-/* TOKEN_ISSUE: ARGV now, expires_at. */
-static const char lua_token_issue[] = LUA_PRELUDE
-    "local k = KEYS[1]\n"
-    "local r = load(k)\n"
-    "if r and tonumber(ARGV[1]) < r.ex then return {2} end\n"
-    "if r == false then redis.call('DEL', k) end\n"
-    "put(k, '1', '4', string.rep(string.char(0), 32), '1', ARGV[2], ARGV[2], false)\n"
-    "return {0}\n";
+/* TOKEN_ISSUE: a now, expires_at. */
+#define LUA_OP_TOKEN_ISSUE                                                            \
+    "local function op_token_issue(k, a, j)\n"                                        \
+    "  local r = load(k)\n"                                                           \
+    "  if r and tonumber(a[j + 1]) < r.ex then return {2} end\n"                      \
+    "  if r == false then redis.call('DEL', k) end\n"                                 \
+    "  put(k, '1', '4', string.rep(string.char(0), 32), '1', a[j + 2], a[j + 2],\n"   \
+    "      false)\n"                                                                  \
+    "  return {0}\n"                                                                  \
+    "end\n"
 
-/* TOKEN_USE: ARGV now; {0, verdict}. */
-static const char lua_token_use[] = LUA_PRELUDE
-    "local r = load(KEYS[1])\n"
-    "if r == false then return {3} end\n"
-    "local v = tokdecide(r, tonumber(ARGV[1]))\n"
-    "if v == 1 then put(KEYS[1], '2', r.fls, r.fp, r.fes, r.lus, r.exs, false) end\n"
-    "return {0, v}\n";
+/* TOKEN_USE: a now; {0, verdict}. */
+#define LUA_OP_TOKEN_USE                                                              \
+    "local function op_token_use(k, a, j)\n"                                          \
+    "  local r = load(k)\n"                                                           \
+    "  if r == false then return {3} end\n"                                           \
+    "  local v = tokdecide(r, tonumber(a[j + 1]))\n"                                  \
+    "  if v == 1 then put(k, '2', r.fls, r.fp, r.fes, r.lus, r.exs, false) end\n"     \
+    "  return {0, v}\n"                                                               \
+    "end\n"
 
-/* TOKEN_RESTORE: ARGV now. */
-static const char lua_token_restore[] = LUA_PRELUDE
-    "local r = load(KEYS[1])\n"
-    "if r == false then return {3} end\n"
-    "if tokdecide(r, tonumber(ARGV[1])) ~= 2 then return {1} end\n"
-    "put(KEYS[1], '1', r.fls, r.fp, r.fes, r.lus, r.exs, false)\n"
-    "return {0}\n";
+/* TOKEN_RESTORE: a now. */
+#define LUA_OP_TOKEN_RESTORE                                                          \
+    "local function op_token_restore(k, a, j)\n"                                      \
+    "  local r = load(k)\n"                                                           \
+    "  if r == false then return {3} end\n"                                           \
+    "  if tokdecide(r, tonumber(a[j + 1])) ~= 2 then return {1} end\n"                \
+    "  put(k, '1', r.fls, r.fp, r.fes, r.lus, r.exs, false)\n"                        \
+    "  return {0}\n"                                                                  \
+    "end\n"
+
+#define LUA_ONE(fn) "return " fn "(KEYS[1], ARGV, 0)\n"
+
+/* BATCH: every op of a batch in ONE call, in order (a script is atomic:
+ * nothing else runs between its ops).  ARGV[1] is the frame: two bytes an
+ * op, '0' + its script index (S_CLAIM ...) and '0' + how many arguments
+ * it has.  Each op's key is KEYS[i] (one server), or on a cluster, where
+ * Redis refuses declared keys of several slots (CROSSSLOT), the ARGV
+ * element before its arguments (no KEYS).  The frame is checked before
+ * any op runs.  Each op runs under pcall, so an op that raises (a key
+ * this cluster node does not serve: "Script attempted to access a non
+ * local key", before it wrote anything) gets its error as its answer and
+ * the others go on; the answer is an array of each op's, read exactly as
+ * the op scripts' are.  No shebang: in Redis 7's compatibility mode the
+ * script may touch keys of several slots of its node (a "#!lua" script
+ * would need flags=allow-cross-slot-keys, and would be refused as a
+ * whole at maxmemory, deletes included, where this one's first write is
+ * refused with OOM, as an op script's is). */
+static const char lua_batch_loop[] =
+    "local fn = {op_claim, op_complete, op_hold, op_renew, op_release, op_delete,\n"
+    "  op_token_issue, op_token_use, op_token_restore}\n"
+    "local h, inkeys = ARGV[1], #KEYS > 0\n"
+    "local n = #h / 2\n"
+    "local bad = {err = 'ERR idem batch: bad frame'}\n"
+    "if n ~= math.floor(n) or (inkeys and #KEYS ~= n) then return bad end\n"
+    "local need = 1\n"
+    "for i = 1, n do\n"
+    "  local na = string.byte(h, 2 * i) - 48\n"
+    "  if not fn[string.byte(h, 2 * i - 1) - 47] or na < 0 or na > 4 then\n"
+    "    return bad\n"
+    "  end\n"
+    "  need = need + na\n"
+    "  if not inkeys then need = need + 1 end\n"
+    "end\n"
+    "if need ~= #ARGV then return bad end\n"
+    "local out, j = {}, 1\n"
+    "for i = 1, n do\n"
+    "  local f, na = fn[string.byte(h, 2 * i - 1) - 47], string.byte(h, 2 * i) - 48\n"
+    "  local k\n"
+    "  if inkeys then k = KEYS[i] else j = j + 1; k = ARGV[j] end\n"
+    "  local ok, res = pcall(f, k, ARGV, j)\n"
+    "  if not ok then\n"
+    "    if type(res) == 'table' and res.err then res = {err = res.err}\n"
+    "    else res = {err = 'ERR ' .. tostring(res)} end\n"
+    "  end\n"
+    "  out[i] = res\n"
+    "  j = j + na\n"
+    "end\n"
+    "return out\n";
 
 /* SWEEP: KEYS the keys to visit, ARGV now; deletes those whose ex <= now
  * (what does not look like a record is left alone) and says how many. */
@@ -338,18 +425,25 @@ static const char lua_sweep[] =
     "return n\n";
 
 
-static const char *const script_text[NSCRIPTS] = {
-    [S_CLAIM] = lua_claim,
-    [S_COMPLETE] = lua_complete,
-    [S_HOLD] = lua_hold,
-    [S_RENEW] = lua_renew,
-    [S_RELEASE] = lua_release,
-    [S_DELETE] = lua_delete,
-    [S_TOKEN_ISSUE] = lua_token_issue,
-    [S_TOKEN_USE] = lua_token_use,
-    [S_TOKEN_RESTORE] = lua_token_restore,
-    [S_SWEEP] = lua_sweep,
+/* Each script as its parts, joined when it is loaded (a C string literal
+ * stays within the 4095 bytes ISO C promises; the batch script is longer). */
+#define PARTS_MAX 12
+static const char *const script_parts[NSCRIPTS][PARTS_MAX] = {
+    [S_CLAIM] = {LUA_PRELUDE, LUA_OP_CLAIM, LUA_ONE("op_claim")},
+    [S_COMPLETE] = {LUA_PRELUDE, LUA_OP_COMPLETE, LUA_ONE("op_complete")},
+    [S_HOLD] = {LUA_PRELUDE, LUA_OP_HOLD, LUA_ONE("op_hold")},
+    [S_RENEW] = {LUA_PRELUDE, LUA_OP_RENEW, LUA_ONE("op_renew")},
+    [S_RELEASE] = {LUA_PRELUDE, LUA_OP_RELEASE, LUA_ONE("op_release")},
+    [S_DELETE] = {LUA_OP_DELETE, LUA_ONE("op_delete")},
+    [S_TOKEN_ISSUE] = {LUA_PRELUDE, LUA_OP_TOKEN_ISSUE, LUA_ONE("op_token_issue")},
+    [S_TOKEN_USE] = {LUA_PRELUDE, LUA_OP_TOKEN_USE, LUA_ONE("op_token_use")},
+    [S_TOKEN_RESTORE] = {LUA_PRELUDE, LUA_OP_TOKEN_RESTORE, LUA_ONE("op_token_restore")},
+    [S_SWEEP] = {lua_sweep},
+    [S_BATCH] = {LUA_PRELUDE, LUA_OP_CLAIM, LUA_OP_COMPLETE, LUA_OP_HOLD, LUA_OP_RENEW,
+                 LUA_OP_RELEASE, LUA_OP_DELETE, LUA_OP_TOKEN_ISSUE, LUA_OP_TOKEN_USE,
+                 LUA_OP_TOKEN_RESTORE, lua_batch_loop},
 };
+
 
 /* ---- the handle ----------------------------------------------------------- */
 
@@ -923,9 +1017,29 @@ int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err
                              int timeout_ms)
 {
     for (int i = 0; i < NSCRIPTS; i++) {
-        const char *argv[] = {"SCRIPT", "LOAD", script_text[i]};
-        size_t len[] = {6, 4, strlen(script_text[i])};
-        idem__rconn_append(c, 3, argv, len);
+        size_t total = 0;
+        for (int p = 0; p < PARTS_MAX && script_parts[i][p] != NULL; p++)
+            total += strlen(script_parts[i][p]);
+        char *text = idem_malloc(total);
+        if (text == NULL) {
+            /* The loads already appended go with the connection. */
+            say(err, errlen, "SCRIPT LOAD: out of memory");
+            return -1;
+        }
+        size_t at = 0;
+        for (int p = 0; p < PARTS_MAX && script_parts[i][p] != NULL; p++) {
+            size_t l = strlen(script_parts[i][p]);
+            memcpy(text + at, script_parts[i][p], l);
+            at += l;
+        }
+        const char *argv[] = {"SCRIPT", "LOAD", text};
+        size_t len[] = {6, 4, total};
+        int rc = idem__rconn_append(c, 3, argv, len);
+        idem_free(text);
+        if (rc != 0) {
+            say(err, errlen, "SCRIPT LOAD: out of memory");
+            return -1;
+        }
     }
     int failed = 0;
     for (int i = 0; i < NSCRIPTS; i++) {
@@ -1160,39 +1274,35 @@ size_t idem__redis_make_key(const struct rcfg *cfg, const idem_key_id_t *id, cha
     return n + sl + 1 + kl;
 }
 
-/* Append one op's EVALSHA to c's output buffer. */
-idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
-                                 idem__redis_shas_t sha, const idem_op_t *op)
+/* The script of each op kind. */
+static const enum script kind_script[] = {
+    [IDEM_OP_CLAIM] = S_CLAIM,
+    [IDEM_OP_COMPLETE] = S_COMPLETE,
+    [IDEM_OP_HOLD] = S_HOLD,
+    [IDEM_OP_RENEW] = S_RENEW,
+    [IDEM_OP_RELEASE] = S_RELEASE,
+    [IDEM_OP_DELETE] = S_DELETE,
+    [IDEM_OP_TOKEN_ISSUE] = S_TOKEN_ISSUE,
+    [IDEM_OP_TOKEN_USE] = S_TOKEN_USE,
+    [IDEM_OP_TOKEN_RESTORE] = S_TOKEN_RESTORE,
+};
+
+#define OP_ARGS_MAX 4 /* arguments an op's function reads after its key */
+#define NUM_LEN 24    /* one decimal number */
+
+/* An op's arguments (what its Lua function reads as a[j + 1] ...) into
+ * argv/len, its numbers written into num; a completion's encoded record is
+ * allocated into *rec (the caller frees it once the command is appended).
+ * The count, or -1 with *err set. */
+static int op_args(const idem_op_t *op, const char **argv, size_t *len,
+                   char (*num)[NUM_LEN], uint8_t **rec, idem_err_t *err)
 {
-    static const enum script kind_script[] = {
-        [IDEM_OP_CLAIM] = S_CLAIM,
-        [IDEM_OP_COMPLETE] = S_COMPLETE,
-        [IDEM_OP_HOLD] = S_HOLD,
-        [IDEM_OP_RENEW] = S_RENEW,
-        [IDEM_OP_RELEASE] = S_RELEASE,
-        [IDEM_OP_DELETE] = S_DELETE,
-        [IDEM_OP_TOKEN_ISSUE] = S_TOKEN_ISSUE,
-        [IDEM_OP_TOKEN_USE] = S_TOKEN_USE,
-        [IDEM_OP_TOKEN_RESTORE] = S_TOKEN_RESTORE,
-    };
-    const char *argv[8];
-    size_t len[8];
-    char key[KEYBUF], num[3][24];
-    uint8_t *rec = NULL;
-    int argc = 4;
+    int argc = 0;
 
-    argv[0] = "EVALSHA";
-    len[0] = 7;
-    argv[1] = sha[kind_script[op->kind]];
-    len[1] = 40;
-    argv[2] = "1";
-    len[2] = 1;
-    argv[3] = key;
-    len[3] = idem__redis_make_key(cfg, &op->id, key);
-
+    *rec = NULL;
 #define ARG_NUM(i, fmt, v)                                                    \
     do {                                                                      \
-        len[argc] = (size_t)snprintf(num[i], sizeof num[i], fmt, v);          \
+        len[argc] = (size_t)snprintf(num[i], NUM_LEN, fmt, v);                \
         argv[argc] = num[i];                                                  \
         argc++;                                                               \
     } while (0)
@@ -1214,16 +1324,20 @@ idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
             .response = *op->response,
         };
         size_t size = idem_record_encoded_size(&next);
-        if (size == 0)
-            return IDEM_E_TOOBIG; /* store.c checked completions; cannot happen */
-        rec = idem_malloc(size);
-        if (rec == NULL)
-            return IDEM_E_NOMEM;
-        idem_record_encode_into(&next, rec);
+        if (size == 0) {
+            *err = IDEM_E_TOOBIG; /* store.c checked completions; cannot happen */
+            return -1;
+        }
+        *rec = idem_malloc(size);
+        if (*rec == NULL) {
+            *err = IDEM_E_NOMEM;
+            return -1;
+        }
+        idem_record_encode_into(&next, *rec);
         ARG_NUM(0, "%llu", (unsigned long long)op->fence);
         ARG_NUM(1, "%u", (unsigned)op->flags);
         ARG_NUM(2, "%lld", (long long)op->expires_at_ms);
-        argv[argc] = (const char *)rec;
+        argv[argc] = (const char *)*rec;
         len[argc++] = size;
         break;
     }
@@ -1251,9 +1365,111 @@ idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
         break;
     }
 #undef ARG_NUM
-    int rc = idem__rconn_append(c, argc, argv, len);
+    return argc;
+}
+
+/* Append one op's EVALSHA of its op script to c's output buffer. */
+idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
+                                 idem__redis_shas_t sha, const idem_op_t *op)
+{
+    const char *argv[4 + OP_ARGS_MAX];
+    size_t len[4 + OP_ARGS_MAX];
+    char key[KEYBUF], num[3][NUM_LEN];
+    uint8_t *rec;
+    idem_err_t err = IDEM_OK;
+
+    argv[0] = "EVALSHA";
+    len[0] = 7;
+    argv[1] = sha[kind_script[op->kind]];
+    len[1] = 40;
+    argv[2] = "1";
+    len[2] = 1;
+    argv[3] = key;
+    len[3] = idem__redis_make_key(cfg, &op->id, key);
+    int argc = op_args(op, argv + 4, len + 4, num, &rec, &err);
+    if (argc < 0)
+        return err;
+    int rc = idem__rconn_append(c, 4 + argc, argv, len);
     idem_free(rec);
     return rc == 0 ? IDEM_OK : IDEM_E_NOMEM;
+}
+
+idem_err_t idem__redis_append_batch(const struct rcfg *cfg, idem__rconn_t *c,
+                                    idem__redis_shas_t sha, const idem_op_t *ops, size_t n,
+                                    const uint8_t *pick, int keys_in_argv, size_t *sent)
+{
+    size_t m = 0, keybytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (pick[i / 8] & (1u << (i % 8))) {
+            m++;
+            keybytes += cfg->prefix_len + strlen(ops[i].id.scope) + 1 + strlen(ops[i].id.key);
+        }
+    }
+    *sent = 0;
+    if (m == 0)
+        return IDEM_OK;
+    /* EVALSHA sha numkeys [keys] frame, then each op's [key] and arguments. */
+    size_t cap = 4 + m * (2 + OP_ARGS_MAX);
+    const char **argv = idem_malloc(cap * sizeof *argv);
+    size_t *len = idem_malloc(cap * sizeof *len);
+    char *keys = idem_malloc(keybytes);
+    char (*num)[NUM_LEN] = idem_malloc(m * 3 * NUM_LEN);
+    char *frame = idem_malloc(2 * m);
+    uint8_t **recs = idem_calloc(m, sizeof *recs);
+    idem_err_t err = IDEM_OK;
+    if (argv == NULL || len == NULL || keys == NULL || num == NULL || frame == NULL ||
+        recs == NULL) {
+        err = IDEM_E_NOMEM;
+        goto out;
+    }
+    char numkeys[24];
+    argv[0] = "EVALSHA";
+    len[0] = 7;
+    argv[1] = sha[S_BATCH];
+    len[1] = 40;
+    argv[2] = numkeys;
+    len[2] = (size_t)snprintf(numkeys, sizeof numkeys, "%zu", keys_in_argv ? (size_t)0 : m);
+    size_t argc = 3, key_at = 3, j = 0;
+    if (!keys_in_argv)
+        argc += m; /* KEYS, filled below */
+    argv[argc] = frame;
+    len[argc++] = 2 * m;
+    char *kp = keys;
+    for (size_t i = 0; i < n; i++) {
+        if (!(pick[i / 8] & (1u << (i % 8))))
+            continue;
+        size_t kl = idem__redis_make_key(cfg, &ops[i].id, kp); /* keybytes counted it */
+        if (keys_in_argv) {
+            argv[argc] = kp;
+            len[argc++] = kl;
+        } else {
+            argv[key_at] = kp;
+            len[key_at++] = kl;
+        }
+        kp += kl;
+        int na = op_args(&ops[i], argv + argc, len + argc, num + 3 * j, &recs[j], &err);
+        if (na < 0)
+            goto out;
+        argc += (size_t)na;
+        frame[2 * j] = (char)('0' + kind_script[ops[i].kind]);
+        frame[2 * j + 1] = (char)('0' + na);
+        j++;
+    }
+    if (argc > INT_MAX || idem__rconn_append(c, (int)argc, argv, len) != 0)
+        err = IDEM_E_NOMEM;
+    else
+        *sent = m;
+out:
+    if (recs != NULL)
+        for (size_t i = 0; i < m; i++)
+            idem_free(recs[i]);
+    idem_free(recs);
+    idem_free(frame);
+    idem_free(num);
+    idem_free(keys);
+    idem_free(len);
+    idem_free(argv);
+    return err;
 }
 
 /* A decimal integer reply element (bulk string), strictly. */
@@ -1385,7 +1601,7 @@ idem_err_t idem__redis_map_error(const char *msg, int *broken)
 #define MARKED(m, i) ((m)[(i) / 8] & (1u << ((i) % 8)))
 #define UNMARK(m, i) ((m)[(i) / 8] &= (uint8_t) ~(1u << ((i) % 8)))
 
-/* What one MULTI/EXEC round did. */
+/* What one round (one call of the batch script) did. */
 struct round {
     size_t ran;       /* ops whose script ran */
     size_t noscript;  /* ops still marked: NOSCRIPT */
@@ -1394,50 +1610,54 @@ struct round {
     int broken;       /* the connection must be dropped */
 };
 
-/* Run the marked ops as MULTI, EVALSHA..., EXEC.  Returns a batch error when
- * the round as a whole failed (nothing known to be written). */
+/* Whether an error answer to a whole script call says the script did not
+ * start (NOSCRIPT, OOM, READONLY, BUSY, LOADING, NOPERM ...: a code of its
+ * own), rather than that it failed while running ("ERR ..."), when some
+ * of its ops may have written. */
+int idem__redis_refused(const char *msg)
+{
+    return strncmp(msg, "ERR", 3) != 0;
+}
+
+/* Run the marked ops as ONE EVALSHA of the batch script.  Returns a batch
+ * error when the call as a whole failed: refused (nothing written), or an
+ * outcome unknown (the connection lost, or the script failed while
+ * running). */
 static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *ops, size_t n,
                             uint8_t *mark, struct round *out)
 {
     idem__rconn_t *c = k->c;
     redisReply *r = NULL;
     size_t sent = 0;
-    char qerr[160] = "";
 
     memset(out, 0, sizeof *out);
-    idem__rconn_append(c, 1, (const char *[]){"MULTI"}, (const size_t[]){5});
-    for (size_t i = 0; i < n; i++) {
-        if (!MARKED(mark, i))
-            continue;
-        idem_err_t err = idem__redis_append_op(&s->cfg, c, k->sha, &ops[i]);
-        if (err != IDEM_OK) {
-            /* Nothing was sent yet; the half-written buffer goes with the connection. */
-            out->broken = 1;
-            idem__store_seterr(&s->base, "redis: %s while preparing a batch",
-                               idem_strerror(err));
-            return err;
-        }
-        sent++;
-    }
-    idem__rconn_append(c, 1, (const char *[]){"EXEC"}, (const size_t[]){4});
-
-    for (size_t i = 0; i < sent + 1; i++) { /* +OK, then +QUEUED or an error per op */
-        if (get_reply(c, &r) != 0)
-            goto lost;
-        if (reply_is(r, REDIS_REPLY_ERROR) && qerr[0] == '\0')
-            say(qerr, sizeof qerr, "%s", r->str);
-        freeReplyObject(r);
+    idem_err_t err = idem__redis_append_batch(&s->cfg, c, k->sha, ops, n, mark, 0, &sent);
+    if (err != IDEM_OK) {
+        /* Nothing was sent; whatever hiredis kept goes with the connection. */
+        out->broken = 1;
+        idem__store_seterr(&s->base, "redis: %s while preparing a batch", idem_strerror(err));
+        return err;
     }
     if (get_reply(c, &r) != 0)
         goto lost;
+    if (reply_is(r, REDIS_REPLY_ERROR) && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+        out->noscript = sent; /* did not run: every op stays marked */
+        freeReplyObject(r);
+        return IDEM_OK;
+    }
+    if (reply_is(r, REDIS_REPLY_ERROR) && !idem__redis_refused(r->str)) {
+        idem__store_seterr(&s->base, "redis %s: the batch script failed, the batch's outcome "
+                           "is unknown: %.150s", s->where, r->str);
+        freeReplyObject(r);
+        return IDEM_E_STORE_DOWN;
+    }
     if (!reply_is(r, REDIS_REPLY_ARRAY) || r->elements != sent) {
-        idem_err_t err = IDEM_E_STORE_DOWN;
-        const char *msg = qerr[0] ? qerr : reply_is(r, REDIS_REPLY_ERROR) ? r->str : "";
+        const char *msg = reply_is(r, REDIS_REPLY_ERROR) ? r->str : "";
         err = idem__redis_map_error(msg, &out->broken);
         if (!reply_is(r, REDIS_REPLY_ERROR))
             out->broken = 1; /* not even an error: the conversation is lost */
         idem__store_seterr(&s->base, "redis %s: batch refused: %.150s", s->where,
-                           msg[0] ? msg : "unexpected answer to EXEC");
+                           msg[0] ? msg : "unexpected answer to the batch script");
         freeReplyObject(r);
         return err;
     }
@@ -1446,10 +1666,6 @@ static idem_err_t run_round(struct redis_store *s, struct conn *k, idem_op_t *op
         if (!MARKED(mark, i))
             continue;
         const redisReply *e = r->element[j++];
-        if (reply_is(e, REDIS_REPLY_ERROR) && strncmp(e->str, "NOSCRIPT", 8) == 0) {
-            out->noscript++;
-            continue;
-        }
         UNMARK(mark, i);
         if (reply_is(e, REDIS_REPLY_ERROR)) {
             ops[i].err = idem__redis_map_error(e->str, &out->broken);

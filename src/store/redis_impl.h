@@ -17,6 +17,7 @@
 
 #include <hiredis/hiredis.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/tls.h"
 #include "core/url.h"
@@ -77,6 +78,7 @@ enum script {
     S_TOKEN_USE,
     S_TOKEN_RESTORE,
     S_SWEEP,
+    S_BATCH, /* every op of a batch in one call (redis.c, lua_batch) */
     NSCRIPTS
 };
 
@@ -114,6 +116,16 @@ size_t idem__redis_make_key(const struct rcfg *cfg, const idem_key_id_t *id, cha
 /** Append op's EVALSHA to c's output buffer. */
 idem_err_t idem__redis_append_op(const struct rcfg *cfg, idem__rconn_t *c,
                                  idem__redis_shas_t sha, const idem_op_t *op);
+/** Append ONE EVALSHA of the batch script to c's output buffer: the ops
+ * of ops[0..n) whose bit is set in pick (bit i%8 of pick[i/8]), in order,
+ * their keys in KEYS, or with keys_in_argv (a cluster: keys of several
+ * slots) framed in ARGV.  Its answer is an array of each op's answer, each
+ * read as an op script's (idem__redis_take_result), or an error element.
+ * *sent: how many ops went (0 when none was picked or on an error, when
+ * nothing was appended).  IDEM_OK, IDEM_E_NOMEM or IDEM_E_TOOBIG. */
+idem_err_t idem__redis_append_batch(const struct rcfg *cfg, idem__rconn_t *c,
+                                    idem__redis_shas_t sha, const idem_op_t *ops, size_t n,
+                                    const uint8_t *pick, int keys_in_argv, size_t *sent);
 
 /** Set op's outputs from its script's reply (errors named for store). */
 void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisReply *r);
@@ -130,6 +142,11 @@ idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec)
  * to be reused). */
 idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
                                   int64_t now_ms, idem_record_t *rec, int *broken);
+
+/** Whether an error answer to a whole script call says it did not start
+ * (its own code: NOSCRIPT, OOM, READONLY ...) rather than that it failed
+ * while running ("ERR ...": some of its ops may have written). */
+int idem__redis_refused(const char *msg);
 
 /** An error reply's code as ours; *broken set when the connection should be
  * dropped (READONLY, MASTERDOWN). */
