@@ -487,6 +487,8 @@ struct opst {
     uint8_t ask;    /* ASKING first (target from an ASK) */
     uint8_t asked;  /* target was set by ASK, kept for the next round */
     uint8_t ran;    /* its script ran (this round): wait=N covers it */
+    uint8_t alone;  /* sent by its op script, not in its node's batch (redirected) */
+    uint8_t inbatch; /* in its node's batch script call this round */
 };
 
 /* wait=N: after node t answered the ops sent to it this round, WAIT N
@@ -543,16 +545,108 @@ static int error_kind(const char *msg)
         return 3;
     if (strncmp(msg, "NOSCRIPT", 8) == 0)
         return 4;
+    /* An op of a batch script on a key this node does not serve (the map
+     * is stale, or its slot is migrating and the key is not here), or the
+     * cluster down, raised at the op's first read: nothing written.  Only
+     * the op script, its key declared, gets the MOVED or ASK. */
+    if (strstr(msg, "Script attempted to ") != NULL) /* after "ERR ", once or twice */
+        return 5;
     return 0;
+}
+
+/* What one exec has done so far, across its rounds. */
+struct exstate {
+    size_t todo, ran, failed;
+    int unknown; /* an op was sent and its answer lost */
+    idem_err_t first;
+    char why[256];
+    /* this round */
+    int need_refresh, need_pause;
+};
+
+/* An answer that is lost (the connection failed after op i was sent):
+ * it may have run.  Never sent again. */
+static void take_lost(struct cluster_store *s, int t, const struct cconn *k, idem_op_t *op,
+                      struct opst *st, struct exstate *x)
+{
+    char w[200];
+    idem__redis_errtext_io(w, sizeof w, s->nodes[t]->ep.host, k->c, s->cfg.timeout_ms);
+    idem__store_seterr(&s->base, "redis %s:%d; the op's outcome is unknown (%s)",
+                       s->nodes[t]->ep.host, s->nodes[t]->ep.port, w);
+    op->err = IDEM_E_STORE_DOWN;
+    st->state = P_DONE;
+    x->todo--;
+    x->unknown = 1;
+    x->need_refresh = 1;
+}
+
+/* Op i's answer r from node t (its op script's, or its element of the
+ * batch script's): done, or where it goes next.  *noscript and *drop are
+ * the connection's (load the scripts again; drop it). */
+static void take_answer(struct cluster_store *s, int t, idem_op_t *op, struct opst *st,
+                        const redisReply *r, struct exstate *x, int *noscript, int *drop)
+{
+    st->state = P_DONE;
+    st->ask = 0;
+    st->asked = 0;
+    if (r->type != REDIS_REPLY_ERROR) {
+        idem__redis_take_result(&s->base, op, r);
+        st->ran = 1;
+        x->todo--;
+        x->ran++;
+        return;
+    }
+    int kind = error_kind(r->str);
+    say(x->why, sizeof x->why, "%s:%d: %.150s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+        r->str);
+    if (kind == 0) {
+        int br = 0;
+        op->err = idem__redis_map_error(r->str, &br);
+        *drop |= br;
+        idem__store_seterr(&s->base, "redis %s", x->why);
+        x->todo--;
+        if (x->failed++ == 0)
+            x->first = op->err;
+        return;
+    }
+    st->state = P_SEND; /* did not run: again */
+    if (kind == 1) {
+        if (moved(s, st->slot, r->str) != 0)
+            x->need_refresh = 1;
+    } else if (kind == 2) {
+        int to = redirect_node(s, r->str);
+        if (to >= 0) {
+            st->target = (uint8_t)to;
+            st->ask = st->asked = 1;
+        } else {
+            x->need_refresh = 1;
+        }
+    } else if (kind == 3) {
+        x->need_pause = 1;
+        /* "CLUSTERDOWN Hash slot not served": the node's map may be newer
+         * than ours. */
+        if (r->str[0] == 'C')
+            x->need_refresh = 1;
+    } else if (kind == 4) {
+        *noscript = 1;
+    } else {
+        st->alone = 1; /* its op script will be told where the key is */
+        if (strstr(r->str, "down") != NULL)
+            x->need_pause = 1;
+    }
 }
 
 static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
 {
     struct cluster_store *s = (struct cluster_store *)base;
-    size_t todo = 0;
+    struct exstate x = {0};
     struct opst *st = idem_calloc(n, sizeof *st);
-    if (st == NULL)
+    uint8_t *pick = idem_malloc((n + 7) / 8);
+    if (st == NULL || pick == NULL) {
+        idem_free(st);
+        idem_free(pick);
         return IDEM_E_NOMEM;
+    }
     for (size_t i = 0; i < n; i++) {
         if (ops[i].err != IDEM_OK)
             continue;
@@ -565,26 +659,25 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
         size_t kl = idem__redis_make_key(&s->cfg, &ops[i].id, key);
         st[i].slot = (uint16_t)idem__redis_keyslot(key, kl);
         st[i].state = P_SEND;
-        todo++;
+        x.todo++;
     }
-    size_t ran = 0, failed = 0;
-    int unknown = 0; /* an op was sent and its answer lost */
-    idem_err_t first = IDEM_OK;
+    x.first = IDEM_OK;
     int64_t deadline = idem__pool_mono_ms() + s->cfg.timeout_ms;
     int pause = PAUSE_MIN_MS;
-    char why[256] = "";
 
-    for (int round = 0; todo > 0; round++) {
-        int need_refresh = 0, need_pause = 0;
+    for (int round = 0; x.todo > 0; round++) {
         struct cconn *conn[NODES_MAX];
         uint8_t used[NODES_MAX], dead[NODES_MAX] = {0};
+        size_t nbatch[NODES_MAX];
         int nused = 0;
+        x.need_refresh = x.need_pause = 0;
 
         /* Where each op goes. */
         pthread_rwlock_rdlock(&s->map_lock);
         unsigned long epoch = s->epoch;
         for (size_t i = 0; i < n; i++) {
             st[i].ran = 0;
+            st[i].inbatch = 0;
             if (st[i].state != P_SEND)
                 continue;
             if (!st[i].asked)
@@ -601,8 +694,8 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             if (st[i].state != P_SEND)
                 continue;
             if (st[i].target == NO_NODE) {
-                say(why, sizeof why, "slot %u has no master", (unsigned)st[i].slot);
-                need_refresh = 1;
+                say(x.why, sizeof x.why, "slot %u has no master", (unsigned)st[i].slot);
+                x.need_refresh = 1;
                 continue;
             }
             want[st[i].target] = 1;
@@ -613,39 +706,65 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             struct idem__pool_conn *pc;
             idem__pool_fail_t f;
             if (idem__pool_borrow(&s->nodes[t]->pool, &pc, NULL, &f) != IDEM_OK) {
-                say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
-                    f.why[0] ? f.why : "unreachable");
+                say(x.why, sizeof x.why, "%s:%d: %s", s->nodes[t]->ep.host,
+                    s->nodes[t]->ep.port, f.why[0] ? f.why : "unreachable");
                 if (f.kind != IDEM__POOL_BUSY)
-                    need_refresh = 1;
+                    x.need_refresh = 1;
                 dead[t] = 1;
                 continue;
             }
             conn[t] = (struct cconn *)pc;
             used[nused++] = (uint8_t)t;
         }
-        /* Each master's pipeline, the ops in the batch's order. */
         for (size_t i = 0; i < n; i++) {
-            if (st[i].state != P_SEND || st[i].target == NO_NODE)
-                continue;
-            int t = st[i].target;
-            if (dead[t]) {
+            if (st[i].state == P_SEND && st[i].target != NO_NODE && dead[st[i].target])
                 st[i].asked = st[i].ask = 0; /* not sent: where the map says, next round */
-                continue;
+        }
+        /* Each master's pipeline: ONE call of the batch script for its ops
+         * (their keys framed in ARGV: Redis refuses declared keys of
+         * several slots), then each redirected op alone by its op script
+         * (ASKING first after an ASK), in the batch's order. */
+        for (int u = 0; u < nused; u++) {
+            int t = used[u];
+            memset(pick, 0, (n + 7) / 8);
+            for (size_t i = 0; i < n; i++)
+                if (st[i].state == P_SEND && st[i].target == t && !st[i].ask && !st[i].alone)
+                    pick[i / 8] |= (uint8_t)(1u << (i % 8));
+            idem_err_t err = idem__redis_append_batch(&s->cfg, conn[t]->c, conn[t]->sha, ops, n,
+                                                      pick, 1, &nbatch[t]);
+            for (size_t i = 0; i < n; i++) {
+                if (!(pick[i / 8] & (1u << (i % 8))))
+                    continue;
+                if (err != IDEM_OK) {
+                    /* Only NOMEM: these ops alone, nothing was sent. */
+                    ops[i].err = err;
+                    st[i].state = P_DONE;
+                    x.todo--;
+                    if (x.failed++ == 0)
+                        x.first = err;
+                    continue;
+                }
+                st[i].state = P_SEND + 1; /* sent this round */
+                st[i].inbatch = 1;
             }
-            if (st[i].ask)
-                idem__rconn_append(conn[t]->c, 1, (const char *[]){"ASKING"},
-                                   (const size_t[]){6});
-            idem_err_t err = idem__redis_append_op(&s->cfg, conn[t]->c, conn[t]->sha, &ops[i]);
-            if (err != IDEM_OK) {
-                /* Only NOMEM: this op alone. */
-                ops[i].err = err;
-                st[i].state = P_DONE;
-                todo--;
-                if (failed++ == 0)
-                    first = err;
-                continue;
+            for (size_t i = 0; i < n; i++) {
+                if (st[i].state != P_SEND || st[i].target != t)
+                    continue;
+                if (st[i].ask)
+                    idem__rconn_append(conn[t]->c, 1, (const char *[]){"ASKING"},
+                                       (const size_t[]){6});
+                err = idem__redis_append_op(&s->cfg, conn[t]->c, conn[t]->sha, &ops[i]);
+                if (err != IDEM_OK) {
+                    /* Only NOMEM: this op alone. */
+                    ops[i].err = err;
+                    st[i].state = P_DONE;
+                    x.todo--;
+                    if (x.failed++ == 0)
+                        x.first = err;
+                    continue;
+                }
+                st[i].state = P_SEND + 1;
             }
-            st[i].state = P_SEND + 1; /* sent this round */
         }
         /* Every pipeline out before any reply is read. */
         for (int u = 0; u < nused; u++)
@@ -655,9 +774,46 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             int t = used[u];
             struct cconn *k = conn[t];
             int broken = 0, noscript = 0, drop = 0; /* drop: READONLY and kin */
+            redisReply *batch = NULL;
+            size_t bj = 0;
+            /* whole: the batch call's one answer stands for each of its ops */
+            int whole = 0, batch_unknown = 0;
+            if (nbatch[t] > 0) {
+                if (idem__rconn_get_reply(k->c, &batch) != 0) {
+                    broken = 1;
+                } else if (batch->type == REDIS_REPLY_ERROR) {
+                    whole = 1;
+                    /* failed while running: some of its ops may have written */
+                    batch_unknown = !idem__redis_refused(batch->str);
+                    if (batch_unknown)
+                        idem__store_seterr(base, "redis %s:%d: the batch script failed, its "
+                                           "ops' outcome is unknown: %.150s",
+                                           s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+                                           batch->str);
+                } else if (batch->type != REDIS_REPLY_ARRAY || batch->elements != nbatch[t]) {
+                    batch_unknown = 1; /* the conversation is lost */
+                    broken = 1;
+                }
+            }
             for (size_t i = 0; i < n; i++) {
                 if (st[i].state != P_SEND + 1 || st[i].target != t)
                     continue;
+                if (st[i].inbatch) {
+                    if (broken || batch_unknown) {
+                        if (batch_unknown && !broken) {
+                            ops[i].err = IDEM_E_STORE_DOWN;
+                            st[i].state = P_DONE;
+                            x.todo--;
+                            x.unknown = 1;
+                        } else {
+                            take_lost(s, t, k, &ops[i], &st[i], &x);
+                        }
+                        continue;
+                    }
+                    take_answer(s, t, &ops[i], &st[i], whole ? batch : batch->element[bj++], &x,
+                                &noscript, &drop);
+                    continue;
+                }
                 redisReply *r = NULL;
                 if (!broken && st[i].ask) {
                     if (idem__rconn_get_reply(k->c, &r) != 0)
@@ -667,66 +823,14 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                 }
                 if (!broken && idem__rconn_get_reply(k->c, &r) != 0)
                     broken = 1;
-                st[i].state = P_DONE;
-                st[i].ask = 0;
-                st[i].asked = 0;
                 if (broken) {
-                    /* Sent, unanswered: it may have run.  Never again. */
-                    char w[200];
-                    idem__redis_errtext_io(w, sizeof w, s->nodes[t]->ep.host, k->c,
-                                           s->cfg.timeout_ms);
-                    idem__store_seterr(base, "redis %s:%d; the op's outcome is unknown (%s)",
-                                       s->nodes[t]->ep.host, s->nodes[t]->ep.port, w);
-                    ops[i].err = IDEM_E_STORE_DOWN;
-                    todo--;
-                    unknown = 1;
-                    need_refresh = 1;
+                    take_lost(s, t, k, &ops[i], &st[i], &x);
                     continue;
                 }
-                if (r->type == REDIS_REPLY_ERROR) {
-                    int kind = error_kind(r->str);
-                    say(why, sizeof why, "%s:%d: %.150s", s->nodes[t]->ep.host,
-                        s->nodes[t]->ep.port, r->str);
-                    if (kind != 0) {
-                        st[i].state = P_SEND; /* did not run: again */
-                        if (kind == 1) {
-                            if (moved(s, st[i].slot, r->str) != 0)
-                                need_refresh = 1;
-                        } else if (kind == 2) {
-                            int to = redirect_node(s, r->str);
-                            if (to >= 0) {
-                                st[i].target = (uint8_t)to;
-                                st[i].ask = st[i].asked = 1;
-                            } else {
-                                need_refresh = 1;
-                            }
-                        } else if (kind == 3) {
-                            need_pause = 1;
-                            /* "CLUSTERDOWN Hash slot not served": the
-                             * node's map may be newer than ours. */
-                            if (r->str[0] == 'C')
-                                need_refresh = 1;
-                        } else {
-                            noscript = 1;
-                        }
-                    } else {
-                        int br = 0;
-                        ops[i].err = idem__redis_map_error(r->str, &br);
-                        drop |= br;
-                        idem__store_seterr(base, "redis %s", why);
-                        todo--;
-                        if (failed++ == 0)
-                            first = ops[i].err;
-                    }
-                    freeReplyObject(r);
-                    continue;
-                }
-                idem__redis_take_result(base, &ops[i], r);
-                st[i].ran = 1;
+                take_answer(s, t, &ops[i], &st[i], r, &x, &noscript, &drop);
                 freeReplyObject(r);
-                todo--;
-                ran++;
             }
+            freeReplyObject(batch);
             if (s->cfg.wait > 0 && !broken)
                 broken = wait_replicas(s, t, k, ops, st, n);
             if (noscript && !broken) {
@@ -736,35 +840,37 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             }
             idem__pool_give_back(&s->nodes[t]->pool, &k->pc, broken || drop);
             if (drop)
-                need_refresh = 1;
+                x.need_refresh = 1;
         }
-        if (todo == 0)
+        if (x.todo == 0)
             break;
         if (round + 1 >= ROUNDS_MAX || idem__pool_mono_ms() >= deadline)
             break;
-        if (need_refresh && refresh(s, epoch) != 0)
-            need_pause = 1;
-        if (need_pause || round >= 1) {
+        if (x.need_refresh && refresh(s, epoch) != 0)
+            x.need_pause = 1;
+        if (x.need_pause || round >= 1) {
             int64_t left = deadline - idem__pool_mono_ms();
             pause_ms((int)(pause < left ? pause : left > 0 ? left : 0));
             pause = pause * 2 > PAUSE_MAX_MS ? PAUSE_MAX_MS : pause * 2;
         }
     }
-    if (todo > 0) {
-        idem__store_seterr(base, "redis %s: %s", s->where, why[0] ? why : "no master answered");
+    if (x.todo > 0) {
+        idem__store_seterr(base, "redis %s: %s", s->where,
+                           x.why[0] ? x.why : "no master answered");
         for (size_t i = 0; i < n; i++) {
             if (st[i].state != P_DONE) {
                 ops[i].err = IDEM_E_STORE_DOWN;
-                if (failed++ == 0)
-                    first = IDEM_E_STORE_DOWN;
+                if (x.failed++ == 0)
+                    x.first = IDEM_E_STORE_DOWN;
             }
         }
     }
+    idem_free(pick);
     idem_free(st);
-    if (unknown)
+    if (x.unknown)
         return IDEM_E_STORE_DOWN; /* an outcome is unknown: the batch's is (store_impl.h) */
-    if (ran == 0 && failed > 0)
-        return first; /* nothing ran: the batch failed as a whole */
+    if (x.ran == 0 && x.failed > 0)
+        return x.first; /* nothing ran: the batch failed as a whole */
     return IDEM_OK;
 }
 
