@@ -1,11 +1,16 @@
 /* src/store/redis.c - the networked store on Redis ("redis://", "redis+sentinel://",
  * and over TLS "rediss://", "rediss+sentinel://").
  *
- * Many idemd instances share one Redis.  Every op of a batch is one Lua
- * script, run by EVALSHA, that reads the key's record, decides and writes in
- * one atomic step; a batch is pipelined as MULTI, one EVALSHA per op, EXEC,
- * in ONE round trip, so its ops run in order and nothing else runs between
- * them.  The scripts decide exactly as idem_decide (rule order of
+ * Many idemd instances share one Redis.  Every op kind's decision is one
+ * Lua function that reads the key's record, decides and writes in one
+ * atomic step, written once and loaded in two forms: an op script per kind
+ * (one op per EVALSHA) and the batch script, which runs every op of a batch
+ * in order under pcall and answers an array of their answers.  A batch is
+ * ONE EVALSHA of the batch script, in ONE round trip (its keys in KEYS, in
+ * ARGV a frame and each op's arguments: idem__redis_append_batch), so its
+ * ops run in order and nothing else runs between them; Redis parses and
+ * dispatches one command a batch, not MULTI, N EVALSHA and EXEC as before
+ * issue 20.  The scripts decide exactly as idem_decide (rule order of
  * include/idem/engine.h), idem_token_decide and idem__store_apply do; the
  * store conformance suite runs the same cases here as on memory: and lmdb:,
  * and a differential test compares the two on random op sequences.  Time is
@@ -77,11 +82,17 @@
  * outcome unknown: exec returns IDEM_E_STORE_DOWN for the whole batch and the
  * caller must treat its keys as in-progress/unknown (idemd answers 503 and
  * the lease covers a claim that did land).  NOSCRIPT (after SCRIPT FLUSH or a
- * failover to a server that never saw our scripts): the scripts are loaded
- * again and only the ops that got NOSCRIPT run again, once.  OOM -> the op
- * gets IDEM_E_STORE_FULL (the scripts decide before they write, so an op
- * refused for memory wrote nothing); READONLY -> IDEM_E_STORE_DOWN and the
- * pool is renewed.  When no op of a batch ran, the error is the batch's.
+ * failover to a server that never saw our scripts): nothing ran; the
+ * scripts are loaded again and the batch sent again, once.  OOM -> the op
+ * gets IDEM_E_STORE_FULL (the scripts decide before they write, and the
+ * batch script has no "#!lua" line, so Redis refuses a script's first
+ * write, not the whole call: an op refused for memory wrote nothing);
+ * READONLY -> IDEM_E_STORE_DOWN and the pool is renewed.  When no op of a
+ * batch ran, the error is the batch's.  An "ERR" answer to the whole batch
+ * call is the script failing while it ran (its ops run under pcall, so
+ * only a fault of the script itself): some ops may have been applied, so
+ * it is IDEM_E_STORE_DOWN for the batch, an outcome unknown, as a lost
+ * connection is.
  *
  * Replicas: wait=N (0..16, 0 the default: off) sends WAIT N timeout on the
  * same connection after every batch in which a script ran (any op: a claim

@@ -5,9 +5,9 @@
  *   rediss+cluster://...[?...&ca=&cert=&key=&sni=&verify=]
  *
  * The hosts are seeds: any node of the cluster will do.  The records, the
- * scripts and the URL grammar are redis.c's (redis_impl.h): every op is one
- * EVALSHA of the same script on the same one-key layout (PREFIX SCOPE ":"
- * KEY, a hash), so each op is one atomic script on one slot.  A record has
+ * scripts and the URL grammar are redis.c's (redis_impl.h): every op runs
+ * the same Lua function on the same one-key layout (PREFIX SCOPE ":" KEY, a
+ * hash), so each op is atomic on one slot.  A record has
  * one key, so its keys trivially share a slot; the slot is the key's as
  * Redis computes it (CRC16/XMODEM of the hash tag, the text between the
  * first '{' and the next '}' when that is not empty, else of the whole key,
@@ -26,16 +26,28 @@
  * most pool= connections that have loaded the scripts.
  *
  * exec: the ops are grouped by the master that holds their slot; every
- * master gets its ops as one pipeline of EVALSHA (ASKING before an op that
- * is being imported), all pipelines are written before any reply is read,
- * so the masters work at once.  Within one master the ops run in order, so
- * two ops of one key in a batch still run in order; a batch is not one
+ * master gets its ops as ONE EVALSHA of redis.c's batch script (one call per
+ * batch and master, issue 20), all calls are written before any reply is
+ * read, so the masters work at once.  The call's keys are of several slots
+ * of that master: Redis 7.0 refuses declared keys of several slots
+ * (CROSSSLOT, even for a "#!lua flags=allow-cross-slot-keys" script), and
+ * lets a script without a "#!lua" line touch any key its node serves, so
+ * the keys are framed in ARGV (numkeys 0) and the call is never redirected
+ * as a whole.  Within one master the ops run in order, in one atomic call,
+ * so two ops of one key in a batch still run in order; a batch is not one
  * transaction across masters (each op is atomic alone, and idemd's writer
- * batches independent requests).  Replies:
+ * batches independent requests).  An op whose key that node does not serve
+ * (a stale map, or a migrating slot whose key has left) fails at its first
+ * read inside the call, before it wrote anything, with "Script attempted to
+ * access a non local key in a cluster node": that op alone (st.alone) goes
+ * on by its op script (EVALSHA with its key declared, ASKING first after an
+ * ASK), in the same pipeline after the node's batch call, and gets the
+ * redirect.  Replies to the op script (or to the batch call as a whole,
+ * standing for each of its ops):
  *   MOVED      the script did not run: the map is refreshed and the op sent
  *              again to the new master;
- *   ASK        did not run: sent again to the target after ASKING, the map
- *              left as it is (the slot is migrating);
+ *   ASK        did not run: sent again alone to the target after ASKING,
+ *              the map left as it is (the slot is migrating);
  *   TRYAGAIN, CLUSTERDOWN, NOSCRIPT   did not run: again after a short
  *              pause (NOSCRIPT: after SCRIPT LOAD; CLUSTERDOWN: after the
  *              map is read again, the slot may have lost its master);
@@ -47,7 +59,8 @@
  * before anything was sent to it is like MOVED (its ops were not sent:
  * safe to send elsewhere once the map names a new master).  A connection
  * that fails AFTER a pipeline was written leaves the outcome of the ops
- * not yet answered unknown: a claim may have run.  Such ops are NOT sent
+ * not yet answered unknown: a claim may have run (so does an "ERR" answer
+ * to a whole batch call: the script failed while running).  Such ops are NOT sent
  * again (a claim sent twice would find its own in_progress record and
  * answer in_flight), and exec returns IDEM_E_STORE_DOWN for the whole
  * batch, as redis.c does for a lost EXEC: a per-op error promises that the

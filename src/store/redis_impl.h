@@ -2,12 +2,14 @@
  * src/store/redis_cluster.c: the URL's parts, the scripts and how an op is
  * sent to one and its answer read.
  *
- * redis.c owns the scripts (one Lua script per op kind), the record's
- * layout in a Redis hash and the URL grammar; redis_cluster.c adds only
- * what a cluster needs on top (the slot map, a pool per master, MOVED and
- * ASK), so the decisions the conformance suite proves on redis:// are the
- * very same code on redis+cluster://.  Each op touches one Redis key, so on
- * a cluster every op is one script on one slot.
+ * redis.c owns the scripts (one Lua function per op kind, run by an op
+ * script per kind or by the batch script that runs a whole batch in one
+ * call), the record's layout in a Redis hash and the URL grammar;
+ * redis_cluster.c adds only what a cluster needs on top (the slot map, a
+ * pool per master, one batch call per master, MOVED and ASK), so the
+ * decisions the conformance suite proves on redis:// are the very same
+ * code on redis+cluster://.  Each op touches one Redis key, so on a
+ * cluster every op is atomic on one slot.
  *
  * THREADING: every function here is safe from any thread; a connection is
  * used by one thread at a time.
