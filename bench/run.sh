@@ -485,6 +485,38 @@ cpu_snapshot() {
   done < <(row_pids "$1") >"$2"
 }
 
+# redis_nodes ROW: "host:port" of each plain Redis server a Redis row writes
+# to (the rediss row's server is left out: redis-cli would need its TLS).
+redis_nodes() {
+  case $1 in
+    idemd-new-redis | idemd-replay-redis) echo "127.0.0.1:$REDIS_PORT" ;;
+    idemd-new-redis-cluster) echo "${CLUSTER_SEEDS//,/ }" ;;
+  esac
+}
+
+# cmdstats_reset ROW / cmdstats_save ROW FILE: the Redis servers' INFO
+# commandstats over the measured run only (CONFIG RESETSTAT before it), and
+# one line of the script commands' calls and usec_per_call, summed over the
+# nodes (issue 20: one EVALSHA per batch and node, no MULTI/EXEC).
+cmdstats_reset() {
+  local n
+  for n in $(redis_nodes "$1"); do
+    redis-cli -h "${n%:*}" -p "${n##*:}" CONFIG RESETSTAT >/dev/null 2>&1 || true
+  done
+}
+cmdstats_save() {
+  local n nodes
+  nodes=$(redis_nodes "$1")
+  [[ -n $nodes ]] || return 0
+  for n in $nodes; do
+    echo "# $n"
+    redis-cli -h "${n%:*}" -p "${n##*:}" INFO commandstats 2>/dev/null | tr -d '\r'
+  done >"$2"
+  say "$1 commandstats: $(awk -F'[:,=]' '
+    /^cmdstat_(evalsha|multi|exec|eval):/ { c[$1] += $3; u[$1] += $5 }
+    END { for (k in c) printf "%s calls=%d usec=%d usec_per_call=%.2f  ", substr(k, 9), c[k], u[k], c[k] ? u[k] / c[k] : 0 }' "$2")"
+}
+
 # measure ROW ROUND URL MODE ARG [ADMIN_URL]: warm up, then the measured run
 # to $WORK/ROW.rROUND.wrk; with ADMIN_URL, /metrics is scraped around it; the
 # CPU of the row's processes (row_pids) to ROW.rROUND.cpu.before/.after.
@@ -502,10 +534,12 @@ measure() {
     curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.before" ||
       die "$row: cannot read $admin/metrics (did idemd die?)"
   fi
+  cmdstats_reset "$row"
   cpu_snapshot "$row" "$out.cpu.before"
   wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$arg" --latency >"$out.wrk" 2>&1 ||
     die "$row: wrk failed: $(tail -3 "$out.wrk")"
   cpu_snapshot "$row" "$out.cpu.after"
+  cmdstats_save "$row" "$out.cmdstats"
   if [[ -n $admin ]]; then
     curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.after" ||
       die "$row: cannot read $admin/metrics after the run (did idemd die?)"
