@@ -84,21 +84,31 @@ static int answers(int port)
     return ok;
 }
 
-/* calls= (or rejected_calls= with rejected) of cmdstat_NAME in INFO
- * commandstats on port; 0 when the command never ran there. */
-static long long stat_of(int port, const char *name, int rejected)
+/* The field ("calls", "rejected_calls", "failed_calls") of cmdstat_NAME
+ * in INFO commandstats on port; 0 when the command never ran there. */
+static long long stat_of(int port, const char *name, const char *field)
 {
     redisContext *c = direct(port);
     redisReply *r = redisCommand(c, "INFO commandstats");
     cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "INFO on %d", port);
-    char head[64];
+    char head[64], want[32];
     snprintf(head, sizeof head, "cmdstat_%s:", name);
+    snprintf(want, sizeof want, "%s=", field);
     long long v = 0;
     const char *at = strstr(r->str, head);
     if (at != NULL) {
-        const char *f = strstr(at, rejected ? "rejected_calls=" : "calls=");
-        cr_assert(f != NULL);
-        v = strtoll(strchr(f, '=') + 1, NULL, 10);
+        const char *end = strchr(at, '\n');
+        const char *f = at + strlen(head);
+        /* "calls=" is also the tail of "rejected_calls=": match a whole field */
+        while (f != NULL && (end == NULL || f < end)) {
+            if (strncmp(f, want, strlen(want)) == 0) {
+                v = strtoll(f + strlen(want), NULL, 10);
+                break;
+            }
+            f = strchr(f, ',');
+            if (f != NULL)
+                f++;
+        }
     }
     freeReplyObject(r);
     redisFree(c);
@@ -181,13 +191,13 @@ Test(redis_batch, a_batch_is_one_script_call_not_multi_exec, .init = setup, .fin
         snprintf(key, sizeof key, "one-%d", i % (N / 2)); /* each key twice, in order */
         ops[i] = claim_op(key, t0);
     }
-    long long ev = stat_of(port, "evalsha", 0), multi = stat_of(port, "multi", 0),
-              ex = stat_of(port, "exec", 0);
+    long long ev = stat_of(port, "evalsha", "calls"), multi = stat_of(port, "multi", "calls"),
+              ex = stat_of(port, "exec", "calls");
     cr_assert_eq(idem_store_exec(st, ops, N), IDEM_OK, "%s", idem_store_errstr(st));
-    cr_expect_eq(stat_of(port, "evalsha", 0) - ev, 1, "EVALSHA calls for one batch of %d ops",
+    cr_expect_eq(stat_of(port, "evalsha", "calls") - ev, 1, "EVALSHA calls for one batch of %d ops",
                  N);
-    cr_expect_eq(stat_of(port, "multi", 0) - multi, 0);
-    cr_expect_eq(stat_of(port, "exec", 0) - ex, 0);
+    cr_expect_eq(stat_of(port, "multi", "calls") - multi, 0);
+    cr_expect_eq(stat_of(port, "exec", "calls") - ex, 0);
     for (int i = 0; i < N; i++) {
         cr_expect_eq(ops[i].err, IDEM_OK, "op %d: %s", i, idem_err_name(ops[i].err));
         /* In order, in one atomic call: a key's second claim sees its first. */
@@ -199,7 +209,7 @@ Test(redis_batch, a_batch_is_one_script_call_not_multi_exec, .init = setup, .fin
     idem_op_t one = claim_op("one-0", t0 + 1);
     cr_assert_eq(idem_store_exec(st, &one, 1), IDEM_OK);
     cr_expect_eq(one.decision.kind, IDEM_DECIDE_IN_FLIGHT);
-    cr_expect_eq(stat_of(port, "evalsha", 0) - ev, 2);
+    cr_expect_eq(stat_of(port, "evalsha", "calls") - ev, 2);
 }
 
 /* ---- a cluster of the test's own ------------------------------------------ */
@@ -281,7 +291,7 @@ static int master_of(unsigned slot)
 static void evalsha_calls(long long *out)
 {
     for (int m = 0; m < nmasters; m++)
-        out[m] = stat_of(masters[m].port, "evalsha", 0);
+        out[m] = stat_of(masters[m].port, "evalsha", "calls");
 }
 
 static void node_id(int port, char *id, size_t len)
@@ -364,6 +374,32 @@ Test(redis_batch, a_cluster_batch_is_one_call_per_master_and_redirects_go_alone,
     for (int m = 0; m < NODES; m++)
         cr_expect_eq(after[m] - before[m], 1, "master %d: %lld calls", m, after[m] - before[m]);
 
+    /* 2b. After SCRIPT FLUSH on every master, each batch call answers
+     * NOSCRIPT as a whole: the scripts are loaded again and the batch sent
+     * again, once per master; nothing ran twice (the claims are in flight). */
+    for (int m = 0; m < NODES; m++) {
+        redisContext *c = direct(masters[m].port);
+        freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+        redisFree(c);
+    }
+    for (int i = 0; i < ALL; i++) {
+        snprintf(key, sizeof key, "b-%d", i);
+        ops[i] = claim_op(key, t0 + 1);
+    }
+    long long failed[NODES];
+    for (int m = 0; m < NODES; m++)
+        failed[m] = stat_of(masters[m].port, "evalsha", "failed_calls");
+    evalsha_calls(before);
+    cr_assert_eq(idem_store_exec(st, ops, ALL), IDEM_OK, "%s", idem_store_errstr(st));
+    evalsha_calls(after);
+    for (int i = 0; i < ALL; i++)
+        cr_expect_eq(ops[i].decision.kind, IDEM_DECIDE_IN_FLIGHT, "b-%d after SCRIPT FLUSH", i);
+    for (int m = 0; m < NODES; m++) {
+        long long f = stat_of(masters[m].port, "evalsha", "failed_calls") - failed[m];
+        cr_expect_eq(f, 1, "master %d: one call answered NOSCRIPT", m);
+        cr_expect_eq(after[m] - before[m] - f, 1, "master %d: one call ran", m);
+    }
+
     /* 3. A slot migrating from master 0 to master 1, its key not on the
      * source: in master 0's batch that op is "non local", goes alone,
      * gets ASK and lands on master 1; the others are claimed in the batch. */
@@ -385,7 +421,7 @@ Test(redis_batch, a_cluster_batch_is_one_call_per_master_and_redirects_go_alone,
     for (int i = 1; i <= 4; i++) {
         ops[i] = claim_op(names[i - 1], t0 + 1); /* master 0's keys of step 1: in flight */
     }
-    long long rej = stat_of(masters[0].port, "evalsha", 1);
+    long long rej = stat_of(masters[0].port, "evalsha", "rejected_calls");
     evalsha_calls(before);
     cr_assert_eq(idem_store_exec(st, ops, 5), IDEM_OK, "%s", idem_store_errstr(st));
     evalsha_calls(after);
@@ -394,7 +430,7 @@ Test(redis_batch, a_cluster_batch_is_one_call_per_master_and_redirects_go_alone,
     for (int i = 1; i <= 4; i++)
         cr_expect_eq(ops[i].decision.kind, IDEM_DECIDE_IN_FLIGHT, "op %d", i);
     cr_expect_eq(after[0] - before[0], 1, "master 0: the batch (the op alone got ASK)");
-    cr_expect_eq(stat_of(masters[0].port, "evalsha", 1) - rej, 1, "the op alone: ASK");
+    cr_expect_eq(stat_of(masters[0].port, "evalsha", "rejected_calls") - rej, 1, "the op alone: ASK");
     cr_expect_eq(after[1] - before[1], 1, "master 1: the op after ASKING");
     redisContext *c1 = direct(masters[1].port);
     redisReply *r = redisCommand(c1, "CLUSTER COUNTKEYSINSLOT %u", mslot);
