@@ -2259,11 +2259,44 @@ static idem_err_t rediss_sentinel_open(const char *rest, idem_store_t **out, cha
     return open_common(rest, 1, 1, out, errbuf, errlen);
 }
 
+/* ---- what redis_list.c needs (redis_impl.h) -------------------------------- */
+
+static idem_err_t single_borrow(idem_store_t *base, int node, idem__rconn_t **c, void **hold)
+{
+    (void)node;
+    struct conn *k;
+    idem_err_t err = acquire((struct redis_store *)base, &k, NULL);
+    if (err != IDEM_OK)
+        return err == IDEM_E_NOMEM ? err : IDEM_E_STORE_DOWN;
+    *c = k->c;
+    *hold = k;
+    return IDEM_OK;
+}
+
+static void single_give_back(idem_store_t *base, int node, void *hold, int broken)
+{
+    (void)node;
+    release((struct redis_store *)base, hold, broken);
+}
+
+idem_err_t idem__redis_single_nodes(idem_store_t *base, idem__redis_nodes_t *out)
+{
+    struct redis_store *s = (struct redis_store *)base;
+    memset(out, 0, sizeof *out);
+    out->cfg = &s->cfg;
+    out->where = s->where;
+    out->n = 1;
+    out->borrow = single_borrow;
+    out->give_back = single_give_back;
+    return IDEM_OK;
+}
+
 #define REDIS_OPS(scheme_, open_)                                                            \
     {                                                                                        \
         .name = "redis", .scheme = scheme_, .open = open_, .close = redis_close,            \
         .exec = redis_exec, .get = redis_get, .sweep = redis_sweep, .ping = redis_ping,     \
         .publish = redis_publish, .watch_session = redis_watch_session,                     \
+        .list = idem__redis_list, .delete_if = idem__redis_delete_if,                       \
     }
 
 const struct idem_store_ops idem__store_redis_ops = REDIS_OPS("redis", redis_open);

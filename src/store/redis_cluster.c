@@ -1309,12 +1309,65 @@ static void cluster_watch_session(idem_store_t *base, int stop_fd, idem__watch_s
     idem__redis_watch_session(&s->cfg, s->tls, stop_fd, sink);
 }
 
+/* ---- what redis_list.c needs (redis_impl.h) -------------------------------- */
+
+static idem_err_t list_borrow(idem_store_t *base, int node, idem__rconn_t **c, void **hold)
+{
+    struct cluster_store *s = (struct cluster_store *)base;
+    struct idem__pool_conn *pc;
+    idem__pool_fail_t f;
+    if (idem__pool_borrow(&s->nodes[node]->pool, &pc, NULL, &f) != IDEM_OK) {
+        idem__store_seterr(base, "redis %s:%d: %s", s->nodes[node]->ep.host,
+                           s->nodes[node]->ep.port, f.why[0] ? f.why : "unreachable");
+        refresh(s, map_epoch(s));
+        return IDEM_E_STORE_DOWN;
+    }
+    *c = ((struct cconn *)pc)->c;
+    *hold = pc;
+    return IDEM_OK;
+}
+
+static void list_give_back(idem_store_t *base, int node, void *hold, int broken)
+{
+    struct cluster_store *s = (struct cluster_store *)base;
+    idem__pool_give_back(&s->nodes[node]->pool, hold, broken != 0);
+}
+
+static redisReply *list_slot_command(idem_store_t *base, unsigned slot, int argc,
+                                     const char **argv, const size_t *len)
+{
+    return slot_command((struct cluster_store *)base, slot, 0, argc, argv, len);
+}
+
+idem_err_t idem__redis_cluster_nodes(idem_store_t *base, idem__redis_nodes_t *out)
+{
+    struct cluster_store *s = (struct cluster_store *)base;
+    int uncovered;
+    memset(out, 0, sizeof *out);
+    out->n = masters(s, out->node, &uncovered);
+    if (uncovered) {
+        refresh(s, map_epoch(s));
+        out->n = masters(s, out->node, &uncovered);
+    }
+    if (uncovered || out->n == 0) {
+        idem__store_seterr(base, "redis %s: some slots have no master", s->where);
+        return IDEM_E_STORE_DOWN;
+    }
+    out->cfg = &s->cfg;
+    out->where = s->where;
+    out->borrow = list_borrow;
+    out->give_back = list_give_back;
+    out->slot_command = list_slot_command;
+    return IDEM_OK;
+}
+
 #define CLUSTER_OPS(scheme_, open_)                                                          \
     {                                                                                        \
         .name = "redis", .scheme = scheme_, .open = open_, .close = cluster_close,          \
         .exec = cluster_exec, .get = cluster_get, .sweep = cluster_sweep,                   \
         .ping = cluster_ping, .publish = cluster_publish,                                   \
         .watch_session = cluster_watch_session,                                              \
+        .list = idem__redis_list, .delete_if = idem__redis_delete_if,                       \
     }
 
 const struct idem_store_ops idem__store_redis_cluster_ops =

@@ -18,6 +18,7 @@
 #define IDEM_STORE_REDIS_IMPL_H
 
 #include <hiredis/hiredis.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -182,5 +183,35 @@ size_t idem__redis_channel(const struct rcfg *cfg, char *buf);
  * connection of its own. */
 void idem__redis_watch_session(const struct rcfg *cfg, idem_tls_ctx_t *tls, int stop_fd,
                                idem__watch_sink_t *sink);
+
+/* ---- listing (redis_list.c) ------------------------------------------------
+ *
+ * What redis_list.c needs of a handle, given by redis.c (one server) and
+ * redis_cluster.c (its masters): the servers a listing walks in turn, a
+ * connection to one of them, and one command on the master of a slot. */
+typedef struct idem__redis_nodes {
+    const struct rcfg *cfg;
+    const char *where; /* the handle's name for messages */
+    int n;             /* servers to walk: 1, or the cluster's masters */
+    uint8_t node[256]; /* the handle's number of each (a cluster's, in slot order) */
+    /* A connection to server node[i] (errstr set on failure), given back
+     * with broken set when it must be dropped. */
+    idem_err_t (*borrow)(idem_store_t *base, int node, idem__rconn_t **c, void **hold);
+    void (*give_back)(idem_store_t *base, int node, void *hold, int broken);
+    /* A cluster: argv on the master of slot, following MOVED and ASK (a
+     * command safe to repeat); NULL with errstr set.  NULL for one server. */
+    redisReply *(*slot_command)(idem_store_t *base, unsigned slot, int argc, const char **argv,
+                                const size_t *len);
+} idem__redis_nodes_t;
+
+/* redis.c and redis_cluster.c: fill out for base; a cluster with slots
+ * that no master serves is IDEM_E_STORE_DOWN. */
+idem_err_t idem__redis_single_nodes(idem_store_t *base, idem__redis_nodes_t *out);
+idem_err_t idem__redis_cluster_nodes(idem_store_t *base, idem__redis_nodes_t *out);
+
+/* redis_list.c: the list and delete_if ops of every Redis store. */
+idem_err_t idem__redis_list(idem_store_t *base, idem__list_t *l);
+idem_err_t idem__redis_delete_if(idem_store_t *base, const idem_store_listed_t *items, size_t n,
+                                 bool *removed);
 
 #endif /* IDEM_STORE_REDIS_IMPL_H */
