@@ -36,6 +36,10 @@ persistence.  What is checked:
                          503 (CLUSTERDOWN, the map read again: no master)
                          and the other slots 200, and serves the gap again
                          once the slots are assigned back
+  keys in bulk           300 keys over the three masters: GET /keys in pages of
+                         37 walks every master (no key missed, none twice on
+                         a page), DELETE /keys removes them all on each
+                         master, and a deleted key runs again
   rediss+cluster://      a TLS-only cluster (--tls-cluster yes, certificates
                          from tests/certs.py): a key runs once and replays
 
@@ -152,6 +156,55 @@ class RedisCluster(ClusterCase):
         self.assertEqual(d.get_key(keys[0]).status, 200)
         self.assertEqual(d.delete_key(keys[0]).status in (200, 204), True)
         self.assertEqual(d.get_key(keys[0]).status, 404)
+
+    def test_keys_listed_and_bulk_deleted_over_every_master(self):
+        # GET /keys walks every master (SCAN on each in turn); DELETE /keys
+        # removes each record on its slot's master.
+        up = self.start_upstream()
+        d = self.start_idemd(up, CFG, store=self.url())
+        run = uuid.uuid4().hex[:6]
+        keys = ["bulk-%s-%03d" % (run, i) for i in range(300)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda k: d.post(key=k, body=body_of(k)).status, keys))
+        self.assertEqual(statuses, [200] * len(keys))
+        masters = self.cluster.masters()
+        counts = {p: len(self.keys_on(p)) for p in masters}
+        self.assertEqual(sum(counts.values()), len(keys), counts)
+        self.assertTrue(all(n > 0 for n in counts.values()), counts)
+
+        seen, cursor, cursors = [], None, []
+        while True:
+            path = "/keys?limit=37&prefix=bulk-%s-" % run
+            if cursor:
+                path += "&cursor=" + cursor
+            r = d.admin("GET", path)
+            self.assertEqual(r.status, 200, r)
+            page = [x["key"] for x in r.json()["keys"]]
+            self.assertLessEqual(len(page), 37)
+            self.assertEqual(len(page), len(set(page)), "a key twice on one page")
+            self.assertTrue(all(x["state"] == "completed" for x in r.json()["keys"]))
+            seen += page
+            cursor = r.json()["next_cursor"]
+            if cursor is None:
+                break
+            cursors.append(cursor)
+        self.assertEqual(set(seen), set(keys), "a key missed")
+        # the cursor names the master it is on: the walk went through all three
+        self.assertEqual({c.split(".")[0] for c in cursors} >= {"r0", "r1", "r2"}, True,
+                         cursors)
+
+        r = d.admin("DELETE", "/keys?prefix=bulk-%s-&state=completed" % run)
+        self.assertEqual((r.status, r.json()), (200, {"deleted": len(keys)}))
+        for p in masters:
+            self.assertEqual(self.keys_on(p), [], "master %d still holds records" % p)
+        r = d.admin("GET", "/keys?prefix=bulk-%s-" % run)
+        self.assertEqual(r.json(), {"keys": [], "next_cursor": None})
+        # a deleted key runs again
+        n = up.count(key=keys[5])
+        r = d.post(key=keys[5], body=body_of(keys[5]))
+        self.assertEqual(r.status, 200, r)
+        self.assertNotReplay(r)
+        self.assertEqual(up.count(key=keys[5]), n + 1)
 
     def test_three_instances_concurrent_duplicates_run_once(self):
         up = self.start_upstream()
