@@ -49,7 +49,11 @@
 #include "store/redis_impl.h"
 #include "store/store_impl.h"
 
-#define SCAN_COUNT 200 /* hash buckets one SCAN step is asked to look at */
+/* Hash buckets one SCAN step is asked to look at: about the page's limit
+ * (within these bounds), so a page that stops inside a step and must
+ * offer that step again leaves little to repeat. */
+#define SCAN_COUNT_MIN 16
+#define SCAN_COUNT_MAX 200
 #define FETCH_MAX 200  /* HMGETs pipelined at once */
 #define PAT_MAX (2 * (IDEM_STORE_OPT_MAX + IDEM_SCOPE_MAX + 1 + IDEM_KEY_MAX) + 4)
 
@@ -366,12 +370,12 @@ struct step {
 /* SCAN from p->scan on c into st; an error with errstr set. */
 static idem_err_t scan_once(idem_store_t *base, const idem__redis_nodes_t *nd, idem__rconn_t *c,
                             unsigned long long cur, const char *pat, size_t patlen,
-                            struct step *st, int *broken)
+                            size_t want, struct step *st, int *broken)
 {
     char curbuf[24], count[8];
     const char *argv[] = {"SCAN", curbuf, "MATCH", pat, "COUNT", count};
     size_t len[] = {4, (size_t)snprintf(curbuf, sizeof curbuf, "%llu", cur), 5, patlen, 5,
-                    (size_t)snprintf(count, sizeof count, "%d", SCAN_COUNT)};
+                    (size_t)snprintf(count, sizeof count, "%zu", want)};
     redisReply *r = NULL;
     if (idem__rconn_append(c, 6, argv, len) != 0 || idem__rconn_get_reply(c, &r) != 0) {
         char why[200];
@@ -535,7 +539,10 @@ idem_err_t idem__redis_list(idem_store_t *base, idem__list_t *l)
     if (pat == NULL)
         return IDEM_E_NOMEM;
     size_t patlen = make_pattern(nd.cfg, l->f, pat);
-    size_t steps_max = l->budget / SCAN_COUNT + 1;
+    size_t want = l->limit < SCAN_COUNT_MIN   ? SCAN_COUNT_MIN
+                  : l->limit > SCAN_COUNT_MAX ? SCAN_COUNT_MAX
+                                              : l->limit;
+    size_t steps_max = l->budget / want + 1;
 
     l->page->cursor[0] = '\0';
     int node = p.node;
@@ -553,7 +560,7 @@ idem_err_t idem__redis_list(idem_store_t *base, idem__list_t *l)
         if (err != IDEM_OK)
             break;
         struct step st = {0};
-        err = scan_once(base, &nd, c, scan, pat, patlen, &st, &broken);
+        err = scan_once(base, &nd, c, scan, pat, patlen, want, &st, &broken);
         int done = 0;
         if (err == IDEM_OK) {
             size_t from = 0;
