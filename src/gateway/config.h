@@ -116,6 +116,8 @@ typedef struct idem_config {
                                   * each write's overhead included (default 64 MiB) */
     uint64_t max_connections_per_address; /* client connections from one address at
                                            * once; 0: off (the default) */
+    bool http2;                  /* HTTP/2 on the public listeners (h2c, ALPN h2) */
+    uint64_t http2_max_concurrent_streams; /* SETTINGS_MAX_CONCURRENT_STREAMS (default 100) */
     /* `listen_tls:` an extra public listener speaking TLS (docs/configuration.md,
      * "TLS").  listen_tls_address NULL: none; else cert and key are set. */
     char *listen_tls_address;        /* HOST:PORT, as listen */

@@ -62,6 +62,7 @@
 #include "gateway/addrlimit.h"
 #include "gateway/conn.h"
 #include "gateway/gateway.h"
+#include "gateway/h2conn.h"
 #include "gateway/problem.h"
 #include "gateway/rbuf.h"
 #include "gateway/request_plan.h"
@@ -73,7 +74,8 @@
 #define CONN_DRAIN_MS 2000      /* after an error answer, reading what the client still sends */
 #define RBUF_PAUSE (256 * 1024) /* stop reading a busy connection past this much pipelined input */
 
-typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED } conn_state_t;
+/* CS_H2: an HTTP/2 connection; its h2conn.c does the rest. */
+typedef enum { CS_HEAD, CS_BODY, CS_BUSY, CS_DRAIN, CS_CLOSED, CS_H2 } conn_state_t;
 
 /* An answer of the connection's own (a refusal, a timeout): to no request
  * in particular, and the connection ends after it. */
@@ -135,6 +137,8 @@ struct idem_conn {
     bool slot_moved;        /* its max_connections place went to the request that outlived it */
     conn_timer_t waiting;   /* what timer is armed for */
     uv_timer_t timer;
+    bool h2_possible;       /* HTTP/2 with prior knowledge may still begin (plain, http2) */
+    idem_h2conn_t *h2;      /* CS_H2: the HTTP/2 connection it carries */
 };
 
 static void conn_drain(idem_conn_t *c);
@@ -146,6 +150,8 @@ static void conn_close(idem_conn_t *c);
 static void conn_schedule_parse(idem_conn_t *c);
 static void conn_response_done(idem_conn_t *c);
 static void conn_stop_reading(idem_conn_t *c);
+static void conn_h2_result(idem_conn_t *c, int rc);
+static void conn_h2_start(idem_conn_t *c);
 
 static const idem_ostream_ops_t conn_os_ops;
 
@@ -225,6 +231,17 @@ static void on_tr_written(void *data, size_t n)
     conn_sync_queued(c);
     if (c->state == CS_CLOSED)
         return;
+    if (c->state == CS_H2) {
+        if (c->waiting == CT_QUEUE)
+            conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
+        if (c->close_after) {
+            if (c->queued == 0)
+                conn_close(c);
+            return;
+        }
+        conn_h2_result(c, idem__h2conn_run(c->h2));
+        return;
+    }
     if (c->waiting == CT_QUEUE)
         conn_timer(c, CT_QUEUE); /* progress: another body_timeout */
     if (c->want_proceed && c->req &&
@@ -381,6 +398,70 @@ static const idem_ostream_ops_t conn_os_ops = {
     .abort = os_abort,
 };
 
+/* ---- HTTP/2 (h2conn.h) ------------------------------------------------------ */
+
+static void conn_h2_schedule(void *owner) { conn_schedule_parse(owner); }
+
+static const idem_h2_carrier_t conn_h2_carrier = {.schedule = conn_h2_schedule};
+
+/* What an idem__h2conn_* call said of c: go on, end once what is queued is
+ * written, or close now.  Its timer waits for idle_timeout while no stream
+ * is open; a client that takes nothing of a full queue is not read. */
+static void conn_h2_result(idem_conn_t *c, int rc)
+{
+    if (c->state != CS_H2)
+        return;
+    if (rc == IDEM_H2_FAIL) {
+        conn_close(c);
+        return;
+    }
+    conn_sync_queued(c);
+    if (rc == IDEM_H2_END) {
+        c->close_after = true;
+        conn_stop_reading(c);
+        if (c->queued == 0)
+            conn_close(c);
+        else
+            conn_timer(c, CT_QUEUE);
+        return;
+    }
+    if (c->queued > c->l->limits.write_high) {
+        conn_stop_reading(c);
+        if (c->waiting != CT_QUEUE)
+            conn_timer(c, CT_QUEUE);
+        return;
+    }
+    if (!c->peer_eof && c->queued < c->l->limits.write_high / 2)
+        conn_start_reading(c);
+    if (idem__h2conn_idle(c->h2)) {
+        if (c->waiting != CT_IDLE)
+            conn_timer(c, CT_IDLE);
+    } else if (c->waiting != CT_NONE) {
+        conn_timer(c, CT_NONE);
+    }
+}
+
+/* c speaks HTTP/2 from here on: what it read so far (the preface, and
+ * whatever followed) goes to its h2conn. */
+static void conn_h2_start(idem_conn_t *c)
+{
+    c->h2_possible = false;
+    c->h2 = idem__h2conn_create(c->l, &c->tr, &c->facts, &conn_h2_carrier, c);
+    if (c->h2 == NULL) {
+        conn_close(c);
+        return;
+    }
+    c->state = CS_H2;
+    int rc = IDEM_H2_GO_ON;
+    if (c->in.len > 0)
+        rc = idem__h2conn_read(c->h2, c->in.data, c->in.len);
+    else
+        rc = idem__h2conn_run(c->h2);
+    idem_rbuf_cleanup(&c->in);
+    conn_timer(c, CT_NONE);
+    conn_h2_result(c, rc);
+}
+
 /* ---- connections --------------------------------------------------------- */
 
 static void conn_freed_part(idem_conn_t *c)
@@ -425,6 +506,12 @@ static void conn_close(idem_conn_t *c)
     idem__transport_close(&c->tr, on_tr_closed);
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
     conn_sync_queued(c); /* nothing of it counts any more */
+    if (c->h2 != NULL) {
+        /* Its streams' requests are told on_gone there. */
+        idem_h2conn_t *h2 = c->h2;
+        c->h2 = NULL;
+        idem__h2conn_destroy(h2);
+    }
     idem_hreq_t *r = conn_detach(c);
     if (r != NULL) {
         /* The request may outlive its client (its outcome is still
@@ -524,6 +611,10 @@ static void on_tr_read(void *data, const char *p, size_t n)
     idem_conn_t *c = data;
     if (n == 0 || c->state == CS_DRAIN || c->state == CS_CLOSED)
         return; /* draining: read and dropped */
+    if (c->state == CS_H2) {
+        conn_h2_result(c, idem__h2conn_read(c->h2, p, n));
+        return;
+    }
     while (c->in.cap - c->in.len < n) {
         uv_buf_t room;
         idem_rbuf_alloc(&c->in, n > READ_CHUNK ? n : READ_CHUNK, &room);
@@ -555,6 +646,14 @@ static void on_tr_eof(void *data)
     if (c->state == CS_DRAIN || c->state == CS_CLOSED) {
         if (c->state == CS_DRAIN)
             conn_close(c);
+        return;
+    }
+    if (c->state == CS_H2) {
+        /* Streams already whole are still answered. */
+        c->peer_eof = true;
+        conn_stop_reading(c);
+        idem__h2conn_eof(c->h2);
+        conn_h2_result(c, idem__h2conn_run(c->h2));
         return;
     }
     if (c->state == CS_BUSY || c->write_blocked || (c->state == CS_HEAD && c->in.len > 0) ||
@@ -625,6 +724,9 @@ static void on_tr_ready(void *data)
     atomic_fetch_add_explicit(&c->l->gw->metrics.tls_handshakes, 1, memory_order_relaxed);
     if (idem__tls_peer_cert_sha256_hex(tls, c->cert_hex))
         c->facts.client_cert_sha256 = c->cert_hex;
+    const char *alpn = idem__tls_alpn(tls);
+    if (c->l->limits.http2 && alpn != NULL && strcmp(alpn, "h2") == 0)
+        conn_h2_start(c); /* ALPN chose HTTP/2 */
 }
 
 static const idem_transport_cbs_t conn_tr_cbs = {
@@ -747,6 +849,10 @@ static void on_parse_idle(uv_idle_t *h)
     while (!idem_list_empty(&batch)) {
         idem_conn_t *c = IDEM_CONTAINER(batch.next, idem_conn_t, parse_link);
         idem_list_remove(&c->parse_link);
+        if (c->state == CS_H2) {
+            conn_h2_result(c, idem__h2conn_run(c->h2));
+            continue;
+        }
         /* Read since (on_read parsed it), closed, or busy: nothing to do. */
         if (c->state == CS_HEAD && c->in.len > 0 && !c->write_blocked)
             conn_process(c);
@@ -864,6 +970,21 @@ static void conn_process_loop(idem_conn_t *c)
                 if (c->peer_eof)
                     conn_close(c);
                 return;
+            }
+            if (c->h2_possible) {
+                /* HTTP/2 with prior knowledge begins with its preface; any
+                 * other first bytes are HTTP/1.1's. */
+                size_t n = c->in.len < IDEM_H2_PREFACE_LEN ? c->in.len : IDEM_H2_PREFACE_LEN;
+                if (memcmp(c->in.data, IDEM_H2_PREFACE, n) == 0) {
+                    if (n == IDEM_H2_PREFACE_LEN)
+                        conn_h2_start(c);
+                    else if (c->peer_eof)
+                        conn_close(c);
+                    else if (c->waiting != CT_HEAD)
+                        conn_timer(c, CT_HEAD);
+                    return;
+                }
+                c->h2_possible = false;
             }
             if (conn_lagging(c)) {
                 /* A client that pipelines without reading its answers must
@@ -1032,6 +1153,8 @@ void idem__conn_on_connection(uv_stream_t *server, int status)
     }
     c->l = l;
     c->os.ops = &conn_os_ops;
+    c->facts.proto = "HTTP/1.1";
+    c->h2_possible = l->limits.http2 && l->tls == NULL;
     idem__buf_init(&c->out, 0);
     idem_list_init(&c->parse_link);
     idem_list_init(&c->gone_link);
@@ -1094,6 +1217,11 @@ void idem__conns_close_idle(idem_listener_t *ls)
     while (l != &ls->conns) {
         idem_conn_t *c = IDEM_CONTAINER(l, idem_conn_t, link);
         l = l->next;
+        if (c->state == CS_H2) {
+            /* GOAWAY: its streams finish, later ones are refused. */
+            idem__h2conn_shutdown(c->h2);
+            continue;
+        }
         if (c->req || c->state == CS_BUSY || c->state == CS_BODY)
             continue;
         /* A connection whose head is awaited (new, or part of a head read)

@@ -43,6 +43,7 @@ typedef struct idem_listen_limits {
     bool reuse_idle;         /* at the budget, close the longest-idle connection for a new one */
     bool count_queued;       /* queued answers count in max_queued_bytes */
     bool per_address;        /* max_connections_per_address applies */
+    bool http2;              /* HTTP/2 too: with prior knowledge (plain), ALPN h2 (TLS) */
 } idem_listen_limits_t;
 
 /** One listening socket watched on one loop, and the connections it

@@ -6,7 +6,7 @@
  * generator->proceed).  A listener is made with a handler: the proxy
  * (request.c, idem__proxy_handler_init) on the public listeners, the admin
  * endpoints (admin.c) on the admin listener.  A connection (conn.c: HTTP/1.1
- * over TCP or TLS; an HTTP/2 stream later) parses a request head and hands
+ * over TCP or TLS; h2conn.c: each HTTP/2 stream) parses a request head and hands
  * it to handler->on_head with an idem_ostream_t of its own; it then feeds the
  * body (on_body, on_body_end, or on_body_error) and tells the request when
  * its client can take more (on_proceed) or has gone (on_gone).  The request
@@ -55,6 +55,9 @@ typedef struct idem_handler idem_handler_t;
 typedef struct idem_conn_facts {
     const char *client_cert_sha256; /* lowercase hex of the verified client certificate, or NULL */
     bool tls;                       /* the request came over TLS */
+    const char *proto;              /* the protocol that carried it: "HTTP/1.1" (1.0
+                                     * too) or "HTTP/2", for the access log and the
+                                     * metrics; a static string */
 } idem_conn_facts_t;
 
 typedef struct idem_ostream_ops {

@@ -52,6 +52,9 @@
 #include "idem/units.h"
 #include "idem/version.h"
 
+/* The TLS listener's ALPN names with http2 on, in our order of preference. */
+static const char *const h2_alpn[] = {"h2", "http/1.1", NULL};
+
 static void usage(FILE *f)
 {
     fputs("usage: idemd [--config FILE] [--listen ADDR:PORT] [--upstream URL] [--store URL]\n"
@@ -299,6 +302,7 @@ static void reload(idem_gw_t *gw, const args_t *a, uint64_t loaded_max_connectio
             .cert_file = next->listen_tls_cert_file,
             .key_file = next->listen_tls_key_file,
             .client_ca_file = next->listen_tls_client_ca_file,
+            .alpn = next->http2 ? h2_alpn : NULL,
         };
         if (idem__tls_server_ctx_create(&topts, &fresh, err, sizeof err) != 0) {
             kept = "the running certificate is kept, and the running configuration";
@@ -642,6 +646,7 @@ int main(int argc, char **argv)
             .cert_file = cfg->listen_tls_cert_file,
             .key_file = cfg->listen_tls_key_file,
             .client_ca_file = cfg->listen_tls_client_ca_file,
+            .alpn = cfg->http2 ? h2_alpn : NULL,
         };
         if (tls_fd < 0 || idem__tls_server_init(&gw.tls_server, &topts, err, sizeof err) != 0) {
             if (tls_fd >= 0)

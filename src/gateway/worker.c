@@ -274,6 +274,7 @@ int idem__worker_init(idem_worker_t *w, idem_gw_t *gw, int index, int listen_fd,
         .write_high = IDEM_CONN_WRITE_HIGH,
         .count_queued = true,
         .per_address = true,
+        .http2 = gw->cfg->http2,
     };
     idem__listener_init(&w->listener, gw, &w->loop, &w->handler, &limits);
     w->listener.data = w;
