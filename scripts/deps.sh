@@ -17,9 +17,11 @@
 set -euo pipefail
 
 build_pkgs=(gcc libc6-dev make meson ninja-build pkg-config libuv1-dev liblmdb-dev librocksdb-dev libssl-dev
-            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl)
+            libjansson-dev libyaml-dev libcurl4-openssl-dev libhiredis-dev libpq-dev libsqlite3-dev curl
+            libnghttp2-dev)  # HTTP/2 on the public listener (src/gateway/h2conn.c)
 test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-server postgresql sqlite3
-           openssl)  # openssl: tests/certs.py makes the TLS tests' certificates
+           openssl python3-h2)  # openssl: tests/certs.py makes the TLS tests' certificates;
+                                # python3-h2: tests/blackbox/test_http2.py's client
 # make deb and scripts/check_deb.sh: Debian's packaging tools (dpkg-buildpackage
 # also wants build-essential, whatever debian/control says), scdoc for the
 # manual pages, systemd for systemd-analyze verify, man-db/groff to render.

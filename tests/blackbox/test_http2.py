@@ -115,14 +115,15 @@ class H2Client:
         return hs + list(extra)
 
     def start(self, method="POST", path="/pay", extra=(), body=None, end=True, key=None,
-              sid=None):
+              sid=None, raw=None):
+        """Open a stream; raw: its whole header list, as given."""
         if sid is None:
             sid = self.conn.get_next_available_stream_id()
         extra = list(extra)
         if key is not None:
             extra.append(("idempotency-key", key))
         self.streams[sid] = Stream(sid)
-        self.conn.send_headers(sid, self.headers(method, path, extra),
+        self.conn.send_headers(sid, raw if raw is not None else self.headers(method, path, extra),
                                end_stream=end and body is None)
         if body is not None:
             self.conn.send_data(sid, body, end_stream=end)
@@ -284,6 +285,281 @@ class TestBasics(Base):
     def test_http1_still_works_on_the_port(self):
         r = self.d.post("/pay", key=h.new_key())
         self.assertEqual(r.status, 200)
+
+
+class TestStreams(Base):
+    def test_interleaved_streams_each_run_once_with_its_body(self):
+        c = self.client()
+        keys = [h.new_key() for _ in range(3)]
+        sids = [c.start("POST", "/pay", key=k, body=b'{"n": ', end=False) for k in keys]
+        for i, sid in enumerate(sids):
+            c.data(sid, b'%d' % i)
+        for i, sid in reversed(list(enumerate(sids))):
+            c.data(sid, b'}', end=True)
+        answers = c.wait_streams(sids)
+        for i, (k, st) in enumerate(zip(keys, answers)):
+            self.assertEqual(st.status, 200, st.body)
+            (seen,) = upstream_requests(self.up, k)
+            self.assertEqual(seen.body, b'{"n": %d}' % i)
+            self.assertIn(b'"key": "%s"' % k.encode(), st.body)
+
+    def test_same_key_on_one_connection_runs_once(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        self.up.behaviour = lambda seen: h.Reply(wait=ev)
+        c = self.client()
+        key = h.new_key()
+        first = c.start("POST", "/pay", key=key, body=b'{"a": 1}')
+        self.up.wait_seen(1, key=key)
+        others = [c.start("POST", "/pay", key=key, body=b'{"a": 1}') for _ in range(3)]
+        for st in c.wait_streams(others):
+            self.assertEqual(st.status, 409, st.body)
+        ev.set()
+        (st,) = c.wait_streams([first])
+        self.assertEqual(st.status, 200)
+        self.assertEqual(self.up.count(key=key), 1)
+
+    def test_reset_mid_body_is_never_forwarded_and_frees_the_key(self):
+        c = self.client()
+        for length in (None, 13):
+            key = h.new_key()
+            extra = [("content-length", str(length))] if length else []
+            sid = c.start("POST", "/pay", key=key, extra=extra, body=b'{"amount"', end=False)
+            c.reset(sid)
+            # A later stream on the same connection comes after the reset:
+            # once it is answered, the reset stream was dealt with.
+            sid2 = c.start("POST", "/pay", key=key, body=b'{"amount": 5}',
+                           extra=[("content-length", "13")])
+            (st,) = c.wait_streams([sid2])
+            self.assertEqual(st.status, 200, st.body)
+            seen = upstream_requests(self.up, key)
+            self.assertEqual(len(seen), 1)
+            self.assertEqual(seen[0].body, b'{"amount": 5}')
+
+    def test_head_past_16k_is_431(self):
+        c = self.client()
+        sid = c.start("GET", "/x", extra=[("x-big", "a" * 17000)])
+        (st,) = c.wait_streams([sid])
+        self.assertEqual(st.status, 431)
+        self.assertEqual(len(self.up.requests()), 0)
+        sid = c.start("GET", "/x")  # the connection goes on
+        (st,) = c.wait_streams([sid])
+        self.assertEqual(st.status, 200)
+
+
+class TestProtocolErrors(Base):
+    def check_refused(self, raw):
+        c = self.client(validate=False)
+        sid = c.start(raw=raw)
+        (st,) = c.wait_streams([sid])
+        self.assertEqual(st.reset, h2.errors.ErrorCodes.PROTOCOL_ERROR, (st.status, st.body))
+        sid = c.start("GET", "/ok")  # the connection goes on
+        (st,) = c.wait_streams([sid])
+        self.assertEqual(st.status, 200)
+        self.assertEqual([s.path for s in self.up.requests()], ["/ok"])
+
+    def base(self):
+        return [(":method", "POST"), (":path", "/pay"), (":scheme", "http"),
+                (":authority", "127.0.0.1")]
+
+    def test_uppercase_name(self):
+        self.check_refused(self.base() + [("X-Upper", "1")])
+
+    def test_connection_specific_field(self):
+        self.check_refused(self.base() + [("connection", "keep-alive")])
+
+    def test_missing_path(self):
+        self.check_refused([(":method", "GET"), (":scheme", "http"),
+                            (":authority", "127.0.0.1")])
+
+
+class TestConcurrency(Base):
+    config = {"http2": True, "http2_max_concurrent_streams": 2}
+
+    def test_max_concurrent_streams_advertised_and_enforced(self):
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        self.up.behaviour = lambda seen: h.Reply(wait=ev)
+        c = self.client()
+        # Opened before idemd's SETTINGS are read, so the client does not
+        # hold itself back: idemd must.
+        sids = [c.start("GET", "/slow%d" % i) for i in range(3)]
+        c.pump(lambda: c.streams[sids[2]].done, what="the third stream refused")
+        self.assertEqual(c.remote_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS),
+                         2)
+        self.assertIn(c.streams[sids[2]].reset, (h2.errors.ErrorCodes.REFUSED_STREAM,
+                                                 h2.errors.ErrorCodes.PROTOCOL_ERROR))
+        self.up.wait_seen(2)
+        ev.set()
+        for st in c.wait_streams(sids[:2]):
+            self.assertEqual(st.status, 200)
+        self.assertEqual(sorted(s.path for s in self.up.requests()), ["/slow0", "/slow1"])
+
+
+class TestFloods(Base):
+    def frames_client(self):
+        c = self.client(validate=False)
+        c.pump(lambda: c.remote_settings, what="SETTINGS")
+        return c
+
+    def assert_others_answered(self):
+        other = self.client()
+        sid = other.start("GET", "/other")
+        (st,) = other.wait_streams([sid])
+        self.assertEqual(st.status, 200)
+
+    def test_rapid_reset_closes_the_connection(self):
+        c = self.frames_client()
+        sent = 0
+        try:
+            for _ in range(1000):
+                sid = c.conn.get_next_available_stream_id()
+                c.conn.send_headers(sid, c.headers("GET", "/rr"), end_stream=True)
+                c.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+                sent += 1
+                if sent % 50 == 0:
+                    c.flush()
+            c.flush()
+        except (OSError, h2.exceptions.ProtocolError):
+            pass  # closed under us: what is checked below
+        c.pump_until_closed()
+        self.assertIsNotNone(c.goaway, "no GOAWAY before the close")
+        self.assertEqual(c.goaway.error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.assertLess(len(self.up.requests()), 1000)
+        self.assert_others_answered()
+
+    def test_continuation_flood_closes_the_connection(self):
+        c = self.frames_client()
+        import hpack
+        enc = hpack.Encoder()
+        block = enc.encode(c.headers("GET", "/cf"))
+        sid = 1
+        frames = [HeadersFrame(sid, data=block).serialize()]
+        for i in range(50):
+            cf = ContinuationFrame(sid, data=enc.encode([("x-f%d" % i, "v")]))
+            frames.append(cf.serialize())
+        try:
+            c.send_raw(b"".join(frames))
+        except OSError:
+            pass
+        c.pump_until_closed()
+        self.assertEqual(len(self.up.requests()), 0)
+        self.assert_others_answered()
+
+    def test_hpack_bomb_closes_the_connection(self):
+        c = self.frames_client()
+        import hpack
+        enc = hpack.Encoder()
+        # One 4000-byte field into the dynamic table, then referenced again
+        # and again: a few hundred bytes that decode to megabytes.
+        fields = c.headers("GET", "/bomb") + [("x-bomb", "b" * 4000)] * 1000
+        block = enc.encode(fields)
+        self.assertLess(len(block), 8000)
+        f = HeadersFrame(1, data=block)
+        f.flags.add("END_HEADERS")
+        f.flags.add("END_STREAM")
+        try:
+            c.send_raw(f.serialize())
+        except OSError:
+            pass
+        c.pump_until_closed()
+        self.assertIsNotNone(c.goaway)
+        self.assertEqual(c.goaway.error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.assertEqual(len(self.up.requests()), 0)
+        self.assert_others_answered()
+
+
+def read_frames(sock, until, timeout=GENEROUS):
+    """Frames as (type, flags, stream id, payload) read from sock until
+    until(frames) holds or the connection closes (h2's own state machine
+    takes nothing after a GOAWAY, so these tests read frames themselves)."""
+    frames, buf = [], b""
+    deadline = time.monotonic() + timeout
+    while not until(frames):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("frames wanted did not come: %r" % [f[:3] for f in frames])
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            frames.append(("closed", 0, 0, b""))
+            break
+        buf += data
+        while len(buf) >= 9:
+            n = int.from_bytes(buf[0:3], "big")
+            if len(buf) < 9 + n:
+                break
+            frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7fffffff,
+                           buf[9:9 + n]))
+            buf = buf[9 + n:]
+    return frames
+
+
+class TestShutdown(Base):
+    def test_sigterm_sends_goaway_and_the_stream_in_flight_finishes(self):
+        import hpack
+        import signal
+        ev = threading.Event()
+        self.addCleanup(ev.set)
+        self.up.behaviour = lambda seen: h.Reply(wait=ev)
+        c = self.client()
+        key = h.new_key()
+        first = c.start("POST", "/pay", key=key, body=b'{"a": 1}')
+        self.up.wait_seen(1, key=key)
+        self.d.send_signal(signal.SIGTERM)
+        frames = read_frames(c.sock, lambda fs: any(f[0] in (7, "closed") for f in fs))
+        goaway = [f for f in frames if f[0] == 7]
+        self.assertTrue(goaway, "no GOAWAY: %r" % [f[:3] for f in frames])
+        payload = goaway[0][3]
+        self.assertEqual(int.from_bytes(payload[0:4], "big") & 0x7fffffff, first)
+        self.assertEqual(int.from_bytes(payload[4:8], "big"), 0)  # NO_ERROR
+        # A stream opened after GOAWAY is never run.
+        late_key = h.new_key()
+        f = HeadersFrame(first + 2, data=hpack.Encoder().encode(
+            c.headers("POST", "/pay", [("idempotency-key", late_key)])))
+        f.flags.add("END_HEADERS")
+        f.flags.add("END_STREAM")
+        c.send_raw(f.serialize())
+        ev.set()
+        frames += read_frames(c.sock, lambda fs: any(f[0] == "closed" for f in fs))
+        mine = [f for f in frames if f[2] == first]
+        self.assertTrue(any(f[0] == 1 for f in mine), "no HEADERS for the stream in flight")
+        self.assertTrue(any(f[0] in (0, 1) and f[1] & 1 for f in mine),
+                        "the stream in flight did not end: %r" % [f[:3] for f in frames])
+        self.assertFalse([f for f in frames if f[2] == first + 2 and f[0] == 1],
+                         "the late stream was answered")
+        self.assertEqual(self.d.wait_exit(GENEROUS), 0)
+        self.assertEqual(self.up.count(key=late_key), 0)
+        self.assertEqual(self.up.count(key=key), 1)
+
+
+class TestTLS(h.IdemTestCase):
+    def test_alpn_h2(self):
+        certs = make_certs(os.path.join(self.tmp, "certs"))
+        tls_port = h.free_port()
+        up = self.start_upstream()
+        self.start_idemd(up, {"http2": True, "listen_tls": {
+            "address": "%s:%d" % (h.HOST, tls_port), "cert_file": certs["server"],
+            "key_file": certs["server_key"]}})
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(certs["ca"])
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        c = H2Client(tls_port, ssl_ctx=ctx)
+        self.addCleanup(c.close)
+        self.assertEqual(c.alpn, "h2")
+        key = h.new_key()
+        sid = c.start("POST", "/pay", key=key, body=b'{"t": 1}')
+        (st,) = c.wait_streams([sid])
+        self.assertEqual(st.status, 200, st.body)
+        sid = c.start("POST", "/pay", key=key, body=b'{"t": 1}')
+        (st2,) = c.wait_streams([sid])
+        self.assertEqual(st2.body, st.body)
+        self.assertEqual(up.count(key=key), 1)
 
 
 if __name__ == "__main__":
