@@ -36,7 +36,7 @@ SECTIONS = [
     ("`routes`", "routes[]."),
 ]
 MAN_SECTIONS = {"TOP-LEVEL KEYS": "", "POLICY KEYS": "defaults.", "ROUTES": "routes[]."}
-NAME = re.compile(r"^`([a-z_][a-z_.]*)`$")
+NAME = re.compile(r"^`([a-z_][a-z0-9_.]*)`$")
 
 
 def table_keys():
@@ -108,7 +108,7 @@ def man_keys(text):
         if line.startswith("# "):
             section = line[2:].strip()
             continue
-        m = re.match(r"^\*([a-z_][a-z_.]*):\*", line)
+        m = re.match(r"^\*([a-z_][a-z0-9_.]*):\*", line)
         if m and section in MAN_SECTIONS:
             found.add(MAN_SECTIONS[section] + m.group(1))
     return found
