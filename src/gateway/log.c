@@ -120,7 +120,8 @@ void idem__log_request(idem_worker_t *w, const idem_req_t *req)
         json_escape(b, req->msg.method.ptr, req->msg.method.len);
         idem__buf_append_str(b, "\",\"path\":\"");
         json_escape(b, req->msg.target.ptr, req->msg.target.len);
-        idem__buf_appendf(b, "\",\"status\":%d,\"outcome\":\"%s\"", req->status, outcome);
+        idem__buf_appendf(b, "\",\"status\":%d,\"outcome\":\"%s\",\"proto\":\"%s\"",
+                          req->status, outcome, req->proto);
         if (req->keyed) {
             idem__buf_append_str(b, ",\"key\":\"");
             json_escape(b, req->id.key, strlen(req->id.key));
@@ -132,7 +133,8 @@ void idem__log_request(idem_worker_t *w, const idem_req_t *req)
         rc = idem__buf_appendf(b, "%s info request method=%.*s path=", ts,
                                (int)req->msg.method.len, req->msg.method.ptr);
         text_value(b, req->msg.target.ptr, req->msg.target.len);
-        idem__buf_appendf(b, " status=%d outcome=%s", req->status, outcome);
+        idem__buf_appendf(b, " status=%d outcome=%s proto=%s", req->status, outcome,
+                          req->proto);
         if (req->keyed) {
             idem__buf_append_str(b, " key=");
             text_value(b, req->id.key, strlen(req->id.key));

@@ -322,6 +322,7 @@ static idem_req_t *req_create(idem_worker_t *w, idem_ostream_t *os, const idem_c
     req->cfg = idem__config_ref(idem__worker_cfg(w));
     req->os = os;
     req->tls = facts->tls;
+    req->proto = facts->proto != NULL ? facts->proto : "HTTP/1.1";
     if (facts->client_cert_sha256 != NULL)
         snprintf(req->client_cert, sizeof req->client_cert, "%s", facts->client_cert_sha256);
     req->t_start_ns = idem_clock_mono_ns();

@@ -41,6 +41,7 @@ struct idem_req {
     idem_ostream_t *os;           /* the connection's, while the request holds IDEM_HOLD_CONN:
                                      NULL once its answer is complete, or its client has gone */
     bool tls;                     /* it came over TLS */
+    const char *proto;            /* the protocol that carried it (facts.proto), static */
     char client_cert[65];         /* the verified client certificate's SHA-256 (hex), or "" */
     idem_link_t link;             /* in w->reqs */
     idem_req_life_t life;         /* its state, and what holds it (req_state.h) */

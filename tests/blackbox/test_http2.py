@@ -265,6 +265,10 @@ class TestBasics(Base):
         (st,) = c.wait_streams([sid])
         self.assertEqual(st.status, 422)
         self.assertEqual(self.up.count(key=key), 1)
+        # The access log names the protocol of each.
+        h.wait_until(lambda: "proto=HTTP/2" in self.d.log_text()
+                     and "proto=HTTP/1.1" in self.d.log_text(), GENEROUS,
+                     what="access log lines naming the protocols")
 
     def test_body_without_length_over_data_frames(self):
         c = self.client()
