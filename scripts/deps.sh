@@ -25,7 +25,7 @@ test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-se
 # make deb and scripts/check_deb.sh: Debian's packaging tools (dpkg-buildpackage
 # also wants build-essential, whatever debian/control says), scdoc for the
 # manual pages, systemd for systemd-analyze verify, man-db/groff to render.
-deb_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base)
+deb_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base procps)
 bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
