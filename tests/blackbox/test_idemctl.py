@@ -522,8 +522,9 @@ class Usage(CtlTestCase):
         self.usage_error("request", "http://", contains="URL")
         self.usage_error("request", "http://exa mple/", contains="URL")
         self.usage_error("request", url, "--scope", "anonymous", contains="not an option")
-        self.usage_error("keys", contains="get or delete")
-        self.usage_error("keys", "list", contains="get or delete")
+        self.usage_error("keys", contains="get, delete or list")
+        self.usage_error("keys", "frob", contains="not get, delete or list")
+        self.usage_error("keys", "list", "extra", contains="takes no KEY")
         self.usage_error("keys", "get", contains="KEY")
         self.usage_error("keys", "get", "k", "--scope", "ABC", contains="--scope")
         self.usage_error("keys", "get", "k", "--scope", "anonymous", "--scope-of", "x",
