@@ -113,6 +113,11 @@ class Reconcile(h.IdemTestCase):
         again = d.post(key=k)
         self.assertEqual((again.status, again.body), (201, b'{"charged": true}'))
         self.assertEqual(up.count(path="/pay"), 1)
+        # The answer is counted when its write returns to the worker, which
+        # may be after a retry already read the stored record.
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_reconcile_total",
+                                          result="applied") == 1,
+                     timeout=20, what="the applied answer counted")
         m = d.metrics()
         self.assertEqual(h.metric_sum(m, "idem_reconcile_total", result="applied"), 1)
         self.assertEqual(h.metric_sum(m, "idem_reconcile_total", result="not_applied"), 0)
@@ -131,8 +136,9 @@ class Reconcile(h.IdemTestCase):
         self.assertEqual(up.count(path="/pay"), 2)  # the first never took effect
         self.assertEqual(d.post(key=k).body, b"ran now")  # replayed now
         self.assertEqual(up.count(path="/pay"), 2)
-        m = d.metrics()
-        self.assertEqual(h.metric_sum(m, "idem_reconcile_total", result="not_applied"), 1)
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_reconcile_total",
+                                          result="not_applied") == 1,
+                     timeout=20, what="the release counted")
 
     def test_server_error_is_asked_again_with_backoff(self):
         up = self.start_upstream()
@@ -149,6 +155,9 @@ class Reconcile(h.IdemTestCase):
         self.assertGreaterEqual(q[1].t - q[0].t, 0.19)
         self.assertGreaterEqual(q[2].t - q[1].t, 0.39)
         self.assertEqual(up.count(path="/pay"), 1)
+        h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_reconcile_total",
+                                          result="applied") == 1,
+                     timeout=20, what="the applied answer counted")
         m = d.metrics()
         self.assertEqual(h.metric_sum(m, "idem_reconcile_total", result="retry"), 2)
         self.assertEqual(h.metric_sum(m, "idem_reconcile_total", result="applied"), 1)
