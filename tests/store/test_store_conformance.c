@@ -2950,6 +2950,16 @@ Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .f
             cr_assert_eq(idem_store_sweep(mem, now, 1000, &da), IDEM_OK);
             cr_assert_eq(idem_store_sweep(st, now, 1000, &db), IDEM_OK, "%s",
                          idem_store_errstr(st));
+            /* Redis's sweep walks the whole database a budget at a time
+             * (SCAN), and the shared test database holds other tests' keys:
+             * it is swept on until it has removed what C removed, or far
+             * more rounds than its records need, never beyond. */
+            for (int more = 0; db < da && more < 2000; more++) {
+                size_t d2 = 0;
+                cr_assert_eq(idem_store_sweep(st, now, 1000, &d2), IDEM_OK, "%s",
+                             idem_store_errstr(st));
+                db += d2;
+            }
             cr_expect_eq(db, da, "round %d: sweep removed %zu, C %zu", round, db, da);
         }
         now += 1000 * (int64_t)rnd(3);
