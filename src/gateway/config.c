@@ -987,17 +987,35 @@ static int p_file(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_
     return file_name(c, n, key, at(obj, k->off));
 }
 
-static int p_addr(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+/* A single value that ok() accepts, kept as text; any other is the problem
+ * `what` with the value quoted.  The keys that are a string of some form
+ * (an address, a header name, a host, a link, the otlp strings) differ only
+ * in ok() and what. */
+static int p_checked(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                     void *obj, bool (*ok)(const char *), const char *what)
 {
-    char shown[80], host[256];
-    int port;
+    char shown[80];
     const char *v = scalar(c, n, key);
     if (v == NULL)
         return -1;
-    show(shown, sizeof shown, v);
-    if (idem__config_parse_addr(v, host, sizeof host, &port) != 0)
-        return fail(c, n, key, "not HOST:PORT (port 1-65535, IPv6 in brackets): '%s'", shown);
+    if (!ok(v)) {
+        show(shown, sizeof shown, v);
+        return fail(c, n, key, "%s: '%s'", what, shown);
+    }
     return p_text(c, n, key, k, obj);
+}
+
+static bool is_addr(const char *s)
+{
+    char host[256];
+    int port;
+    return idem__config_parse_addr(s, host, sizeof host, &port) == 0;
+}
+
+static int p_addr(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
+{
+    return p_checked(c, n, key, k, obj, is_addr,
+                     "not HOST:PORT (port 1-65535, IPv6 in brackets)");
 }
 
 static int p_upstream(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
@@ -1030,14 +1048,7 @@ static int p_nonempty(ctx_t *c, const yaml_node_t *n, const char *key, const cfg
 
 static int p_header(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
 {
-    char shown[80];
-    const char *v = scalar(c, n, key);
-    if (v == NULL)
-        return -1;
-    show(shown, sizeof shown, v);
-    if (!is_token(v))
-        return fail(c, n, key, "not a header name: '%s'", shown);
-    return p_text(c, n, key, k, obj);
+    return p_checked(c, n, key, k, obj, is_token, "not a header name");
 }
 
 /* replay_header: the older spelling of defaults.replay_marker: [NAME]. */
@@ -1061,29 +1072,18 @@ static int p_replay_header(ctx_t *c, const yaml_node_t *n, const char *key, cons
 
 static int p_link(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
 {
-    char shown[80];
-    const char *v = scalar(c, n, key);
-    if (v == NULL)
-        return -1;
-    show(shown, sizeof shown, v);
-    if (!is_link_target(v))
-        return fail(c, n, key,
-                    "not a URI reference (at most %d characters of letters, digits and "
-                    "-._~:/?#[]@!$&'()*+,;=%%): '%s'",
-                    IDEM_CONFIG_MAX_LINK, shown);
-    return p_text(c, n, key, k, obj);
+    char what[128];
+    snprintf(what, sizeof what,
+             "not a URI reference (at most %d characters of letters, digits and "
+             "-._~:/?#[]@!$&'()*+,;=%%)",
+             IDEM_CONFIG_MAX_LINK);
+    return p_checked(c, n, key, k, obj, is_link_target, what);
 }
 
 static int p_host(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
 {
-    char shown[80];
-    const char *v = scalar(c, n, key);
-    if (v == NULL)
-        return -1;
-    show(shown, sizeof shown, v);
-    if (!is_host_name(v))
-        return fail(c, n, key, "not a host name or [IPv6] address without a port: '%s'", shown);
-    return p_text(c, n, key, k, obj);
+    return p_checked(c, n, key, k, obj, is_host_name,
+                     "not a host name or [IPv6] address without a port");
 }
 
 static int p_scope(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
@@ -1187,40 +1187,38 @@ static int p_workers(ctx_t *c, const yaml_node_t *n, const char *key, const cfgk
 }
 
 /* otlp_endpoint: http://HOST:PORT or https://, a path optional. */
-static int p_otlp_endpoint(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
-                           void *obj)
+static bool is_otlp_endpoint(const char *s)
 {
-    char shown[80];
-    const char *s = scalar(c, n, key);
-    if (s == NULL)
-        return -1;
-    show(shown, sizeof shown, s);
     const char *rest = strncmp(s, "http://", 7) == 0    ? s + 7
                        : strncmp(s, "https://", 8) == 0 ? s + 8
                                                         : NULL;
     bool ok = rest != NULL && *rest != '\0' && *rest != '/' && strlen(s) <= 1000;
     for (const char *p = s; ok && *p; p++)
         ok = *p > ' ' && *p < 0x7f;
-    if (!ok)
-        return fail(c, n, key, "not an http:// or https:// URL of a collector: '%s'", shown);
-    return idem__config_set_string(at(obj, k->off), s) != 0 ? nomem(c, n, key) : 0;
+    return ok;
+}
+
+static int p_otlp_endpoint(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                           void *obj)
+{
+    return p_checked(c, n, key, k, obj, is_otlp_endpoint,
+                     "not an http:// or https:// URL of a collector");
 }
 
 /* otlp_service_name: 1 to 100 printable ASCII characters. */
-static int p_service_name(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
-                          void *obj)
+static bool is_service_name(const char *s)
 {
-    char shown[80];
-    const char *s = scalar(c, n, key);
-    if (s == NULL)
-        return -1;
-    show(shown, sizeof shown, s);
     bool ok = *s != '\0' && strlen(s) <= 100;
     for (const char *p = s; ok && *p; p++)
         ok = *p >= ' ' && *p < 0x7f;
-    if (!ok)
-        return fail(c, n, key, "not 1 to 100 printable ASCII characters: '%s'", shown);
-    return idem__config_set_string(at(obj, k->off), s) != 0 ? nomem(c, n, key) : 0;
+    return ok;
+}
+
+static int p_service_name(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k,
+                          void *obj)
+{
+    return p_checked(c, n, key, k, obj, is_service_name,
+                     "not 1 to 100 printable ASCII characters");
 }
 
 /* A decimal from 0 to 1 (otlp_sample_ratio). */
