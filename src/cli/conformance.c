@@ -265,23 +265,17 @@ static idem_cli_send_t base_send(const conf_t *c, const char *method, const char
 /* The request's headers plus "key_header: key" (no key when key is NULL). */
 static struct curl_slist *with_key(const conf_t *c, const char *key)
 {
-    struct curl_slist *l = NULL, *t;
-    for (const struct curl_slist *p = c->hdrs; p; p = p->next) {
-        if ((t = curl_slist_append(l, p->data)) == NULL)
-            goto nomem;
-        l = t;
-    }
+    struct curl_slist *l = NULL;
+    for (const struct curl_slist *p = c->hdrs; p; p = p->next)
+        if (!idem__cli_header_add(&l, p->data))
+            return NULL;
     if (key != NULL) {
         char line[sizeof c->key_header + 2 + IDEM_KEY_MAX + 1];
         snprintf(line, sizeof line, "%s: %s", c->key_header, key);
-        if ((t = curl_slist_append(l, line)) == NULL)
-            goto nomem;
-        l = t;
+        if (!idem__cli_header_add(&l, line))
+            return NULL;
     }
     return l;
-nomem:
-    curl_slist_free_all(l);
-    return NULL;
 }
 
 /* One exchange; false when memory ran out (ans then holds no answer). */
@@ -1172,28 +1166,19 @@ static int report(const conf_t *c)
 
 static struct curl_slist *request_headers(const idem_cli_args_t *a)
 {
-    struct curl_slist *l = NULL, *t;
+    struct curl_slist *l = NULL;
     json_error_t jerr;
     json_t *doc = json_loads(a->body, JSON_DECODE_ANY, &jerr);
     const char *ctype = doc != NULL ? "Content-Type: application/json" : NULL;
     json_decref(doc);
-    for (size_t i = 0; i < a->n_headers; i++) {
-        if ((t = curl_slist_append(l, a->headers[i])) == NULL)
-            goto nomem;
-        l = t;
-    }
-    if ((t = curl_slist_append(l, "Expect:")) == NULL)
-        goto nomem;
-    l = t;
-    if (!a->has_content_type && ctype != NULL) {
-        if ((t = curl_slist_append(l, ctype)) == NULL)
-            goto nomem;
-        l = t;
-    }
+    for (size_t i = 0; i < a->n_headers; i++)
+        if (!idem__cli_header_add(&l, a->headers[i]))
+            return NULL;
+    if (!idem__cli_header_add(&l, "Expect:"))
+        return NULL;
+    if (!a->has_content_type && ctype != NULL && !idem__cli_header_add(&l, ctype))
+        return NULL;
     return l;
-nomem:
-    curl_slist_free_all(l);
-    return NULL;
 }
 
 int idem__cli_conformance(const idem_cli_args_t *a)

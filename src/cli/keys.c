@@ -243,7 +243,7 @@ int idem__cli_token(const idem_cli_args_t *a)
     char *base = NULL, *url = NULL;
     char err[512];
     int rc = IDEM_CLI_EXIT_USAGE;
-    struct curl_slist *hdrs = NULL, *t;
+    struct curl_slist *hdrs = NULL;
     idem_cli_answer_t ans;
 
     idem__cli_answer_init(&ans);
@@ -255,19 +255,13 @@ int idem__cli_token(const idem_cli_args_t *a)
     if ((url = malloc(n)) == NULL)
         goto nomem;
     snprintf(url, n, "%s/_idem/tokens", base);
-    for (size_t i = 0; i < a->n_headers; i++) {
-        if ((t = curl_slist_append(hdrs, a->headers[i])) == NULL)
+    for (size_t i = 0; i < a->n_headers; i++)
+        if (!idem__cli_header_add(&hdrs, a->headers[i]))
             goto nomem;
-        hdrs = t;
-    }
-    if ((t = curl_slist_append(hdrs, "Expect:")) == NULL)
+    if (!idem__cli_header_add(&hdrs, "Expect:"))
         goto nomem;
-    hdrs = t;
-    if (!a->has_content_type) {
-        if ((t = curl_slist_append(hdrs, "Content-Type:")) == NULL)
-            goto nomem;
-        hdrs = t;
-    }
+    if (!a->has_content_type && !idem__cli_header_add(&hdrs, "Content-Type:"))
+        goto nomem;
 
     idem_cli_send_t send = {
         .method = "POST",

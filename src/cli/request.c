@@ -104,31 +104,22 @@ static const char *give_up_reason(idem_retry_verdict_t v)
 /* The request's headers: the user's, the key, and what idemctl leaves out. */
 static struct curl_slist *build_headers(const idem_cli_args_t *a, const char *keyhdr)
 {
-    struct curl_slist *l = NULL, *t;
-    for (size_t i = 0; i < a->n_headers; i++) {
-        if ((t = curl_slist_append(l, a->headers[i])) == NULL)
-            goto nomem;
-        l = t;
-    }
-    if ((t = curl_slist_append(l, keyhdr)) == NULL)
-        goto nomem;
-    l = t;
+    struct curl_slist *l = NULL;
+    for (size_t i = 0; i < a->n_headers; i++)
+        if (!idem__cli_header_add(&l, a->headers[i]))
+            return NULL;
+    if (!idem__cli_header_add(&l, keyhdr))
+        return NULL;
     /* No Expect: 100-continue: it costs a round trip, or a second with a
      * server that ignores it. */
-    if ((t = curl_slist_append(l, "Expect:")) == NULL)
-        goto nomem;
-    l = t;
+    if (!idem__cli_header_add(&l, "Expect:"))
+        return NULL;
     /* libcurl labels every body form-urlencoded; like curl, only data the
      * user gave is labelled, not the empty body of a bare POST. */
-    if (!a->has_data && a->data_file == NULL && !a->has_content_type) {
-        if ((t = curl_slist_append(l, "Content-Type:")) == NULL)
-            goto nomem;
-        l = t;
-    }
+    if (!a->has_data && a->data_file == NULL && !a->has_content_type &&
+        !idem__cli_header_add(&l, "Content-Type:"))
+        return NULL;
     return l;
-nomem:
-    curl_slist_free_all(l);
-    return NULL;
 }
 
 int idem__cli_request(const idem_cli_args_t *a)

@@ -239,6 +239,18 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
     idem__cli_exchange_finish(h, curl_easy_perform(h), ans);
 }
 
+bool idem__cli_header_add(struct curl_slist **l, const char *line)
+{
+    struct curl_slist *t = curl_slist_append(*l, line);
+    if (t == NULL) {
+        curl_slist_free_all(*l);
+        *l = NULL;
+        return false;
+    }
+    *l = t;
+    return true;
+}
+
 idem_attempt_t idem__cli_attempt(const idem_cli_answer_t *ans)
 {
     idem_attempt_t at = {.transport = ans->transport, .status = ans->status};

@@ -77,6 +77,12 @@ void idem__cli_exchange(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *an
 void idem__cli_exchange_prepare(CURL *h, const idem_cli_send_t *s, idem_cli_answer_t *ans);
 void idem__cli_exchange_finish(CURL *h, CURLcode code, idem_cli_answer_t *ans);
 
+/** Append a copy of line to the header list *l.  When memory runs out the
+ * whole list is freed and *l is NULL, so a caller building a list stops at
+ * the first false and has nothing to free.
+ * @return true when line was appended. */
+bool idem__cli_header_add(struct curl_slist **l, const char *line);
+
 /** The answer as retry.h wants it; borrows from ans. */
 idem_attempt_t idem__cli_attempt(const idem_cli_answer_t *ans);
 
