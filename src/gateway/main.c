@@ -620,24 +620,23 @@ int main(int argc, char **argv)
      * descriptors are closed once they have started. */
     static idem_takeover_t tk;
     idem__takeover_init(&tk, cfg->listen, cfg->admin, cfg->listen_tls_address);
-    int listen_fd = -1, admin_fd = -1;
+    /* From here a start that fails goes to start_failed with why, which
+     * stops and frees whatever these say was started. */
+    int listen_fd = -1, admin_fd = -1, tls_fd = -1;
+    int inited = 0, started = 0, rc = 0;
+    idem_admin_t *admin = NULL;
+    const char *why = err;
+    char msg[1200];
     if (idem__takeover_inherit(&tk, a.takeover, err, sizeof err) == 0)
         listen_fd = idem__takeover_listener(&tk, IDEM_TK_PUBLIC, IDEM_LISTEN_BACKLOG, "--listen",
                                             err, sizeof err);
     if (listen_fd >= 0)
         admin_fd = idem__takeover_listener(&tk, IDEM_TK_ADMIN, IDEM_ADMIN_BACKLOG, "--admin",
                                            err, sizeof err);
-    if (admin_fd < 0) {
-        idem__takeover_discard(&tk);
-        if (listen_fd >= 0)
-            close(listen_fd);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
+    if (admin_fd < 0)
+        goto start_failed;
     /* listen_tls: a third socket, and its certificate loaded now, so that
      * a file that does not load stops idemd here with one line. */
-    int tls_fd = -1;
     if (cfg->listen_tls_address != NULL) {
         tls_fd = idem__takeover_listener(&tk, IDEM_TK_TLS, IDEM_LISTEN_BACKLOG,
                                          "listen_tls.address", err, sizeof err);
@@ -648,14 +647,8 @@ int main(int argc, char **argv)
             .client_ca_file = cfg->listen_tls_client_ca_file,
             .alpn = cfg->http2 ? h2_alpn : NULL,
         };
-        if (tls_fd < 0 || idem__tls_server_init(&gw.tls_server, &topts, err, sizeof err) != 0) {
-            if (tls_fd >= 0)
-                close(tls_fd);
-            close(listen_fd);
-            close(admin_fd);
-            idem__config_unref(cfg);
-            return fail(err);
-        }
+        if (tls_fd < 0 || idem__tls_server_init(&gw.tls_server, &topts, err, sizeof err) != 0)
+            goto start_failed;
         gw.has_tls_listener = true;
     }
 
@@ -670,92 +663,49 @@ int main(int argc, char **argv)
             serr = idem_store_open(cfg->store, &gw.store, err, sizeof err);
     }
     if (serr != IDEM_OK) {
-        char msg[1200];
         snprintf(msg, sizeof msg, "--store: %s", err[0] ? err : idem_strerror(serr));
-        close(listen_fd);
-        close(admin_fd);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(msg);
+        why = msg;
+        goto start_failed;
     }
     /* The store proves it claims, fences and deletes (selfcheck.h) before
      * any thread serves: /readyz cannot answer until the admin thread starts. */
     int checked = idem__selfcheck_run(gw.store, idem_clock_now(NULL), err, sizeof err);
     if (checked > 0)
         idem__log(&gw, "warn", "%s", err); /* a full store: it starts as before */
-    if (checked < 0) {
-        idem_store_close(gw.store);
-        close(listen_fd);
-        close(admin_fd);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
+    if (checked < 0)
+        goto start_failed;
     if (cfg->local_cache > 0) {
         gw.cache = idem__cache_create((size_t)cfg->local_cache, IDEM_CACHE_MAX_BYTES);
         if (gw.cache == NULL) {
-            idem_store_close(gw.store);
-            close(listen_fd);
-            close(admin_fd);
-            idem__tls_ctx_unref(gw.upstream_tls_ctx);
-            idem__config_unref(cfg);
-            return fail("local_cache: out of memory");
+            why = "local_cache: out of memory";
+            goto start_failed;
         }
     }
     if (cfg->scope_rate_limit.count > 0) {
         gw.ratelimit = idem__ratelimit_create(cfg->scope_rate_limit, IDEM_RATELIMIT_MAX_SCOPES);
         if (gw.ratelimit == NULL) {
-            idem__cache_destroy(gw.cache);
-            idem_store_close(gw.store);
-            close(listen_fd);
-            close(admin_fd);
-            idem__tls_ctx_unref(gw.upstream_tls_ctx);
-            idem__config_unref(cfg);
-            return fail("scope_rate_limit: out of memory");
+            why = "scope_rate_limit: out of memory";
+            goto start_failed;
         }
     }
     bool addr_oom;
     gw.addrlimit = idem__addrlimit_create(cfg->max_connections_per_address, &addr_oom);
     if (addr_oom) {
-        idem__ratelimit_destroy(gw.ratelimit);
-        idem__cache_destroy(gw.cache);
-        idem_store_close(gw.store);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail("max_connections_per_address: out of memory");
+        why = "max_connections_per_address: out of memory";
+        goto start_failed;
     }
-    if (cfg->otlp_endpoint != NULL && start_otlp(&gw, err, sizeof err) != 0) {
-        idem__addrlimit_destroy(gw.addrlimit);
-        idem__ratelimit_destroy(gw.ratelimit);
-        idem__cache_destroy(gw.cache);
-        idem_store_close(gw.store);
-        close(listen_fd);
-        close(admin_fd);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
-    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw, err, sizeof err) != 0) {
-        idem__otlp_destroy(gw.otlp);
-        idem__ratelimit_destroy(gw.ratelimit);
-        idem__cache_destroy(gw.cache);
-        idem_store_close(gw.store);
-        close(listen_fd);
-        close(admin_fd);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
+    if (cfg->otlp_endpoint != NULL && start_otlp(&gw, err, sizeof err) != 0)
+        goto start_failed;
+    if (idem__writer_start(&gw.writer, gw.store, &gw.metrics, &gw, err, sizeof err) != 0)
+        goto start_failed;
     gw.live = idem__config_ref(cfg); /* what the first requests start with */
     gw.nworkers = cfg->workers;
     atomic_store(&gw.metrics.workers, (uint32_t)cfg->workers);
     gw.workers = calloc((size_t)gw.nworkers, sizeof *gw.workers);
-    int rc = 0;
     if (gw.workers == NULL) {
         snprintf(err, sizeof err, "out of memory");
         rc = -1;
     }
-    int inited = 0;
     for (int i = 0; i < gw.nworkers && rc == 0; i++) {
         rc = idem__worker_init(&gw.workers[i], &gw, i, listen_fd, tls_fd, err, sizeof err);
         inited = i + 1;
@@ -764,26 +714,10 @@ int main(int argc, char **argv)
      * read the warning already. */
     if (rc == 0 && nofile_warning[0] != '\0')
         idem__log(&gw, "warn", "%s", nofile_warning);
-    if (rc != 0) {
-        close(listen_fd);
-        close(admin_fd);
-        if (tls_fd >= 0)
-            close(tls_fd);
-        for (int i = 0; i < inited; i++)
-            idem__worker_cleanup(&gw.workers[i]);
-        free(gw.workers);
-        idem__writer_stop(&gw.writer);
-        idem__otlp_destroy(gw.otlp);
-        idem__ratelimit_destroy(gw.ratelimit);
-        idem__cache_destroy(gw.cache);
-        idem_store_close(gw.store);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
+    if (rc != 0)
+        goto start_failed;
     /* The workers first, the admin thread last: once /healthz answers,
      * every thread of idemd runs. */
-    int started = 0;
     for (; started < gw.nworkers; started++) {
         int trc = idem__thread_create(&gw.workers[started].thread, "worker", idem__worker_main,
                                       &gw.workers[started]);
@@ -797,7 +731,6 @@ int main(int argc, char **argv)
     /* local_cache hears other instances' deletes (invalidate.c). */
     if (rc == 0 && idem__inval_start(&gw, err, sizeof err) < 0)
         rc = -1;
-    idem_admin_t *admin = NULL;
     if (rc == 0)
         rc = idem__admin_start(&gw, admin_fd, &admin, err, sizeof err);
     if (rc == 0) {
@@ -805,35 +738,12 @@ int main(int argc, char **argv)
         const int tk_fds[IDEM_TK_N] = {listen_fd, admin_fd, tls_fd};
         rc = idem__takeover_serve(&tk, &gw, tk_fds, err, sizeof err);
     }
+    if (rc != 0)
+        goto start_failed;
     close(listen_fd);
     close(admin_fd);
     if (tls_fd >= 0)
         close(tls_fd);
-    if (rc != 0) {
-        /* Stop what did start, as a shutdown would; a worker that never
-         * started is not joined, only its loop closed. */
-        idem__takeover_stop(&tk);
-        atomic_store(&gw.stopping, true);
-        for (int i = 0; i < started; i++)
-            idem__worker_request_stop(&gw.workers[i]);
-        for (int i = 0; i < started; i++)
-            pthread_join(gw.workers[i].thread, NULL);
-        idem__admin_stop(admin);
-        idem__inval_stop(&gw);
-        idem__writer_stop(&gw.writer);
-        for (int i = 0; i < gw.nworkers; i++)
-            idem__worker_cleanup(&gw.workers[i]);
-        free(gw.workers);
-        idem__otlp_destroy(gw.otlp);
-        idem__ratelimit_destroy(gw.ratelimit);
-        idem__cache_destroy(gw.cache);
-        idem_store_close(gw.store);
-        idem__tls_ctx_unref(gw.upstream_tls_ctx);
-        if (gw.has_tls_listener)
-            idem__tls_server_cleanup(&gw.tls_server);
-        idem__config_unref(cfg);
-        return fail(err);
-    }
     idem__log(&gw, "info",
               "listening on %s%s%s, upstream %s, store %s, admin %s%s, %d worker(s)%s",
               cfg->listen, cfg->listen_tls_address ? " and TLS on " : "",
@@ -887,4 +797,39 @@ int main(int argc, char **argv)
     idem__tls_ctx_unref(gw.upstream_tls_ctx);
     idem__config_unref(cfg);
     return 0;
+
+start_failed:
+    /* Stop what did start, in the shutdown's order; every step is a no-op
+     * for what never started (NULL, -1, a writer not started), a worker
+     * that never started is not joined, only its loop closed. */
+    idem__takeover_discard(&tk);
+    if (listen_fd >= 0)
+        close(listen_fd);
+    if (admin_fd >= 0)
+        close(admin_fd);
+    if (tls_fd >= 0)
+        close(tls_fd);
+    idem__takeover_stop(&tk);
+    atomic_store(&gw.stopping, true);
+    for (int i = 0; i < started; i++)
+        idem__worker_request_stop(&gw.workers[i]);
+    for (int i = 0; i < started; i++)
+        pthread_join(gw.workers[i].thread, NULL);
+    idem__admin_stop(admin);
+    idem__inval_stop(&gw);
+    idem__writer_stop(&gw.writer);
+    for (int i = 0; i < inited; i++)
+        idem__worker_cleanup(&gw.workers[i]);
+    free(gw.workers);
+    idem__otlp_destroy(gw.otlp);
+    idem__ratelimit_destroy(gw.ratelimit);
+    idem__addrlimit_destroy(gw.addrlimit);
+    idem__cache_destroy(gw.cache);
+    idem_store_close(gw.store);
+    idem__tls_ctx_unref(gw.upstream_tls_ctx);
+    if (gw.has_tls_listener)
+        idem__tls_server_cleanup(&gw.tls_server);
+    idem__config_unref(gw.live);
+    idem__config_unref(cfg);
+    return fail(why);
 }
