@@ -157,6 +157,20 @@ static void answer_problem(idem_answer_t *a, int status, const char *type, const
     free(body);
 }
 
+/* A 200 with obj as compact JSON, keys in order; takes obj (NULL: memory
+ * ran out building it), so both /keys answers end the same way. */
+static void answer_object(idem_answer_t *a, json_t *obj)
+{
+    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    if (!body) {
+        answer_problem(a, 500, "internal", "out of memory");
+        return;
+    }
+    answer_json(a, 200, "application/json", body);
+    free(body);
+}
+
 static void rfc3339(int64_t ms, char *out, size_t n)
 {
     time_t s = (time_t)(ms / 1000);
@@ -266,14 +280,7 @@ static void handle_keys(idem_admin_t *admin, const idem_http_msg_t *m, idem_answ
     }
     json_t *obj = record_json(&id, &rec);
     idem_record_cleanup(&rec);
-    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(obj);
-    if (!body) {
-        answer_problem(a, 500, "internal", "out of memory");
-        return;
-    }
-    answer_json(a, 200, "application/json", body);
-    free(body);
+    answer_object(a, obj);
 }
 
 #define KEYS_LIMIT_DEFAULT 100 /* GET /keys without limit= */
@@ -474,14 +481,7 @@ static void handle_keys_bulk(idem_admin_t *admin, const idem_http_msg_t *m, idem
                                    page.cursor[0] ? page.cursor : NULL)
                        : NULL;
     idem_store_page_cleanup(&page);
-    char *body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(obj);
-    if (!body) {
-        answer_problem(a, 500, "internal", "out of memory");
-        return;
-    }
-    answer_json(a, 200, "application/json", body);
-    free(body);
+    answer_object(a, obj);
 }
 
 #define PROBE_MAX_BYTES (4u << 20) /* the largest response a readiness probe writes */
