@@ -577,6 +577,17 @@ struct exstate {
     int need_refresh, need_pause;
 };
 
+/* Op failed with err, done for this exec: it counts among the failures,
+ * and the first failure's code is the exec's. */
+static void take_failed(idem_op_t *op, struct opst *st, struct exstate *x, idem_err_t err)
+{
+    op->err = err;
+    st->state = P_DONE;
+    x->todo--;
+    if (x->failed++ == 0)
+        x->first = err;
+}
+
 /* An answer that is lost (the connection failed after op i was sent):
  * it may have run.  Never sent again. */
 static void take_lost(struct cluster_store *s, int t, const struct cconn *k, idem_op_t *op,
@@ -614,12 +625,10 @@ static void take_answer(struct cluster_store *s, int t, idem_op_t *op, struct op
         r->str);
     if (kind == 0) {
         int br = 0;
-        op->err = idem__redis_map_error(r->str, &br);
+        idem_err_t err = idem__redis_map_error(r->str, &br);
         *drop |= br;
         idem__store_seterr(&s->base, "redis %s", x->why);
-        x->todo--;
-        if (x->failed++ == 0)
-            x->first = op->err;
+        take_failed(op, st, x, err);
         return;
     }
     st->state = P_SEND; /* did not run: again */
@@ -750,11 +759,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                     continue;
                 if (err != IDEM_OK) {
                     /* Only NOMEM: these ops alone, nothing was sent. */
-                    ops[i].err = err;
-                    st[i].state = P_DONE;
-                    x.todo--;
-                    if (x.failed++ == 0)
-                        x.first = err;
+                    take_failed(&ops[i], &st[i], &x, err);
                     continue;
                 }
                 st[i].state = P_SEND + 1; /* sent this round */
@@ -769,11 +774,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                 err = idem__redis_append_op(&s->cfg, conn[t]->c, conn[t]->sha, &ops[i]);
                 if (err != IDEM_OK) {
                     /* Only NOMEM: this op alone. */
-                    ops[i].err = err;
-                    st[i].state = P_DONE;
-                    x.todo--;
-                    if (x.failed++ == 0)
-                        x.first = err;
+                    take_failed(&ops[i], &st[i], &x, err);
                     continue;
                 }
                 st[i].state = P_SEND + 1;
