@@ -207,15 +207,6 @@ struct pos {
     uint64_t hash;
 };
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* Read "r" NODE "." SCAN ["." KHEX "." HASH]; "" is the start. */
 static int parse_cursor(const char *raw, struct pos *p)
 {
@@ -243,7 +234,7 @@ static int parse_cursor(const char *raw, struct pos *p)
         return -1;
     p->klen = (size_t)(dot - h) / 2;
     for (size_t i = 0; i < p->klen; i++) {
-        int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+        int hi = idem__store_hexval(h[2 * i]), lo = idem__store_hexval(h[2 * i + 1]);
         if (hi < 0 || lo < 0)
             return -1;
         p->k[i] = (char)(hi << 4 | lo);
@@ -251,7 +242,7 @@ static int parse_cursor(const char *raw, struct pos *p)
     if (strlen(dot + 1) != 16)
         return -1;
     for (int i = 0; i < 16; i++) {
-        int v = hexval(dot[1 + i]);
+        int v = idem__store_hexval(dot[1 + i]);
         if (v < 0)
             return -1;
         p->hash = p->hash << 4 | (uint64_t)v;

@@ -776,7 +776,7 @@ idem_err_t idem_store_token_restore(idem_store_t *store, const idem_key_id_t *id
  * that matches little never makes one call walk a whole large store. */
 #define LIST_BUDGET_MIN 10000u
 
-static int hexval(int c)
+int idem__store_hexval(int c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -940,7 +940,8 @@ idem_err_t idem_store_list(idem_store_t *store, const idem_store_filter_t *f, co
         if (hl % 2 != 0 || hl / 2 > sizeof l.after)
             return IDEM_E_INVAL;
         for (size_t i = 0; i < hl / 2; i++) {
-            int hi = hexval(l.raw[1 + 2 * i]), lo = hexval(l.raw[2 + 2 * i]);
+            int hi = idem__store_hexval(l.raw[1 + 2 * i]);
+            int lo = idem__store_hexval(l.raw[2 + 2 * i]);
             if (hi < 0 || lo < 0)
                 return IDEM_E_INVAL;
             l.after[i] = (char)(hi << 4 | lo);

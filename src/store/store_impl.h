@@ -176,6 +176,10 @@ int idem__store_list_offer_head(idem__list_t *l, const char *k, size_t klen,
 /* Set the page's cursor to resume strictly after store key k. */
 void idem__store_list_resume_after(idem__list_t *l, const char *k, size_t klen);
 
+/** The value of a lower-case hex digit, -1 for any other character: the
+ * digits of the list cursors (store.c's and redis_list.c's). */
+int idem__store_hexval(int c);
+
 /* Whether a record head matches the filter's state and age (not its
  * scope or prefix); for backends that read heads otherwise (Redis). */
 bool idem__store_list_match(const idem_store_filter_t *f, const idem_record_t *head);
