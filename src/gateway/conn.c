@@ -33,7 +33,8 @@
  * (header_timeout, never restarted by later bytes); the next byte of a body
  * (body_timeout); the next request on a keep-alive connection
  * (idle_timeout); a queue of answers that its client does not take
- * (body_timeout without progress).  max_connections counts connections
+ * (body_timeout without progress); on an HTTP/2 connection, the earliest
+ * of its streams' own limits (idem__h2conn_deadline).  max_connections counts connections
  * across workers, and a request whose client hung up keeps its connection's
  * place until it ends when its handler says requests outlive their clients
  * (it still holds an upstream connection).  max_queued_bytes counts what is
@@ -90,6 +91,7 @@ typedef enum {
     CT_DRAIN, /* the end of draining after an error answer */
     CT_CLOSE, /* the end of a closing answer's time to be taken (close_linger_ms) */
     CT_QUEUE, /* answers its client does not take: progress within body_timeout */
+    CT_H2,    /* the earliest time limit of an HTTP/2 connection's streams (h2_by) */
 } conn_timer_t;
 
 struct idem_conn {
@@ -139,6 +141,7 @@ struct idem_conn {
     uv_timer_t timer;
     bool h2_possible;       /* HTTP/2 with prior knowledge may still begin (plain, http2) */
     idem_h2conn_t *h2;      /* CS_H2: the HTTP/2 connection it carries */
+    int64_t h2_by;          /* CT_H2: when (idem__h2conn_deadline) */
 };
 
 static void conn_drain(idem_conn_t *c);
@@ -436,8 +439,17 @@ static void conn_h2_result(idem_conn_t *c, int rc)
     if (idem__h2conn_idle(c->h2)) {
         if (c->waiting != CT_IDLE)
             conn_timer(c, CT_IDLE);
-    } else if (c->waiting != CT_NONE) {
-        conn_timer(c, CT_NONE);
+        return;
+    }
+    /* Streams open: the earliest of their time limits (header_timeout,
+     * body_timeout), or none while they are being answered. */
+    int64_t by = idem__h2conn_deadline(c->h2);
+    if (by == 0) {
+        if (c->waiting != CT_NONE)
+            conn_timer(c, CT_NONE);
+    } else if (c->waiting != CT_H2 || c->h2_by != by) {
+        c->h2_by = by;
+        conn_timer(c, CT_H2);
     }
 }
 
@@ -557,6 +569,11 @@ static void on_conn_timer(uv_timer_t *t)
     }
     if (c->state == CS_BUSY)
         return;
+    if (c->waiting == CT_H2 && c->state == CS_H2) {
+        c->waiting = CT_NONE;
+        conn_h2_result(c, idem__h2conn_expire(c->h2));
+        return;
+    }
     if (c->waiting == CT_HEAD && c->state == CS_HEAD && c->in.len > 0) {
         /* A head begun and not finished in time: the client hears why. */
         conn_refused_count(c, IDEM_OUT_REQUEST_TIMEOUT);
@@ -589,6 +606,11 @@ static void conn_timer(idem_conn_t *c, conn_timer_t what)
     case CT_QUEUE: ms = cfg->body_timeout_ms; break;
     case CT_DRAIN: ms = CONN_DRAIN_MS; break;
     case CT_CLOSE: ms = c->l->limits.close_linger_ms; break;
+    case CT_H2: {
+        int64_t now = (int64_t)(idem_clock_mono_ns() / 1000000);
+        ms = c->h2_by > now ? c->h2_by - now : 0;
+        break;
+    }
     default:
         c->waiting = CT_NONE;
         uv_timer_stop(&c->timer);

@@ -84,6 +84,11 @@ struct h2stream {
     bool closed;            /* nghttp2 closed the stream */
     idem_buf_t out;         /* answer bytes not yet taken by nghttp2 */
     size_t out_off;
+    /* Its time limits (monotonic ms, 0: none), the earliest of every
+     * stream's arming conn.c's one timer (idem__h2conn_deadline). */
+    int64_t head_by;        /* its header block whole: header_timeout from HEADERS */
+    int64_t body_by;        /* the next DATA of its body: body_timeout */
+    int64_t out_by;         /* progress of its queued answer: body_timeout */
 };
 
 struct idem_h2conn {
@@ -159,6 +164,14 @@ static void uncharge(idem_h2conn_t *h, size_t n)
 
 static size_t stream_pending(const h2stream_t *st) { return st->out.len - st->out_off; }
 
+/* ---- time limits -------------------------------------------------------------- */
+
+static int64_t now_ms(void) { return (int64_t)(idem_clock_mono_ns() / 1000000); }
+
+static int64_t after_ms(int64_t ms) { return now_ms() + (ms > 0 ? ms : 0) + 1; }
+
+static int64_t body_timeout(const idem_h2conn_t *h) { return h->l->gw->cfg->body_timeout_ms; }
+
 /* ---- streams ------------------------------------------------------------------ */
 
 static h2stream_t *stream_new(idem_h2conn_t *h, int32_t id)
@@ -173,6 +186,7 @@ static h2stream_t *stream_new(idem_h2conn_t *h, int32_t id)
     idem__buf_init(&st->line, IDEM_HTTP_MAX_HEAD);
     idem__buf_init(&st->fields, IDEM_HTTP_MAX_HEAD);
     idem__buf_init(&st->out, 0);
+    st->head_by = after_ms(h->l->gw->cfg->header_timeout_ms);
     idem_list_push(&h->streams, &st->link);
     h->n_streams++;
     return st;
@@ -247,6 +261,8 @@ static ssize_t data_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t le
         memcpy(buf, st->out.data + st->out_off, n);
         st->out_off += n;
         uncharge(st->h, n);
+        /* Progress: another body_timeout for the rest. */
+        st->out_by = stream_pending(st) > 0 ? after_ms(body_timeout(st->h)) : 0;
     }
     if (st->out_off == st->out.len) {
         /* A large answer's buffer is not kept between pieces. */
@@ -354,6 +370,8 @@ static bool os_send(idem_ostream_t *os, const void *p, size_t n, bool final)
             st->nobody = true;
         } else {
             charge(h, n);
+            if (st->out_by == 0) /* queued now: taken within body_timeout */
+                st->out_by = after_ms(body_timeout(h));
         }
     }
     if (final)
@@ -482,6 +500,8 @@ static void stream_head_done(idem_h2conn_t *h, h2stream_t *st, bool end_stream)
 {
     idem_handler_t *hd = h->l->handler;
     st->body_done = end_stream;
+    st->head_by = 0;
+    st->body_by = end_stream ? 0 : after_ms(body_timeout(h));
     idem_buf_t head;
     idem__buf_init(&head, 0);
     int rc = -1;
@@ -578,6 +598,7 @@ static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *frame, void *u
     }
     if (end_stream && !st->body_done) {
         st->body_done = true;
+        st->body_by = 0;
         if (st->req && !st->body_refused)
             h->l->handler->ops->on_body_end(st->req);
     }
@@ -592,6 +613,8 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const ui
     if (h->destroying)
         return 0;
     h2stream_t *st = nghttp2_session_get_stream_user_data(s, id);
+    if (st && !st->body_done)
+        st->body_by = after_ms(body_timeout(h)); /* each piece: another body_timeout */
     if (!st || !st->req || st->body_refused || st->body_done || len == 0)
         return 0;
     if (!h->l->handler->ops->on_body(st->req, (const char *)data, len))
@@ -768,10 +791,14 @@ int idem__h2conn_run(idem_h2conn_t *h)
         /* Streams drained enough: their requests may send more.  One of
          * them may be freed only by nghttp2, never by on_proceed. */
         bool woke = false;
+        /* Past max_queued_bytes, a connection with nothing queued may
+         * still answer one more piece (as conn.c's may): else a stream
+         * would wait for an event that never comes to it. */
+        bool empty = h->pending == 0 && idem__transport_queued(h->tr) == 0;
         for (idem_link_t *k = h->streams.next; k != &h->streams; k = k->next) {
             h2stream_t *st = IDEM_CONTAINER(k, h2stream_t, link);
             if (st->want_proceed && st->req &&
-                stream_pending(st) < IDEM_STREAM_HIGH_MARK / 2 && !over_cap(h)) {
+                stream_pending(st) < IDEM_STREAM_HIGH_MARK / 2 && (empty || !over_cap(h))) {
                 st->want_proceed = false;
                 woke = true;
                 h->l->handler->ops->on_proceed(st->req);
@@ -781,6 +808,88 @@ int idem__h2conn_run(idem_h2conn_t *h)
             break;
     }
     return h2_verdict(h);
+}
+
+/* The earliest of a stream's time limits, 0 when it has none. */
+static int64_t stream_deadline(const h2stream_t *st)
+{
+    int64_t d = 0;
+    const int64_t all[] = {st->head_by, st->body_by, st->out_by};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i] != 0 && (d == 0 || all[i] < d))
+            d = all[i];
+    return d;
+}
+
+int64_t idem__h2conn_deadline(const idem_h2conn_t *h)
+{
+    if (h->failed)
+        return 0; /* closing now */
+    int64_t d = 0;
+    for (const idem_link_t *k = h->streams.next; k != &h->streams; k = k->next) {
+        int64_t sd = stream_deadline(IDEM_CONTAINER(k, const h2stream_t, link));
+        if (sd != 0 && (d == 0 || sd < d))
+            d = sd;
+    }
+    return d;
+}
+
+/* Its body paused past body_timeout: as conn.c ends such an HTTP/1.1
+ * request, the request answers (408 request-timeout, no key claimed) and
+ * the client may stop sending the rest (RST_STREAM NO_ERROR after the
+ * answer); a stream with no request to tell, or whose answer began, is
+ * reset. */
+static void stream_body_timeout(idem_h2conn_t *h, h2stream_t *st)
+{
+    st->body_by = 0;
+    st->body_refused = true;
+    if (st->req != NULL && !st->started) {
+        h->l->handler->ops->on_body_error(st->req, IDEM_CONN_E_BODY_TIMEOUT);
+        if (st->started && !st->closed) {
+            st->rst_after = true;
+            if (st->req != NULL) /* it did not end its answer: ended here */
+                stream_detach(st);
+            return;
+        }
+        stream_detach(st);
+    }
+    if (!st->closed)
+        nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+}
+
+int idem__h2conn_expire(idem_h2conn_t *h)
+{
+    if (h->failed)
+        return IDEM_H2_FAIL;
+    int64_t now = now_ms();
+    for (idem_link_t *k = h->streams.next; k != &h->streams; k = k->next) {
+        h2stream_t *st = IDEM_CONTAINER(k, h2stream_t, link);
+        if (st->head_by != 0 && st->head_by <= now) {
+            /* A header block never finished (CONTINUATION that never
+             * ends): nothing else may come on the connection meanwhile, so
+             * it ends, as an HTTP/1.1 head past header_timeout does. */
+            idem_handler_t *hd = h->l->handler;
+            if (hd->ops->on_refused != NULL)
+                hd->ops->on_refused(hd, IDEM_OUT_REQUEST_TIMEOUT);
+            st->head_by = 0;
+            conn_calm(h, NGHTTP2_CANCEL);
+        } else if (st->out_by != 0 && st->out_by <= now &&
+                   (nghttp2_session_get_stream_remote_window_size(h->s, st->id) > 0 &&
+                    nghttp2_session_get_remote_window_size(h->s) > 0)) {
+            /* Its windows are open: what holds it is the transport's queue,
+             * which conn.c bounds (body_timeout without a write done). */
+            st->out_by = after_ms(body_timeout(h));
+        } else if (st->out_by != 0 && st->out_by <= now) {
+            /* An answer its client does not take (its flow-control window
+             * stays shut): the connection ends, as conn.c ends one whose
+             * queue makes no progress, and what it held is given back. */
+            st->out_by = 0;
+            conn_calm(h, NGHTTP2_CANCEL);
+        } else if (st->body_by != 0 && st->body_by <= now) {
+            stream_body_timeout(h, st);
+        }
+    }
+    return idem__h2conn_run(h);
 }
 
 void idem__h2conn_eof(idem_h2conn_t *h) { h->peer_eof = true; }

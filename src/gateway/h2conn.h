@@ -26,6 +26,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gateway/conn.h"
 #include "gateway/handler.h"
@@ -83,6 +84,20 @@ int idem__h2conn_read(idem_h2conn_t *h, const char *p, size_t n);
  * the transport wrote something.
  * @return IDEM_H2_GO_ON, IDEM_H2_END or IDEM_H2_FAIL. */
 int idem__h2conn_run(idem_h2conn_t *h);
+
+/** When the earliest time limit of its streams falls, in idem_clock_mono_ns
+ * milliseconds (0: none): a header block not whole within header_timeout
+ * of its HEADERS, a body that paused longer than body_timeout, an answer
+ * whose client took none of it for body_timeout.  conn.c arms its one
+ * timer for it while a stream is open, and calls idem__h2conn_expire then. */
+int64_t idem__h2conn_deadline(const idem_h2conn_t *h);
+
+/** The time limits that fell: a stalled body's request answers 408
+ * request-timeout (its key never claimed) and its stream ends; a header
+ * block not whole, or an answer not taken, ends the connection (GOAWAY
+ * CANCEL, then close).  From the loop only.
+ * @return IDEM_H2_GO_ON, IDEM_H2_END or IDEM_H2_FAIL. */
+int idem__h2conn_expire(idem_h2conn_t *h);
 
 /** The client sent its last byte (EOF): the connection ends once its open
  * streams are answered. */

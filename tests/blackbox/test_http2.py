@@ -18,6 +18,15 @@ h2 will not send).
                   16 KiB is 431; a CONTINUATION flood and an HPACK bomb end
                   the connection; a rapid reset flood ends the connection
                   with ENHANCE_YOUR_CALM and another client is answered
+  timeouts        a stream whose body stalls is answered 408 after
+                  body_timeout (its key never claimed) while another stream
+                  of the connection is answered; a header block that never
+                  ends (CONTINUATION without END_HEADERS) ends the connection
+                  after header_timeout
+  unread answers  a client that never opens its flow-control windows holds
+                  no more than max_queued_bytes, and its connection is
+                  closed after body_timeout without progress, the gauge
+                  idem_queued_answer_bytes back to 0
   goaway          SIGTERM sends GOAWAY: a stream in flight finishes and is
                   answered; a stream opened after it is not run
   tls             ALPN h2 on listen_tls
@@ -98,6 +107,7 @@ class H2Client:
         self.goaway = None  # ConnectionTerminated
         self.closed = False
         self.remote_settings = {}
+        self.ack = True  # False: never open a flow-control window again
         self.flush()
 
     def flush(self):
@@ -147,7 +157,8 @@ class H2Client:
                     st.status = int(v)
         elif isinstance(e, h2.events.DataReceived):
             self.streams.setdefault(e.stream_id, Stream(e.stream_id)).body += e.data
-            self.conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+            if self.ack:
+                self.conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
         elif isinstance(e, h2.events.StreamEnded):
             self.streams.setdefault(e.stream_id, Stream(e.stream_id)).ended = True
         elif isinstance(e, h2.events.StreamReset):
@@ -471,6 +482,116 @@ class TestFloods(Base):
         self.assertEqual(c.goaway.error_code, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         self.assertEqual(len(self.up.requests()), 0)
         self.assert_others_answered()
+
+
+class TestTimeouts(Base):
+    config = {"http2": True, "body_timeout": "1s", "header_timeout": "1s",
+              "idle_timeout": "60s"}
+
+    def test_a_stalled_body_is_408_and_the_other_stream_is_answered(self):
+        c = self.client()
+        key = h.new_key()
+        t0 = time.monotonic()
+        stalled = c.start("POST", "/pay", key=key, extra=[("content-length", "13")],
+                          body=b'{"amo', end=False)
+        # Another stream of the connection, opened after the stall, is
+        # answered as usual.
+        other_key = h.new_key()
+        other = c.start("POST", "/pay", key=other_key, body=b'{"amount": 1}')
+        (st,) = c.wait_streams([other])
+        self.assertEqual(st.status, 200, st.body)
+        # The stalled one ends after body_timeout as an HTTP/1.1 request
+        # whose body stalls: 408 request-timeout (or, at the least, reset).
+        (st,) = c.wait_streams([stalled])
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9, "ended before body_timeout")
+        if st.status is not None:
+            self.assertEqual(st.status, 408, st.body)
+            self.assertIn(b"request-timeout", st.body)
+        else:
+            self.assertIsNotNone(st.reset)
+        self.assertEqual(upstream_requests(self.up, key), [])
+        # Its key was never claimed: the same key runs now, on the same
+        # connection.
+        again = c.start("POST", "/pay", key=key, body=b'{"amount": 2}')
+        (st,) = c.wait_streams([again])
+        self.assertEqual(st.status, 200, st.body)
+        self.assertEqual(self.up.count(key=key), 1)
+        self.assertEqual(self.up.count(key=other_key), 1)
+        h.wait_until(lambda: h.metric_sum(self.d.metrics(), "idem_requests_total",
+                                          outcome="request_timeout") >= 1,
+                     GENEROUS, what="the 408 counted")
+
+    def test_a_header_block_that_never_ends_closes_the_connection(self):
+        c = self.client(validate=False)
+        c.pump(lambda: c.remote_settings, what="SETTINGS")
+        import hpack
+        t0 = time.monotonic()
+        f = HeadersFrame(1, data=hpack.Encoder().encode(c.headers("GET", "/never")))
+        c.send_raw(f.serialize())  # no END_HEADERS, and no CONTINUATION after it
+        c.pump_until_closed()
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9, "closed before header_timeout")
+        self.assertIsNotNone(c.goaway, "no GOAWAY before the close")
+        self.assertEqual(len(self.up.requests()), 0)
+        other = self.client()
+        sid = other.start("GET", "/other")
+        (st,) = other.wait_streams([sid])
+        self.assertEqual(st.status, 200)
+
+
+class TestUnreadAnswers(Base):
+    CAP = 1 << 20
+    ANSWER = 3 << 20
+    STREAMS = 4
+    PIECE = 64 * 1024
+    # A request hands its client the piece of the answer it captured
+    # (max_response_bytes) at once, and each stream with nothing queued may
+    # always take one piece: the bound is the cap plus that per stream.
+    config = {"http2": True, "max_queued_bytes": "1MiB", "body_timeout": "2s",
+              "idle_timeout": "60s", "defaults": {"max_response_bytes": "64KiB"}}
+
+    def test_a_client_that_never_opens_its_window_is_bounded_and_closed(self):
+        self.up.set_reply(body=b"r" * self.ANSWER,
+                          headers=[("Content-Type", "application/octet-stream")])
+        c = self.client()
+        c.ack = False  # the first 64 KiB window, then nothing
+        sids = [c.start("POST", "/big%d" % i, key=h.new_key(), body=b"{}")
+                for i in range(self.STREAMS)]
+        most = [0.0]
+
+        def queued():
+            v = h.metric_sum(self.d.metrics(), "idem_queued_answer_bytes")
+            most[0] = max(most[0], v)
+            return v
+        h.wait_until(lambda: queued() >= self.CAP, GENEROUS, 0.02,
+                     "idem_queued_answer_bytes to reach max_queued_bytes")
+        # Another client is answered meanwhile.
+        other = self.client()
+        sid = other.start("GET", "/other")
+        (st,) = other.wait_streams([sid])
+        self.assertEqual(st.status, 200)
+        self.assertEqual(len(st.body), self.ANSWER)
+        # The stalled connection is closed after body_timeout without
+        # progress; until then what it holds stays under the cap plus one
+        # piece of the upstream's answer per stream.
+        done = [False]
+
+        def reader():
+            try:
+                c.pump_until_closed(60.0)
+            finally:
+                done[0] = True
+        t = threading.Thread(target=reader)
+        t.start()
+        while not done[0]:
+            queued()
+            time.sleep(0.02)
+        t.join()
+        self.assertTrue(c.closed)
+        self.assertFalse(all(c.streams[s].ended for s in sids), "every answer was taken")
+        bound = self.CAP + self.STREAMS * 4 * self.PIECE
+        self.assertLessEqual(most[0], bound,
+                             "idem_queued_answer_bytes reached %d (bound %d)" % (most[0], bound))
+        h.wait_until(lambda: queued() == 0, GENEROUS, 0.05, "the queue to be given back")
 
 
 def read_frames(sock, until, timeout=GENEROUS):
