@@ -203,8 +203,10 @@ def summarise_delta(d):
     """What idemd counted during the measured runs of a row."""
     outcomes = {}
     for k, v in d.items():
-        # Summed over the route label (issue 22) where there is one.
-        m = re.fullmatch(r'idem_requests_total\{outcome="([^"]+)"(?:,route="[^"]*")?\}', k)
+        # Summed over the route label (issue 22) and the proto label
+        # (issue 23) where there are.
+        m = re.fullmatch(r'idem_requests_total\{outcome="([^"]+)"'
+                         r'(?:,route="[^"]*")?(?:,proto="[^"]*")?\}', k)
         if m and v:
             outcomes[m.group(1)] = outcomes.get(m.group(1), 0) + int(v)
     res = {"outcomes": outcomes}

@@ -539,7 +539,7 @@ static void conn_refused_count(idem_conn_t *c, int outcome)
 {
     const idem_handler_t *h = c->l->handler;
     if (h->ops->on_refused != NULL)
-        h->ops->on_refused(c->l->handler, outcome);
+        h->ops->on_refused(c->l->handler, outcome, &c->facts);
 }
 
 /* Answer with an error of the connection's own and close (drained).  No

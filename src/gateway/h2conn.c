@@ -536,7 +536,7 @@ static void stream_head_done(idem_h2conn_t *h, h2stream_t *st, bool end_stream)
         idem_gw_refusal_t ref;
         idem__gw_refuse_parse(prc, &ref);
         if (hd->ops->on_refused != NULL)
-            hd->ops->on_refused(hd, ref.outcome);
+            hd->ops->on_refused(hd, ref.outcome, &h->facts);
         if (idem__ostream_problem(&st->os, ref.status, ref.type, ref.detail, 0, hd->problem_link,
                                   IDEM_OS_CLOSE) != 0)
             nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
@@ -870,7 +870,7 @@ int idem__h2conn_expire(idem_h2conn_t *h)
              * it ends, as an HTTP/1.1 head past header_timeout does. */
             idem_handler_t *hd = h->l->handler;
             if (hd->ops->on_refused != NULL)
-                hd->ops->on_refused(hd, IDEM_OUT_REQUEST_TIMEOUT);
+                hd->ops->on_refused(hd, IDEM_OUT_REQUEST_TIMEOUT, &h->facts);
             st->head_by = 0;
             conn_calm(h, NGHTTP2_CANCEL);
         } else if (st->out_by != 0 && st->out_by <= now &&

@@ -125,9 +125,9 @@ typedef struct idem_handler_ops {
      * included) and never touches the stream again. */
     void (*on_gone)(idem_hreq_t *r);
     /** A request the connection refused by itself before any handler saw it
-     * (a head that does not parse, header_timeout): for the counts.  May be
-     * NULL. */
-    void (*on_refused)(idem_handler_t *h, int status);
+     * (a head that does not parse, header_timeout): for the counts, with
+     * the facts of the connection that refused it.  May be NULL. */
+    void (*on_refused)(idem_handler_t *h, int status, const idem_conn_facts_t *facts);
 } idem_handler_ops_t;
 
 /** A handler: its callbacks and what they need (the worker, the admin). */

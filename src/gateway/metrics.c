@@ -6,6 +6,7 @@
  * an upstream or a store commit without per-thread merging.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "gateway/config.h"
 #include "gateway/metrics.h"
@@ -30,12 +31,21 @@ const char *idem__outcome_name(idem_outcome_t o)
     return (unsigned)o < IDEM_OUT__COUNT ? outcome_names[o] : "unknown";
 }
 
-void idem__metrics_count(idem_metrics_t *m, size_t route, idem_outcome_t o)
+static const char *const proto_names[IDEM_PROTO__COUNT] = {"http1", "h2"};
+
+idem_proto_t idem__metrics_proto(const char *proto)
+{
+    return proto != NULL && strcmp(proto, "HTTP/2") == 0 ? IDEM_PROTO_H2 : IDEM_PROTO_HTTP1;
+}
+
+void idem__metrics_count(idem_metrics_t *m, size_t route, idem_proto_t proto, idem_outcome_t o)
 {
     if (route >= IDEM_METRICS_ROUTE_SLOTS)
         route = 0;
+    if ((unsigned)proto >= IDEM_PROTO__COUNT)
+        proto = IDEM_PROTO_HTTP1;
     if ((unsigned)o < IDEM_OUT__COUNT)
-        atomic_fetch_add_explicit(&m->requests[route][o], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->requests[route][proto][o], 1, memory_order_relaxed);
 }
 
 /* The idem_requests_total rows: route="none", then each route of cfg.  A
@@ -49,13 +59,16 @@ static int render_requests(idem_metrics_t *m, const idem_config_t *cfg, idem_buf
         char ix[24];
         const char *label = slot == 0 ? "none" : idem__config_route_label(cfg, slot - 1, ix,
                                                                            sizeof ix);
-        for (int i = 0; i < IDEM_OUT__COUNT; i++) {
-            uint64_t v = atomic_load_explicit(&m->requests[slot][i], memory_order_relaxed);
-            for (size_t extra = n_routes + 1; slot == 0 && extra < IDEM_METRICS_ROUTE_SLOTS;
-                 extra++)
-                v += atomic_load_explicit(&m->requests[extra][i], memory_order_relaxed);
-            rc |= idem__buf_appendf(out, "idem_requests_total{outcome=\"%s\",route=\"%s\"} %llu\n",
-                                    outcome_names[i], label, (unsigned long long)v);
+        for (int p = 0; p < IDEM_PROTO__COUNT; p++) {
+            for (int i = 0; i < IDEM_OUT__COUNT; i++) {
+                uint64_t v = atomic_load_explicit(&m->requests[slot][p][i], memory_order_relaxed);
+                for (size_t extra = n_routes + 1; slot == 0 && extra < IDEM_METRICS_ROUTE_SLOTS;
+                     extra++)
+                    v += atomic_load_explicit(&m->requests[extra][p][i], memory_order_relaxed);
+                rc |= idem__buf_appendf(
+                    out, "idem_requests_total{outcome=\"%s\",route=\"%s\",proto=\"%s\"} %llu\n",
+                    outcome_names[i], label, proto_names[p], (unsigned long long)v);
+            }
         }
     }
     return rc;
@@ -95,7 +108,8 @@ int idem__metrics_render(idem_metrics_t *m, const idem_config_t *cfg, idem_buf_t
 {
     int rc = idem__buf_append_str(out, "# HELP idem_requests_total Requests by what idemd did "
                                        "with them and the route they matched (its name or "
-                                       "index; none: no route).\n"
+                                       "index; none: no route) and the protocol "
+                                       "that carried them (http1, h2).\n"
                                        "# TYPE idem_requests_total counter\n");
     rc |= render_requests(m, cfg, out);
     rc |= idem__buf_appendf(out,

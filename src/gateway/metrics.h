@@ -26,6 +26,10 @@
  * (metrics.c checks it). */
 #define IDEM_METRICS_ROUTE_SLOTS 257
 
+/* The protocol that carried a request: idem_requests_total's proto label
+ * ("http1": HTTP/1.1 and 1.0; "h2": HTTP/2, SPEC section 20). */
+typedef enum { IDEM_PROTO_HTTP1, IDEM_PROTO_H2, IDEM_PROTO__COUNT } idem_proto_t;
+
 typedef struct idem_hist {
     _Atomic uint64_t buckets[IDEM_HIST_BUCKETS + 1]; /* last: +Inf */
     _Atomic uint64_t count;
@@ -33,10 +37,10 @@ typedef struct idem_hist {
 } idem_hist_t;
 
 typedef struct idem_metrics {
-    /* By route (IDEM_METRICS_ROUTE_SLOTS) and outcome: the label is the
-     * route's name or index, never a request's path, so the series are at
-     * most (routes + 1) x outcomes. */
-    _Atomic uint64_t requests[IDEM_METRICS_ROUTE_SLOTS][IDEM_OUT__COUNT];
+    /* By route (IDEM_METRICS_ROUTE_SLOTS), protocol and outcome: the label
+     * is the route's name or index, never a request's path, so the series
+     * are at most (routes + 1) x protocols x outcomes. */
+    _Atomic uint64_t requests[IDEM_METRICS_ROUTE_SLOTS][IDEM_PROTO__COUNT][IDEM_OUT__COUNT];
     _Atomic uint32_t workers;         /* worker threads running (workers: auto resolved) */
     _Atomic uint64_t admin_unauthorized; /* admin requests refused 401 (admin_token_file) */
     _Atomic int64_t in_flight;        /* requests being processed now */
@@ -93,12 +97,16 @@ typedef struct idem_metrics {
 } idem_metrics_t;
 
 /** Count one request of route slot `route` (0: none matched, 1 + i:
- * routes[i]; a slot out of range counts as 0) with outcome o. */
-void idem__metrics_count(idem_metrics_t *m, size_t route, idem_outcome_t o);
+ * routes[i]; a slot out of range counts as 0), carried by proto, with
+ * outcome o. */
+void idem__metrics_count(idem_metrics_t *m, size_t route, idem_proto_t proto, idem_outcome_t o);
+/** The proto label of idem_conn_facts_t.proto ("HTTP/2": h2; anything
+ * else, NULL included: http1). */
+idem_proto_t idem__metrics_proto(const char *proto);
 void idem__hist_observe(idem_hist_t *h, uint64_t ns);
 struct idem_config;
 /** Render Prometheus text into out.  idem_requests_total has a row per
- * outcome for route="none" and for each route of cfg (labelled with
+ * outcome and protocol for route="none" and for each route of cfg (labelled with
  * idem__config_route_label); cfg NULL: route="none" only, every route's
  * counts folded into it.  @return 0 or -1 (out full). */
 int idem__metrics_render(idem_metrics_t *m, const struct idem_config *cfg, idem_buf_t *out);

@@ -102,7 +102,8 @@ static size_t req_route_slot(const idem_req_t *req)
 void idem__req_enter(idem_req_t *req, idem_req_state_t s)
 {
     if (req->life.state < IDEM_REQ_RELAYING && s >= IDEM_REQ_RELAYING)
-        idem__metrics_count(&req_gw(req)->metrics, req_route_slot(req), req->outcome);
+        idem__metrics_count(&req_gw(req)->metrics, req_route_slot(req),
+                            idem__metrics_proto(req->proto), req->outcome);
     idem__life_advance(&req->life, s);
 }
 
@@ -1626,7 +1627,8 @@ static void req_end(idem_req_t *req)
 {
     idem_gw_t *gw = req->w->gw;
     if (req->life.ended_in < IDEM_REQ_RELAYING)
-        idem__metrics_count(&gw->metrics, req_route_slot(req), req->outcome);
+        idem__metrics_count(&gw->metrics, req_route_slot(req), idem__metrics_proto(req->proto),
+                            req->outcome);
     idem__hist_observe(&gw->metrics.request_latency, idem_clock_mono_ns() - req->t_start_ns);
     atomic_fetch_sub(&gw->metrics.in_flight, 1);
     req_trace_end(req);
@@ -1700,9 +1702,10 @@ void idem__req_dispatch(idem_req_t *req)
 
 /* A refusal before a request exists (the head's own checks, the target):
  * counted, answered, and the connection ends after it. */
-static void proxy_refuse_head(idem_worker_t *w, idem_ostream_t *os, const idem_gw_refusal_t *r)
+static void proxy_refuse_head(idem_worker_t *w, idem_ostream_t *os, const idem_gw_refusal_t *r,
+                              const idem_conn_facts_t *facts)
 {
-    idem__metrics_count(&w->gw->metrics, 0, r->outcome);
+    idem__metrics_count(&w->gw->metrics, 0, idem__metrics_proto(facts->proto), r->outcome);
     (void)idem__ostream_problem(os, r->status, r->type, r->detail, 0,
                                 idem__config_policy_link(w->gw->cfg), IDEM_OS_CLOSE);
 }
@@ -1714,14 +1717,14 @@ static idem_hreq_t *proxy_on_head(idem_handler_t *h, const idem_http_msg_t *m, c
     idem_worker_t *w = h->data;
     idem_gw_refusal_t refusal;
     if (!idem__gw_check_head(idem__worker_cfg(w), m, &refusal)) {
-        proxy_refuse_head(w, os, &refusal);
+        proxy_refuse_head(w, os, &refusal, facts);
         return NULL;
     }
     int target_rc;
     idem_req_t *req = req_create(w, os, facts, head, head_len, m->target.len, &target_rc);
     if (!req && target_rc != IDEM_TARGET_OK) {
         idem__gw_refuse_target(target_rc, &refusal);
-        proxy_refuse_head(w, os, &refusal);
+        proxy_refuse_head(w, os, &refusal, facts);
     }
     return req; /* NULL and no answer: out of memory, the connection says so */
 }
@@ -1788,10 +1791,11 @@ static void proxy_on_proceed(idem_hreq_t *r)
         idem__upstream_req_resume(&req->up);
 }
 
-static void proxy_on_refused(idem_handler_t *h, int outcome)
+static void proxy_on_refused(idem_handler_t *h, int outcome, const idem_conn_facts_t *facts)
 {
     idem_worker_t *w = h->data;
-    idem__metrics_count(&w->gw->metrics, 0, (idem_outcome_t)outcome);
+    idem__metrics_count(&w->gw->metrics, 0, idem__metrics_proto(facts->proto),
+                        (idem_outcome_t)outcome);
 }
 
 static const idem_handler_ops_t proxy_ops = {

@@ -402,7 +402,7 @@ class RouteLabel(h.IdemTestCase):
         self.assertEqual(routes, {"payments", "1", "items.v2", "none"})
         for n, l, v in m["samples"]:
             if n == "idem_requests_total":
-                self.assertEqual(set(l), {"outcome", "route"})
+                self.assertEqual(set(l), {"outcome", "route", "proto"})
 
     def test_default_route_is_index_0(self):
         up, d = self.setup_pair()

@@ -276,6 +276,21 @@ class TestBasics(Base):
         (st,) = c.wait_streams([sid])
         self.assertEqual(st.status, 422)
         self.assertEqual(self.up.count(key=key), 1)
+        # The metrics count each under its protocol: the first over HTTP/2
+        # is new, the replays one per protocol.
+        box = {}
+
+        def counted():
+            box["m"] = self.d.metrics()
+            return h.metric_sum(box["m"], "idem_requests_total") >= 4
+        h.wait_until(counted, GENEROUS, what="the four requests counted")
+        m = box["m"]
+        self.assertEqual(h.metric_sum(m, "idem_requests_total", outcome="new", proto="h2"), 1)
+        self.assertEqual(h.metric_sum(m, "idem_requests_total", outcome="new", proto="http1"), 0)
+        self.assertEqual(h.metric_sum(m, "idem_requests_total", outcome="replay", proto="h2"), 1)
+        self.assertEqual(h.metric_sum(m, "idem_requests_total", outcome="replay", proto="http1"),
+                         1)
+        self.assertEqual(h.metric_sum(m, "idem_requests_total", outcome="mismatch", proto="h2"), 1)
         # The access log names the protocol of each.
         h.wait_until(lambda: "proto=HTTP/2" in self.d.log_text()
                      and "proto=HTTP/1.1" in self.d.log_text(), GENEROUS,

@@ -37,17 +37,20 @@ Test(metrics, counts_each_outcome_under_its_label)
 {
     static idem_metrics_t m;
     memset(&m, 0, sizeof m);
-    idem__metrics_count(&m, 0, IDEM_OUT_NEW);
-    idem__metrics_count(&m, 0, IDEM_OUT_NEW);
-    idem__metrics_count(&m, 0, IDEM_OUT_REPLAY);
+    idem__metrics_count(&m, 0, IDEM_PROTO_HTTP1, IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, IDEM_PROTO_HTTP1, IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, IDEM_PROTO_HTTP1, IDEM_OUT_REPLAY);
     char *t = render(&m);
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\"}"), 2);
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"replay\",route=\"none\"}"), 1);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\",proto=\"http1\"}"),
+                 2);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"replay\",route=\"none\",proto=\"http1\"}"),
+                 1);
     static const char *const spec[] = {"new", "replay", "in_flight", "mismatch", "missing_key",
                                        "invalid_key", "passthrough", "store_error"};
     for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
         char label[96];
-        snprintf(label, sizeof label, "idem_requests_total{outcome=\"%s\",route=\"none\"}", spec[i]);
+        snprintf(label, sizeof label,
+                 "idem_requests_total{outcome=\"%s\",route=\"none\",proto=\"http1\"}", spec[i]);
         cr_expect_geq(value_of(t, label), 0, "missing outcome %s", spec[i]);
     }
     cr_expect_eq(value_of(t, "idem_in_flight"), 0);
@@ -63,27 +66,57 @@ Test(metrics, route_label_is_name_or_index)
     memset(&m, 0, sizeof m);
     cr_assert_eq(idem__config_defaults(&cfg), 0);
     cr_assert_eq(cfg.n_routes, 1);
-    idem__metrics_count(&m, 1, IDEM_OUT_NEW);
-    idem__metrics_count(&m, 0, IDEM_OUT_PASSTHROUGH);
-    idem__metrics_count(&m, 9999, IDEM_OUT_PASSTHROUGH); /* out of range: none */
+    idem__metrics_count(&m, 1, IDEM_PROTO_HTTP1, IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, IDEM_PROTO_HTTP1, IDEM_OUT_PASSTHROUGH);
+    idem__metrics_count(&m, 9999, IDEM_PROTO_HTTP1, IDEM_OUT_PASSTHROUGH); /* out of range: none */
     idem_buf_t b;
     idem__buf_init(&b, 1 << 20);
     cr_assert_eq(idem__metrics_render(&m, &cfg, &b), 0);
     cr_assert_eq(idem__buf_append(&b, "", 1), 0);
     const char *t = (const char *)b.data;
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"0\"}"), 1);
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"passthrough\",route=\"none\"}"), 2);
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\"}"), 0);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"0\",proto=\"http1\"}"),
+                 1);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"passthrough\",route=\"none\",proto=\"http1\"}"),
+                 2);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\",proto=\"http1\"}"),
+                 0);
     idem__buf_cleanup(&b);
     cr_assert_eq(idem__config_set_string(&cfg.routes[0].name, "payments"), 0);
     idem__buf_init(&b, 1 << 20);
     cr_assert_eq(idem__metrics_render(&m, &cfg, &b), 0);
     cr_assert_eq(idem__buf_append(&b, "", 1), 0);
     t = (const char *)b.data;
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"payments\"}"), 1);
-    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"0\"}"), -1);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"payments\",proto=\"http1\"}"),
+                 1);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"0\",proto=\"http1\"}"),
+                 -1);
     idem__buf_cleanup(&b);
     idem__config_cleanup(&cfg);
+}
+
+/* The protocol that carried a request is a label of its own: HTTP/2's
+ * counts never show under http1, nor the reverse. */
+Test(metrics, proto_label)
+{
+    static idem_metrics_t m;
+    memset(&m, 0, sizeof m);
+    cr_expect_eq(idem__metrics_proto("HTTP/2"), IDEM_PROTO_H2);
+    cr_expect_eq(idem__metrics_proto("HTTP/1.1"), IDEM_PROTO_HTTP1);
+    cr_expect_eq(idem__metrics_proto(NULL), IDEM_PROTO_HTTP1);
+    idem__metrics_count(&m, 0, idem__metrics_proto("HTTP/2"), IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, idem__metrics_proto("HTTP/2"), IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, idem__metrics_proto("HTTP/1.1"), IDEM_OUT_NEW);
+    idem__metrics_count(&m, 0, (idem_proto_t)7, IDEM_OUT_REPLAY); /* out of range: http1 */
+    char *t = render(&m);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\",proto=\"h2\"}"),
+                 2);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"new\",route=\"none\",proto=\"http1\"}"),
+                 1);
+    cr_expect_eq(
+        value_of(t, "idem_requests_total{outcome=\"replay\",route=\"none\",proto=\"http1\"}"), 1);
+    cr_expect_eq(value_of(t, "idem_requests_total{outcome=\"replay\",route=\"none\",proto=\"h2\"}"),
+                 0);
+    free(t);
 }
 
 Test(metrics, histograms_are_cumulative)
