@@ -9,7 +9,7 @@
 #          every store backend (`make build`, `make run`): no test tools
 #   test   build, plus Criterion, clang for the fuzzers, the Redis and
 #          PostgreSQL servers the tests start, and deb's tools (`make test`)
-#   bench  test, plus nginx, wrk, perf and Node.js (`make bench`)
+#   bench  test, plus nginx, wrk, h2load (nghttp2-client), perf and Node.js (`make bench`)
 #   deb    build, plus Debian's packaging tools (`make deb`)
 #
 # apt-get's own messages are shown as they come; a step that fails stops
@@ -26,7 +26,7 @@ test_pkgs=(python3 libcriterion-dev clang libclang-rt-14-dev lmdb-utils redis-se
 # also wants build-essential, whatever debian/control says), scdoc for the
 # manual pages, systemd for systemd-analyze verify, man-db/groff to render.
 deb_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian scdoc systemd man-db groff-base procps)
-bench_pkgs=(nginx wrk linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
+bench_pkgs=(nginx wrk nghttp2-client linux-perf valgrind nodejs $(command -v npm >/dev/null || echo npm))  # npm: a nodejs that bundles it (and conflicts with Debian's) counts
 
 want=("${build_pkgs[@]}")
 case "${1:-build}" in
