@@ -1083,10 +1083,16 @@ static idem_up_body_t on_up_body(idem_upstream_req_t *ur, const char *p, size_t 
         want = IDEM_UP_BODY_REFUSE;
     } else if (req->resp_body.len > req->capture_limit) {
         /* Too large to keep: the rest goes straight to the client once the
-         * outcome is recorded; no timeout runs meanwhile. */
+         * outcome is recorded; no timeout runs meanwhile.  The pause is
+         * the explicit one, not an answer of PAUSE: a keyless answer
+         * starts its stream right here, and when the client takes the
+         * captured piece at once the stream resumes the call before this
+         * returns; an answer of PAUSE would then stop it again, with
+         * nothing left to resume it.  upstream.c stops after this piece
+         * while the call is still paused (the outcome being stored, or a
+         * client that did not take the piece), and reads on if not. */
         idem__upstream_req_pause(ur);
         req_upstream_answered(req, false);
-        want = IDEM_UP_BODY_PAUSE;
     }
     idem__req_release(req, IDEM_HOLD_CALL);
     return want;
