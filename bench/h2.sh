@@ -135,6 +135,7 @@ client() {
     out=$("$H2KEYS" "${pa[@]}" -c "$CLIENTS" -m "$STREAMS" -d "$secs" -k "$RUN-$tag" -p /pay \
       127.0.0.1 "$port" 2>"$WORK/h2keys.err") || echo "h2.sh: $tag: not all 2xx: $(tail -1 "$WORK/h2keys.err")" >&2
     awk '/^completed/ {d=$2} /^status 2/ {o+=$3} /^req\/s/ {r=$2} END {printf "%d %d %.0f\n", d, o, r}' <<<"$out"
+    awk -v t="$tag" '/^client-cpu/ {print "h2.sh: " t ": idem-h2keys " $2 " us/req"}' <<<"$out" >&2
   fi
 }
 
@@ -207,10 +208,10 @@ if [[ $PERF == 1 ]]; then
   sleep 0.5
   client h2keys h2 "$SECS" "$IP" perf >/dev/null
   kill -INT "$PERF_PID"; wait "$PERF_PID" 2>/dev/null || true
-  echo "idemd during idemd-new-h2, perf record -g, self time:"
-  perf report -i "$WORK/perf.data" --no-children --sort symbol --stdio 2>/dev/null |
+  echo "idemd during idemd-new-h2, perf record -g, self time by symbol:"
+  perf report -i "$WORK/perf.data" --no-children --sort symbol --stdio -g none 2>/dev/null |
     grep -E '^ +[0-9]' | head -30
-  echo "inclusive:"
-  perf report -i "$WORK/perf.data" --children --sort symbol --stdio -g none 2>/dev/null |
-    grep -E '^ +[0-9]' | head -30
+  echo "self time by library:"
+  perf report -i "$WORK/perf.data" --no-children --sort dso --stdio -g none 2>/dev/null |
+    grep -E '^ +[0-9]' | head -12
 fi

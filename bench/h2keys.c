@@ -18,8 +18,9 @@
  * One thread, nonblocking sockets, one poll() loop.  New requests stop after
  * D seconds; those in flight are then awaited (at most 5 s more, after which
  * they count as errors).  It prints, one per line, "completed N",
- * "errors N", "seconds S", "req/s R" and "status CODE N" for each status
- * seen, and exits 0 only when every request got a 2xx answer (1 when not,
+ * "errors N", "seconds S", "req/s R", "client-cpu-us/req U" (its own CPU,
+ * getrusage, per answer: the load generator's share of the cores) and
+ * "status CODE N" for each status seen, and exits 0 only when every request got a 2xx answer (1 when not,
  * 2 on a usage error).  A bench tool (bench/meson.build), not part of
  * idemd: it allocates with calloc/realloc like bench/storebench.c.
  *
@@ -39,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -510,6 +512,11 @@ int main(int argc, char **argv)
            g.streams);
     printf("completed %" PRIu64 "\nerrors %" PRIu64 "\nseconds %.3f\nreq/s %.0f\n", g.completed,
            g.errors, took, (double)g.completed / took);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                 ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+    printf("client-cpu-us/req %.1f\n", g.completed ? cpu * 1e6 / (double)g.completed : 0.0);
     bool all_2xx = g.errors == 0 && g.completed > 0;
     for (int s = 0; s < 600; s++)
         if (g.status[s]) {
