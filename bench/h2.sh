@@ -210,8 +210,8 @@ if [[ $PERF == 1 ]]; then
   kill -INT "$PERF_PID"; wait "$PERF_PID" 2>/dev/null || true
   echo "idemd during idemd-new-h2, perf record -g, self time by symbol:"
   perf report -i "$WORK/perf.data" --no-children --sort symbol --stdio -g none 2>/dev/null |
-    grep -E '^ +[0-9]' | head -30
+    grep -E '^ +[0-9]' | head -30 || true
   echo "self time by library:"
   perf report -i "$WORK/perf.data" --no-children --sort dso --stdio -g none 2>/dev/null |
-    grep -E '^ +[0-9]' | head -12
+    grep -E '^ +[0-9]' | head -12 || true
 fi
