@@ -60,6 +60,14 @@
 # threads) of the process under test ("server": nginx's worker, idemd, the
 # Express app) and of the upstream's nginx worker when that is another
 # process, before and after the measured run; report.py prints it per request.
+#   http2               not a wrk row: bench/h2.sh (issue 23), after the rounds,
+#                       with its own nginx pair and idemd: nginx proxy_pass and
+#                       idemd replays over HTTP/1.1 and HTTP/2 with h2load, and
+#                       nginx and idemd new keys over both with bench/h2keys.c
+#                       (build/bench/idem-h2keys); BENCH_SECONDS, BENCH_CONNECTIONS
+#                       and BENCH_ROUNDS apply, 10 streams a connection.  Its
+#                       table and verdict are printed after report.py's and kept
+#                       as bench/results/h2-<run>.md; BENCH_STRICT fails on MISSED.
 #   idemd-steady        after the rounds, not interleaved: new keys at full
 #                       speed for BENCH_STEADY_SECONDS against an idemd of its
 #                       own on a FRESH embedded store (BENCH_EMBEDDED, sync=interval)
@@ -208,7 +216,7 @@ ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-rep
           base-new-always base-new-interval base-replay base-new-pg
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
           idemd-workers-1 idemd-workers-auto
-          idemd-steady)
+          http2 idemd-steady)
 if [[ $BENCH_ROWS != all && -n $BENCH_ROWS ]]; then
   IFS=, read -r -a _rows <<<"$BENCH_ROWS"
   for _r in "${_rows[@]}"; do
@@ -1311,6 +1319,16 @@ EOF
   stop_idemd idemd-steady "$STEADY_PID"
 fi
 
+# ---- HTTP/2 (issue 23): bench/h2.sh, with servers of its own ----------------------------
+
+if want_row http2; then
+  say "http2: bench/h2.sh, $BENCH_ROUNDS rounds of 8 rows"
+  TMPDIR=$WORK IDEMD=$IDEM_BUILD/idemd H2KEYS=$IDEM_BUILD/bench/idem-h2keys \
+    BENCH_H2_SECONDS=$BENCH_SECONDS BENCH_H2_CLIENTS=$BENCH_CONNECTIONS BENCH_H2_ROUNDS=$BENCH_ROUNDS \
+    timeout $((BENCH_ROUNDS * 8 * (BENCH_SECONDS + 4) + 120)) bash bench/h2.sh \
+    >"$WORK/h2.md" 2>"$WORK/h2.err" || die "http2: bench/h2.sh failed: $(tail -3 "$WORK/h2.err")"
+fi
+
 # ---- the report ------------------------------------------------------------------------
 
 mkdir -p "$BENCH_RESULTS"
@@ -1321,4 +1339,12 @@ for f in "$WORK"/*.profile.txt "$WORK"/*.idemd.log; do
     *.idemd.log) gzip -c "$f" >"$BENCH_RESULTS/$(basename "$f")-$RUNID.gz" ;;
   esac
 done
-python3 bench/report.py "$WORK" "$BENCH_RESULTS"
+report_rc=0
+python3 bench/report.py "$WORK" "$BENCH_RESULTS" || report_rc=$?
+if [[ -s $WORK/h2.md ]]; then
+  printf '\nHTTP/2 (bench/h2.sh, issue 23):\n'
+  cat "$WORK/h2.md"
+  cp "$WORK/h2.md" "$BENCH_RESULTS/h2-$RUNID.md"
+  [[ $BENCH_STRICT == 1 ]] && grep -q MISSED "$WORK/h2.md" && report_rc=1
+fi
+exit "$report_rc"
