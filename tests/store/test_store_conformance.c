@@ -2900,7 +2900,7 @@ Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .f
     /* Far enough ahead that Redis expires nothing while the test runs. */
     int64_t now = fx_real_ms() + 600000;
     char what[96];
-    int kinds[8] = {0}, verdicts[4] = {0}, errs[16] = {0};
+    int kinds[IDEM_DECIDE_RECONCILE + 1] = {0}, verdicts[4] = {0}, errs[16] = {0};
     for (int round = 0; round < 3000; round++) {
         idem_op_t a[4], b[4];
         size_t n = 1 + rnd(4);
@@ -2921,6 +2921,9 @@ Test(store_redis, decides_like_the_c_code_on_random_ops, .init = setup_redis, .f
             cr_expect_eq(b[i].decision.retry_after_s, a[i].decision.retry_after_s,
                          "%s: retry_after", what);
             cr_expect_eq(b[i].token, a[i].token, "%s: token", what);
+            cr_assert(a[i].decision.kind <= IDEM_DECIDE_RECONCILE && a[i].token < 4 &&
+                          a[i].err >= 0 && a[i].err < 16,
+                      "%s: a value this test does not count", what);
             kinds[a[i].decision.kind]++;
             verdicts[a[i].token]++;
             errs[a[i].err]++;
