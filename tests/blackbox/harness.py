@@ -867,7 +867,10 @@ class Idemd:
                                      % (rc, self.log_text()[-3000:]))
             try:
                 r = request(self.admin_port, "GET", "/healthz", timeout=1.0)
-                if r.status == 200:
+                # The answer must be this process's: another test's idemd
+                # may hold a port this one failed to take.  idemd writes
+                # "listening on" once every socket of its own is bound.
+                if r.status == 200 and self.started_listening():
                     return
             except OSError:
                 pass
@@ -932,6 +935,14 @@ class Idemd:
             return None
         _LIVE.discard(self.proc)
         return rc
+
+    def started_listening(self):
+        """Whether this start's log has idemd's "listening on" line."""
+        try:
+            with open(self.logs[-1], "rb") as f:
+                return b"listening on" in f.read()
+        except (OSError, IndexError):
+            return False
 
     def log_text(self):
         out = []

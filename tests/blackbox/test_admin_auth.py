@@ -52,7 +52,7 @@ class AuthIdemd(h.Idemd):
                                      % (rc, self.log_text()[-3000:]))
             try:
                 return h.request(self.admin_port, "GET", "/healthz", headers=self.auth(),
-                                 timeout=1.0).status == 200
+                                 timeout=1.0).status == 200 and self.started_listening()
             except OSError:
                 return False
         h.wait_until(ready, timeout, what="idemd's /healthz with the token")
