@@ -30,7 +30,10 @@ class Forwarding(h.IdemTestCase):
         r = d.request("POST", "/orders/7?x=1&y=%20", body=b"payload",
                       headers=[("X-Custom", "c1"), ("Content-Type", "text/plain")], key=k)
         self.assertEqual(r.status, 200)
-        s = up.requests()[0]
+        # This request's copy, whatever else reached the upstream's port.
+        mine = [s for s in up.requests() if s.header_all("Idempotency-Key") == [k]]
+        self.assertEqual(len(mine), 1, up.requests())
+        s = mine[0]
         self.assertEqual(s.method, "POST")
         self.assertEqual(s.path, "/orders/7?x=1&y=%20")
         self.assertEqual(s.body, b"payload")

@@ -160,6 +160,12 @@ class LocalCache(h.IdemTestCase):
 
     def test_cached_replay_does_not_touch_the_store(self):
         up, d = self.setup_pair({"local_cache": 1000})
+        # On a shared store the cache is used only once its invalidation
+        # subscriber is connected (docs/stores.md, "local_cache").
+        if "idem_cache_invalidation_connected" in d.metrics()["types"]:
+            h.wait_until(lambda: h.metric_sum(d.metrics(),
+                                              "idem_cache_invalidation_connected") == 1,
+                         30, what="the cache's invalidation subscriber connected")
         k = h.new_key()
         first = d.post(key=k)
         self.assertEqual(first.status, 200)

@@ -99,20 +99,34 @@ class Ledger:
     """A running idem-ledger."""
 
     def __init__(self, workdir, db, keys=True, threads=4, extra=()):
-        self.port = free_port()
-        self.log_path = os.path.join(workdir, "ledger-%d.log" % self.port)
-        self.argv = [LEDGER, "--listen", "%s:%d" % (HOST, self.port), "--db", db,
-                     "--keys", "on" if keys else "off", "--threads", str(threads)] + list(extra)
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+        # A port found free may be taken by another test before the ledger
+        # binds it: then the ledger exits, and it is started on another.
+        for attempt in range(3):
+            self.port = free_port()
+            self.log_path = os.path.join(workdir, "ledger-%d.log" % self.port)
+            self.argv = [LEDGER, "--listen", "%s:%d" % (HOST, self.port), "--db", db,
+                         "--keys", "on" if keys else "off", "--threads", str(threads)] + list(extra)
+            self.log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+            if self.wait_ready(last=attempt == 2):
+                return
+            self.log.close()
+
+    def wait_ready(self, last):
+        """Until this ledger answers /healthz: its own log must say it
+        listens, or the 200 may be another process's on a taken port.
+        False when it exited and another port may be tried."""
         deadline = time.monotonic() + 20
         while True:
             if self.proc.poll() is not None:
+                if not last and b"in use" in open(self.log_path, "rb").read():
+                    return False
                 raise AssertionError("idem-ledger exited with %d at start:\n%s"
                                      % (self.proc.returncode, self.text()))
             try:
-                if call(self.port, "GET", "/healthz", timeout=2).status == 200:
-                    break
+                if (b"listening on" in open(self.log_path, "rb").read() and
+                        call(self.port, "GET", "/healthz", timeout=2).status == 200):
+                    return True
             except OSError:
                 pass
             if time.monotonic() > deadline:

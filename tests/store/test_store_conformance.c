@@ -2678,7 +2678,9 @@ Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = tear
     if (calls == 2)
         cr_expect_eq(got[0], IDEM_E_STORE_DOWN, "the call on the old connection: %s (%s)",
                      idem_strerror(got[0]), why[0]);
-    cr_expect_eq(d.kind, IDEM_DECIDE_REPLAY, "the record made before the failover");
+    cr_expect_eq(d.kind, IDEM_DECIDE_REPLAY,
+                 "the record made before the failover: decision %s after %d call(s) (%s)",
+                 idem_decision_name(d.kind), calls, why[calls - 1]);
     cr_expect_eq(claim("new", 1, T0).kind, IDEM_DECIDE_CLAIM);
     c = redis_direct(rport);
     r = redisCommand(c, "EXISTS idem:anonymous:new");
