@@ -480,10 +480,7 @@ struct redis_store {
     char match[2 * IDEM_STORE_OPT_MAX + 2]; /* SCAN pattern: the escaped prefix, '*' */
 };
 
-/* snprintf for messages: a long host name or server error is cut, never overflows. */
-static void say(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void say(char *buf, size_t len, const char *fmt, ...)
+void idem__redis_say(char *buf, size_t len, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -888,9 +885,9 @@ void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const ide
 {
     const char *why = idem__rconn_errstr(c);
     if (idem__rconn_err(c) == IDEM__RCONN_E_TIMEOUT)
-        say(err, errlen, "%s: no answer within %d ms", who, timeout_ms);
+        idem__redis_say(err, errlen, "%s: no answer within %d ms", who, timeout_ms);
     else
-        say(err, errlen, "%s: %s", who, why[0] ? why : "connection lost");
+        idem__redis_say(err, errlen, "%s: %s", who, why[0] ? why : "connection lost");
 }
 
 idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
@@ -923,7 +920,7 @@ idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
                                    const struct endpoint *ep, char *err, size_t errlen)
 {
     char who[HOST_MAX + 16];
-    say(who, sizeof who, "%s:%d", ep->host, ep->port);
+    idem__redis_say(who, sizeof who, "%s:%d", ep->host, ep->port);
     idem__rconn_cfg_t rc = {
         .host = ep->host,
         .port = ep->port,
@@ -933,7 +930,7 @@ idem__rconn_t *idem__redis_connect(const struct rcfg *cfg, idem_tls_ctx_t *tls,
     };
     idem__rconn_t *c = idem__rconn_connect(&rc);
     if (c == NULL) {
-        say(err, errlen, "%s: out of memory", who);
+        idem__redis_say(err, errlen, "%s: out of memory", who);
         return NULL;
     }
     if (idem__rconn_err(c)) {
@@ -989,7 +986,7 @@ int idem__redis_discover(const struct rcfg *cfg, idem_tls_ctx_t *tls, struct end
         redisReply *r = command(c, 3, argv, len);
         if (r == NULL) {
             char who[HOST_MAX + 24];
-            say(who, sizeof who, "sentinel %s:%d", cfg->ep[i].host, cfg->ep[i].port);
+            idem__redis_say(who, sizeof who, "sentinel %s:%d", cfg->ep[i].host, cfg->ep[i].port);
             idem__redis_errtext_io(last, sizeof last, who, c, cfg->timeout_ms);
         } else if (reply_is(r, REDIS_REPLY_ARRAY) && r->elements == 2 &&
                    reply_is(r->element[0], REDIS_REPLY_STRING) &&
@@ -1004,22 +1001,22 @@ int idem__redis_discover(const struct rcfg *cfg, idem_tls_ctx_t *tls, struct end
                 idem__rconn_free(c);
                 return 0;
             }
-            say(last, sizeof last, "sentinel %s:%d gave a bad port", cfg->ep[i].host,
+            idem__redis_say(last, sizeof last, "sentinel %s:%d gave a bad port", cfg->ep[i].host,
                      cfg->ep[i].port);
         } else if (reply_is(r, REDIS_REPLY_NIL)) {
-            say(last, sizeof last, "sentinel %s:%d does not know master %s",
+            idem__redis_say(last, sizeof last, "sentinel %s:%d does not know master %s",
                      cfg->ep[i].host, cfg->ep[i].port, cfg->master);
         } else if (reply_is(r, REDIS_REPLY_ERROR)) {
-            say(last, sizeof last, "sentinel %s:%d: %.120s", cfg->ep[i].host,
+            idem__redis_say(last, sizeof last, "sentinel %s:%d: %.120s", cfg->ep[i].host,
                      cfg->ep[i].port, r->str);
         } else {
-            say(last, sizeof last, "sentinel %s:%d gave an unexpected answer",
+            idem__redis_say(last, sizeof last, "sentinel %s:%d gave an unexpected answer",
                      cfg->ep[i].host, cfg->ep[i].port);
         }
         freeReplyObject(r);
         idem__rconn_free(c);
     }
-    say(err, errlen, "no sentinel gave the address of master %s (%s)", cfg->master, last);
+    idem__redis_say(err, errlen, "no sentinel gave the address of master %s (%s)", cfg->master, last);
     return -1;
 }
 
@@ -1034,7 +1031,7 @@ int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err
         char *text = idem_malloc(total);
         if (text == NULL) {
             /* The loads already appended go with the connection. */
-            say(err, errlen, "SCRIPT LOAD: out of memory");
+            idem__redis_say(err, errlen, "SCRIPT LOAD: out of memory");
             return -1;
         }
         size_t at = 0;
@@ -1048,7 +1045,7 @@ int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err
         int rc = idem__rconn_append(c, 3, argv, len);
         idem_free(text);
         if (rc != 0) {
-            say(err, errlen, "SCRIPT LOAD: out of memory");
+            idem__redis_say(err, errlen, "SCRIPT LOAD: out of memory");
             return -1;
         }
     }
@@ -1063,7 +1060,7 @@ int idem__redis_load_scripts(idem__rconn_t *c, idem__redis_shas_t sha, char *err
             memcpy(sha[i], r->str, 41);
         } else if (!failed) {
             failed = 1;
-            say(err, errlen, "SCRIPT LOAD: %.150s",
+            idem__redis_say(err, errlen, "SCRIPT LOAD: %.150s",
                      reply_is(r, REDIS_REPLY_ERROR) ? r->str : "unexpected answer");
         }
         freeReplyObject(r);
@@ -1089,7 +1086,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
     }
     struct conn *k = idem_calloc(1, sizeof *k);
     if (k == NULL) {
-        say(err, errlen, "out of memory");
+        idem__redis_say(err, errlen, "out of memory");
         return IDEM_E_NOMEM;
     }
     k->c = connect_to(s, ep, err, errlen);
@@ -1097,7 +1094,7 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
         idem_free(k);
         return IDEM_E_STORE_DOWN;
     }
-    say(who, sizeof who, "%s:%d", ep->host, ep->port);
+    idem__redis_say(who, sizeof who, "%s:%d", ep->host, ep->port);
 
     /* The setup commands; their replies are read in this order. */
     enum { C_AUTH, C_SELECT, C_ROLE };
@@ -1132,14 +1129,14 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
             break;
         }
         if (!bad && reply_is(r, REDIS_REPLY_ERROR)) {
-            say(err, errlen, "%s: %s failed: %.150s", who,
+            idem__redis_say(err, errlen, "%s: %s failed: %.150s", who,
                      sent[i] == C_AUTH ? "AUTH" : sent[i] == C_SELECT ? "SELECT" : "ROLE", r->str);
             bad = 1;
         } else if (!bad && sent[i] == C_ROLE &&
                    !(reply_is(r, REDIS_REPLY_ARRAY) && r->elements > 0 &&
                      reply_is(r->element[0], REDIS_REPLY_STRING) &&
                      strcmp(r->element[0]->str, "master") == 0)) {
-            say(err, errlen, "%s (master %s by the sentinels) is not a master", who,
+            idem__redis_say(err, errlen, "%s (master %s by the sentinels) is not a master", who,
                      cfg->master);
             bad = 1;
         }
@@ -1148,8 +1145,8 @@ static idem_err_t conn_open(struct redis_store *s, struct conn **out, char *err,
     if (!bad && idem__redis_load_scripts(k->c, k->sha, err, errlen, cfg->timeout_ms) != 0) {
         /* Prefix the server so the message says where. */
         char tmp[256];
-        say(tmp, sizeof tmp, "%s: %s", who, err);
-        say(err, errlen, "%s", tmp);
+        idem__redis_say(tmp, sizeof tmp, "%s: %s", who, err);
+        idem__redis_say(err, errlen, "%s", tmp);
         bad = 1;
     }
     if (bad) {
@@ -1714,8 +1711,8 @@ lost:
 static idem_err_t wait_replicas(struct redis_store *s, struct conn *k, int *broken)
 {
     char n[12], t[12];
-    say(n, sizeof n, "%d", s->cfg.wait);
-    say(t, sizeof t, "%d", s->cfg.timeout_ms);
+    idem__redis_say(n, sizeof n, "%d", s->cfg.wait);
+    idem__redis_say(t, sizeof t, "%d", s->cfg.timeout_ms);
     const char *argv[] = {"WAIT", n, t};
     const size_t len[] = {4, strlen(n), strlen(t)};
     idem__rconn_set_timeout(k->c, s->cfg.timeout_ms + 1000);
@@ -2197,11 +2194,11 @@ static idem_err_t open_common(const char *rest, int sentinel, int tls, idem_stor
     s->base.exec_is_cheap = false;
     s->cfg = cfg;
     if (sentinel)
-        say(s->where, sizeof s->where, "master %s", cfg.master);
+        idem__redis_say(s->where, sizeof s->where, "master %s", cfg.master);
     else if (strchr(cfg.ep[0].host, ':') != NULL)
-        say(s->where, sizeof s->where, "[%s]:%d", cfg.ep[0].host, cfg.ep[0].port);
+        idem__redis_say(s->where, sizeof s->where, "[%s]:%d", cfg.ep[0].host, cfg.ep[0].port);
     else
-        say(s->where, sizeof s->where, "%s:%d", cfg.ep[0].host, cfg.ep[0].port);
+        idem__redis_say(s->where, sizeof s->where, "%s:%d", cfg.ep[0].host, cfg.ep[0].port);
     /* SCAN's pattern: the prefix with glob characters escaped, then '*'. */
     size_t m = 0;
     for (size_t i = 0; i < cfg.prefix_len; i++) {

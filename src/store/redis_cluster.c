@@ -145,16 +145,6 @@ struct cluster_store {
     char match[2 * IDEM_STORE_OPT_MAX + 2];
 };
 
-static void say(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void say(char *buf, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- slots -------------------------------------------------------------- */
 
 /* CRC16/XMODEM (polynomial 0x1021, initial 0, no reflection): the Redis
@@ -188,7 +178,7 @@ static idem__rconn_t *connect_ep(const struct cluster_store *s, const struct end
                                  char *err, size_t errlen)
 {
     char who[IDEM__REDIS_HOST_MAX + 16];
-    say(who, sizeof who, "%s:%d", ep->host, ep->port);
+    idem__redis_say(who, sizeof who, "%s:%d", ep->host, ep->port);
     idem__rconn_t *c = idem__redis_connect(&s->cfg, s->tls, ep, err, errlen);
     if (c == NULL)
         return NULL;
@@ -209,7 +199,7 @@ static idem__rconn_t *connect_ep(const struct cluster_store *s, const struct end
             return NULL;
         }
         if (r->type == REDIS_REPLY_ERROR) {
-            say(err, errlen, "%s: AUTH failed: %.150s", who, r->str);
+            idem__redis_say(err, errlen, "%s: AUTH failed: %.150s", who, r->str);
             freeReplyObject(r);
             idem__rconn_free(c);
             return NULL;
@@ -225,7 +215,7 @@ static idem_err_t pool_connect(void *ctx, struct idem__pool_conn **out, char *wh
     *out = NULL;
     struct cconn *k = idem_calloc(1, sizeof *k);
     if (k == NULL) {
-        say(why, whylen, "out of memory");
+        idem__redis_say(why, whylen, "out of memory");
         return IDEM_E_NOMEM;
     }
     k->c = connect_ep(n->s, &n->ep, why, whylen);
@@ -235,7 +225,7 @@ static idem_err_t pool_connect(void *ctx, struct idem__pool_conn **out, char *wh
     }
     char err[256];
     if (idem__redis_load_scripts(k->c, k->sha, err, sizeof err, n->s->cfg.timeout_ms) != 0) {
-        say(why, whylen, "%s:%d: %s", n->ep.host, n->ep.port, err);
+        idem__redis_say(why, whylen, "%s:%d: %s", n->ep.host, n->ep.port, err);
         idem__rconn_free(k->c);
         idem_free(k);
         return IDEM_E_STORE_DOWN;
@@ -346,14 +336,14 @@ static int read_slots(struct cluster_store *s, const struct endpoint *ep, uint8_
             0 ||
         idem__rconn_get_reply(c, &r) != 0) {
         char who[IDEM__REDIS_HOST_MAX + 16];
-        say(who, sizeof who, "%s:%d", ep->host, ep->port);
+        idem__redis_say(who, sizeof who, "%s:%d", ep->host, ep->port);
         idem__redis_errtext_io(err, errlen, who, c, s->cfg.timeout_ms);
         idem__rconn_free(c);
         return -1;
     }
     idem__rconn_free(c);
     if (r->type != REDIS_REPLY_ARRAY) {
-        say(err, errlen, "%s:%d: CLUSTER SLOTS: %.150s", ep->host, ep->port,
+        idem__redis_say(err, errlen, "%s:%d: CLUSTER SLOTS: %.150s", ep->host, ep->port,
             r->type == REDIS_REPLY_ERROR ? r->str : "unexpected answer");
         freeReplyObject(r);
         return -1;
@@ -390,7 +380,7 @@ static int read_slots(struct cluster_store *s, const struct endpoint *ep, uint8_
     }
     freeReplyObject(r);
     if (!covered) {
-        say(err, errlen, "%s:%d: CLUSTER SLOTS names no master (is it a cluster?)", ep->host,
+        idem__redis_say(err, errlen, "%s:%d: CLUSTER SLOTS names no master (is it a cluster?)", ep->host,
             ep->port);
         return -1;
     }
@@ -429,10 +419,10 @@ size_t idem__redis_uncovered(const uint8_t *map, uint8_t none, char *buf, size_t
     if (count == 0)
         return 0;
     if (ranges > 4)
-        say(buf, len, "slots %s and %zu more ranges (%zu slots in all) are served by no master",
+        idem__redis_say(buf, len, "slots %s and %zu more ranges (%zu slots in all) are served by no master",
             list, ranges - 4, count);
     else
-        say(buf, len, "%s %s %s served by no master", count == 1 ? "slot" : "slots", list,
+        idem__redis_say(buf, len, "%s %s %s served by no master", count == 1 ? "slot" : "slots", list,
             count == 1 ? "is" : "are");
     return count;
 }
@@ -466,7 +456,7 @@ static int refresh(struct cluster_store *s, unsigned long seen)
         for (int i = 0; i < s->cfg.nep && ok != 0; i++)
             ok = read_slots(s, &s->cfg.ep[i], map, last, sizeof last);
     } else {
-        say(last, sizeof last, "out of memory");
+        idem__redis_say(last, sizeof last, "out of memory");
     }
     if (ok == 0) {
         pthread_rwlock_wrlock(&s->map_lock);
@@ -621,7 +611,7 @@ static void take_answer(struct cluster_store *s, int t, idem_op_t *op, struct op
         return;
     }
     int kind = error_kind(r->str);
-    say(x->why, sizeof x->why, "%s:%d: %.150s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+    idem__redis_say(x->why, sizeof x->why, "%s:%d: %.150s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
         r->str);
     if (kind == 0) {
         int br = 0;
@@ -716,7 +706,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             if (st[i].state != P_SEND)
                 continue;
             if (st[i].target == NO_NODE) {
-                say(x.why, sizeof x.why, "slot %u has no master", (unsigned)st[i].slot);
+                idem__redis_say(x.why, sizeof x.why, "slot %u has no master", (unsigned)st[i].slot);
                 x.need_refresh = 1;
                 continue;
             }
@@ -728,7 +718,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             struct idem__pool_conn *pc;
             idem__pool_fail_t f;
             if (idem__pool_borrow(&s->nodes[t]->pool, &pc, NULL, &f) != IDEM_OK) {
-                say(x.why, sizeof x.why, "%s:%d: %s", s->nodes[t]->ep.host,
+                idem__redis_say(x.why, sizeof x.why, "%s:%d: %s", s->nodes[t]->ep.host,
                     s->nodes[t]->ep.port, f.why[0] ? f.why : "unreachable");
                 if (f.kind != IDEM__POOL_BUSY)
                     x.need_refresh = 1;
@@ -907,13 +897,13 @@ static redisReply *slot_command(struct cluster_store *s, unsigned slot, int use_
         pthread_rwlock_unlock(&s->map_lock);
         int again = 1, need_refresh = 0;
         if (t == NO_NODE) {
-            say(why, sizeof why, "slot %u has no master", slot);
+            idem__redis_say(why, sizeof why, "slot %u has no master", slot);
             need_refresh = 1;
         } else {
             struct idem__pool_conn *pc;
             idem__pool_fail_t f;
             if (idem__pool_borrow(&s->nodes[t]->pool, &pc, NULL, &f) != IDEM_OK) {
-                say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+                idem__redis_say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
                     f.why[0] ? f.why : "unreachable");
                 need_refresh = 1;
                 ask = -1;
@@ -939,12 +929,12 @@ static redisReply *slot_command(struct cluster_store *s, unsigned slot, int use_
                     char w[200];
                     idem__redis_errtext_io(w, sizeof w, s->nodes[t]->ep.host, k->c,
                                            s->cfg.timeout_ms);
-                    say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
+                    idem__redis_say(why, sizeof why, "%s:%d: %s", s->nodes[t]->ep.host, s->nodes[t]->ep.port,
                         w);
                     need_refresh = 1;
                 } else if (r->type == REDIS_REPLY_ERROR && error_kind(r->str) != 0) {
                     int kind = error_kind(r->str);
-                    say(why, sizeof why, "%s:%d: %.150s", s->nodes[t]->ep.host,
+                    idem__redis_say(why, sizeof why, "%s:%d: %.150s", s->nodes[t]->ep.host,
                         s->nodes[t]->ep.port, r->str);
                     if (kind == 1)
                         need_refresh = moved(s, slot, r->str) != 0;
@@ -1221,7 +1211,7 @@ static idem_err_t open_cluster(const char *rest, int tls, idem_store_t **out, ch
     s->tls = ctx;
     s->base.ops = tls ? &idem__store_rediss_cluster_ops : &idem__store_redis_cluster_ops;
     s->cfg = cfg;
-    say(s->where, sizeof s->where, strchr(cfg.ep[0].host, ':') ? "cluster [%s]:%d" : "cluster %s:%d",
+    idem__redis_say(s->where, sizeof s->where, strchr(cfg.ep[0].host, ':') ? "cluster [%s]:%d" : "cluster %s:%d",
         cfg.ep[0].host, cfg.ep[0].port);
     size_t m = 0;
     for (size_t i = 0; i < cfg.prefix_len; i++) {

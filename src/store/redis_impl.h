@@ -214,4 +214,9 @@ idem_err_t idem__redis_list(idem_store_t *base, idem__list_t *l);
 idem_err_t idem__redis_delete_if(idem_store_t *base, const idem_store_listed_t *items, size_t n,
                                  bool *removed);
 
+/* snprintf for messages: a long host name or server error is cut, never
+ * overflows (redis.c; the single and cluster forms both write with it). */
+void idem__redis_say(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif /* IDEM_STORE_REDIS_IMPL_H */
