@@ -865,13 +865,14 @@ class Idemd:
             if rc is not None:
                 raise AssertionError("idemd exited with %d before it was ready:\n%s"
                                      % (rc, self.log_text()[-3000:]))
+            # Ask only once idemd says it listens on every socket of its own:
+            # before, the admin port may be another test's process, which
+            # would take the probe as a request (and count it) and answer 200.
             try:
-                r = request(self.admin_port, "GET", "/healthz", timeout=1.0)
-                # The answer must be this process's: another test's idemd
-                # may hold a port this one failed to take.  idemd writes
-                # "listening on" once every socket of its own is bound.
-                if r.status == 200 and self.started_listening():
-                    return
+                if self.started_listening():
+                    r = request(self.admin_port, "GET", "/healthz", timeout=1.0)
+                    if r.status == 200:
+                        return
             except OSError:
                 pass
             if time.monotonic() >= deadline:

@@ -51,8 +51,9 @@ class AuthIdemd(h.Idemd):
                 raise AssertionError("idemd exited with %d before it was ready:\n%s"
                                      % (rc, self.log_text()[-3000:]))
             try:
-                return h.request(self.admin_port, "GET", "/healthz", headers=self.auth(),
-                                 timeout=1.0).status == 200 and self.started_listening()
+                return self.started_listening() and h.request(
+                    self.admin_port, "GET", "/healthz", headers=self.auth(),
+                    timeout=1.0).status == 200
             except OSError:
                 return False
         h.wait_until(ready, timeout, what="idemd's /healthz with the token")
