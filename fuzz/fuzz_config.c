@@ -86,6 +86,13 @@ static void check_config(const idem_config_t *cfg)
         "admin: must not be the same address as listen:", /* listen and admin */
         "admin: '",                                       /* not loopback, no admin_token_file */
         "defaults.reconcile_url: ",                       /* on_unknown_outcome and upstream */
+        "max_buffered_bytes: must be at least max_request_bytes", /* the two sizes */
+        "listen_tls.address: must not be the same address",       /* listen, admin */
+        "listen_tls: needs",                                /* address, cert_file, key_file */
+        "scope: client_cert needs",                         /* scope and listen_tls */
+        "scope: jwt:",                                      /* scope and jwt_keys */
+        "upstream_tls: cert_file and key_file go together", /* the two files */
+        "upstream_tls: written, but",                       /* upstream_tls and upstream */
     };
     if (idem__config_validate(cfg, err, sizeof err) != 0) {
         bool known = false;
