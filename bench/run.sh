@@ -17,13 +17,23 @@
 #   idemd-replay-pg     replays on PostgreSQL (local_cache off)
 #   idemd-new-rediss    new keys, on a Redis of its own over TLS (rediss://,
 #                       --tls-port, the run's certificates, no client certificates)
-#   idemd-new-redis-cluster  new keys, on a Redis Cluster of 3 masters with a
-#                       replica each (tests/cluster.py), redis+cluster:// with
-#                       three seeds
+#   idemd-new-redis-cluster  new keys, on a Redis Cluster of 3 masters and NO
+#                       replicas (tests/cluster.py), redis+cluster:// with the
+#                       three masters as seeds.  This is the row compared with
+#                       idemd-new-redis (issue 20: "the cluster row's req/s at
+#                       least that of one Redis master"): like for like, every
+#                       Redis of both rows is a master without a replica, so
+#                       the comparison measures sharding, not replication.
+#   idemd-new-redis-cluster-replicas  the same with a replica per master (3
+#                       masters + 3 replicas, the deployment issue 20's tests
+#                       use): what replication costs, on the masters (feeding
+#                       the replication stream) and on the replicas (applying
+#                       it), shown apart ("masters" and "replicas" in the
+#                       JSON) and never held to the one-master target.
 #   The Redis and PostgreSQL rows are skipped with BENCH_SERVER_STORES=0; their
 #   stores are preloaded with BENCH_PRELOAD_SERVER keys.  The Redis rows also
 #   record the CPU of their Redis server processes ("store": the one server,
-#   or all six nodes of the cluster).
+#   or every node of the cluster, replicas included).
 #   express-new         wrk -> Node.js Express app with the express-idempotency
 #                       middleware (bench/express/app.js) -> the same upstream,
 #                       a fresh key per request
@@ -59,7 +69,10 @@
 # Every wrk row also records the CPU (utime + stime from /proc/PID/stat, all
 # threads) of the process under test ("server": nginx's worker, idemd, the
 # Express app) and of the upstream's nginx worker when that is another
-# process, before and after the measured run; report.py prints it per request.
+# process, before and after the measured run, and wrk's own ("client", from
+# the shell's `times` around it); report.py prints it per request, and for
+# the Redis rows the bound the machine's CPUs put on req/s: CPUs / (the CPU
+# a request costs every process of the row, wrk included).
 #   http2               not a wrk row: bench/h2.sh (issue 23), after the rounds,
 #                       with its own nginx pair and idemd: nginx proxy_pass and
 #                       idemd replays over HTTP/1.1 and HTTP/2 with h2load, and
@@ -211,7 +224,8 @@ fi
 ((BENCH_STEADY_SECONDS <= 86400)) || die "BENCH_STEADY_SECONDS must be at most 86400"
 
 ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-replay
-          idemd-new-redis idemd-replay-redis idemd-new-rediss idemd-new-redis-cluster idemd-new-pg idemd-replay-pg
+          idemd-new-redis idemd-replay-redis idemd-new-rediss idemd-new-redis-cluster
+          idemd-new-redis-cluster-replicas idemd-new-pg idemd-replay-pg
           express-new express-replay
           base-new-always base-new-interval base-replay base-new-pg
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
@@ -228,10 +242,11 @@ want_row() {
   [[ $BENCH_ROWS == all || -z $BENCH_ROWS || ,$BENCH_ROWS, == *",$1,"* ]]
 }
 # Issue 20: Redis over TLS and Redis Cluster, each with servers of its own.
-REDISS=0 RCLUSTER=0
+REDISS=0 RCLUSTER=0 RCLUSTER_REPL=0
 if [[ $BENCH_SERVER_STORES == 1 ]]; then
   want_row idemd-new-rediss && REDISS=1
   want_row idemd-new-redis-cluster && RCLUSTER=1
+  want_row idemd-new-redis-cluster-replicas && RCLUSTER_REPL=1
 fi
 if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
   ! want_row idemd-new-pg && ! want_row idemd-replay-pg &&
@@ -346,17 +361,17 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Thirty-eight distinct free loopback ports (held open together while picked);
-# the cluster's nodes pick their own (tests/cluster.py).
+# Forty distinct free loopback ports (held open together while picked);
+# the clusters' nodes pick their own (tests/cluster.py).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
   BASE_A_PORT BASE_A_ADMIN BASE_I_PORT BASE_I_ADMIN IDEM_S_PORT ADMIN_S_PORT \
   TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
   IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN \
   REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT \
-  IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT < <(python3 - <<'PY'
+  IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT IDEM_RCR_PORT ADMIN_RCR_PORT < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(38)]
+socks = [socket.socket() for _ in range(40)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -423,15 +438,20 @@ tree_ticks() {
 }
 
 # store_pid KIND: the pid of the Redis server or of PostgreSQL's postmaster
-# that scripts/services.sh started, of the TLS Redis (rediss), or the six
-# node pids of the Redis Cluster joined by commas (cluster); empty when it
-# is not running.
+# that scripts/services.sh started, of the TLS Redis (rediss), or the node
+# pids of a Redis Cluster joined by commas: every node (cluster, cluster-r),
+# its masters only (cluster-r-masters) or its replicas only
+# (cluster-r-replicas); empty when it is not running.
 store_pid() {
+  local p
   case $1 in
     redis) cat "$WORK/services/redis/redis.pid" 2>/dev/null || true ;;
     pg) head -1 "$WORK/services/pg/data/postmaster.pid" 2>/dev/null || true ;;
     rediss) echo "${REDISS_SERVER_PID:-}" ;;
-    cluster) local p=${CLUSTER_NODE_PIDS:-}; echo "${p// /,}" ;;
+    cluster) p=${CLUSTER_NODE_PIDS:-}; echo "${p// /,}" ;;
+    cluster-r) p="${CLUSTER_R_MASTER_PIDS:-} ${CLUSTER_R_REPLICA_PIDS:-}"; p=${p# }; p=${p% }; echo "${p// /,}" ;;
+    cluster-r-masters) p=${CLUSTER_R_MASTER_PIDS:-}; echo "${p// /,}" ;;
+    cluster-r-replicas) p=${CLUSTER_R_REPLICA_PIDS:-}; echo "${p// /,}" ;;
   esac
 }
 
@@ -451,8 +471,9 @@ store_ticks() {
 # row_pids ROW: "ROLE PID" lines, the processes whose CPU a row records:
 # server (what is measured), upstream (nginx's upstream worker, when it
 # is not the server's own process) and store (the Redis or PostgreSQL
-# server of the row, all its processes: tree_ticks; for the Redis Cluster
-# its six nodes, as one comma-joined "pid": store_ticks sums them).
+# server of the row, all its processes: tree_ticks; for a Redis Cluster
+# its nodes, as one comma-joined "pid": store_ticks sums them; the cluster
+# with replicas also as masters and replicas apart).
 row_pids() {
   case $1 in
     nginx-direct | nginx-proxy) echo "server $NGINX_WORKER" ;;
@@ -471,6 +492,9 @@ row_pids() {
       printf 'server %s\nupstream %s\nstore %s\n' "$RS_PID" "$NGINX_WORKER" "$(store_pid rediss)" ;;
     idemd-new-redis-cluster)
       printf 'server %s\nupstream %s\nstore %s\n' "$RC_PID" "$NGINX_WORKER" "$(store_pid cluster)" ;;
+    idemd-new-redis-cluster-replicas)
+      printf 'server %s\nupstream %s\nstore %s\nmasters %s\nreplicas %s\n' "$RCR_PID" "$NGINX_WORKER" \
+        "$(store_pid cluster-r)" "$(store_pid cluster-r-masters)" "$(store_pid cluster-r-replicas)" ;;
     idemd-new-pg | idemd-replay-pg)
       printf 'server %s\nupstream %s\nstore %s\n' "$PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
     base-new-pg)
@@ -484,7 +508,7 @@ cpu_snapshot() {
   local role pid t
   while read -r role pid; do
     [[ -n $role && -n $pid ]] || continue
-    if [[ $role == store ]]; then
+    if [[ $role == store || $role == masters || $role == replicas ]]; then
       t=$(store_ticks "$pid")
       if [[ -n $t ]]; then printf '%s %s %s\n' "$role" "$pid" "$t"; fi
     else
@@ -493,19 +517,33 @@ cpu_snapshot() {
   done < <(row_pids "$1") >"$2"
 }
 
-# redis_nodes ROW: "host:port" of each plain Redis server a Redis row writes
-# to (the rediss row's server is left out: redis-cli would need its TLS).
+# redis_nodes ROW: "host:port" of each plain Redis server of a Redis row,
+# replicas included (the rediss row's server is left out: redis-cli would
+# need its TLS).
 redis_nodes() {
   case $1 in
     idemd-new-redis | idemd-replay-redis) echo "127.0.0.1:$REDIS_PORT" ;;
-    idemd-new-redis-cluster) echo "${CLUSTER_SEEDS//,/ }" ;;
+    idemd-new-redis-cluster) echo "${CLUSTER_NODES//,/ }" ;;
+    idemd-new-redis-cluster-replicas) echo "${CLUSTER_R_NODES//,/ }" ;;
   esac
+}
+
+# client_ticks TIMES: "client wrk TICKS", wrk's user + system time as the
+# subshell's `times` printed it (its second line: the children's), in clock
+# ticks (rounded to the nearest).
+client_ticks() {
+  awk -v clk="$(getconf CLK_TCK)" 'NR == 2 {
+      t = 0
+      for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] }
+      printf "client wrk %d\n", t * clk + 0.5 }' "$1"
 }
 
 # cmdstats_reset ROW / cmdstats_save ROW FILE: the Redis servers' INFO
 # commandstats over the measured run only (CONFIG RESETSTAT before it), and
 # one line of the script commands' calls and usec_per_call, summed over the
-# nodes (issue 20: one EVALSHA per batch and node, no MULTI/EXEC).
+# nodes (issue 20: one EVALSHA per batch and node, no MULTI/EXEC; on a
+# replica, MULTI/EXEC is the replication stream applying a script's
+# effects).
 cmdstats_reset() {
   local n
   for n in $(redis_nodes "$1"); do
@@ -544,9 +582,15 @@ measure() {
   fi
   cmdstats_reset "$row"
   cpu_snapshot "$row" "$out.cpu.before"
-  wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$arg" --latency >"$out.wrk" 2>&1 ||
-    die "$row: wrk failed: $(tail -3 "$out.wrk")"
+  # In a subshell of its own, so that `times` (its children's user and
+  # system time) is wrk's (through timeout, which reaps it) and nothing else.
+  (
+    wrk_cmd "$BENCH_SECONDS" "$url" "$mode" "$arg" --latency >"$out.wrk" 2>&1 || exit 1
+    times >"$out.times"
+  ) || die "$row: wrk failed: $(tail -3 "$out.wrk")"
   cpu_snapshot "$row" "$out.cpu.after"
+  client_ticks "$out.times" >>"$out.cpu.after"
+  echo "client wrk 0" >>"$out.cpu.before"
   cmdstats_save "$row" "$out.cmdstats"
   if [[ -n $admin ]]; then
     curl -sf --max-time 5 "$admin/metrics" >"$out.metrics.after" ||
@@ -1053,36 +1097,51 @@ if ((REDISS == 1)); then
   say "Redis over TLS on :$REDISS_PORT ($(tls_brief "$REDISS_PORT"))"
 fi
 
-if ((RCLUSTER == 1)); then
-  # tests/cluster.py's Cluster, held by this Python process until it gets
-  # SIGTERM (stop_pid, in the EXIT trap too), which stops every node.  It
-  # writes the first three nodes (the seeds) and every node's pid.
-  python3 - "$ROOT/tests" "$WORK/cluster" "$WORK/cluster.info" >"$WORK/cluster.log" 2>&1 <<'PY' &
+# start_cluster DIR REPLICAS: a Redis Cluster of 3 masters with REPLICAS
+# replicas each, tests/cluster.py's Cluster, held by a Python process until
+# it gets SIGTERM (stop_pid, in the EXIT trap too), which stops every node.
+# Sets CL_SEEDS (the masters, "host:port" joined by commas: the URL's
+# seeds), CL_NODES (every node, likewise), CL_MASTER_PIDS and
+# CL_REPLICA_PIDS (space-separated).
+start_cluster() {
+  local dir=$1 replicas=$2 holder i
+  python3 - "$ROOT/tests" "$dir" "$dir.info" "$replicas" >"$dir.log" 2>&1 <<'PY' &
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import cluster
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-c = cluster.Cluster(sys.argv[2], masters=3, replicas=1)
+c = cluster.Cluster(sys.argv[2], masters=3, replicas=int(sys.argv[4]))
 try:
     c.start()
+    masters = set(c.masters())
+    ms = [n for n in c.nodes if n.port in masters]
+    rs = [n for n in c.nodes if n.port not in masters]
     with open(sys.argv[3] + ".tmp", "w") as f:
-        f.write(",".join("%s:%d" % (cluster.HOST, n.port) for n in c.nodes[:3]) + "\n")
-        f.write(" ".join(str(n.proc.pid) for n in c.nodes) + "\n")
+        f.write(",".join("%s:%d" % (cluster.HOST, n.port) for n in ms) + "\n")
+        f.write(",".join("%s:%d" % (cluster.HOST, n.port) for n in c.nodes) + "\n")
+        f.write(" ".join(str(n.proc.pid) for n in ms) + "\n")
+        f.write(" ".join(str(n.proc.pid) for n in rs) + "\n")
     os.rename(sys.argv[3] + ".tmp", sys.argv[3])
     while True:
         signal.pause()
 finally:
     c.stop()
 PY
-  CLUSTER_HOLDER=$!
-  PIDS+=("$CLUSTER_HOLDER")
+  holder=$!
+  PIDS+=("$holder")
   for ((i = 0; i < 1200; i++)); do
-    [[ -f $WORK/cluster.info ]] && break
-    kill -0 "$CLUSTER_HOLDER" 2>/dev/null || die "the Redis Cluster did not start: $(tail -5 "$WORK/cluster.log")"
+    [[ -f $dir.info ]] && break
+    kill -0 "$holder" 2>/dev/null || die "the Redis Cluster did not start: $(tail -5 "$dir.log")"
     sleep 0.1
   done
-  [[ -f $WORK/cluster.info ]] || die "the Redis Cluster did not start in 120s"
-  { read -r CLUSTER_SEEDS; read -r CLUSTER_NODE_PIDS; } <"$WORK/cluster.info"
+  [[ -f $dir.info ]] || die "the Redis Cluster did not start in 120s"
+  { read -r CL_SEEDS; read -r CL_NODES; read -r CL_MASTER_PIDS; read -r CL_REPLICA_PIDS || true; } <"$dir.info"
+}
+
+if ((RCLUSTER == 1)); then
+  # The row compared with one master: three masters, no replica (like for like).
+  start_cluster "$WORK/cluster" 0
+  CLUSTER_SEEDS=$CL_SEEDS CLUSTER_NODES=$CL_NODES CLUSTER_NODE_PIDS=$CL_MASTER_PIDS
   RCLUSTER_STORE="redis+cluster://$CLUSTER_SEEDS"
   preload_server "$RCLUSTER_STORE"
   start_idemd idemd-redis-cluster "$IDEM_RC_PORT" "$ADMIN_RC_PORT" "$RCLUSTER_STORE"
@@ -1090,7 +1149,22 @@ PY
   IDEM_RC_URL=http://127.0.0.1:$IDEM_RC_PORT/
   check_key "$IDEM_RC_URL" "$RUNID-check-cluster"
   write_meta redis_cluster_store="$RCLUSTER_STORE" redis_cluster_pids="$CLUSTER_NODE_PIDS"
-  say "Redis Cluster, 3 masters + 3 replicas, seeds $CLUSTER_SEEDS"
+  say "Redis Cluster, 3 masters (no replicas), seeds $CLUSTER_SEEDS"
+fi
+if ((RCLUSTER_REPL == 1)); then
+  # The same with a replica per master: the cost of replication, apart.
+  start_cluster "$WORK/cluster-r" 1
+  CLUSTER_R_NODES=$CL_NODES CLUSTER_R_MASTER_PIDS=$CL_MASTER_PIDS CLUSTER_R_REPLICA_PIDS=$CL_REPLICA_PIDS
+  RCLUSTER_R_STORE="redis+cluster://$CL_SEEDS"
+  preload_server "$RCLUSTER_R_STORE"
+  start_idemd idemd-redis-cluster-r "$IDEM_RCR_PORT" "$ADMIN_RCR_PORT" "$RCLUSTER_R_STORE"
+  RCR_PID=$IDEMD_PID
+  IDEM_RCR_URL=http://127.0.0.1:$IDEM_RCR_PORT/
+  check_key "$IDEM_RCR_URL" "$RUNID-check-cluster-r"
+  write_meta redis_cluster_replicas_store="$RCLUSTER_R_STORE" \
+    redis_cluster_replicas_master_pids="$CLUSTER_R_MASTER_PIDS" \
+    redis_cluster_replicas_replica_pids="$CLUSTER_R_REPLICA_PIDS"
+  say "Redis Cluster, 3 masters + 3 replicas, seeds $CL_SEEDS"
 fi
 
 # ---- express-idempotency ----------------------------------------------------------------
@@ -1185,6 +1259,9 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
     measure idemd-new-rediss "$r" "$IDEM_RS_URL" unique "$RUNID-rs$r" "http://127.0.0.1:$ADMIN_RS_PORT"
   ((RCLUSTER == 1)) &&
     measure idemd-new-redis-cluster "$r" "$IDEM_RC_URL" unique "$RUNID-rc$r" "http://127.0.0.1:$ADMIN_RC_PORT"
+  ((RCLUSTER_REPL == 1)) &&
+    measure idemd-new-redis-cluster-replicas "$r" "$IDEM_RCR_URL" unique "$RUNID-rcr$r" \
+      "http://127.0.0.1:$ADMIN_RCR_PORT"
   if [[ $BENCH_EXPRESS == 1 ]]; then
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
     want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
@@ -1228,6 +1305,7 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
 fi
 ((REDISS == 1)) && stop_idemd idemd-rediss "$RS_PID"
 ((RCLUSTER == 1)) && stop_idemd idemd-redis-cluster "$RC_PID"
+((RCLUSTER_REPL == 1)) && stop_idemd idemd-redis-cluster-r "$RCR_PID"
 if [[ $BENCH_EXPRESS == 1 ]]; then
   # Its memory at the end: the in-memory store holds every key of the run.
   write_meta express_rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$EXPRESS_PID/status" 2>/dev/null || echo 0)"
