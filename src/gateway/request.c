@@ -623,6 +623,12 @@ void idem__req_job_done(idem_wjob_t *job)
 
 /* ---- lease renewal ---------------------------------------------------------- */
 
+static idem_err_t job_store_err(const idem_wjob_t *job);
+
+/* The lines logged here and by the completion below name the key and the
+ * fence, so that a second run of a key can be told apart by what its owner
+ * logged (tests/chaos/chaos_history.py): a lease that could not be renewed
+ * (the store failed) or was lost, a completion the store refused. */
 static void on_renew_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
@@ -630,8 +636,16 @@ static void on_renew_done(idem_wjob_t *job)
         req->lease_until_ms = job->op.lease_until_ms;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE &&
         req->life.state == IDEM_REQ_FORWARDING)
-        idem__log(req->w->gw, "warn", "lease on key %s was lost while its request ran",
-                  req->id.key);
+        idem__log(req->w->gw, "warn",
+                  "lease on key %s (fence %llu) was lost while its request ran", req->id.key,
+                  (unsigned long long)req->fence);
+    else if (job_store_err(job) != IDEM_OK && req->renewing)
+        idem__log(req->w->gw, "warn",
+                  "could not renew the lease on key %s (fence %llu): %s; it ends in %lld ms "
+                  "unless a renewal gets through",
+                  req->id.key, (unsigned long long)req->fence,
+                  idem_strerror(job_store_err(job)),
+                  (long long)(req->lease_until_ms - idem_clock_now(NULL)));
 }
 
 static void on_renew_timer(uv_timer_t *t)
@@ -762,8 +776,9 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
 {
     if (!req_answered(req)) {
         idem__log(req->w->gw, "error",
-                  "could not store the outcome of key %s: %s; retrying while the lease lasts",
-                  req->id.key, idem_strerror(err));
+                  "could not store the outcome of key %s (fence %llu): %s; retrying while the "
+                  "lease lasts",
+                  req->id.key, (unsigned long long)req->fence, idem_strerror(err));
         if (req->streaming)
             idem__req_abort_upstream(req);
         idem__req_store_unavailable(req, "the upstream answered but its response could not be "
@@ -777,9 +792,9 @@ static void req_complete_later(idem_req_t *req, idem_err_t err)
     req->complete_tries++;
     if (req->w->stopping || idem_clock_now(NULL) + delay >= req->lease_until_ms) {
         idem__log(req->w->gw, "error",
-                  "gave up storing the outcome of key %s after %d tries: it stays in progress "
-                  "until its lease ends",
-                  req->id.key, req->complete_tries);
+                  "gave up storing the outcome of key %s (fence %llu) after %d tries: it stays "
+                  "in progress until its lease ends",
+                  req->id.key, (unsigned long long)req->fence, req->complete_tries);
         return;
     }
     req_timer_start(req, on_complete_retry_timer, (uint64_t)delay, 0);
@@ -811,8 +826,9 @@ static void on_outcome_stored(idem_wjob_t *job)
     if (req_answered(req)) {
         /* A late completion after a store failure: the client has its 503. */
         if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
-            idem__log(req->w->gw, "info", "stored the outcome of key %s after %d tries",
-                      req->id.key, req->complete_tries + 1);
+            idem__log(req->w->gw, "info",
+                      "stored the outcome of key %s (fence %llu) after %d tries", req->id.key,
+                      (unsigned long long)req->fence, req->complete_tries + 1);
             req_cache_completion(req, job);
         }
         return;
@@ -1232,6 +1248,12 @@ static void on_claim_done(idem_wjob_t *job)
     case IDEM_DECIDE_CLAIM:
     case IDEM_DECIDE_TAKEOVER:
         req->fence = d.fence;
+        if (idem_clock_now(NULL) >= req->lease_until_ms)
+            idem__log(req->w->gw, "warn",
+                      "the claim of key %s (fence %llu) came back from the store %lld ms after "
+                      "its lease ended",
+                      req->id.key, (unsigned long long)req->fence,
+                      (long long)(idem_clock_now(NULL) - req->lease_until_ms));
         req->outcome = d.kind == IDEM_DECIDE_CLAIM ? IDEM_OUT_NEW : IDEM_OUT_TAKEOVER;
         if (req->wait_deadline_ms)
             req->outcome = IDEM_OUT_NEW;

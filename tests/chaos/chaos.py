@@ -83,7 +83,7 @@ sys.path.insert(0, str(HERE.parent))
 import harness as h  # noqa: E402  (tests/blackbox: idemd processes, ports, config)
 import cluster as rc  # noqa: E402  (tests/cluster.py: a Redis Cluster of our own)
 import test_shared_stores as ss  # noqa: E402  (Redis / PostgreSQL servers of our own)
-from chaos_history import analyse  # noqa: E402
+from chaos_history import analyse, parse_owner_events  # noqa: E402
 from chaos_ledger import Ledger, LedgerTap, read_db, verdict  # noqa: E402
 from chaos_proxy import FaultProxy, upstream_doc  # noqa: E402
 from chaos_upstream import RecordingUpstream  # noqa: E402
@@ -305,6 +305,7 @@ class StoreRun:
         self.lock = threading.Lock()
         self.answers = []
         self.kills = []
+        self.starts = []    # (t, instance): every start of an idemd, before its spawn
         self.outages = []
         self.restart_kind = None
         self.store_restarts = 0
@@ -387,11 +388,19 @@ class StoreRun:
             self.daemons.append(d)
             if ABORT.is_set():
                 raise RuntimeError("aborted at the deadline")
-            d.start()
+            self.start_idemd(i)
         for i in range(2):
             self.proxies.append(FaultProxy(i, lambda i=i: self.daemons[i].port,
                                            self.prof["drop"], self.record_answer,
                                            seed=self.rng.random()))
+
+    def start_idemd(self, i):
+        """Start idemd i; the time is noted first, so that every request
+        that life forwards arrives after it (chaos_history: which life of
+        an instance forwarded an execution)."""
+        with self.lock:
+            self.starts.append((time.monotonic(), i))
+        self.daemons[i].start()
 
     def restart_idemd(self, i):
         d = self.daemons[i]
@@ -399,7 +408,7 @@ class StoreRun:
             if ABORT.is_set():
                 raise RuntimeError("aborted at the deadline")
             try:
-                d.start()
+                self.start_idemd(i)
                 return
             except AssertionError as e:
                 self.log("restart of idemd%d failed: %s" % (i, str(e)[:300]))
@@ -596,8 +605,14 @@ class StoreRun:
         # every execution ends (the slow ones work past the lease)
         h.wait_until(lambda: all(e["t_end"] is not None for e in self.up.executions()),
                      SLOW_WORK + 10, what="the upstream's executions to end")
+        # what each idemd logged about its claims: lost leases and completions
+        # the store refused (chaos_history.parse_owner_events)
+        owner_events = {}
+        for i, d in enumerate(self.daemons):
+            owner_events.update(parse_owner_events(i, d.log_text()))
         self.result = analyse(self.up.executions(), list(self.answers), list(self.kills),
-                              list(self.outages), LEASE)
+                              list(self.outages), LEASE, starts=list(self.starts),
+                              owner_events=owner_events)
         if self.ledger_mode:
             self.judge_ledger()
         self.elapsed = time.monotonic() - self.t0
@@ -758,8 +773,8 @@ class StoreRun:
              % (r["keys_executed"], outcomes.get("applied", 0), outcomes.get("replayed", 0),
                 outcomes.get("refused", 0), outcomes.get("error", 0))),
             ("double forwards: lease-expiry window", r["double_lease_window"],
-             "after an owner kill %d, a store restart %d" % (r["double_lease_window_kill"],
-                                                             r["double_lease_window_store"])),
+             "its owner killed %d, its owner's store failed it %d (logged); released %d"
+             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"])),
             ("double forwards: other", r["double_other"], "target 0"),
             ("ledger transfers (rows / distinct keys)", "%d / %d" % (lr["rows"],
                                                                     lr["keys_applied"]),
@@ -795,8 +810,8 @@ class StoreRun:
             ("faults: store restarts", self.store_restarts, self.restart_kind or ""),
             ("executions at the upstream", r["executions"], "%d keys" % r["keys_executed"]),
             ("double executions: lease-expiry window", r["double_lease_window"],
-             "after an owner kill %d, a store restart %d" % (r["double_lease_window_kill"],
-                                                             r["double_lease_window_store"])),
+             "its owner killed %d, its owner's store failed it %d (logged); released %d"
+             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"])),
             ("double executions: other", r["double_other"], "target 0"),
             ("double effects (plain / fenced)", "%d / %d" % (r["double_effect_plain"],
                                                              r["double_effect_fenced"]), ""),

@@ -23,19 +23,34 @@ analyse() turns these into figures and verdicts.  Nothing here knows idemd;
 it is the contract of guarantees.md written as checks:
 
 - A second execution of a key (any execution after the first, by arrival) is
-  a double execution.  It is in the "lease-expiry window after an owner
-  crash" only when all of these hold for the execution before it (prev):
+  a double execution.  It is decided by events, never by how long anything
+  took (a loaded machine, a sanitizer build, makes every step slower): it is
+  in the "lease-expiry window" only when all of these hold for the execution
+  before it (prev):
     * no answer for the key had been given before the second execution
-      arrived (an answer means the record was completed: durable before
-      visible);
+      arrived, and no answer ever carried prev's nonce (an answer means the
+      record was completed: durable before visible, and a completed record
+      is never taken over);
     * the second execution carries a higher fence than prev (a takeover);
-    * it arrived at least one lease after prev arrived (the claim was made
-      before prev arrived, and a live lease is never taken over);
-    * prev's owner crashed while prev was in progress: the instance that
-      forwarded prev was killed, or the store went down, between prev's
-      arrival and its end plus a grace (the time idemd needs to record the
-      completion), and before the second execution arrived.
-  Every other double execution is "other", which must never happen.
+    * prev's owner lost its claim by one of these events:
+        kill   the idemd process that forwarded prev (the life of its
+               instance current when prev arrived) was killed before the
+               second execution arrived;
+        store  that idemd logged, for prev's key and fence, that the store
+               failed it: a renewal of the lease it could not write ("could
+               not renew the lease on key K (fence F)"), or a completion it
+               could not write ("could not store the outcome of key K
+               (fence F)", "gave up storing the outcome ..."), and it did not
+               log that the completion was written after all ("stored the
+               outcome of key K (fence F) after N tries").  docs/guarantees.md:
+               a store outage longer than what is left of the lease leaves the
+               record in progress past its lease, and a repeat runs again.
+  Every other double execution is "other", which must never happen; its
+  example says what idemd logged for prev (for instance that the lease was
+  lost while its request ran, with no store error: a renewal that came too
+  late).  A second execution after the upstream answered prev with a status
+  of release_statuses (the key was removed: nothing happened) is not a
+  double execution at all ("released").
 - A lost completed response: a key for which idemd gave an answer, and later
   either gave an answer from another execution (another nonce), or the
   upstream received the key again.
@@ -47,29 +62,68 @@ it is the contract of guarantees.md written as checks:
   effect fencing is there to stop (counted, not a failure).
 """
 
-EPS = 0.2      # s: clock and scheduling slack between the harness's events
-GRACE = 2.0    # s: after the upstream answered, the owner still has to record it
+RELEASE_STATUSES = (429, 503)  # idemd removes the key: the upstream did nothing
+
+# What an idemd logs about one claim (key, fence) that matters here
+# (src/gateway/request.c): kind -> the start of the line's message.
+LOG_EVENTS = (
+    ("renew_failed", "could not renew the lease on key "),
+    ("store_failed", "could not store the outcome of key "),
+    ("gave_up", "gave up storing the outcome of key "),
+    ("stored_late", "stored the outcome of key "),
+    ("lease_lost", "lease on key "),
+    ("claim_late", "the claim of key "),
+)
 
 
-def _owner_crashed(prev, nxt, kills, outages, lease):
-    """The crash that explains a takeover of prev by nxt, as a short string,
-    or None when there is none."""
-    if nxt["t_arr"] < prev["t_arr"] + lease - EPS:
-        return None
+def parse_owner_events(instance, text):
+    """The events of LOG_EVENTS in one instance's log text (every life of it),
+    as a dict (instance, key, fence) -> set of kinds."""
+    out = {}
+    for line in text.splitlines():
+        for kind, prefix in LOG_EVENTS:
+            i = line.find(prefix)
+            if i < 0:
+                continue
+            rest = line[i + len(prefix):].split(" ", 3)
+            if len(rest) < 3 or rest[1] != "(fence" or not rest[2].rstrip("):").isdigit():
+                continue
+            fence = int(rest[2].rstrip("):"))
+            out.setdefault((instance, rest[0], fence), set()).add(kind)
+            break
+    return out
+
+
+def _life_start(starts, inst, t):
+    """The start of the life of instance inst current at time t (the latest
+    start at or before t), or None when there is none."""
+    best = None
+    for ts, i in starts:
+        if i == inst and ts <= t and (best is None or ts > best):
+            best = ts
+    return best
+
+
+def _owner_lost_claim(prev, nxt, kills, starts, owner_events):
+    """The event that explains a takeover of prev by nxt, as a short string,
+    or None when there is none (then the second string says what prev's
+    owner logged, for the example)."""
     if nxt["fence"] is None or prev["fence"] is None or nxt["fence"] <= prev["fence"]:
-        return None
-    lo = prev["t_arr"] - EPS
-    hi = min(prev["t_end"] + GRACE, nxt["t_arr"])
+        return None, "fence %s after %s" % (nxt["fence"], prev["fence"])
+    events = owner_events.get((prev["instance"], prev["key"], prev["fence"]), set())
+    said = "idemd%d logged %s" % (prev["instance"], ", ".join(sorted(events)) or "nothing")
+    if "stored_late" in events:
+        return None, said + " (the completion was written)"
+    if events & {"renew_failed", "store_failed", "gave_up"}:
+        return "store", said
+    life = _life_start(starts, prev["instance"], prev["t_arr"])
     for t, inst in kills:
-        if inst == prev["instance"] and lo <= t <= hi:
-            return "kill"
-    for t_down, _t_up in outages:
-        if lo <= t_down <= hi:
-            return "store"
-    return None
+        if inst == prev["instance"] and (life is None or t >= life) and t < nxt["t_arr"]:
+            return "kill", said
+    return None, said + ", and its process was not killed"
 
 
-def analyse(executions, answers, kills, outages, lease):
+def analyse(executions, answers, kills, outages, lease, starts=(), owner_events=None):
     """Judge one run.  See the module comment for the inputs.
 
     @param executions list of dicts: key, fence, mode, instance, t_arr, t_end,
@@ -77,7 +131,12 @@ def analyse(executions, answers, kills, outages, lease):
     @param answers    list of dicts: key, nonce, fence, status, t, source
     @param kills      list of (t, instance)
     @param outages    list of (t_down, t_up)
-    @param lease      the lease in seconds
+    @param lease      the lease in seconds (reported only: no verdict depends
+                      on a duration)
+    @param starts     list of (t, instance): each start of an idemd, taken
+                      before the process was spawned (empty: one life each)
+    @param owner_events dict (instance, key, fence) -> set of kinds, from
+                      parse_owner_events() of every instance's log
     @return dict of figures (numbers) and "examples" (a few offending keys
             per kind, for the report)"""
     by_key = {}
@@ -91,10 +150,13 @@ def analyse(executions, answers, kills, outages, lease):
     for lst in ans_by_key.values():
         lst.sort(key=lambda a: a["t"])
     by_nonce = {e["nonce"]: e for e in executions}
+    answered_nonces = {a["nonce"] for a in answers}
+    if owner_events is None:
+        owner_events = {}
 
     fig = {"executions": len(executions), "keys_executed": len(by_key),
            "double_lease_window": 0, "double_lease_window_kill": 0,
-           "double_lease_window_store": 0, "double_other": 0,
+           "double_lease_window_store": 0, "double_other": 0, "released": 0,
            "lost": 0, "answer_mismatch": 0,
            "stale_plain": 0, "stale_fenced": 0, "refused_stale": 0,
            "double_effect_plain": 0, "double_effect_fenced": 0}
@@ -107,16 +169,25 @@ def analyse(executions, answers, kills, outages, lease):
     for key, execs in by_key.items():
         first_answer = ans_by_key.get(key, [None])[0]
         for prev, nxt in zip(execs, execs[1:]):
+            if prev.get("status") in RELEASE_STATUSES:
+                fig["released"] += 1  # removed by idemd: the next one is a first run
+                continue
             answered_before = first_answer is not None and first_answer["t"] < nxt["t_arr"]
-            why = None if answered_before else _owner_crashed(prev, nxt, kills, outages, lease)
+            prev_answered = prev["nonce"] in answered_nonces
+            if answered_before or prev_answered:
+                why, said = None, ""
+            else:
+                why, said = _owner_lost_claim(prev, nxt, kills, starts, owner_events)
             if why is None:
                 fig["double_other"] += 1
                 example("double_other", "%s: nonce %d (fence %s, idemd%d, t=%.2f-%.2f) then "
                         "nonce %d (fence %s, idemd%d, t=%.2f)%s"
                         % (key, prev["nonce"], prev["fence"], prev["instance"], prev["t_arr"],
-                           prev["t_end"], nxt["nonce"], nxt["fence"], nxt["instance"],
-                           nxt["t_arr"], ", after an answer at t=%.2f" % first_answer["t"]
-                           if answered_before else ""))
+                           prev["t_end"] if prev["t_end"] is not None else -1.0,
+                           nxt["nonce"], nxt["fence"], nxt["instance"], nxt["t_arr"],
+                           ", after an answer at t=%.2f" % first_answer["t"]
+                           if answered_before else
+                           ", after prev's own answer" if prev_answered else ": " + said))
             else:
                 fig["double_lease_window"] += 1
                 fig["double_lease_window_" + why] += 1
