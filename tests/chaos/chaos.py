@@ -773,8 +773,10 @@ class StoreRun:
              % (r["keys_executed"], outcomes.get("applied", 0), outcomes.get("replayed", 0),
                 outcomes.get("refused", 0), outcomes.get("error", 0))),
             ("double forwards: lease-expiry window", r["double_lease_window"],
-             "its owner killed %d, its owner's store failed it %d (logged); released %d"
-             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"])),
+             "its owner killed %d, its owner's store failed it %d (logged); released %d; "
+             "late claims not forwarded %d"
+             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"],
+                r["claims_late"])),
             ("double forwards: other", r["double_other"], "target 0"),
             ("ledger transfers (rows / distinct keys)", "%d / %d" % (lr["rows"],
                                                                     lr["keys_applied"]),
@@ -810,8 +812,10 @@ class StoreRun:
             ("faults: store restarts", self.store_restarts, self.restart_kind or ""),
             ("executions at the upstream", r["executions"], "%d keys" % r["keys_executed"]),
             ("double executions: lease-expiry window", r["double_lease_window"],
-             "its owner killed %d, its owner's store failed it %d (logged); released %d"
-             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"])),
+             "its owner killed %d, its owner's store failed it %d (logged); released %d; "
+             "late claims not forwarded %d"
+             % (r["double_lease_window_kill"], r["double_lease_window_store"], r["released"],
+                r["claims_late"])),
             ("double executions: other", r["double_other"], "target 0"),
             ("double effects (plain / fenced)", "%d / %d" % (r["double_effect_plain"],
                                                              r["double_effect_fenced"]), ""),

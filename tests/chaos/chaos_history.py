@@ -1,7 +1,9 @@
 """The history check of the chaos harness: what happened, judged.
 
-A chaos run records four things, all on one clock (time.monotonic() of the
-harness process, which also runs the upstream and the fault proxies):
+A chaos run records these, the times all on one clock (time.monotonic() of
+the harness process, which also runs the upstream and the fault proxies);
+times only order events (which came first), no verdict depends on how long
+anything took:
 
   executions  every request that reached the upstream: key, fence, mode
               ("plain" or "fenced"), which idemd instance forwarded it, arrival
@@ -14,13 +16,18 @@ harness process, which also runs the upstream and the fault proxies):
   answers     every answer idemd gave that carried an upstream body (so a
               nonce): seen at a fault proxy (delivered or dropped), by a client
               directly, or by the verification pass at the end
-  crashes     the faults that can legitimately lose an owner's claim: a
-              kill -9 of an instance (t, instance), and a store outage
-              (t_down, t_up) which every instance suffers
-  lease       the configured lease in seconds
+  kills       each kill -9 of an instance (t, instance), and starts, each
+              start of one (t, instance), noted before it is spawned
+  owner events what each idemd logged about a claim of its own, by (instance,
+              key, fence): parse_owner_events() of its stderr (every life)
+  outages     the store's outages (t_down, t_up), for the report only: an
+              outage explains nothing by itself, the owner's log says whether
+              it hit the owner's claim
+  lease       the configured lease in seconds (reported)
 
-analyse() turns these into figures and verdicts.  Nothing here knows idemd;
-it is the contract of guarantees.md written as checks:
+analyse() turns these into figures and verdicts.  Nothing here knows idemd
+beyond the log lines it names; it is the contract of guarantees.md written
+as checks:
 
 - A second execution of a key (any execution after the first, by arrival) is
   a double execution.  It is decided by events, never by how long anything
@@ -157,6 +164,7 @@ def analyse(executions, answers, kills, outages, lease, starts=(), owner_events=
     fig = {"executions": len(executions), "keys_executed": len(by_key),
            "double_lease_window": 0, "double_lease_window_kill": 0,
            "double_lease_window_store": 0, "double_other": 0, "released": 0,
+           "claims_late": sum(1 for v in owner_events.values() if "claim_late" in v),
            "lost": 0, "answer_mismatch": 0,
            "stale_plain": 0, "stale_fenced": 0, "refused_stale": 0,
            "double_effect_plain": 0, "double_effect_fenced": 0}
