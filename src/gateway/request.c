@@ -1218,6 +1218,28 @@ static void req_in_flight(idem_req_t *req, idem_decision_t d)
     req_answer_decision(req, d, NULL);
 }
 
+/* A claim that comes back from the store with less of its lease left than
+ * a renewal period (a store that queued it for seconds: a failover, a
+ * restart) is not forwarded: before the first renewal could land, another
+ * instance may take the key over and run it again while this one runs it
+ * (docs/guarantees.md allows a second run only after the owner died or
+ * lost its store while the request was at the upstream).  Nothing was
+ * sent; the client gets 503 and its retry takes the key over once the
+ * lease has ended.  true when the request was answered so. */
+static bool req_claim_too_late(idem_req_t *req)
+{
+    int64_t left = req->lease_until_ms - idem_clock_now(NULL);
+    if (left > req->policy->lease_ms / 3)
+        return false;
+    idem__log(req->w->gw, "warn",
+              "the claim of key %s (fence %llu) came back from the store with %lld ms of its "
+              "lease left; not forwarded",
+              req->id.key, (unsigned long long)req->fence, (long long)left);
+    idem__req_store_unavailable(req, "the idempotency store answered too late to hold the key; "
+                                     "retry");
+    return true;
+}
+
 static void on_claim_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
@@ -1248,12 +1270,10 @@ static void on_claim_done(idem_wjob_t *job)
     case IDEM_DECIDE_CLAIM:
     case IDEM_DECIDE_TAKEOVER:
         req->fence = d.fence;
-        if (idem_clock_now(NULL) >= req->lease_until_ms)
-            idem__log(req->w->gw, "warn",
-                      "the claim of key %s (fence %llu) came back from the store %lld ms after "
-                      "its lease ended",
-                      req->id.key, (unsigned long long)req->fence,
-                      (long long)(idem_clock_now(NULL) - req->lease_until_ms));
+        if (req_claim_too_late(req)) {
+            idem_record_cleanup(&rec);
+            return;
+        }
         req->outcome = d.kind == IDEM_DECIDE_CLAIM ? IDEM_OUT_NEW : IDEM_OUT_TAKEOVER;
         if (req->wait_deadline_ms)
             req->outcome = IDEM_OUT_NEW;
