@@ -610,8 +610,17 @@ class StoreRun:
         owner_events = {}
         for i, d in enumerate(self.daemons):
             owner_events.update(parse_owner_events(i, d.log_text()))
-        self.result = analyse(self.up.executions(), list(self.answers), list(self.kills),
-                              list(self.outages), LEASE, starts=list(self.starts),
+        history = {"executions": self.up.executions(), "answers": list(self.answers),
+                   "kills": list(self.kills), "outages": list(self.outages),
+                   "starts": list(self.starts), "lease": LEASE,
+                   "owner_events": [[i, k, f, sorted(v)]
+                                    for (i, k, f), v in owner_events.items()]}
+        if _KEEP:
+            # the whole history, to judge again (chaos_history.py --history FILE)
+            with open(os.path.join(self.tmp, "history.json"), "w") as f:
+                json.dump(history, f)
+        self.result = analyse(history["executions"], history["answers"], history["kills"],
+                              history["outages"], LEASE, starts=history["starts"],
                               owner_events=owner_events)
         if self.ledger_mode:
             self.judge_ledger()

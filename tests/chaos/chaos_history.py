@@ -239,3 +239,25 @@ def analyse(executions, answers, kills, outages, lease, starts=(), owner_events=
                         % (key, a, e))
     fig["examples"] = examples
     return fig
+
+
+def _main(argv):
+    """Judge a history kept by chaos.py --keep again: chaos_history.py FILE."""
+    import json
+    if len(argv) != 2:
+        print("usage: chaos_history.py TMP/history.json")
+        return 2
+    with open(argv[1]) as f:
+        h = json.load(f)
+    events = {(i, k, fence): set(kinds) for i, k, fence, kinds in h["owner_events"]}
+    fig = analyse(h["executions"], h["answers"], [tuple(k) for k in h["kills"]],
+                  [tuple(o) for o in h["outages"]], h["lease"],
+                  starts=[tuple(s) for s in h["starts"]], owner_events=events)
+    print(json.dumps(fig, indent=1, sort_keys=True))
+    return 1 if fig["double_other"] or fig["lost"] or fig["answer_mismatch"] \
+        or fig["stale_fenced"] else 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(_main(sys.argv))
