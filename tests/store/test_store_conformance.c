@@ -2493,14 +2493,22 @@ Test(store_redis, nothing_listening_is_store_down_with_the_reason, .init = setup
     cr_expect(strstr(err, "refused") != NULL, "message: %s", err);
 }
 
-/* A sentinel config on port for master name at 127.0.0.1:master_port. */
+/* A sentinel config on port for master name at 127.0.0.1:master_port.
+ * The sentinel never fails over by itself: with a quorum of one, a server
+ * that left its PINGs unanswered for down-after-milliseconds (it was 1 s)
+ * on a loaded machine made the sentinel fail over on its own, at a moment
+ * of its choosing (a write could land on a master while its replica was
+ * being promoted, and the test's own SENTINEL FAILOVER then fail back over
+ * to the server that had lost it).  An hour is never reached by a test, so
+ * the only failover is the one a test asks for; and a failover that is
+ * slow on a loaded machine is not aborted for time (failover-timeout). */
 static void write_sentinel_conf(const char *path, int master_port)
 {
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
     fprintf(f, "sentinel monitor mymaster 127.0.0.1 %d 1\n"
-               "sentinel down-after-milliseconds mymaster 1000\n"
-               "sentinel failover-timeout mymaster 5000\n",
+               "sentinel down-after-milliseconds mymaster 3600000\n"
+               "sentinel failover-timeout mymaster 600000\n",
             master_port);
     fclose(f);
 }
@@ -2597,11 +2605,35 @@ static int is_status(const redisReply *r, int unused)
     return r->type == REDIS_REPLY_STATUS;
 }
 
-static int is_replica(const redisReply *r, int unused)
+/* ROLE says master. */
+static int is_master(const redisReply *r, int unused)
 {
     (void)unused;
     return r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "slave") == 0;
+           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "master") == 0;
+}
+
+/* ROLE says replica of 127.0.0.1:master_port. */
+static int is_replica_of(const redisReply *r, int master_port)
+{
+    return r->type == REDIS_REPLY_ARRAY && r->elements >= 3 &&
+           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "slave") == 0 &&
+           r->element[2]->type == REDIS_REPLY_INTEGER && r->element[2]->integer == master_port;
+}
+
+/* The integer field name of SENTINEL MASTER's flat name/value answer, or -1. */
+static long long sentinel_master_field(int sentinel_port, const char *name)
+{
+    long long v = -1;
+    redisContext *c = redis_direct(sentinel_port);
+    redisReply *r = redisCommand(c, "SENTINEL MASTER mymaster");
+    for (size_t i = 0; r != NULL && r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2)
+        if (r->element[i]->type == REDIS_REPLY_STRING && strcmp(r->element[i]->str, name) == 0 &&
+            r->element[i + 1]->type == REDIS_REPLY_STRING)
+            v = strtoll(r->element[i + 1]->str, NULL, 10);
+    freeReplyObject(r);
+    redisFree(c);
+    return v;
 }
 
 /* How long each event of a failover may take before the test says it did
@@ -2609,24 +2641,65 @@ static int is_replica(const redisReply *r, int unused)
  * the sanitizers.  Only a failure waits this long. */
 #define FAILOVER_EVENT_S 60
 
-/* The test waits for events, never for a time: the sentinel has seen the
- * replica (it accepts SENTINEL FAILOVER), it names the replica as the
- * master, it has made the old master a replica (which it does on its own
- * schedule: it waits to see the old master still claim the role for 8 s,
- * on INFO it asks every 10 s, so this alone takes 10 to 20 s).  Then the
+/* Assert that the completed record key, written on the master on
+ * master_port, is on the replica on replica_port before the failover.  WAIT counts the acknowledgements
+ * of the writes made on its own connection only (on a fresh connection it
+ * answers at once, whatever the replica has), and the store's writes were
+ * made on the store's connection: so the test writes a marker of its own on
+ * the master and WAITs on that same connection; the replica applies the
+ * stream in order, so its acknowledgement of the marker covers every write
+ * before it.  Then the record is read on the replica itself. */
+static void expect_on_replica(int master_port, int replica_port, const char *key)
+{
+    redisContext *c = redis_direct(master_port);
+    redisReply *r = redisCommand(c, "SET test:marker 1");
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "the marker was not written");
+    freeReplyObject(r);
+    r = redisCommand(c, "WAIT 1 %d", FAILOVER_EVENT_S * 1000);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
+              "the replica did not acknowledge the writes in %d s", FAILOVER_EVENT_S);
+    freeReplyObject(r);
+    redisFree(c);
+
+    c = redis_direct(replica_port);
+    r = redisCommand(c, "HGET %s st", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, "2") == 0,
+              "the replica does not have %s completed", key);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/* The test waits for events, never for a time.  Before the failover: the
+ * completed record is on the replica (expect_on_replica).  Then: the
+ * sentinel has seen the replica (it accepts SENTINEL FAILOVER), it names
+ * the replica as the master, the replica says it is a master (ROLE), and
+ * the sentinel has made the old master a replica of it (which it does on
+ * its own schedule: it waits to see the old master still claim the role
+ * for 8 s, on INFO it asks every 10 s, so this alone takes 10 to 20 s; in
+ * the same transaction it closes the old master's clients, the store's
+ * pooled connection among them).  The sentinel fails over only when asked
+ * (write_sentinel_conf), and its config epoch is 1 at the end: exactly one
+ * failover happened.  The times of the ops are fixed (T0, T0 + 1), so no
+ * lease or retention runs out however slow the failover is.  Then the
  * store must follow at once, in a bounded number of calls with no pause
  * between them: the first call may still find its pooled connection to
- * the old master (killed by the sentinel's CLIENT KILL, or answered
- * READONLY), which is IDEM_E_STORE_DOWN and drops it; the next opens a new
- * connection, asks the sentinel and lands on the new master.  The store's
- * timeout is its default (5 s), so that a slow answer on a loaded machine
- * is not a failed connect, whose backoff (up to 5 s) would make the store
- * refuse calls for a time instead of for an event. */
+ * the old master (closed, or answered READONLY), which is
+ * IDEM_E_STORE_DOWN and drops it; the next opens a new connection, asks
+ * the sentinel and lands on the new master.  The store's timeout is its
+ * default, so that a slow answer on a loaded machine is not a failed
+ * connect, whose backoff (up to 5 s) would make the store refuse calls
+ * for a time instead of for an event. */
 Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = teardown_own,
-     .timeout = 6 * FAILOVER_EVENT_S)
+     .timeout = 8 * FAILOVER_EVENT_S)
 {
-    int mport = free_port(), rport = free_port(), sport = free_port();
+    int mport = free_port(), rport, sport;
     char conf[PATH_MAX], u[256], err[256], rof[32];
+    do /* the kernel may hand out a port it just handed out */
+        rport = free_port();
+    while (rport == mport);
+    do
+        sport = free_port();
+    while (sport == mport || sport == rport);
     start_server(0, mport, NULL);
     snprintf(rof, sizeof rof, "%d", mport);
     const char *replica[] = {"--replicaof", "127.0.0.1", rof, NULL};
@@ -2643,23 +2716,20 @@ Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = tear
     cr_assert_eq(open_url(u, &st, err, sizeof err), IDEM_OK, "%s", err);
     cr_expect_eq(claim("k", 1, T0).kind, IDEM_DECIDE_CLAIM);
     cr_assert_eq(complete("k", 1, T0 + TTL), IDEM_OK);
-    redisContext *c = redis_direct(mport);
-    redisReply *r = redisCommand(c, "WAIT 1 10000");
-    int replicated = r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-    freeReplyObject(r);
-    redisFree(c);
-    cr_assert(replicated, "the replica did not get the record");
+    expect_on_replica(mport, rport, "idem:anonymous:k");
 
     /* The sentinel must have seen the replica (in the master's INFO, asked
      * every 10 s) before it accepts to promote it. */
     cr_assert(redis_poll(sport, "SENTINEL FAILOVER mymaster", is_status, 0, FAILOVER_EVENT_S),
               "the sentinel would not fail over");
     cr_assert(sentinel_says(sport, rport, FAILOVER_EVENT_S), "the replica was not promoted");
+    cr_assert(redis_poll(rport, "ROLE", is_master, 0, FAILOVER_EVENT_S),
+              "the promoted replica does not say it is a master");
     /* Until the sentinel turns the old master into a replica, it still takes
      * writes (Redis's own split-brain window), and a pooled connection to
      * it would still be used: wait for that event. */
-    cr_assert(redis_poll(mport, "ROLE", is_replica, 0, FAILOVER_EVENT_S),
-              "the old master was not made a replica");
+    cr_assert(redis_poll(mport, "ROLE", is_replica_of, rport, FAILOVER_EVENT_S),
+              "the old master was not made a replica of the new one");
 
     /* The store follows within two calls, back to back. */
     idem_decision_t d = {0};
@@ -2682,11 +2752,13 @@ Test(store_redis, sentinel_failover_is_followed, .init = setup_own, .fini = tear
                  "the record made before the failover: decision %s after %d call(s) (%s)",
                  idem_decision_name(d.kind), calls, why[calls - 1]);
     cr_expect_eq(claim("new", 1, T0).kind, IDEM_DECIDE_CLAIM);
-    c = redis_direct(rport);
-    r = redisCommand(c, "EXISTS idem:anonymous:new");
+    redisContext *c = redis_direct(rport);
+    redisReply *r = redisCommand(c, "EXISTS idem:anonymous:new");
     cr_expect_eq(r->integer, 1, "the new record is not on the new master");
     freeReplyObject(r);
     redisFree(c);
+    cr_expect_eq(sentinel_master_field(sport, "config-epoch"), 1,
+                 "not exactly one failover (the sentinel's config epoch)");
 }
 
 Test(store_redis, outage_fails_fast_and_recovers_by_itself, .init = setup_own,
