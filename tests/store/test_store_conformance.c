@@ -2642,22 +2642,29 @@ static long long sentinel_master_field(int sentinel_port, const char *name)
 #define FAILOVER_EVENT_S 60
 
 /* Assert that the completed record key, written on the master on
- * master_port, is on the replica on replica_port before the failover.  WAIT counts the acknowledgements
- * of the writes made on its own connection only (on a fresh connection it
- * answers at once, whatever the replica has), and the store's writes were
- * made on the store's connection: so the test writes a marker of its own on
- * the master and WAITs on that same connection; the replica applies the
- * stream in order, so its acknowledgement of the marker covers every write
- * before it.  Then the record is read on the replica itself. */
+ * master_port, is on the replica on replica_port before the failover.
+ * WAIT counts the acknowledgements of the writes made on its own
+ * connection only (on a fresh connection it answers at once, whatever the
+ * replica has), and the store's writes were made on the store's
+ * connection: so the test writes a marker of its own on the master and
+ * WAITs on that same connection; the replica applies the stream in order,
+ * so its acknowledgement of the marker covers every write before it.  Then
+ * the record is read on the replica itself. */
 static void expect_on_replica(int master_port, int replica_port, const char *key)
 {
     redisContext *c = redis_direct(master_port);
+    /* The WAIT's own timeout decides, not the connection's 5 s. */
+    redisSetTimeout(c, (struct timeval){FAILOVER_EVENT_S + 10, 0});
     redisReply *r = redisCommand(c, "SET test:marker 1");
     cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "the marker was not written");
     freeReplyObject(r);
     r = redisCommand(c, "WAIT 1 %d", FAILOVER_EVENT_S * 1000);
     cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
-              "the replica did not acknowledge the writes in %d s", FAILOVER_EVENT_S);
+              "the replica did not acknowledge the writes within %d s (%s)", FAILOVER_EVENT_S,
+              r == NULL                        ? c->errstr
+              : r->type == REDIS_REPLY_ERROR   ? r->str
+              : r->type == REDIS_REPLY_INTEGER ? "WAIT counted no replica"
+                                               : "unexpected answer");
     freeReplyObject(r);
     redisFree(c);
 
