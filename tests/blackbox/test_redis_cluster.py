@@ -340,8 +340,19 @@ class RedisClusterFailover(ClusterCase):
         for k in before:
             self.assertEqual(d.post(key=k, body=body_of(k)).status, 200)
         self.assertGreater(len(self.keys_on(victim)), 0)
-        # Let the replica catch up, so the keys above survive (no ?wait=).
-        self.cluster.cli(victim, "WAIT", 1, 5000)
+        # Let the replica catch up, so the keys above survive (no ?wait=):
+        # the replica has applied the victim's stream up to where it was
+        # after the last answer.  (WAIT on a new connection counts the
+        # replicas online and waits for nothing.)
+        def offset(port, field):
+            for line in self.cluster.cli(port, "INFO", "replication").splitlines():
+                if line.startswith(field + ":"):
+                    return int(line.split(":", 1)[1])
+            return -1
+        written = offset(victim, "master_repl_offset")
+        self.assertGreater(written, 0)
+        h.wait_until(lambda: offset(replica, "slave_repl_offset") >= written, 60, interval=0.1,
+                     what="the replica applied the victim's writes")
 
         stop = threading.Event()
         statuses = []
