@@ -17,7 +17,6 @@ makes the claim later).  The one bound the other way is the URL's timeout
 (20 s) for the claim's round trip.
 """
 
-import signal
 import time
 import unittest
 
@@ -35,26 +34,20 @@ STORE_TIMEOUT = "20s"       # the claim's round trip may take this long
 class LateClaim(h.IdemTestCase):
 
     def test_a_claim_answered_after_its_lease_is_not_forwarded(self):
-        if not OwnRedis.available():
-            self.skipTest("no redis-server")
-        srv = OwnRedis(self.tmp)
-        srv.start()
-        self.addCleanup(srv.close)
+        srv = OwnRedis.for_test(self)
         up = self.start_upstream()
         url = srv.url("lateclaim") + "&timeout=" + STORE_TIMEOUT
         d = self.start_idemd(up, {"defaults": {"lease": "%gs" % LEASE}}, store=url)
         key = h.new_key("late-claim")
 
-        srv.proc.send_signal(signal.SIGSTOP)
-        self.addCleanup(lambda: srv.proc.poll() is None
-                        and srv.proc.send_signal(signal.SIGCONT))
+        srv.freeze(self)
         bg = h.Background(lambda: d.post(key=key, timeout=60))
         h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_in_flight") >= 1, 20.0, 0.05,
                      "the request in flight")
         # its lease (taken when idemd asked, before the gauge rose) is over
         # once a lease has passed since
         time.sleep(LEASE + 0.1)
-        srv.proc.send_signal(signal.SIGCONT)
+        srv.thaw()
 
         r = bg.result(40)
         self.assertProblem(r, 503, "store-unavailable")

@@ -184,6 +184,27 @@ class OwnRedis:
     def url(self, tag):
         return "redis://%s:%d/0?prefix=%s-" % (h.HOST, self.port, tag)
 
+    @classmethod
+    def for_test(cls, case):
+        """A started server of case's own, closed with it (the case is skipped
+        without redis-server)."""
+        if not cls.available():
+            case.skipTest("no redis-server")
+        srv = cls(case.tmp)
+        srv.start()
+        case.addCleanup(srv.close)
+        return srv
+
+    def freeze(self, case):
+        """SIGSTOP: every store call now waits for its timeout, until thaw()
+        or the end of case."""
+        self.proc.send_signal(signal.SIGSTOP)
+        case.addCleanup(self.thaw)
+
+    def thaw(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def start(self):
         self.starts += 1
         _OWN_SERVERS.add(self)
@@ -761,17 +782,12 @@ class ShutdownDeadline(h.IdemTestCase):
     stopped with SIGSTOP, so the claim is out until the URL's timeout."""
 
     def test_a_request_waiting_on_the_store_at_the_deadline_ends_logged(self):
-        if not OwnRedis.available():
-            self.skipTest("no redis-server")
-        srv = OwnRedis(self.tmp)
-        srv.start()
-        self.addCleanup(srv.close)
+        srv = OwnRedis.for_test(self)
         up = self.start_upstream()
         url = srv.url("deadline") + "&timeout=8s"
         d = self.start_idemd(up, {"upstream_timeout": "1s"}, store=url)
         key = h.new_key()
-        srv.proc.send_signal(signal.SIGSTOP)  # every store call now waits for its timeout
-        self.addCleanup(lambda: srv.proc.poll() is None and srv.proc.send_signal(signal.SIGCONT))
+        srv.freeze(self)
         bg = h.Background(lambda: d.post(key=key))
         # the claim is with the writer when the signal comes
         h.wait_until(lambda: h.metric_sum(d.metrics(), "idem_in_flight") >= 1, 20.0, 0.05,
