@@ -186,6 +186,13 @@ _Static_assert(IDEM_FP_LEN == 32, "Lua: fp is 32 bytes");
 
 /* ---- the scripts ---------------------------------------------------------- */
 
+/* Layout 2 of a record (a string value; see the file's head): its version
+ * byte, the header's size (version, st, fl, then fe, lu, ex as '<i8'), and
+ * the size of a value without a response (the header and fp). */
+#define V2_VERSION 2
+#define V2_HDR 27
+#define V2_MIN (V2_HDR + IDEM_FP_LEN)
+
 /* What a script returns first: the op's status. */
 enum { ST_OK = 0, ST_FENCE = 1, ST_EXISTS = 2, ST_CORRUPT = 3, ST_NOTFOUND = 4 };
 
@@ -208,37 +215,53 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
  * the cluster down) is raised before the op wrote anything; the batch
  * script answers it as that op's error. */
 #define LUA_PRELUDE                                                                   \
-    "local function load(k)\n"                                                        \
-    "  local v = redis.pcall('HMGET', k, 'st', 'fl', 'fp', 'fe', 'lu', 'ex')\n"       \
+    "local function hdr(st, fl, fe, lu, ex)\n"                                        \
+    "  return struct.pack('<BBBi8i8i8', 2, st, fl, fe, lu, ex)\n"                     \
+    "end\n"                                                                           \
+    "local function int(x) return string.format('%.0f', x) end\n"                     \
+    "local function whole(x) return x and x == math.floor(x) end\n"                   \
+    "local function load1(k)\n"                                                       \
+    "  local v = redis.pcall('HGETALL', k)\n"                                         \
     "  if v.err then\n"                                                               \
     "    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return false end\n"           \
     "    error(v)\n"                                                                  \
     "  end\n"                                                                         \
-    "  if not (v[1] or v[2] or v[3] or v[4] or v[5] or v[6]) then\n"                  \
-    "    if redis.call('EXISTS', k) == 1 then return false end\n"                     \
-    "    return nil\n"                                                                \
-    "  end\n"                                                                         \
-    "  local r = {st = tonumber(v[1]), fl = tonumber(v[2]), fp = v[3],\n"             \
-    "    fe = tonumber(v[4]), lu = tonumber(v[5]), ex = tonumber(v[6]),\n"            \
-    "    sts = v[1], fls = v[2], fes = v[4], lus = v[5], exs = v[6]}\n"               \
-    "  if (r.st ~= 1 and r.st ~= 2) or not r.fl or not r.fe or not r.lu or\n"         \
-    "     not r.ex or not r.fp or #r.fp ~= 32 or r.fl < 0 or r.fl > 7 or\n"           \
-    "     r.fl ~= math.floor(r.fl) then\n"                                            \
+    "  local h = {}\n"                                                                \
+    "  for i = 1, #v, 2 do h[v[i]] = v[i + 1] end\n"                                  \
+    "  local st, fl, fe = tonumber(h.st), tonumber(h.fl), tonumber(h.fe)\n"           \
+    "  local lu, ex = tonumber(h.lu), tonumber(h.ex)\n"                               \
+    "  if (st ~= 1 and st ~= 2) or not whole(fl) or fl < 0 or fl > 7 or\n"            \
+    "     not whole(fe) or fe < 0 or not whole(lu) or not whole(ex) or\n"             \
+    "     not h.fp or #h.fp ~= 32 then\n"                                             \
     "    return false\n"                                                              \
     "  end\n"                                                                         \
-    "  return r\n"                                                                    \
+    "  return {st = st, fl = fl, fe = fe, lu = lu, ex = ex, fp = h.fp,\n"             \
+    "    v = hdr(st, fl, fe, lu, ex) .. h.fp .. (h.r or '')}\n"                       \
     "end\n"                                                                           \
-    "local function int(x) return string.format('%.0f', x) end\n"                    \
-    "local function put(k, st, fl, fp, fe, lu, ex, rec)\n"                            \
-    "  if rec then\n"                                                                 \
-    "    redis.call('HSET', k, 'st', st, 'fl', fl, 'fp', fp, 'fe', fe, 'lu', lu,\n"   \
-    "               'ex', ex, 'r', rec)\n"                                            \
-    "  else\n"                                                                        \
-    "    redis.call('HSET', k, 'st', st, 'fl', fl, 'fp', fp, 'fe', fe, 'lu', lu,\n"   \
-    "               'ex', ex)\n"                                                      \
-    "    redis.call('HDEL', k, 'r')\n"                                                \
+    "local function load(k)\n"                                                        \
+    "  local v = redis.pcall('GET', k)\n"                                             \
+    "  if not v then return nil end\n"                                                \
+    "  if type(v) == 'table' then\n"                                                  \
+    "    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return load1(k) end\n"        \
+    "    error(v)\n"                                                                  \
     "  end\n"                                                                         \
-    "  redis.call('PEXPIREAT', k, ex)\n"                                              \
+    "  if #v < 59 then return false end\n"                                            \
+    "  local ver, st, fl, fe, lu, ex = struct.unpack('<BBBi8i8i8', v)\n"              \
+    "  if ver ~= 2 or (st ~= 1 and st ~= 2) or fl > 7 or fe < 0 then\n"               \
+    "    return false\n"                                                              \
+    "  end\n"                                                                         \
+    "  return {st = st, fl = fl, fe = fe, lu = lu, ex = ex,\n"                        \
+    "    fp = string.sub(v, 28, 59), v = v}\n"                                        \
+    "end\n"                                                                           \
+    "local function put(k, st, fl, fe, lu, ex, exs, fp, rh, rt)\n"                    \
+    "  if ex < 1 then\n"                                                              \
+    "    redis.call('DEL', k)\n"                                                      \
+    "  elseif rh then\n"                                                              \
+    "    redis.call('SET', k, hdr(st, fl, fe, lu, ex) .. fp .. rh .. fp .. rt,\n"     \
+    "      'PXAT', exs)\n"                                                            \
+    "  else\n"                                                                        \
+    "    redis.call('SET', k, hdr(st, fl, fe, lu, ex) .. fp, 'PXAT', exs)\n"          \
+    "  end\n"                                                                         \
     "end\n"                                                                           \
     "local function owns(k, fence)\n"                                                 \
     "  local r = load(k)\n"                                                           \
@@ -282,23 +305,25 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "    else kind = 3 end\n"                                                         \
     "  end\n"                                                                         \
     "  if kind == 1 or kind == 2 then\n"                                              \
-    "    put(k, '1', '0', fp, int(fence), a[j + 3], a[j + 4], false)\n"               \
+    "    put(k, 1, 0, fence, tonumber(a[j + 3]), tonumber(a[j + 4]), a[j + 4], fp)\n" \
     "  elseif kind == 8 then\n"                                                       \
-    "    put(k, '1', r.fls, r.fp, int(fence), a[j + 3], r.exs, false)\n"              \
+    "    put(k, 1, r.fl, fence, tonumber(a[j + 3]), r.ex, int(r.ex), r.fp)\n"         \
     "  elseif kind == 3 then\n"                                                       \
-    "    return {0, kind, fence, 0, r.sts, r.fls, r.fp, r.fes, r.lus, r.exs,\n"       \
-    "            redis.call('HGET', k, 'r')}\n"                                       \
+    "    return {0, kind, fence, 0, r.v}\n"                                           \
     "  end\n"                                                                         \
     "  return {0, kind, fence, retry}\n"                                              \
     "end\n"
 
-/* COMPLETE: a fence, flags, expires_at, the encoded record (zero fp). */
+/* COMPLETE: a fence, flags, expires_at, and the record C encoded with a
+ * zero fingerprint cut around it: its bytes 1..9 and 42.. (Lua's
+ * counting), so that the value is built in one concatenation with the
+ * stored fingerprint in both places. */
 #define LUA_OP_COMPLETE                                                               \
     "local function op_complete(k, a, j)\n"                                           \
     "  local r, e = owns(k, a[j + 1])\n"                                              \
     "  if not r then return {e} end\n"                                                \
-    "  local rec = string.sub(a[j + 4], 1, 9) .. r.fp .. string.sub(a[j + 4], 42)\n"  \
-    "  put(k, '2', a[j + 2], r.fp, r.fes, '0', a[j + 3], rec)\n"                      \
+    "  put(k, 2, tonumber(a[j + 2]), r.fe, 0, tonumber(a[j + 3]), a[j + 3], r.fp,\n"  \
+    "    a[j + 4], a[j + 5])\n"                                                       \
     "  return {0}\n"                                                                  \
     "end\n"
 
@@ -307,7 +332,8 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "local function op_hold(k, a, j)\n"                                               \
     "  local r, e = owns(k, a[j + 1])\n"                                              \
     "  if not r then return {e} end\n"                                                \
-    "  put(k, '1', int(bit.bor(r.fl, 1)), r.fp, r.fes, a[j + 2], a[j + 3], false)\n"  \
+    "  put(k, 1, bit.bor(r.fl, 1), r.fe, tonumber(a[j + 2]), tonumber(a[j + 3]),\n"   \
+    "    a[j + 3], r.fp)\n"                                                           \
     "  return {0}\n"                                                                  \
     "end\n"
 
@@ -316,9 +342,9 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "local function op_renew(k, a, j)\n"                                              \
     "  local r, e = owns(k, a[j + 1])\n"                                              \
     "  if not r then return {e} end\n"                                                \
-    "  local ex = r.exs\n"                                                            \
-    "  if r.ex < tonumber(a[j + 2]) then ex = a[j + 2] end\n"                         \
-    "  put(k, '1', r.fls, r.fp, r.fes, a[j + 2], ex, false)\n"                        \
+    "  local lu = tonumber(a[j + 2])\n"                                               \
+    "  if r.ex < lu then put(k, 1, r.fl, r.fe, lu, lu, a[j + 2], r.fp)\n"             \
+    "  else put(k, 1, r.fl, r.fe, lu, r.ex, int(r.ex), r.fp) end\n"                   \
     "  return {0}\n"                                                                  \
     "end\n"
 
@@ -344,9 +370,8 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "local function op_token_issue(k, a, j)\n"                                        \
     "  local r = load(k)\n"                                                           \
     "  if r and tonumber(a[j + 1]) < r.ex then return {2} end\n"                      \
-    "  if r == false then redis.call('DEL', k) end\n"                                 \
-    "  put(k, '1', '4', string.rep(string.char(0), 32), '1', a[j + 2], a[j + 2],\n"   \
-    "      false)\n"                                                                  \
+    "  local ex = tonumber(a[j + 2])\n"                                               \
+    "  put(k, 1, 4, 1, ex, ex, a[j + 2], string.rep(string.char(0), 32))\n"           \
     "  return {0}\n"                                                                  \
     "end\n"
 
@@ -356,7 +381,7 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "  local r = load(k)\n"                                                           \
     "  if r == false then return {3} end\n"                                           \
     "  local v = tokdecide(r, tonumber(a[j + 1]))\n"                                  \
-    "  if v == 1 then put(k, '2', r.fls, r.fp, r.fes, r.lus, r.exs, false) end\n"     \
+    "  if v == 1 then put(k, 2, r.fl, r.fe, r.lu, r.ex, int(r.ex), r.fp) end\n"       \
     "  return {0, v}\n"                                                               \
     "end\n"
 
@@ -366,7 +391,7 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "  local r = load(k)\n"                                                           \
     "  if r == false then return {3} end\n"                                           \
     "  if tokdecide(r, tonumber(a[j + 1])) ~= 2 then return {1} end\n"                \
-    "  put(k, '1', r.fls, r.fp, r.fes, r.lus, r.exs, false)\n"                        \
+    "  put(k, 1, r.fl, r.fe, r.lu, r.ex, int(r.ex), r.fp)\n"                          \
     "  return {0}\n"                                                                  \
     "end\n"
 
@@ -397,7 +422,7 @@ static const char lua_batch_loop[] =
     "local need = 1\n"
     "for i = 1, n do\n"
     "  local na = string.byte(h, 2 * i) - 48\n"
-    "  if not fn[string.byte(h, 2 * i - 1) - 47] or na < 0 or na > 4 then\n"
+    "  if not fn[string.byte(h, 2 * i - 1) - 47] or na < 0 or na > 5 then\n"
     "    return bad\n"
     "  end\n"
     "  need = need + na\n"
@@ -420,21 +445,40 @@ static const char lua_batch_loop[] =
     "return out\n";
 
 /* SWEEP: KEYS the keys to visit, ARGV now; deletes those whose ex <= now
- * (what does not look like a record is left alone) and says how many. */
+ * (what does not look like a record is left alone) and says how many.
+ * Either layout: ex is bytes 20..27 of a layout 2 value, or a layout 1
+ * hash's field ex. */
 static const char lua_sweep[] =
     "local now, n = tonumber(ARGV[1]), 0\n"
     "for i = 1, #KEYS do\n"
-    "  local v = redis.pcall('HGET', KEYS[i], 'ex')\n"
+    "  local k, ex = KEYS[i], nil\n"
+    "  local v = redis.pcall('GET', k)\n"
     "  if type(v) == 'string' then\n"
-    "    local ex = tonumber(v)\n"
-    "    if ex and ex <= now then\n"
-    "      redis.call('DEL', KEYS[i])\n"
-    "      n = n + 1\n"
+    "    if #v >= 59 and string.byte(v, 1) == 2 then\n"
+    "      ex = struct.unpack('<i8', v, 20)\n"
     "    end\n"
+    "  elseif type(v) == 'table' then\n"
+    "    local h = redis.pcall('HGET', k, 'ex')\n"
+    "    if type(h) == 'string' then ex = tonumber(h) end\n"
+    "  end\n"
+    "  if ex and ex <= now then\n"
+    "    redis.call('DEL', k)\n"
+    "    n = n + 1\n"
     "  end\n"
     "end\n"
     "return n\n";
 
+/* READ: KEYS[1] a record's key: the value of a layout 2 record (a string),
+ * nil, or a layout 1 record's fields st fl fp fe lu ex r; a key of another
+ * type, an error.  Run with EVAL by get and the listing (redis_list.c), on
+ * every form, so that both layouts are read in one command. */
+const char idem__redis_read_script[] =
+    "local v = redis.pcall('GET', KEYS[1])\n"
+    "if type(v) == 'table' and string.sub(v.err, 1, 9) == 'WRONGTYPE' then\n"
+    "  return redis.pcall('HMGET', KEYS[1], 'st', 'fl', 'fp', 'fe', 'lu', 'ex', 'r')\n"
+    "end\n"
+    "return v\n";
+const size_t idem__redis_read_script_len = sizeof idem__redis_read_script - 1;
 
 /* Each script as its parts, joined when it is loaded (a C string literal
  * stays within the 4095 bytes ISO C promises; the batch script is longer). */
@@ -893,22 +937,34 @@ void idem__redis_errtext_io(char *err, size_t errlen, const char *who, const ide
 idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
                                   int64_t now_ms, idem_record_t *rec, int *broken)
 {
+    idem_err_t err;
+
     if (r->type == REDIS_REPLY_ERROR) {
         idem__store_seterr(base, "redis %s: %.150s", where, r->str);
         return strncmp(r->str, "WRONGTYPE", 9) == 0 ? IDEM_E_CORRUPT
                                                    : idem__redis_map_error(r->str, broken);
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 7) {
-        idem__store_seterr(base, "redis %s: unexpected answer to HMGET", where);
+    if (r->type == REDIS_REPLY_NIL)
+        return IDEM_E_NOTFOUND;
+    if (r->type == REDIS_REPLY_STRING) {
+        err = idem__redis_rec_from_value(r->str, r->len, rec);
+        if (err == IDEM_E_CORRUPT)
+            idem__store_seterr(base, "redis %s: a value that is no idem record (layout %u, "
+                               "%zu bytes; this idemd reads layout %d and the hashes "
+                               "before it)", where, r->len > 0 ? (unsigned char)r->str[0] : 0u,
+                               r->len, V2_VERSION);
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 7) {
+        int present = 0;
+        for (size_t i = 0; i < 7; i++)
+            present |= r->element[i]->type != REDIS_REPLY_NIL;
+        if (!present)
+            return IDEM_E_NOTFOUND;
+        err = idem__redis_rec_from_fields(r->element, rec);
+    } else {
+        idem__store_seterr(base, "redis %s: unexpected answer to the read script", where);
         *broken = 1;
         return IDEM_E_STORE_DOWN;
     }
-    int present = 0;
-    for (size_t i = 0; i < 7; i++)
-        present |= r->element[i]->type != REDIS_REPLY_NIL;
-    if (!present)
-        return IDEM_E_NOTFOUND;
-    idem_err_t err = idem__redis_rec_from_fields(r->element, rec);
     if (err == IDEM_OK && rec->expires_at_ms <= now_ms) {
         idem_record_cleanup(rec);
         err = IDEM_E_NOTFOUND;
@@ -1295,8 +1351,9 @@ static const enum script kind_script[] = {
     [IDEM_OP_TOKEN_RESTORE] = S_TOKEN_RESTORE,
 };
 
-#define OP_ARGS_MAX 4 /* arguments an op's function reads after its key */
+#define OP_ARGS_MAX 5 /* arguments an op's function reads after its key */
 #define NUM_LEN 24    /* one decimal number */
+#define FP_AT 9       /* an encoded record's fingerprint starts here */
 
 /* An op's arguments (what its Lua function reads as a[j + 1] ...) into
  * argv/len, its numbers written into num; a completion's encoded record is
@@ -1345,8 +1402,12 @@ static int op_args(const idem_op_t *op, const char **argv, size_t *len,
         ARG_NUM(0, "%llu", (unsigned long long)op->fence);
         ARG_NUM(1, "%u", (unsigned)op->flags);
         ARG_NUM(2, "%lld", (long long)op->expires_at_ms);
+        /* Around the fingerprint (bytes 9..40 from 0), which the script
+         * puts in: the record's fixed layout, record.h. */
         argv[argc] = (const char *)*rec;
-        len[argc++] = size;
+        len[argc++] = FP_AT;
+        argv[argc] = (const char *)*rec + FP_AT + IDEM_FP_LEN;
+        len[argc++] = size - FP_AT - IDEM_FP_LEN;
         break;
     }
     case IDEM_OP_HOLD:
@@ -1498,41 +1559,77 @@ static int num_field(const redisReply *r, int64_t *out)
     return 1;
 }
 
-/* Build a record from its fields st fl fp fe lu ex r (f[0..6]). */
-idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec)
+/* Build a record from its decision fields and, for a completed record
+ * with a response, r (the encoded record, its fingerprint spliced in: its
+ * checksum was computed with a zero one, and the fingerprint is compared
+ * with fp here).  r NULL: no response; C rebuilds the record from the
+ * fields. */
+static idem_err_t rec_build(int64_t st, int64_t fl, const uint8_t *fp, int64_t fe, int64_t lu,
+                            int64_t ex, const uint8_t *r, size_t rlen, idem_record_t *rec)
 {
-    int64_t st, fl, fe, lu, ex;
     const uint32_t known = IDEM_REC_HELD | IDEM_REC_NOT_RETAINED | IDEM_REC_TOKEN;
 
     memset(rec, 0, sizeof *rec);
-    if (!num_field(f[0], &st) || !num_field(f[1], &fl) || !reply_is(f[2], REDIS_REPLY_STRING) ||
-        f[2]->len != IDEM_FP_LEN || !num_field(f[3], &fe) || !num_field(f[4], &lu) ||
-        !num_field(f[5], &ex) || (st != IDEM_STATE_IN_PROGRESS && st != IDEM_STATE_COMPLETED) ||
-        fl < 0 || ((uint64_t)fl & ~(uint64_t)known) != 0 || fe < 0)
+    if ((st != IDEM_STATE_IN_PROGRESS && st != IDEM_STATE_COMPLETED) || fl < 0 ||
+        ((uint64_t)fl & ~(uint64_t)known) != 0 || fe < 0)
         return IDEM_E_CORRUPT;
-    if (reply_is(f[6], REDIS_REPLY_STRING)) {
-        /* r's fingerprint was spliced in by lua_complete: its checksum was
-         * computed with a zero one, and the fp field is compared below. */
-        idem_err_t err = idem__record_decode_spliced((const uint8_t *)f[6]->str, f[6]->len, rec);
+    if (r != NULL) {
+        idem_err_t err = idem__record_decode_spliced(r, rlen, rec);
         if (err != IDEM_OK)
             return err;
         if ((int64_t)rec->state != st || (int64_t)rec->flags != fl || rec->fence != (uint64_t)fe ||
             rec->lease_until_ms != lu || rec->expires_at_ms != ex ||
-            memcmp(rec->fingerprint, f[2]->str, IDEM_FP_LEN) != 0) {
+            memcmp(rec->fingerprint, fp, IDEM_FP_LEN) != 0) {
             idem_record_cleanup(rec);
             return IDEM_E_CORRUPT;
         }
         return IDEM_OK;
     }
-    if (!reply_is(f[6], REDIS_REPLY_NIL))
-        return IDEM_E_CORRUPT;
     rec->state = (idem_state_t)st;
     rec->flags = (uint32_t)fl;
-    memcpy(rec->fingerprint, f[2]->str, IDEM_FP_LEN);
+    memcpy(rec->fingerprint, fp, IDEM_FP_LEN);
     rec->fence = (uint64_t)fe;
     rec->lease_until_ms = lu;
     rec->expires_at_ms = ex;
     return IDEM_OK;
+}
+
+/* Build a record from its fields st fl fp fe lu ex r (f[0..6]): layout 1. */
+idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec)
+{
+    int64_t st, fl, fe, lu, ex;
+
+    memset(rec, 0, sizeof *rec);
+    if (!num_field(f[0], &st) || !num_field(f[1], &fl) || !reply_is(f[2], REDIS_REPLY_STRING) ||
+        f[2]->len != IDEM_FP_LEN || !num_field(f[3], &fe) || !num_field(f[4], &lu) ||
+        !num_field(f[5], &ex))
+        return IDEM_E_CORRUPT;
+    if (reply_is(f[6], REDIS_REPLY_STRING))
+        return rec_build(st, fl, (const uint8_t *)f[2]->str, fe, lu, ex,
+                         (const uint8_t *)f[6]->str, f[6]->len, rec);
+    if (!reply_is(f[6], REDIS_REPLY_NIL))
+        return IDEM_E_CORRUPT;
+    return rec_build(st, fl, (const uint8_t *)f[2]->str, fe, lu, ex, NULL, 0, rec);
+}
+
+/* A little-endian signed 64-bit number (Lua's struct '<i8'). */
+static int64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return (int64_t)v;
+}
+
+idem_err_t idem__redis_rec_from_value(const char *v, size_t len, idem_record_t *rec)
+{
+    const uint8_t *p = (const uint8_t *)v;
+
+    memset(rec, 0, sizeof *rec);
+    if (len < V2_MIN || p[0] != V2_VERSION)
+        return IDEM_E_CORRUPT;
+    return rec_build(p[1], p[2], p + V2_HDR, le64(p + 3), le64(p + 11), le64(p + 19),
+                     len > V2_MIN ? p + V2_MIN : NULL, len - V2_MIN, rec);
 }
 
 /* Set an op's outputs from its script's reply. */
@@ -1588,11 +1685,15 @@ void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisRepl
     op->decision.fence = (uint64_t)r->element[2]->integer;
     op->decision.retry_after_s = r->element[3]->integer;
     if (op->decision.kind == IDEM_DECIDE_REPLAY) {
-        if (r->elements != 11) {
+        if (r->elements != 5 || !reply_is(r->element[4], REDIS_REPLY_STRING)) {
             op->err = IDEM_E_IO;
             return;
         }
-        op->err = idem__redis_rec_from_fields(r->element + 4, &op->record);
+        op->err = idem__redis_rec_from_value(r->element[4]->str, r->element[4]->len,
+                                             &op->record);
+        if (op->err == IDEM_E_CORRUPT)
+            idem__store_seterr(store, "redis: the record of key \"%.64s\" of scope %.16s... "
+                               "is damaged", op->id.key, op->id.scope);
     }
 }
 
@@ -1819,15 +1920,15 @@ static idem_err_t redis_get(idem_store_t *base, const idem_key_id_t *id, int64_t
 {
     struct redis_store *s = (struct redis_store *)base;
     char key[KEYBUF];
-    const char *argv[] = {"HMGET", key, "st", "fl", "fp", "fe", "lu", "ex", "r"};
-    size_t len[] = {5, idem__redis_make_key(&s->cfg, id, key), 2, 2, 2, 2, 2, 2, 1};
+    const char *argv[] = {"EVAL", idem__redis_read_script, "1", key};
+    size_t len[] = {4, idem__redis_read_script_len, 1, idem__redis_make_key(&s->cfg, id, key)};
     struct conn *k;
 
     idem_err_t err = acquire(s, &k, NULL);
     if (err != IDEM_OK) {
         return err == IDEM_E_NOMEM ? err : IDEM_E_STORE_DOWN;
     }
-    redisReply *r = command(k->c, 9, argv, len);
+    redisReply *r = command(k->c, 4, argv, len);
     int broken = 0;
     if (r == NULL) {
         char why[200];

@@ -1009,10 +1009,10 @@ static idem_err_t cluster_get(idem_store_t *base, const idem_key_id_t *id, int64
     struct cluster_store *s = (struct cluster_store *)base;
     char key[IDEM__REDIS_KEYBUF];
     size_t kl = idem__redis_make_key(&s->cfg, id, key);
-    const char *argv[] = {"HMGET", key, "st", "fl", "fp", "fe", "lu", "ex", "r"};
-    size_t len[] = {5, kl, 2, 2, 2, 2, 2, 2, 1};
+    const char *argv[] = {"EVAL", idem__redis_read_script, "1", key};
+    size_t len[] = {4, idem__redis_read_script_len, 1, kl};
 
-    redisReply *r = slot_command(s, idem__redis_keyslot(key, kl), 0, 9, argv, len);
+    redisReply *r = slot_command(s, idem__redis_keyslot(key, kl), 0, 4, argv, len);
     if (r == NULL)
         return IDEM_E_STORE_DOWN;
     int broken = 0; /* a cluster's node connections are the slot map's to drop */

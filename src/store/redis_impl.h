@@ -137,12 +137,19 @@ void idem__redis_take_result(idem_store_t *store, idem_op_t *op, const redisRepl
 int idem__redis_op_in_range(const idem_op_t *op);
 int idem__redis_in_range(int64_t v);
 
-/** A record from the reply to HMGET key st fl fp fe lu ex r. */
+/** A record from the reply to HMGET key st fl fp fe lu ex r (layout 1). */
 idem_err_t idem__redis_rec_from_fields(redisReply *const *f, idem_record_t *rec);
-/** A record from r, the answer to HMGET of a record key's 7 fields: the
- * record, IDEM_E_NOTFOUND (none, or expired by now_ms), IDEM_E_CORRUPT, or
- * a store error (errstr set on base, *broken set when the connection is not
- * to be reused). */
+/** A record from a layout 2 value (v, len bytes); IDEM_E_CORRUPT when it is
+ * not one. */
+idem_err_t idem__redis_rec_from_value(const char *v, size_t len, idem_record_t *rec);
+/** The script that reads one record of either layout: EVAL it with 1 key,
+ * the record's. */
+extern const char idem__redis_read_script[];
+extern const size_t idem__redis_read_script_len;
+/** A record from r, the answer to the read script: the record,
+ * IDEM_E_NOTFOUND (none, or expired by now_ms), IDEM_E_CORRUPT, or a store
+ * error (errstr set on base, *broken set when the connection is not to be
+ * reused). */
 idem_err_t idem__redis_get_answer(idem_store_t *base, const char *where, const redisReply *r,
                                   int64_t now_ms, idem_record_t *rec, int *broken);
 

@@ -2,11 +2,11 @@
  * (redis://, rediss://, redis+sentinel://, redis+cluster://): the list and
  * delete_if ops of store_impl.h, for the admin's GET and DELETE /keys.
  *
- * A record is the hash PREFIX SCOPE ":" KEY (redis.c), so a listing is a
+ A record is the key PREFIX SCOPE ":" KEY (redis.c), so a listing is a
  * SCAN with MATCH on the prefix (and the filter's scope and key prefix,
- * glob characters escaped), each step's keys read with one pipelined HMGET
- * of the record's fields per key and decoded by redis.c's
- * idem__redis_get_answer, then offered to the page (store.c).  A cluster is
+ * glob characters escaped), each step's keys read with one pipelined EVAL
+ * of redis.c's read script per key (either layout of a record) and decoded
+ * by redis.c's idem__redis_get_answer, then offered to the page (store.c).  A cluster is
  * walked master after master (in slot order), each with its own SCAN; a
  * key that moved meanwhile is read from its slot's master.
  *
@@ -31,7 +31,7 @@
  * steps, not reads).
  *
  * delete_if: one Lua script (EVAL; Redis caches it) that deletes each key
- * only while its st and fe fields are what was listed and it is no token,
+ * only while its state and fence are what was listed and it is no token,
  * so a record claimed again or completed meanwhile stays.  One server: one
  * EVAL for the whole batch, atomic.  A cluster: one EVAL per key on its
  * slot's master (redis_cluster.c's slot command, which follows MOVED/ASK).
@@ -54,21 +54,32 @@
  * offer that step again leaves little to repeat. */
 #define SCAN_COUNT_MIN 16
 #define SCAN_COUNT_MAX 200
-#define FETCH_MAX 200  /* HMGETs pipelined at once */
+#define FETCH_MAX 200  /* reads pipelined at once */
 #define PAT_MAX (2 * (IDEM_STORE_OPT_MAX + IDEM_SCOPE_MAX + 1 + IDEM_KEY_MAX) + 4)
 
 /* ---- delete_if -------------------------------------------------------------- */
 
-/* KEYS the records, ARGV st1 fe1 st2 fe2 ...; 1 for each key deleted. */
+/* KEYS the records, ARGV st1 fe1 st2 fe2 ...; 1 for each key deleted.
+ * Either layout of redis.c: a string (st, fl at bytes 2 and 3, fe '<i8'
+ * from byte 4) or the hash before it (fields st, fe, fl). */
 static const char lua_delete_if[] =
     "local out = {}\n"
     "for i = 1, #KEYS do\n"
-    "  local v = redis.pcall('HMGET', KEYS[i], 'st', 'fe', 'fl')\n"
+    "  local st, fl, fe\n"
+    "  local v = redis.pcall('GET', KEYS[i])\n"
+    "  if type(v) == 'string' then\n"
+    "    if #v >= 59 and string.byte(v, 1) == 2 then\n"
+    "      st, fl, fe = struct.unpack('<BBi8', v, 2)\n"
+    "    end\n"
+    "  elseif type(v) == 'table' then\n"
+    "    local h = redis.pcall('HMGET', KEYS[i], 'st', 'fe', 'fl')\n"
+    "    if not h.err then\n"
+    "      st, fe, fl = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])\n"
+    "    end\n"
+    "  end\n"
     "  local ok = 0\n"
-    "  if type(v) == 'table' and not v.err and v[1] and v[2] and v[3] and\n"
-    "     tonumber(v[1]) == tonumber(ARGV[2 * i - 1]) and\n"
-    "     tonumber(v[2]) == tonumber(ARGV[2 * i]) and tonumber(v[3]) and\n"
-    "     bit.band(tonumber(v[3]), 4) == 0 then\n"
+    "  if st and fe and fl and st == tonumber(ARGV[2 * i - 1]) and\n"
+    "     fe == tonumber(ARGV[2 * i]) and bit.band(fl, 4) == 0 then\n"
     "    redis.call('DEL', KEYS[i])\n"
     "    ok = 1\n"
     "  end\n"
@@ -412,15 +423,15 @@ static idem_err_t scan_once(idem_store_t *base, const idem__redis_nodes_t *nd, i
     return IDEM_OK;
 }
 
-/* HMGET every key of keys[0..n) on c, pipelined, into out[0..n) (a
+/* Read every key of keys[0..n) on c, pipelined, into out[0..n) (a
  * cluster's key that moved is read from its slot's master). */
 static idem_err_t fetch(idem_store_t *base, const idem__redis_nodes_t *nd, idem__rconn_t *c,
                         redisReply **keys, size_t n, redisReply **out, int *broken)
 {
     for (size_t i = 0; i < n; i++) {
-        const char *argv[] = {"HMGET", keys[i]->str, "st", "fl", "fp", "fe", "lu", "ex", "r"};
-        size_t len[] = {5, keys[i]->len, 2, 2, 2, 2, 2, 2, 1};
-        if (idem__rconn_append(c, 9, argv, len) != 0)
+        const char *argv[] = {"EVAL", idem__redis_read_script, "1", keys[i]->str};
+        size_t len[] = {4, idem__redis_read_script_len, 1, keys[i]->len};
+        if (idem__rconn_append(c, 4, argv, len) != 0)
             return IDEM_E_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
@@ -434,10 +445,10 @@ static idem_err_t fetch(idem_store_t *base, const idem__redis_nodes_t *nd, idem_
         if (nd->slot_command != NULL && out[i]->type == REDIS_REPLY_ERROR &&
             (strncmp(out[i]->str, "MOVED ", 6) == 0 || strncmp(out[i]->str, "ASK ", 4) == 0 ||
              strncmp(out[i]->str, "TRYAGAIN", 8) == 0)) {
-            const char *argv[] = {"HMGET", keys[i]->str, "st", "fl", "fp", "fe", "lu", "ex", "r"};
-            size_t len[] = {5, keys[i]->len, 2, 2, 2, 2, 2, 2, 1};
+            const char *argv[] = {"EVAL", idem__redis_read_script, "1", keys[i]->str};
+            size_t len[] = {4, idem__redis_read_script_len, 1, keys[i]->len};
             freeReplyObject(out[i]);
-            out[i] = nd->slot_command(base, idem__redis_keyslot(keys[i]->str, keys[i]->len), 9,
+            out[i] = nd->slot_command(base, idem__redis_keyslot(keys[i]->str, keys[i]->len), 4,
                                       argv, len);
             if (out[i] == NULL)
                 return IDEM_E_STORE_DOWN;

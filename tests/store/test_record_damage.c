@@ -5,7 +5,7 @@
  * were right.  Each case completes a key with a known body, then changes one
  * bit of that body where the backend keeps it, by the backend's own means
  * and not through idem's store: lmdb and rocksdb with their own libraries
- * while the store is closed, Redis with HSET on the record's r field,
+ * while the store is closed, Redis with SET of the record's value,
  * PostgreSQL with an UPDATE of the record column.  Then a get, and a claim
  * of the same request (which would replay the record), are IDEM_E_CORRUPT;
  * the key can be deleted and claimed afresh; and a key next to it is not
@@ -143,15 +143,15 @@ static void damage_redis(const char *key)
     snprintf(k, sizeof k, "%sanonymous:%s", fx_redis_prefix, key);
     redisContext *c = fx_redis_connect();
     cr_assert_not_null(c);
-    redisReply *r = redisCommand(c, "HGET %s r", k);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "HGET %s r", k);
+    redisReply *r = redisCommand(c, "GET %s", k);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "GET %s", k);
     uint8_t *v = malloc(r->len);
     size_t len = r->len;
     memcpy(v, r->str, len);
     freeReplyObject(r);
     flip_body(v, len);
-    r = redisCommand(c, "HSET %s r %b", k, v, len);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER, "HSET %s r", k);
+    r = redisCommand(c, "SET %s %b KEEPTTL", k, v, len);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "SET %s", k);
     freeReplyObject(r);
     free(v);
     redisFree(c);

@@ -1923,48 +1923,65 @@ Test(store_redis, is_named_redis, .init = setup_redis, .fini = teardown)
     cr_expect_not(idem_store_exec_is_cheap(st));
 }
 
-/* A record is a hash with the decision fields, r only when completed, and
- * a PEXPIREAT at its retention end: Redis itself removes it then. */
+/* A record is one string (layout 2, src/store/redis.c): a version byte 2,
+ * st, fl, then fe, lu and ex as little-endian 64-bit numbers, the 32
+ * fingerprint bytes, and only when completed the encoded record; with a
+ * PXAT at its retention end: Redis itself removes it then. */
+static int64_t le64_at(const char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | (uint8_t)p[i];
+    return (int64_t)v;
+}
+
 Test(store_redis, record_layout_and_native_ttl, .init = setup_redis, .fini = teardown)
 {
     redisContext *c = redis_direct_shared();
     char key[256];
     redis_key("ttl", key, sizeof key);
     int64_t now = fx_real_ms();
+    uint8_t fp[IDEM_FP_LEN];
+    fp_fill(fp, 1);
 
     idem_op_t op = claim_op("ttl", 1, now);
     op.expires_at_ms = now + 1000;
     cr_assert_eq(idem_store_claim(st, &op), IDEM_OK, "%s", idem_store_errstr(st));
-    redisReply *r = redisCommand(c, "HMGET %s st fe r", key);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 3);
-    cr_expect_str_eq(r->element[0]->str, "1");
-    cr_expect_str_eq(r->element[1]->str, "1");
-    cr_expect_eq(r->element[2]->type, REDIS_REPLY_NIL, "an in_progress record has no r");
+    redisReply *r = redisCommand(c, "GET %s", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "a record is a string");
+    cr_expect_eq(r->len, 27 + IDEM_FP_LEN, "an in_progress record has no encoded record");
+    cr_expect_eq(r->str[0], 2, "layout 2");
+    cr_expect_eq(r->str[1], 1, "st");
+    cr_expect_eq(r->str[2], 0, "fl");
+    cr_expect_eq(le64_at(r->str + 3), 1, "fe");
+    cr_expect_eq(le64_at(r->str + 11), op.lease_until_ms, "lu");
+    cr_expect_eq(le64_at(r->str + 19), now + 1000, "ex");
+    cr_expect_eq(memcmp(r->str + 27, fp, IDEM_FP_LEN), 0, "fp");
     freeReplyObject(r);
     r = redisCommand(c, "PEXPIRETIME %s", key);
     cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
-    cr_expect_eq(r->integer, now + 1000, "PEXPIREAT is the record's expires_at");
+    cr_expect_eq(r->integer, now + 1000, "PXAT is the record's expires_at");
     freeReplyObject(r);
 
     idem_key_id_t id = kid("ttl");
     cr_assert_eq(idem_store_complete(st, &id, 1, &resp, 0, now + 1000), IDEM_OK);
-    r = redisCommand(c, "HMGET %s st r", key);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
-    cr_expect_str_eq(r->element[0]->str, "2");
-    cr_expect_eq(r->element[1]->type, REDIS_REPLY_STRING, "a completed record has r");
-    /* r is the exact record, fingerprint included: spliced in by the
-     * script, so its checksum was computed with a zero fingerprint. */
+    r = redisCommand(c, "GET %s", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING && r->len > 27 + IDEM_FP_LEN);
+    cr_expect_eq(r->str[1], 2, "st");
+    cr_expect_eq(le64_at(r->str + 11), 0, "lu");
+    /* The encoded record is the exact record, fingerprint included:
+     * spliced in by the script, so its checksum was computed with a zero
+     * fingerprint. */
+    const uint8_t *enc = (const uint8_t *)r->str + 27 + IDEM_FP_LEN;
+    size_t enclen = r->len - 27 - IDEM_FP_LEN;
     idem_record_t rec;
-    cr_assert_eq(idem__record_decode_spliced((const uint8_t *)r->element[1]->str,
-                                            r->element[1]->len, &rec), IDEM_OK);
-    uint8_t fp[IDEM_FP_LEN];
-    fp_fill(fp, 1);
+    cr_assert_eq(idem__record_decode_spliced(enc, enclen, &rec), IDEM_OK);
     cr_expect_eq(memcmp(rec.fingerprint, fp, IDEM_FP_LEN), 0);
     cr_expect_eq(rec.fence, 1);
     expect_resp_eq(&rec.response, &resp);
     idem_record_cleanup(&rec);
-    cr_expect_eq(idem_record_decode((const uint8_t *)r->element[1]->str, r->element[1]->len,
-                                    &rec), IDEM_E_CORRUPT, "not as it was encoded");
+    cr_expect_eq(idem_record_decode(enc, enclen, &rec), IDEM_E_CORRUPT,
+                 "not as it was encoded");
     freeReplyObject(r);
 
     usleep(1300 * 1000);
