@@ -154,7 +154,9 @@
 #                         interleaved with the others, measure it in the same run, so
 #                         before and after share one nginx and one machine's load; with
 #                         the server stores also base-new-pg (a second idemd on the
-#                         same PostgreSQL) [none]
+#                         same PostgreSQL) and base-new-redis (a second idemd on the
+#                         same Redis server, its INFO commandstats and CPU recorded
+#                         as idemd-new-redis's are) [none]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -227,7 +229,7 @@ ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-rep
           idemd-new-redis idemd-replay-redis idemd-new-rediss idemd-new-redis-cluster
           idemd-new-redis-cluster-replicas idemd-new-pg idemd-replay-pg
           express-new express-replay
-          base-new-always base-new-interval base-replay base-new-pg
+          base-new-always base-new-interval base-replay base-new-pg base-new-redis
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
           idemd-workers-1 idemd-workers-auto
           http2 idemd-steady)
@@ -250,7 +252,7 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
 fi
 if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
   ! want_row idemd-new-pg && ! want_row idemd-replay-pg &&
-  ! { [[ -n $BENCH_BASE_BUILD ]] && want_row base-new-pg; }; then
+  ! { [[ -n $BENCH_BASE_BUILD ]] && { want_row base-new-pg || want_row base-new-redis; }; }; then
   BENCH_SERVER_STORES=0
 fi
 if [[ $BENCH_EXPRESS == 1 ]] && ! want_row express-new && ! want_row express-replay; then
@@ -284,13 +286,15 @@ fi
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
 PRELOAD_BIN=$IDEM_BUILD/bench/idem-preload
-BASE_IDEMD= BASE_PG_IDEMD=
+BASE_IDEMD= BASE_PG_IDEMD= BASE_REDIS_IDEMD=
 if [[ -n $BENCH_BASE_BUILD ]]; then
   case $BENCH_BASE_BUILD in /*) ;; *) BENCH_BASE_BUILD=$ROOT/$BENCH_BASE_BUILD ;; esac
   BASE_IDEMD=$BENCH_BASE_BUILD/idemd
   [[ -x $BASE_IDEMD ]] || die "BENCH_BASE_BUILD: $BASE_IDEMD is missing"
   # The base build's idemd on PostgreSQL (row base-new-pg).
   [[ $BENCH_SERVER_STORES == 1 ]] && want_row base-new-pg && BASE_PG_IDEMD=$BASE_IDEMD
+  # ... and on Redis (row base-new-redis).
+  [[ $BENCH_SERVER_STORES == 1 ]] && want_row base-new-redis && BASE_REDIS_IDEMD=$BASE_IDEMD
   ((EMBEDDED_ROWS == 1)) || BASE_IDEMD=  # no base row chosen: not started
 fi
 LUA=$ROOT/bench/post.lua
@@ -361,7 +365,7 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Forty distinct free loopback ports (held open together while picked);
+# Forty-two distinct free loopback ports (held open together while picked);
 # the clusters' nodes pick their own (tests/cluster.py).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
@@ -369,9 +373,10 @@ read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   TLS_UP_PORT FRONT_TLS_PORT FRONT_HTTPS_PORT IDEM_T_PORT IDEM_T_TLS_PORT ADMIN_T_PORT \
   IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN \
   REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT \
-  IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT IDEM_RCR_PORT ADMIN_RCR_PORT < <(python3 - <<'PY'
+  IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT IDEM_RCR_PORT ADMIN_RCR_PORT \
+  BASE_R_PORT BASE_R_ADMIN < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(40)]
+socks = [socket.socket() for _ in range(42)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -499,6 +504,8 @@ row_pids() {
       printf 'server %s\nupstream %s\nstore %s\n' "$PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
     base-new-pg)
       printf 'server %s\nupstream %s\nstore %s\n' "$BASE_PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
+    base-new-redis)
+      printf 'server %s\nupstream %s\nstore %s\n' "$BASE_REDIS_PID" "$NGINX_WORKER" "$(store_pid redis)" ;;
     express-new | express-replay) printf 'server %s\nupstream %s\n' "$EXPRESS_PID" "$NGINX_WORKER" ;;
   esac
 }
@@ -522,7 +529,7 @@ cpu_snapshot() {
 # need its TLS).
 redis_nodes() {
   case $1 in
-    idemd-new-redis | idemd-replay-redis) echo "127.0.0.1:$REDIS_PORT" ;;
+    idemd-new-redis | idemd-replay-redis | base-new-redis) echo "127.0.0.1:$REDIS_PORT" ;;
     idemd-new-redis-cluster) echo "${CLUSTER_NODES//,/ }" ;;
     idemd-new-redis-cluster-replicas) echo "${CLUSTER_R_NODES//,/ }" ;;
   esac
@@ -1056,6 +1063,13 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
     check_key "$BASE_P_URL" "$RUNID-check-base-pg"
     write_meta base_idemd="$BASE_PG_IDEMD ($("$BASE_PG_IDEMD" --version 2>/dev/null || echo '?'))"
   fi
+  if [[ -n $BASE_REDIS_IDEMD ]]; then
+    IDEMD_BIN=$BASE_REDIS_IDEMD start_idemd base-redis "$BASE_R_PORT" "$BASE_R_ADMIN" "$REDIS_STORE"
+    BASE_REDIS_PID=$IDEMD_PID
+    BASE_R_URL=http://127.0.0.1:$BASE_R_PORT/
+    check_key "$BASE_R_URL" "$RUNID-check-base-redis"
+    write_meta base_idemd="$BASE_REDIS_IDEMD ($("$BASE_REDIS_IDEMD" --version 2>/dev/null || echo '?'))"
+  fi
   write_meta redis_store="$REDIS_STORE" pg_store="$PG_STORE" preload_server="$BENCH_PRELOAD_SERVER"
 fi
 
@@ -1254,6 +1268,8 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
       measure idemd-replay-pg "$r" "$IDEM_P_URL" fixed "$REPLAY_KEY-p" "http://127.0.0.1:$ADMIN_P_PORT"
     [[ -n $BASE_PG_IDEMD ]] &&
       measure base-new-pg "$r" "$BASE_P_URL" unique "$RUNID-bg$r" "http://127.0.0.1:$BASE_P_ADMIN"
+    [[ -n $BASE_REDIS_IDEMD ]] &&
+      measure base-new-redis "$r" "$BASE_R_URL" unique "$RUNID-br$r" "http://127.0.0.1:$BASE_R_ADMIN"
   fi
   ((REDISS == 1)) &&
     measure idemd-new-rediss "$r" "$IDEM_RS_URL" unique "$RUNID-rs$r" "http://127.0.0.1:$ADMIN_RS_PORT"
@@ -1302,6 +1318,7 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   stop_idemd idemd-redis "$REDIS_PID"
   stop_idemd idemd-pg "$PG_PID"
   [[ -n $BASE_PG_IDEMD ]] && stop_idemd base-pg "$BASE_PG_PID"
+  [[ -n $BASE_REDIS_IDEMD ]] && stop_idemd base-redis "$BASE_REDIS_PID"
 fi
 ((REDISS == 1)) && stop_idemd idemd-rediss "$RS_PID"
 ((RCLUSTER == 1)) && stop_idemd idemd-redis-cluster "$RC_PID"

@@ -17,31 +17,44 @@
  * always the caller's (op->now_ms ...), passed as a decimal string, never
  * Redis's TIME, so every backend decides alike.
  *
- * Layout.  A record is a hash at PREFIX SCOPE ":" KEY (scope is "anonymous"
- * or 64 hex digits, so the split is unambiguous; a token's key starts with
- * "\x01tok:", which Redis keys, being binary-safe, take as they are).  Its
- * fields: st (1 in_progress, 2 completed), fl (IDEM_REC_* flags), fp (the 32
- * raw fingerprint bytes), fe (fence), lu (lease end, ms), ex (retention end,
- * ms), all but fp decimal strings, and for a completed record with a response
- * r: the whole record as idem_record_encode writes it.  The fields are what
- * the scripts decide on and are authoritative; r is the only thing a replay
- * and get decode (decoding stays in C).  A completion's r is encoded here
- * with the caller's fence and a zero fingerprint, and the script splices the
- * stored fingerprint into bytes 10..41 (the record's fixed layout), so r is
- * always the exact record; its checksum (record.h, version 2) was computed
- * with the zero fingerprint, so r is decoded with idem__record_decode_spliced,
- * which checks every other byte, and its fingerprint is compared with the
- * field fp.  Records without a response (in_progress, tokens)
- * have no r: C rebuilds them from the fields.  A get or replay whose r does
- * not agree with the fields is IDEM_E_CORRUPT.
+ * Layout.  A record is one string at PREFIX SCOPE ":" KEY (scope is
+ * "anonymous" or 64 hex digits, so the split is unambiguous; a token's key
+ * starts with "\x01tok:", which Redis keys, being binary-safe, take as they
+ * are).  Its value, layout 2: a header of 27 bytes, struct.pack('<BBBi8i8i8')
+ * of 2 (the layout's version), st (1 in_progress, 2 completed), fl
+ * (IDEM_REC_* flags), fe (fence), lu (lease end, ms) and ex (retention end,
+ * ms); the 32 raw fingerprint bytes; and for a completed record with a
+ * response, the whole record as idem_record_encode writes it.  The header
+ * is what the scripts decide on and is authoritative; the record is the
+ * only thing a replay and get decode (decoding stays in C).  Every write is
+ * one SET key value PXAT ex and every read one GET, so a claim of a new key
+ * is two redis.call and a completion two (layout 1 took five and three).
+ * A completion's record is encoded here with the caller's fence and a zero
+ * fingerprint and sent cut around the fingerprint; the script builds the
+ * value in one concatenation with the stored fingerprint in both places, so
+ * the record is always exact; its checksum (record.h, version 2) was
+ * computed with the zero fingerprint, so it is decoded with
+ * idem__record_decode_spliced, which checks every other byte, and its
+ * fingerprint is compared with the header's.  Records without a response
+ * (in_progress, tokens) end after the fingerprint: C rebuilds them from the
+ * header.  A get or replay whose record does not agree with the header is
+ * IDEM_E_CORRUPT, and so is a string of another version (a newer idemd's).
+ *
+ * Layout 1 (idemd before issue 20's layout 2) was a hash with fields st,
+ * fl, fp, fe, lu, ex (decimal strings but fp) and r (the encoded record).
+ * Every reader still takes it: load() falls back to HGETALL when GET
+ * answers WRONGTYPE, the read script (get, listing) to HMGET, the sweep and
+ * redis_list.c's delete_if to the fields; a write turns it into layout 2
+ * (SET replaces a value of any type).  docs/stores.md says what an upgrade
+ * of several idemd sharing one Redis must mind.
  *
  * Numbers.  Lua numbers are doubles, exact for integers below 2^53 (in ms,
  * some 285,000 years after 1970), so an op whose times or fence lie outside +-(2^53 - 1) is
- * refused alone with IDEM_E_INVAL.  Scripts write numbers they compute with
- * string.format("%.0f") (never Lua's tostring, which gives "%.14g") and
- * copy the caller's strings otherwise.
+ * refused alone with IDEM_E_INVAL; struct's '<i8' packs and unpacks them
+ * exactly.  The one decimal a script writes, PXAT's, is the caller's string
+ * or string.format("%.0f") (never Lua's tostring, which gives "%.14g").
  *
- * Retention is native: every write sets PEXPIREAT key expires_at, so Redis
+ * Retention is native: every write sets PXAT expires_at, so Redis
  * deletes a record when its retention ends (Redis's clock is the wall clock,
  * as the callers' is).  A record still present past expires_at at the
  * caller's now counts as absent, as in every store.  Unlike LMDB, a fenced op
@@ -2101,7 +2114,7 @@ static idem_err_t redis_sweep(idem_store_t *base, int64_t now_ms, size_t max, si
     if (err != IDEM_OK) {
         return err;
     }
-    /* Native expiry: Redis deletes a record at its PEXPIREAT by its own
+    /* Native expiry: Redis deletes a record at its PXAT by its own
      * clock (on access, and by its active expiry cycle in the background),
      * so while the caller's now is not ahead of that clock there is nothing
      * for a sweep to do, and scanning would only visit live records.  Only

@@ -4,7 +4,8 @@
  *
  * redis.c owns the scripts (one Lua function per op kind, run by an op
  * script per kind or by the batch script that runs a whole batch in one
- * call), the record's layout in a Redis hash and the URL grammar;
+ * call), the record's layout (one string; the hash before it is still
+ * read) and the URL grammar;
  * redis_cluster.c adds only what a cluster needs on top (the slot map, a
  * pool per master, one batch call per master, MOVED and ASK), so the
  * decisions the conformance suite proves on redis:// are the very same
