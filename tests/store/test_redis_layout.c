@@ -7,7 +7,8 @@
  * record, its fingerprint spliced in after encoding), with PEXPIREAT ex.
  * Layout 2 (src/store/redis.c) is one string.  Each case writes layout 1
  * records here exactly as the old scripts did (HSET, then PEXPIREAT), on
- * the server of $IDEM_TEST_REDIS_URL under a prefix of the test's own, and
+ * the server of $IDEM_TEST_REDIS_URL (redis:// or redis+cluster://, where
+ * each key is written on its slot's master) under a prefix of the test's own, and
  * then drives the store through its API: get, claim (each decision),
  * complete, tokens, sweep, listing and bulk delete read the old records as
  * they were; a write turns the record into layout 2.  A string that is not
@@ -47,11 +48,33 @@ static void rkey(const idem_key_id_t *id, char *buf, size_t len)
     snprintf(buf, len, "%s%s:%s", fx_redis_prefix, id->scope, id->key);
 }
 
-static redisContext *direct(void)
+/* argv's answer from the server that holds the key argv[1]: the one of
+ * $IDEM_TEST_REDIS_URL, or on a cluster (redis+cluster://) the first seed,
+ * then the node each MOVED names. */
+static redisReply *on_key(int argc, const char **argv, const size_t *len)
 {
+    const char *u = fx_getenv("IDEM_TEST_REDIS_URL");
+    char host[256];
+    int port;
+    if (u != NULL && sscanf(u, "redis+cluster://%255[^:]:%d", host, &port) == 2) {
+        for (int hop = 0; hop < 4; hop++) {
+            struct timeval tv = {5, 0};
+            redisContext *c = redisConnectWithTimeout(host, port, tv);
+            cr_assert(c != NULL && c->err == 0, "no connection to %s:%d", host, port);
+            redisReply *r = redisCommandArgv(c, argc, argv, len);
+            redisFree(c);
+            if (r == NULL || r->type != REDIS_REPLY_ERROR || strncmp(r->str, "MOVED ", 6) != 0)
+                return r;
+            cr_assert_eq(sscanf(r->str, "MOVED %*d %255[^:]:%d", host, &port), 2, "%s", r->str);
+            freeReplyObject(r);
+        }
+        cr_assert_fail("%s: MOVED too often", argv[1]);
+    }
     redisContext *c = fx_redis_connect();
     cr_assert(c != NULL, "no connection to $IDEM_TEST_REDIS_URL");
-    return c;
+    redisReply *r = redisCommandArgv(c, argc, argv, len);
+    redisFree(c);
+    return r;
 }
 
 /* Write a layout 1 record as idemd before layout 2 did: HSET of the
@@ -83,14 +106,14 @@ static void put_v1(const idem_key_id_t *id, int st_, unsigned fl, const uint8_t 
                             "fe", sfe, "lu", slu, "ex", sex, "r", (const char *)enc};
     size_t len[16] = {4, strlen(k), 2, strlen(sst), 2, strlen(sfl), 2, IDEM_FP_LEN,
                       2, strlen(sfe), 2, strlen(slu), 2, strlen(sex), 1, enclen};
-    redisContext *c = direct();
-    redisReply *r = redisCommandArgv(c, enc != NULL ? 16 : 14, argv, len);
+    redisReply *r = on_key(enc != NULL ? 16 : 14, argv, len);
     cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER, "HSET %s", k);
     freeReplyObject(r);
-    r = redisCommand(c, "PEXPIREAT %s %lld", k, (long long)ex);
+    const char *pargv[] = {"PEXPIREAT", k, sex};
+    size_t plen[] = {9, strlen(k), strlen(sex)};
+    r = on_key(3, pargv, plen);
     cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
     freeReplyObject(r);
-    redisFree(c);
     free(enc);
 }
 
@@ -99,12 +122,12 @@ static void expect_type(const idem_key_id_t *id, const char *want)
 {
     char k[512];
     rkey(id, k, sizeof k);
-    redisContext *c = direct();
-    redisReply *r = redisCommand(c, "TYPE %s", k);
+    const char *argv[] = {"TYPE", k};
+    size_t len[] = {4, strlen(k)};
+    redisReply *r = on_key(2, argv, len);
     cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
     cr_expect_str_eq(r->str, want, "TYPE %s", k);
     freeReplyObject(r);
-    redisFree(c);
 }
 
 static idem_op_t claim_at(const char *key, int seed, int64_t now)
@@ -296,16 +319,16 @@ Test(redis_layout, a_value_of_no_known_layout_is_corrupt)
     memset(bad, 0, sizeof bad);
     bad[0] = 2;
     bad[1] = 9; /* st */
-    redisContext *c = direct();
     for (int i = 0; i < 3; i++) {
         idem_key_id_t id = kid(names[i]);
         char k[512];
         rkey(&id, k, sizeof k);
-        const char *val = i == 0 ? v3 : i == 1 ? "\002\001" : bad;
-        size_t vl = i == 1 ? 2 : 59;
-        freeReplyObject(redisCommand(c, "SET %s %b", k, val, vl));
+        const char *argv[] = {"SET", k, i == 0 ? v3 : i == 1 ? "\002\001" : bad};
+        size_t len[] = {3, strlen(k), i == 1 ? 2 : 59};
+        redisReply *r = on_key(3, argv, len);
+        cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "SET %s", k);
+        freeReplyObject(r);
     }
-    redisFree(c);
     for (int i = 0; i < 3; i++) {
         idem_key_id_t id = kid(names[i]);
         idem_op_t op;
