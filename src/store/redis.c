@@ -251,13 +251,7 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "  return {st = st, fl = fl, fe = fe, lu = lu, ex = ex, fp = h.fp,\n"             \
     "    v = hdr(st, fl, fe, lu, ex) .. h.fp .. (h.r or '')}\n"                       \
     "end\n"                                                                           \
-    "local function load(k)\n"                                                        \
-    "  local v = redis.pcall('GET', k)\n"                                             \
-    "  if not v then return nil end\n"                                                \
-    "  if type(v) == 'table' then\n"                                                  \
-    "    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return load1(k) end\n"        \
-    "    error(v)\n"                                                                  \
-    "  end\n"                                                                         \
+    "local function parse(v)\n"                                                       \
     "  if #v < 59 then return false end\n"                                            \
     "  local ver, st, fl, fe, lu, ex = struct.unpack('<BBBi8i8i8', v)\n"              \
     "  if ver ~= 2 or (st ~= 1 and st ~= 2) or fl > 7 or fe < 0 then\n"               \
@@ -265,6 +259,15 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "  end\n"                                                                         \
     "  return {st = st, fl = fl, fe = fe, lu = lu, ex = ex,\n"                        \
     "    fp = string.sub(v, 28, 59), v = v}\n"                                        \
+    "end\n"                                                                           \
+    "local function load(k)\n"                                                        \
+    "  local v = redis.pcall('GET', k)\n"                                             \
+    "  if not v then return nil end\n"                                                \
+    "  if type(v) == 'table' then\n"                                                  \
+    "    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then return load1(k) end\n"        \
+    "    error(v)\n"                                                                  \
+    "  end\n"                                                                         \
+    "  return parse(v)\n"                                                             \
     "end\n"                                                                           \
     "local function put(k, st, fl, fe, lu, ex, exs, fp, rh, rt)\n"                    \
     "  if ex < 1 then\n"                                                              \
@@ -289,7 +292,14 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "end\n"
 
 /* CLAIM: a now, fp, lease_until, expires_at.  idem_decide, rule by rule;
- * {0, kind, fence, retry_after} or, for a replay, the fields and r too. */
+ * {0, kind, fence, retry_after} or, for a replay, the record's value too.
+ * A new key is the common case, so the claim first writes the record a
+ * new key gets (fence 1) with SET NX ... GET: one redis.call when the key
+ * was absent (rule 1); else nothing was written and the old value is what
+ * the rules decide on, as load() would have read it.  When that SET is
+ * refused (a layout 1 hash: WRONGTYPE; OOM; a read-only replica) the claim
+ * reads as any op does, so a replay is still answered by a full or
+ * read-only server. */
 #define LUA_OP_CLAIM                                                                  \
     "local function secs(u, now)\n"                                                   \
     "  local d = u - now\n"                                                           \
@@ -299,8 +309,16 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
     "  return s\n"                                                                    \
     "end\n"                                                                           \
     "local function op_claim(k, a, j)\n"                                              \
-    "  local now, fp = tonumber(a[j + 1]), a[j + 2]\n"                                \
-    "  local r = load(k)\n"                                                           \
+    "  local now, fp, ex = tonumber(a[j + 1]), a[j + 2], tonumber(a[j + 4])\n"        \
+    "  local r\n"                                                                     \
+    "  if ex >= 1 then\n"                                                             \
+    "    local v = hdr(1, 0, 1, tonumber(a[j + 3]), ex) .. fp\n"                      \
+    "    v = redis.pcall('SET', k, v, 'NX', 'PXAT', a[j + 4], 'GET')\n"               \
+    "    if not v then return {0, 1, 1, 0} end\n"                                     \
+    "    if type(v) == 'string' then r = parse(v) else r = load(k) end\n"             \
+    "  else\n"                                                                        \
+    "    r = load(k)\n"                                                               \
+    "  end\n"                                                                         \
     "  if r == false then return {3} end\n"                                           \
     "  local kind, fence, retry = 0, 0, 0\n"                                          \
     "  if r == nil then kind, fence = 1, 1\n"                                         \

@@ -3133,6 +3133,21 @@ Test(store_redis, maxmemory_is_store_full_and_deleting_makes_room, .init = setup
     idem_record_t rec;
     cr_expect_eq(get("big-0", T0, &rec), IDEM_OK, "reads go on working");
     idem_record_cleanup(&rec);
+    /* and replays: over maxmemory, a claim's first write (SET NX, for a
+     * new key) is refused with OOM, and the claim then reads the record it
+     * replays */
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    cr_assert(c != NULL && c->err == 0);
+    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory 1"));
+    idem_op_t again = claim_op("big-0", 1, T0);
+    cr_expect_eq(idem_store_claim(st, &again), IDEM_OK, "%s", idem_store_errstr(st));
+    cr_expect_eq(again.decision.kind, IDEM_DECIDE_REPLAY, "a full Redis still replays");
+    idem_record_cleanup(&again.record);
+    again = claim_op("new-when-full", 1, T0);
+    cr_expect_eq(idem_store_claim(st, &again), IDEM_E_STORE_FULL, "a new key is refused");
+    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory 3mb"));
+    redisFree(c);
     cr_expect_eq(idem_store_ping(st), IDEM_OK);
     for (int j = 0; j < stored; j++) {
         snprintf(key, sizeof key, "big-%d", j);
