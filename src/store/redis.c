@@ -222,11 +222,16 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
  * the batch script is the prelude, every function and a loop over the
  * batch's ops (lua_batch).  Nothing but the calling differs.
  *
- * Shared by every op script.  load(k) is the record's fields, nil when
- * there is none, false when what is there is not a record of ours.  Any
- * other error of the read (on a cluster: a key this node does not serve,
- * the cluster down) is raised before the op wrote anything; the batch
- * script answers it as that op's error. */
+ * Shared by every op script.  load(k) is the record: its header's numbers
+ * (st, fl, fe, lu, ex), fp and the whole value v (a layout 1 hash's, by
+ * load1, made into the layout 2 value it would be); nil when there is
+ * none, false when what is there is not a record of ours (parse says so of
+ * a string).  Any other error of the read (on a cluster: a key this node
+ * does not serve, the cluster down) is raised before the op wrote
+ * anything; the batch script answers it as that op's error.  put(k, ...)
+ * writes a record: one SET ... PXAT ex (ex < 1, which SET refuses, is a
+ * DEL: a retention already over), the encoded record's two parts rh and rt
+ * around its fingerprint for a completion. */
 #define LUA_PRELUDE                                                                   \
     "local function hdr(st, fl, fe, lu, ex)\n"                                        \
     "  return struct.pack('<BBBi8i8i8', 2, st, fl, fe, lu, ex)\n"                     \
