@@ -156,7 +156,8 @@
 #                         the server stores also base-new-pg (a second idemd on the
 #                         same PostgreSQL) and base-new-redis (a second idemd on the
 #                         same Redis server, its INFO commandstats and CPU recorded
-#                         as idemd-new-redis's are) [none]
+#                         as idemd-new-redis's are), base-new-redis-cluster likewise
+#                         on the Redis Cluster of idemd-new-redis-cluster [none]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -229,7 +230,7 @@ ALL_ROWS=(nginx-direct nginx-proxy idemd-new-always idemd-new-interval idemd-rep
           idemd-new-redis idemd-replay-redis idemd-new-rediss idemd-new-redis-cluster
           idemd-new-redis-cluster-replicas idemd-new-pg idemd-replay-pg
           express-new express-replay
-          base-new-always base-new-interval base-replay base-new-pg base-new-redis
+          base-new-always base-new-interval base-replay base-new-pg base-new-redis base-new-redis-cluster
           nginx-tls-listener idemd-tls-listener nginx-https-upstream idemd-https-upstream tls-handshakes
           idemd-workers-1 idemd-workers-auto
           http2 idemd-steady)
@@ -249,6 +250,7 @@ if [[ $BENCH_SERVER_STORES == 1 ]]; then
   want_row idemd-new-rediss && REDISS=1
   want_row idemd-new-redis-cluster && RCLUSTER=1
   want_row idemd-new-redis-cluster-replicas && RCLUSTER_REPL=1
+  [[ -n $BENCH_BASE_BUILD ]] && want_row base-new-redis-cluster && RCLUSTER=1
 fi
 if [[ $BENCH_SERVER_STORES == 1 ]] && ! want_row idemd-new-redis && ! want_row idemd-replay-redis &&
   ! want_row idemd-new-pg && ! want_row idemd-replay-pg &&
@@ -286,7 +288,7 @@ fi
 case $IDEM_BUILD in /*) ;; *) IDEM_BUILD=$ROOT/$IDEM_BUILD ;; esac
 IDEMD=$IDEM_BUILD/idemd
 PRELOAD_BIN=$IDEM_BUILD/bench/idem-preload
-BASE_IDEMD= BASE_PG_IDEMD= BASE_REDIS_IDEMD=
+BASE_IDEMD= BASE_PG_IDEMD= BASE_REDIS_IDEMD= BASE_RC_IDEMD=
 if [[ -n $BENCH_BASE_BUILD ]]; then
   case $BENCH_BASE_BUILD in /*) ;; *) BENCH_BASE_BUILD=$ROOT/$BENCH_BASE_BUILD ;; esac
   BASE_IDEMD=$BENCH_BASE_BUILD/idemd
@@ -295,6 +297,7 @@ if [[ -n $BENCH_BASE_BUILD ]]; then
   [[ $BENCH_SERVER_STORES == 1 ]] && want_row base-new-pg && BASE_PG_IDEMD=$BASE_IDEMD
   # ... and on Redis (row base-new-redis).
   [[ $BENCH_SERVER_STORES == 1 ]] && want_row base-new-redis && BASE_REDIS_IDEMD=$BASE_IDEMD
+  ((RCLUSTER == 1)) && want_row base-new-redis-cluster && BASE_RC_IDEMD=$BASE_IDEMD
   ((EMBEDDED_ROWS == 1)) || BASE_IDEMD=  # no base row chosen: not started
 fi
 LUA=$ROOT/bench/post.lua
@@ -365,7 +368,7 @@ forget_pid() {
 
 # ---- helpers ------------------------------------------------------------------
 
-# Forty-two distinct free loopback ports (held open together while picked);
+# Forty-four distinct free loopback ports (held open together while picked);
 # the clusters' nodes pick their own (tests/cluster.py).
 read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_R_PORT ADMIN_R_PORT IDEM_P_PORT ADMIN_P_PORT REDIS_PORT PG_PORT EXPRESS_PORT \
@@ -374,9 +377,9 @@ read -r UP_PORT PROXY_PORT IDEM_A_PORT ADMIN_A_PORT IDEM_I_PORT ADMIN_I_PORT \
   IDEM_H_PORT ADMIN_H_PORT BASE_P_PORT BASE_P_ADMIN \
   REDISS_PORT IDEM_RS_PORT ADMIN_RS_PORT IDEM_RC_PORT ADMIN_RC_PORT \
   IDEM_W1_PORT ADMIN_W1_PORT IDEM_WA_PORT ADMIN_WA_PORT IDEM_RCR_PORT ADMIN_RCR_PORT \
-  BASE_R_PORT BASE_R_ADMIN < <(python3 - <<'PY'
+  BASE_R_PORT BASE_R_ADMIN BASE_RC_PORT BASE_RC_ADMIN < <(python3 - <<'PY'
 import socket
-socks = [socket.socket() for _ in range(42)]
+socks = [socket.socket() for _ in range(44)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -506,6 +509,8 @@ row_pids() {
       printf 'server %s\nupstream %s\nstore %s\n' "$BASE_PG_PID" "$NGINX_WORKER" "$(store_pid pg)" ;;
     base-new-redis)
       printf 'server %s\nupstream %s\nstore %s\n' "$BASE_REDIS_PID" "$NGINX_WORKER" "$(store_pid redis)" ;;
+    base-new-redis-cluster)
+      printf 'server %s\nupstream %s\nstore %s\n' "$BASE_RC_PID" "$NGINX_WORKER" "$(store_pid cluster)" ;;
     express-new | express-replay) printf 'server %s\nupstream %s\n' "$EXPRESS_PID" "$NGINX_WORKER" ;;
   esac
 }
@@ -530,7 +535,7 @@ cpu_snapshot() {
 redis_nodes() {
   case $1 in
     idemd-new-redis | idemd-replay-redis | base-new-redis) echo "127.0.0.1:$REDIS_PORT" ;;
-    idemd-new-redis-cluster) echo "${CLUSTER_NODES//,/ }" ;;
+    idemd-new-redis-cluster | base-new-redis-cluster) echo "${CLUSTER_NODES//,/ }" ;;
     idemd-new-redis-cluster-replicas) echo "${CLUSTER_R_NODES//,/ }" ;;
   esac
 }
@@ -1162,6 +1167,12 @@ if ((RCLUSTER == 1)); then
   RC_PID=$IDEMD_PID
   IDEM_RC_URL=http://127.0.0.1:$IDEM_RC_PORT/
   check_key "$IDEM_RC_URL" "$RUNID-check-cluster"
+  if [[ -n $BASE_RC_IDEMD ]]; then
+    IDEMD_BIN=$BASE_RC_IDEMD start_idemd base-redis-cluster "$BASE_RC_PORT" "$BASE_RC_ADMIN" "$RCLUSTER_STORE"
+    BASE_RC_PID=$IDEMD_PID
+    BASE_RC_URL=http://127.0.0.1:$BASE_RC_PORT/
+    check_key "$BASE_RC_URL" "$RUNID-check-base-cluster"
+  fi
   write_meta redis_cluster_store="$RCLUSTER_STORE" redis_cluster_pids="$CLUSTER_NODE_PIDS"
   say "Redis Cluster, 3 masters (no replicas), seeds $CLUSTER_SEEDS"
 fi
@@ -1273,11 +1284,13 @@ for ((r = 1; r <= BENCH_ROUNDS; r++)); do
   fi
   ((REDISS == 1)) &&
     measure idemd-new-rediss "$r" "$IDEM_RS_URL" unique "$RUNID-rs$r" "http://127.0.0.1:$ADMIN_RS_PORT"
-  ((RCLUSTER == 1)) &&
+  ((RCLUSTER == 1)) && want_row idemd-new-redis-cluster &&
     measure idemd-new-redis-cluster "$r" "$IDEM_RC_URL" unique "$RUNID-rc$r" "http://127.0.0.1:$ADMIN_RC_PORT"
   ((RCLUSTER_REPL == 1)) &&
     measure idemd-new-redis-cluster-replicas "$r" "$IDEM_RCR_URL" unique "$RUNID-rcr$r" \
       "http://127.0.0.1:$ADMIN_RCR_PORT"
+  [[ -n $BASE_RC_IDEMD ]] &&
+    measure base-new-redis-cluster "$r" "$BASE_RC_URL" unique "$RUNID-brc$r" "http://127.0.0.1:$BASE_RC_ADMIN"
   if [[ $BENCH_EXPRESS == 1 ]]; then
     want_row express-new && measure express-new "$r" "$EXPRESS_URL" unique "$RUNID-x$r" "${EXPRESS_URL%/}"
     want_row express-replay && measure express-replay "$r" "$EXPRESS_URL" fixed "$REPLAY_KEY-x" "${EXPRESS_URL%/}"
@@ -1323,6 +1336,7 @@ fi
 ((REDISS == 1)) && stop_idemd idemd-rediss "$RS_PID"
 ((RCLUSTER == 1)) && stop_idemd idemd-redis-cluster "$RC_PID"
 ((RCLUSTER_REPL == 1)) && stop_idemd idemd-redis-cluster-r "$RCR_PID"
+[[ -n $BASE_RC_IDEMD ]] && stop_idemd base-redis-cluster "$BASE_RC_PID"
 if [[ $BENCH_EXPRESS == 1 ]]; then
   # Its memory at the end: the in-memory store holds every key of the run.
   write_meta express_rss_kib="$(awk '/^VmRSS:/ {print $2}' "/proc/$EXPRESS_PID/status" 2>/dev/null || echo 0)"
