@@ -2666,12 +2666,16 @@ static long long sentinel_master_field(int sentinel_port, const char *name)
  * connection: so the test writes a marker of its own on the master and
  * WAITs on that same connection; the replica applies the stream in order,
  * so its acknowledgement of the marker covers every write before it.  Then
- * the record is read on the replica itself. */
+ * the record is read on the replica itself: the same bytes as on the
+ * master (read there after the completion, before the marker). */
 static void expect_on_replica(int master_port, int replica_port, const char *key)
 {
     redisContext *c = redis_direct(master_port);
     /* The WAIT's own timeout decides, not the connection's 5 s. */
     redisSetTimeout(c, (struct timeval){FAILOVER_EVENT_S + 10, 0});
+    redisReply *want = redisCommand(c, "GET %s", key);
+    cr_assert(want != NULL && want->type == REDIS_REPLY_STRING && want->len > 0,
+              "the master does not have %s", key);
     redisReply *r = redisCommand(c, "SET test:marker 1");
     cr_assert(r != NULL && r->type == REDIS_REPLY_STATUS, "the marker was not written");
     freeReplyObject(r);
@@ -2686,10 +2690,12 @@ static void expect_on_replica(int master_port, int replica_port, const char *key
     redisFree(c);
 
     c = redis_direct(replica_port);
-    r = redisCommand(c, "HGET %s st", key);
-    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, "2") == 0,
-              "the replica does not have %s completed", key);
+    r = redisCommand(c, "GET %s", key);
+    cr_assert(r != NULL && r->type == REDIS_REPLY_STRING && r->len == want->len &&
+                  memcmp(r->str, want->str, want->len) == 0,
+              "the replica does not have %s as the master has it", key);
     freeReplyObject(r);
+    freeReplyObject(want);
     redisFree(c);
 }
 
