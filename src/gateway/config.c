@@ -736,7 +736,7 @@ static int status_list(ctx_t *c, const yaml_node_t *n, const char *key, int *dst
     if (want_list(c, n, key, IDEM_CONFIG_MAX_LIST, &count) != 0)
         return -1;
     for (size_t i = 0; i < count; i++) {
-        uint64_t v;
+        uint64_t v = 0;
         snprintf(item_key, sizeof item_key, "%s[%zu]", key, i);
         if (number(c, node(c, n->data.sequence.items.start[i]), item_key, 100, 599, &v) != 0)
             return -1;
@@ -904,7 +904,7 @@ static int p_size(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_
 
 static int p_number(ctx_t *c, const yaml_node_t *n, const char *key, const cfgkey_t *k, void *obj)
 {
-    uint64_t v;
+    uint64_t v = 0;
     if (number(c, n, key, (uint64_t)k->lo, (uint64_t)k->hi, &v) != 0)
         return -1;
     if (k->field == F_INT)

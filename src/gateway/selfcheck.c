@@ -165,7 +165,7 @@ static idem_err_t run_complete(struct check *c, uint64_t fence, int status, cons
 static int steps(struct check *c)
 {
     char what[160];
-    idem_decision_t d;
+    idem_decision_t d = {0};
 
     /* 1. A fresh key is claimed with the first fence. */
     const char *want = "a claim with fence 1";
