@@ -298,8 +298,8 @@ _Static_assert(S_CLAIM == 0 && S_COMPLETE == 1 && S_HOLD == 2 && S_RENEW == 3 &&
 
 /* CLAIM: a now, fp, lease_until, expires_at.  idem_decide, rule by rule;
  * {0, kind, fence, retry_after} or, for a replay, the record's value too.
- * A new key is the common case, so the claim first writes the record a
- * new key gets (fence 1) with SET NX ... GET: one redis.call when the key
+ * A new key is the common case, so the claim first writes the record of a
+ * new key (fence 1) with SET NX ... GET: one redis.call when the key
  * was absent (rule 1); else nothing was written and the old value is what
  * the rules decide on, as load() would have read it.  When that SET is
  * refused (a layout 1 hash: WRONGTYPE; OOM; a read-only replica) the claim
