@@ -69,6 +69,15 @@ void fx_unique(char *buf, size_t len, const char *head, const char *tail)
     snprintf(buf, len, "%s%d_%lx%s", head, (int)getpid(), (unsigned long)ts.tv_nsec, tail);
 }
 
+idem_key_id_t fx_key(const char *key)
+{
+    idem_key_id_t id;
+    memset(&id, 0, sizeof id);
+    snprintf(id.scope, sizeof id.scope, "anonymous");
+    snprintf(id.key, sizeof id.key, "%s", key);
+    return id;
+}
+
 int fx_url_with(char *out, size_t len, const char *base, const char *param, const char *value,
                 const char *extra)
 {
@@ -220,8 +229,8 @@ static void fx_setup_network(const char *var, const char *param, char *name, siz
 {
     const char *base = fx_env(var);
     fx_unique(name, name_len, head, tail);
-    cr_assert_eq(fx_url_with(fx_url, sizeof fx_url, base, param, name, NULL), 0,
-                 "%s is too long", var);
+    cr_assert_eq(fx_url_with(fx_url, sizeof fx_url, base, param, name, NULL), 0, "%s is too long",
+                 var);
     fx_open();
 }
 

@@ -55,6 +55,9 @@ void fx_rm_tree(const char *path);
 /* A name unique to this process and moment: head, pid, nanoseconds, tail. */
 void fx_unique(char *buf, size_t len, const char *head, const char *tail);
 
+/* The key id of key in the anonymous scope (the cases' usual one). */
+idem_key_id_t fx_key(const char *key);
+
 /* base with option param=value added ('?' or '&' as base needs), then extra
  * (more options, "&a=b..."; NULL for none).
  * @return 0, or -1 when it does not fit in len bytes */
@@ -99,12 +102,12 @@ void fx_t0_from_clock(void);
 
 /* ---- BACKEND_CASE ------------------------------------------------------- */
 
-extern idem_store_t *st;        /* the test's store */
-extern int64_t fx_t0;           /* the cases' time */
-extern char fx_url[256];        /* st's URL */
-extern char fx_dir[64];         /* lmdb's or rocksdb's directory, or "" */
+extern idem_store_t *st;         /* the test's store */
+extern int64_t fx_t0;            /* the cases' time */
+extern char fx_url[256];         /* st's URL */
+extern char fx_dir[64];          /* lmdb's or rocksdb's directory, or "" */
 extern char fx_redis_prefix[64]; /* this test's Redis keys, or "" */
-extern char fx_pg_table[64];    /* this test's table, or "" */
+extern char fx_pg_table[64];     /* this test's table, or "" */
 
 #define T0 fx_t0
 
@@ -133,13 +136,13 @@ void fx_run_threads(int n, void *(*fn)(void *));
         name##_case();                                                             \
     }
 
-#define BACKEND_CASE(suite, name)           \
-    static void name##_case(void);          \
-    FX_TEST_FOR(suite, memory, name)        \
-    FX_TEST_FOR(suite, lmdb, name)          \
-    FX_TEST_FOR(suite, rocksdb, name)       \
-    FX_TEST_FOR(suite, redis, name)         \
-    FX_TEST_FOR(suite, postgres, name)      \
+#define BACKEND_CASE(suite, name)      \
+    static void name##_case(void);     \
+    FX_TEST_FOR(suite, memory, name)   \
+    FX_TEST_FOR(suite, lmdb, name)     \
+    FX_TEST_FOR(suite, rocksdb, name)  \
+    FX_TEST_FOR(suite, redis, name)    \
+    FX_TEST_FOR(suite, postgres, name) \
     static void name##_case(void)
 
 #endif /* IDEM_TEST_STORE_FIXTURE_H */

@@ -28,21 +28,12 @@
 
 static const char body[] = "the body of a completed request, 0123456789";
 
-static idem_key_id_t kid(const char *key)
-{
-    idem_key_id_t id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.scope, sizeof id.scope, "anonymous");
-    snprintf(id.key, sizeof id.key, "%s", key);
-    return id;
-}
-
 static idem_op_t claim_op(const char *key)
 {
     idem_op_t op;
     memset(&op, 0, sizeof op);
     op.kind = IDEM_OP_CLAIM;
-    op.id = kid(key);
+    op.id = fx_key(key);
     memset(op.fp, 0x42, sizeof op.fp);
     op.now_ms = T0;
     op.lease_until_ms = T0 + LEASE;
@@ -58,7 +49,7 @@ static void complete_key(const char *key)
     fx_claim_at_t0(&op, LEASE, TTL);
     cr_assert_eq(op.decision.kind, IDEM_DECIDE_CLAIM);
     idem_response_t resp = {201, h, 1, (const uint8_t *)body, sizeof body - 1};
-    idem_key_id_t id = kid(key);
+    idem_key_id_t id = fx_key(key);
     cr_assert_eq(idem_store_complete(st, &id, op.decision.fence, &resp, 0, T0 + TTL), IDEM_OK);
 }
 
@@ -183,7 +174,7 @@ static void damaged_record_is_an_error(void (*damage)(const char *key))
     damage("damaged");
 
     idem_record_t rec;
-    idem_key_id_t id = kid("damaged");
+    idem_key_id_t id = fx_key("damaged");
     cr_expect_eq(idem_store_get(st, &id, T0, &rec), IDEM_E_CORRUPT, "get");
     idem_op_t op = claim_op("damaged");
     idem_err_t rc = idem_store_claim(st, &op);
@@ -194,7 +185,7 @@ static void damaged_record_is_an_error(void (*damage)(const char *key))
     }
 
     /* The neighbour is intact. */
-    idem_key_id_t nid = kid("neighbour");
+    idem_key_id_t nid = fx_key("neighbour");
     cr_assert_eq(idem_store_get(st, &nid, T0, &rec), IDEM_OK);
     cr_expect_eq(rec.response.body_len, sizeof body - 1);
     cr_expect_eq(memcmp(rec.response.body, body, sizeof body - 1), 0);
@@ -207,8 +198,7 @@ static void damaged_record_is_an_error(void (*damage)(const char *key))
     cr_expect_eq(op.decision.kind, IDEM_DECIDE_CLAIM);
 }
 
-Test(record_damage_lmdb, damaged_record_is_an_error, .init = fx_setup_lmdb,
-     .fini = fx_teardown)
+Test(record_damage_lmdb, damaged_record_is_an_error, .init = fx_setup_lmdb, .fini = fx_teardown)
 {
     damaged_record_is_an_error(damage_lmdb);
 }
@@ -221,8 +211,7 @@ Test(record_damage_rocksdb, damaged_record_is_an_error, .init = fx_setup_rocksdb
 }
 #endif
 
-Test(record_damage_redis, damaged_record_is_an_error, .init = fx_setup_redis,
-     .fini = fx_teardown)
+Test(record_damage_redis, damaged_record_is_an_error, .init = fx_setup_redis, .fini = fx_teardown)
 {
     damaged_record_is_an_error(damage_redis);
 }

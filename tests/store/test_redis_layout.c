@@ -33,15 +33,6 @@ static void fp_fill(uint8_t *fp, int seed)
         fp[i] = (uint8_t)(seed * 31 + i);
 }
 
-static idem_key_id_t kid(const char *key)
-{
-    idem_key_id_t id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.scope, sizeof id.scope, "anonymous");
-    snprintf(id.key, sizeof id.key, "%s", key);
-    return id;
-}
-
 /* The Redis key of id under the test's prefix (redis.c's make_key). */
 static void rkey(const idem_key_id_t *id, char *buf, size_t len)
 {
@@ -80,8 +71,8 @@ static redisReply *on_key(int argc, const char **argv, const size_t *len)
 /* Write a layout 1 record as idemd before layout 2 did: HSET of the
  * fields (r when rsp is given: encoded with a zero fingerprint, the
  * fingerprint spliced in), PEXPIREAT ex. */
-static void put_v1(const idem_key_id_t *id, int st_, unsigned fl, const uint8_t *fp,
-                   uint64_t fe, int64_t lu, int64_t ex, const idem_response_t *rsp)
+static void put_v1(const idem_key_id_t *id, int st_, unsigned fl, const uint8_t *fp, uint64_t fe,
+                   int64_t lu, int64_t ex, const idem_response_t *rsp)
 {
     char k[512], sst[8], sfl[8], sfe[24], slu[24], sex[24];
     rkey(id, k, sizeof k);
@@ -93,8 +84,12 @@ static void put_v1(const idem_key_id_t *id, int st_, unsigned fl, const uint8_t 
     uint8_t *enc = NULL;
     size_t enclen = 0;
     if (rsp != NULL) {
-        idem_record_t rec = {.state = IDEM_STATE_COMPLETED, .flags = fl, .fence = fe,
-                             .lease_until_ms = lu, .expires_at_ms = ex, .response = *rsp};
+        idem_record_t rec = {.state = IDEM_STATE_COMPLETED,
+                             .flags = fl,
+                             .fence = fe,
+                             .lease_until_ms = lu,
+                             .expires_at_ms = ex,
+                             .response = *rsp};
         enclen = idem_record_encoded_size(&rec);
         cr_assert(enclen > FP_AT + IDEM_FP_LEN);
         enc = malloc(enclen);
@@ -102,9 +97,9 @@ static void put_v1(const idem_key_id_t *id, int st_, unsigned fl, const uint8_t 
         idem_record_encode_into(&rec, enc);
         memcpy(enc + FP_AT, fp, IDEM_FP_LEN);
     }
-    const char *argv[16] = {"HSET", k, "st", sst, "fl", sfl, "fp", (const char *)fp,
-                            "fe", sfe, "lu", slu, "ex", sex, "r", (const char *)enc};
-    size_t len[16] = {4, strlen(k), 2, strlen(sst), 2, strlen(sfl), 2, IDEM_FP_LEN,
+    const char *argv[16] = {"HSET", k,   "st", sst, "fl", sfl, "fp", (const char *)fp,
+                            "fe",   sfe, "lu", slu, "ex", sex, "r",  (const char *)enc};
+    size_t len[16] = {4, strlen(k),   2, strlen(sst), 2, strlen(sfl), 2, IDEM_FP_LEN,
                       2, strlen(sfe), 2, strlen(slu), 2, strlen(sex), 1, enclen};
     redisReply *r = on_key(enc != NULL ? 16 : 14, argv, len);
     cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER, "HSET %s", k);
@@ -135,7 +130,7 @@ static idem_op_t claim_at(const char *key, int seed, int64_t now)
     idem_op_t op;
     memset(&op, 0, sizeof op);
     op.kind = IDEM_OP_CLAIM;
-    op.id = kid(key);
+    op.id = fx_key(key);
     fp_fill(op.fp, seed);
     op.now_ms = now;
     op.lease_until_ms = now + LEASE;
@@ -159,7 +154,7 @@ TestSuite(redis_layout, .init = fx_setup_redis, .fini = fx_teardown);
  * completion writes layout 2, which replays. */
 Test(redis_layout, an_old_in_progress_record_is_read_decided_and_completed)
 {
-    idem_key_id_t id = kid("v1-inprogress");
+    idem_key_id_t id = fx_key("v1-inprogress");
     uint8_t fp[IDEM_FP_LEN];
     fp_fill(fp, 1);
     put_v1(&id, 1, 0, fp, 3, T0 + LEASE, T0 + TTL, NULL);
@@ -194,7 +189,7 @@ Test(redis_layout, an_old_in_progress_record_is_read_decided_and_completed)
 /* A completed record of layout 1 replays its response, exactly. */
 Test(redis_layout, an_old_completed_record_replays)
 {
-    idem_key_id_t id = kid("v1-completed");
+    idem_key_id_t id = fx_key("v1-completed");
     uint8_t fp[IDEM_FP_LEN];
     fp_fill(fp, 4);
     put_v1(&id, 2, 0, fp, 2, 0, T0 + TTL, &resp);
@@ -219,7 +214,7 @@ Test(redis_layout, an_old_completed_record_replays)
  * as layout 2; a layout 1 lease that ended is taken over. */
 Test(redis_layout, an_old_record_is_taken_over_and_expires_as_before)
 {
-    idem_key_id_t a = kid("v1-expired"), b = kid("v1-lease-over");
+    idem_key_id_t a = fx_key("v1-expired"), b = fx_key("v1-lease-over");
     uint8_t fp[IDEM_FP_LEN];
     fp_fill(fp, 5);
     put_v1(&a, 2, 0, fp, 7, 0, T0 + 1000, &resp);
@@ -261,13 +256,13 @@ Test(redis_layout, old_tokens_keep_their_state)
  * the sweep removes both once past their retention. */
 Test(redis_layout, listing_bulk_delete_and_sweep_read_both_layouts)
 {
-    idem_key_id_t old = kid("both-old");
+    idem_key_id_t old = fx_key("both-old");
     uint8_t fp[IDEM_FP_LEN];
     fp_fill(fp, 9);
     put_v1(&old, 2, 0, fp, 1, 0, T0 + TTL, &resp);
     idem_op_t op = claim_at("both-new", 9, T0);
     cr_assert_eq(op.decision.kind, IDEM_DECIDE_CLAIM);
-    idem_key_id_t nw = kid("both-new");
+    idem_key_id_t nw = fx_key("both-new");
     cr_assert_eq(idem_store_complete(st, &nw, 1, &resp, 0, T0 + TTL), IDEM_OK);
     expect_type(&old, "hash");
     expect_type(&nw, "string");
@@ -320,7 +315,7 @@ Test(redis_layout, a_value_of_no_known_layout_is_corrupt)
     bad[0] = 2;
     bad[1] = 9; /* st */
     for (int i = 0; i < 3; i++) {
-        idem_key_id_t id = kid(names[i]);
+        idem_key_id_t id = fx_key(names[i]);
         char k[512];
         rkey(&id, k, sizeof k);
         const char *argv[] = {"SET", k, i == 0 ? v3 : i == 1 ? "\002\001" : bad};
@@ -330,7 +325,7 @@ Test(redis_layout, a_value_of_no_known_layout_is_corrupt)
         freeReplyObject(r);
     }
     for (int i = 0; i < 3; i++) {
-        idem_key_id_t id = kid(names[i]);
+        idem_key_id_t id = fx_key(names[i]);
         idem_op_t op;
         memset(&op, 0, sizeof op);
         op.kind = IDEM_OP_CLAIM;

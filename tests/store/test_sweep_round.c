@@ -38,22 +38,13 @@
 #define LIVE 500
 #define STEP 2000
 
-static idem_key_id_t kid(const char *key)
-{
-    idem_key_id_t id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.scope, sizeof id.scope, "%s", "anonymous");
-    snprintf(id.key, sizeof id.key, "%s", key);
-    return id;
-}
-
 /* A claim of key at T0 that is kept until expires. */
 static idem_op_t claim_until(const char *key, int64_t expires)
 {
     idem_op_t op;
     memset(&op, 0, sizeof op);
     op.kind = IDEM_OP_CLAIM;
-    op.id = kid(key);
+    op.id = fx_key(key);
     memset(op.fp, 7, IDEM_FP_LEN);
     op.now_ms = T0;
     op.lease_until_ms = T0 + 30000;
@@ -91,7 +82,7 @@ static int64_t late(int i)
 static bool present(const char *key, int64_t now)
 {
     idem_record_t rec;
-    idem_key_id_t id = kid(key);
+    idem_key_id_t id = fx_key(key);
     idem_err_t rc = idem_store_get(st, &id, now, &rec);
     cr_assert(rc == IDEM_OK || rc == IDEM_E_NOTFOUND, "%s: %s", key, idem_err_name(rc));
     idem_record_cleanup(&rec);
@@ -177,7 +168,7 @@ Test(sweep_order, redis_expires_each_record_natively_at_its_expires_at, .init = 
     fill("o", ORDERED, reversed);
     /* A completion moves the retention: PEXPIREAT follows it. */
     idem_response_t resp = {200, NULL, 0, (const uint8_t *)"ok", 2};
-    idem_key_id_t id = kid("o-0");
+    idem_key_id_t id = fx_key("o-0");
     cr_assert_eq(idem_store_complete(st, &id, 1, &resp, 0, T0 + 5000), IDEM_OK, "%s",
                  idem_store_errstr(st));
 
