@@ -632,6 +632,7 @@ static idem_err_t job_store_err(const idem_wjob_t *job);
 static void on_renew_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
+    idem_err_t store_err = job_store_err(job);
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
         req->lease_until_ms = job->op.lease_until_ms;
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE &&
@@ -639,12 +640,11 @@ static void on_renew_done(idem_wjob_t *job)
         idem__log(req->w->gw, "warn",
                   "lease on key %s (fence %llu) was lost while its request ran", req->id.key,
                   (unsigned long long)req->fence);
-    else if (job_store_err(job) != IDEM_OK && req->renewing)
+    else if (store_err != IDEM_OK && req->renewing)
         idem__log(req->w->gw, "warn",
                   "could not renew the lease on key %s (fence %llu): %s; it ends in %lld ms "
                   "unless a renewal gets through",
-                  req->id.key, (unsigned long long)req->fence,
-                  idem_strerror(job_store_err(job)),
+                  req->id.key, (unsigned long long)req->fence, idem_strerror(store_err),
                   (long long)(req->lease_until_ms - idem_clock_now(NULL)));
 }
 
