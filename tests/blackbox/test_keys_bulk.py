@@ -75,7 +75,10 @@ class KeysBulk(h.IdemTestCase):
         self.addCleanup(gate.set)  # runs first: the held requests end, then are joined
         return up, d
 
-    def list_all(self, d, limit=1000, during=None, **f):
+    def list_all(self, d, limit=1000, during=None, repeats=False, **f):
+        """Every record of a listing, following the cursors.  On Redis a key
+        may come again on a later page (docs/admin.md): those repeats are
+        dropped unless repeats=True; on the ordered stores none may come."""
         keys, cursor, pages = [], None, 0
         while True:
             r = d.admin("GET", q(limit=limit, cursor=cursor, **f))
@@ -91,7 +94,18 @@ class KeysBulk(h.IdemTestCase):
                 during(pages)
             cursor = doc["next_cursor"]
             if cursor is None:
-                return keys
+                break
+        if repeats:
+            return keys
+        if not h.STORE.startswith("redis"):
+            self.assertEqual(len(set(self.ids(keys))), len(keys), "a key listed twice")
+            return keys
+        seen, once = set(), []
+        for r in keys:
+            if (r["scope"], r["key"]) not in seen:
+                seen.add((r["scope"], r["key"]))
+                once.append(r)
+        return once
 
     def ids(self, recs):
         return [(r["scope"], r["key"]) for r in recs]
@@ -104,7 +118,6 @@ class KeysBulk(h.IdemTestCase):
         up, d = self.seed()
         total = len(CALLERS) * PER_SCOPE + 6
         every = self.list_all(d)
-        self.assertEqual(len(set(self.ids(every))), len(every), "a key listed twice")
         if not h.STORE.startswith("redis"):
             self.assertEqual(self.ids(every), sorted(self.ids(every)), "not in (scope, key) order")
         every = self.ours(every)
@@ -134,9 +147,14 @@ class KeysBulk(h.IdemTestCase):
         self.assertEqual(len(self.ours(self.list_all(d, state="completed", older_than="1h"))), 0)
         self.assertEqual(len(self.list_all(d, scope=SCOPES[2], older_than="0s")), PER_SCOPE)
 
-        # a page is bounded
+        # a page is bounded.  On the ordered stores a scope's page is full; a
+        # Redis page may be short (SCAN steps over other scopes' keys, which
+        # a shared Redis holds from other tests), but still has a cursor.
         r = d.admin("GET", q(scope=SCOPES[0]))
-        self.assertEqual(len(r.json()["keys"]), 100)
+        if h.STORE.startswith("redis"):
+            self.assertLessEqual(len(r.json()["keys"]), 100)
+        else:
+            self.assertEqual(len(r.json()["keys"]), 100)
         self.assertIsNotNone(r.json()["next_cursor"])
         for bad in (q(limit=0), q(limit=1001), q(limit="x"), q(state="done"),
                     q(older_than="soon"), q(scope="nope"), q(cursor="zz")):
@@ -157,7 +175,7 @@ class KeysBulk(h.IdemTestCase):
         t.start()
         try:
             adding.wait(10)
-            seen = self.ids(self.ours(self.list_all(d, limit=37)))
+            seen = self.ids(self.ours(self.list_all(d, limit=37, repeats=True)))
         finally:
             stop.set()
             t.join(30)
@@ -199,8 +217,10 @@ class KeysBulk(h.IdemTestCase):
                               "--limit", "60", "--admin", admin],
                              capture_output=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
-        lines = [json.loads(l) for l in out.stdout.decode().splitlines()]
-        self.assertEqual(sorted(r["key"] for r in lines), ["k-%04d" % i for i in range(PER_SCOPE)])
+        listed = [json.loads(l)["key"] for l in out.stdout.decode().splitlines()]
+        if h.STORE.startswith("redis"):  # a repeat on a later page (above)
+            listed = list(set(listed))
+        self.assertEqual(sorted(listed), ["k-%04d" % i for i in range(PER_SCOPE)])
         out = subprocess.run([IDEMCTL, "keys", "delete", "--state", "completed",
                               "--older-than", "0s", "--scope", SCOPES[3], "--prefix", "k-",
                               "--admin", admin], capture_output=True, timeout=60)
