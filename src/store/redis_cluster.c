@@ -57,7 +57,10 @@
  * moment.  What is left then fails with IDEM_E_STORE_DOWN.  MOVED names
  * the slot's new master, which the map takes at once.  A master that cannot be reached
  * before anything was sent to it is like MOVED (its ops were not sent:
- * safe to send elsewhere once the map names a new master).  A connection
+ * safe to send elsewhere once the map names a new master), except that
+ * while the map, read again, still names it, its ops fail at once
+ * (fail_unreachable): a dead master must not hold up the other masters'
+ * ops of the batch until the timeout.  A connection
  * that fails AFTER a pipeline was written leaves the outcome of the ops
  * not yet answered unknown: a claim may have run (so does an "ERR" answer
  * to a whole batch call: the script failed while running).  Such ops are NOT sent
@@ -662,6 +665,37 @@ static void take_answer(struct cluster_store *s, int t, idem_op_t *op, struct op
     }
 }
 
+/* Why a master of this round got no pipeline (exec's dead[]). */
+enum { DEAD_NO = 0, DEAD_BUSY, DEAD_UNREACHABLE };
+
+/* The ops bound for a master that could not be reached this round (nothing
+ * was sent to it: they wrote nothing) whose slot the map, read again, still
+ * gives to that master, fail now with IDEM_E_STORE_DOWN instead of being
+ * tried again until the timeout.  Until the cluster promotes a replica
+ * (cluster-node-timeout and an election: seconds), the map names the dead
+ * master and every try would fail the same way; meanwhile the writer
+ * batch that holds these ops would hold the ops of every other master
+ * too, renewals among them, so one master's failure could let leases on
+ * the healthy masters run out (the chaos run's double execution of a key
+ * whose master was never killed, docs/stores.md).  Once the map names
+ * another master for the slot, the ops go there as before. */
+static void fail_unreachable(struct cluster_store *s, idem_op_t *ops, struct opst *st, size_t n,
+                             const uint8_t *dead, int hi, struct exstate *x)
+{
+    int failed = 0;
+    pthread_rwlock_rdlock(&s->map_lock);
+    for (size_t i = 0; i < n; i++) {
+        if (st[i].state != P_SEND || st[i].target == NO_NODE || st[i].target >= hi ||
+            dead[st[i].target] != DEAD_UNREACHABLE || s->slot_node[st[i].slot] != st[i].target)
+            continue;
+        take_failed(&ops[i], &st[i], x, IDEM_E_STORE_DOWN);
+        failed = 1;
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    if (failed)
+        idem__store_seterr(&s->base, "redis %s: %s", s->where, x->why);
+}
+
 /* Ops of a batch whose state lives on exec's stack; a larger batch's is
  * allocated (the writer's batches are some tens of ops). */
 #define EXEC_STACK_OPS 256
@@ -751,7 +785,7 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
                     s->nodes[t]->ep.port, f.why[0] ? f.why : "unreachable");
                 if (f.kind != IDEM__POOL_BUSY)
                     x.need_refresh = 1;
-                dead[t] = 1;
+                dead[t] = f.kind == IDEM__POOL_BUSY ? DEAD_BUSY : DEAD_UNREACHABLE;
                 continue;
             }
             conn[t] = (struct cconn *)pc;
@@ -881,6 +915,9 @@ static idem_err_t cluster_exec(idem_store_t *base, idem_op_t *ops, size_t n)
             break;
         if (x.need_refresh && refresh(s, epoch) != 0)
             x.need_pause = 1;
+        fail_unreachable(s, ops, st, n, dead, hi, &x);
+        if (x.todo == 0)
+            break;
         if (x.need_pause || round >= 1) {
             int64_t left = deadline - idem__pool_mono_ms();
             pause_ms((int)(pause < left ? pause : left > 0 ? left : 0));
