@@ -628,18 +628,59 @@ static idem_err_t job_store_err(const idem_wjob_t *job);
 /* The lines logged here and by the completion below name the key and the
  * fence, so that a second run of a key can be told apart by what its owner
  * logged (tests/chaos/chaos_history.py): a lease that could not be renewed
- * (the store failed) or was lost, a completion the store refused. */
+ * (the store failed, or answered only after the lease had ended) or was
+ * lost, a completion the store refused. */
+
+/* Our lease has ended by our clock and no renewal has come back to extend
+ * it: the store failed to renew it in time (an outage, a failover, a store
+ * too slow to answer within the lease), and another idemd may now take
+ * the key over and run it again (docs/guarantees.md).  Said once. */
+static void req_lease_lapsed(idem_req_t *req, int64_t now)
+{
+    if (req->lapse_logged || now < req->lease_until_ms)
+        return;
+    req->lapse_logged = true;
+    idem__log(req->w->gw, "warn",
+              "could not renew the lease on key %s (fence %llu) in time: it ended %lld ms ago "
+              "with no renewal back from the store; another idemd may take the key over",
+              req->id.key, (unsigned long long)req->fence,
+              (long long)(now - req->lease_until_ms));
+}
+
+/* The store refused our fence (what) while our claim was still ours to
+ * use: another claim took the key.  After our lease had ended unrenewed,
+ * that is the store failing to renew it in time; before, the lease was lost
+ * while it was live, which only a store that lost our writes explains. */
+static void req_log_lease_lost(idem_req_t *req, const char *what)
+{
+    int64_t now = idem_clock_now(NULL);
+    if (now >= req->lease_until_ms) {
+        req_lease_lapsed(req, now);
+        idem__log(req->w->gw, "warn", "key %s (fence %llu) was taken over after its lease ended: %s",
+                  req->id.key, (unsigned long long)req->fence, what);
+    } else {
+        idem__log(req->w->gw, "warn", "lease on key %s (fence %llu) was lost while its request "
+                  "ran: %s", req->id.key, (unsigned long long)req->fence, what);
+    }
+}
+
 static void on_renew_done(idem_wjob_t *job)
 {
     idem_req_t *req = job->data;
     idem_err_t store_err = job_store_err(job);
-    if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK)
+    int64_t now = idem_clock_now(NULL);
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_OK) {
+        if (req->renewing && now >= req->lease_until_ms)
+            idem__log(req->w->gw, "warn",
+                      "the renewal of key %s (fence %llu) came back %lld ms after the lease had "
+                      "ended, and was written: the store is slow",
+                      req->id.key, (unsigned long long)req->fence,
+                      (long long)(now - req->lease_until_ms));
         req->lease_until_ms = job->op.lease_until_ms;
+    }
     if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE &&
         req->life.state == IDEM_REQ_FORWARDING)
-        idem__log(req->w->gw, "warn",
-                  "lease on key %s (fence %llu) was lost while its request ran", req->id.key,
-                  (unsigned long long)req->fence);
+        req_log_lease_lost(req, "its renewal was refused");
     else if (store_err != IDEM_OK && req->renewing)
         idem__log(req->w->gw, "warn",
                   "could not renew the lease on key %s (fence %llu): %s; it ends in %lld ms "
@@ -651,9 +692,12 @@ static void on_renew_done(idem_wjob_t *job)
 static void on_renew_timer(uv_timer_t *t)
 {
     idem_req_t *req = t->data;
-    /* One renewal at a time: a slow store skips a beat rather than queue. */
-    if (idem__life_holds(&req->life, IDEM_HOLD_RENEW) > 0)
+    /* One renewal at a time: a slow store skips a beat rather than queue,
+     * and is named once the lease has ended while it kept the renewal. */
+    if (idem__life_holds(&req->life, IDEM_HOLD_RENEW) > 0) {
+        req_lease_lapsed(req, idem_clock_now(NULL));
         return;
+    }
     idem__req_job_init(req, &req->renew_job, IDEM_OP_RENEW);
     req->renew_job.op.lease_until_ms = idem_clock_now(NULL) + req->policy->lease_ms;
     idem__req_submit(req, &req->renew_job, on_renew_done);
@@ -830,6 +874,8 @@ static void on_outcome_stored(idem_wjob_t *job)
                       "stored the outcome of key %s (fence %llu) after %d tries", req->id.key,
                       (unsigned long long)req->fence, req->complete_tries + 1);
             req_cache_completion(req, job);
+        } else if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE) {
+            req_log_lease_lost(req, "its completion was refused");
         }
         return;
     }
@@ -843,6 +889,9 @@ static void on_outcome_stored(idem_wjob_t *job)
         return;
     }
     if (job->op.err == IDEM_E_FENCE) {
+        req_log_lease_lost(req, job->op.kind == IDEM_OP_COMPLETE
+                                    ? "its completion was refused; answered as a repeat"
+                                    : "its release was refused; answered as a repeat");
         if (req->streaming)
             idem__req_abort_upstream(req);
         req_answer_as_repeat(req);
@@ -971,8 +1020,11 @@ static void on_failure_recorded(idem_wjob_t *job)
                                     "the upstream call failed and the store could not record it");
         return;
     }
-    if (job->op.kind == IDEM_OP_HOLD &&
-        req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE)
+    if (job->batch_err == IDEM_OK && job->op.err == IDEM_E_FENCE)
+        req_log_lease_lost(req, job->op.kind == IDEM_OP_HOLD ? "its hold was refused"
+                                                              : "its release was refused");
+    else if (job->op.kind == IDEM_OP_HOLD &&
+             req->policy->on_unknown_outcome == IDEM_UNKNOWN_RECONCILE)
         idem__reconcile_track(&req->w->recon, req->cfg, req->policy, &req->id, req->fence,
                               job->op.expires_at_ms, false);
     idem__req_answer_failure(req, req->up_result);

@@ -87,6 +87,7 @@ struct idem_req {
     uint64_t cache_gen;           /* local_cache's generation before our read (cache.h) */
     bool renewing;                /* the timer renews the lease (claimed until the outcome is
                                      written, or the upstream failed) */
+    bool lapse_logged;            /* said that our lease ended before a renewal came back */
     int complete_tries;           /* completions refused by a failing store so far */
     /* upstream */
     idem_upstream_req_t up;       /* the upstream call; up.resp is the response head */

@@ -804,5 +804,42 @@ class ShutdownDeadline(h.IdemTestCase):
             pass
 
 
+class LeaseRenewedLate(h.IdemTestCase):
+    """docs/guarantees.md: a store that keeps a renewal past the end of the
+    lease fails the owner as an outage does (another idemd may take the key
+    over), so idemd says so when the lease ends, by its own clock, with the
+    renewal still out, and again when the renewal comes back.  The store is
+    a Redis stopped with SIGSTOP while the request is at the upstream; the
+    verdicts are the log lines, waited for, never a time."""
+
+    def test_a_lease_that_ends_with_its_renewal_unanswered_is_logged(self):
+        srv = OwnRedis.for_test(self)
+        up = self.start_upstream()
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.behaviour = lambda seen: h.Reply(wait=gate, body=b'{"charged":1}')
+        url = srv.url("lapse") + "&timeout=30s"
+        d = self.start_idemd(up, {"upstream_timeout": "60s", "defaults": {"lease": "1s"}},
+                             store=url)
+        key = h.new_key("lapse")
+        bg = h.Background(lambda: d.post(key=key, timeout=90))
+        up.wait_seen(1, key=key)
+        srv.freeze(self)
+        lapsed = "could not renew the lease on key %s (fence 1) in time" % key
+        h.wait_until(lambda: lapsed in d.log_text(), 30, interval=0.1,
+                     what="the lapsed lease logged")
+        srv.thaw()
+        late = "the renewal of key %s (fence 1) came back" % key
+        h.wait_until(lambda: late in d.log_text(), 30, interval=0.1,
+                     what="the late renewal logged")
+        gate.set()
+        # No one took the key over meanwhile: the completion is still ours.
+        r = bg.result(60)
+        self.assertEqual(r.status, 200, r)
+        self.assertReplayOf(d.post(key=key), r)
+        self.assertEqual(up.count(key=key), 1)
+        self.assertEqual(d.log_text().count(lapsed), 1, "said once")
+
+
 if __name__ == "__main__":
     unittest.main()
