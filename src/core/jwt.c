@@ -34,8 +34,8 @@
  *     leeway: expired when now >= exp + 60, not yet valid when now + 60 <
  *     nbf.  A token without `exp` does not expire here (the issuer decides).
  *   - The claim, found by following the dotted path through objects, is a
- *     string (without a NUL) or an integer of at most IDEM__JWT_MAX_CLAIM
- *     bytes.
+ *     non-empty string (without a NUL) or an integer of at most
+ *     IDEM__JWT_MAX_CLAIM bytes.
  * The signature is checked before anything of the payload is read.  The
  * HS256 compare is CRYPTO_memcmp.  ES256 signatures are r || s (RFC 7518
  * 3.4); they are turned into the DER that EVP expects.
@@ -709,8 +709,10 @@ static idem__jwt_status_t read_claim(const idem__json_t *p, const char *path, ch
     }
     size_t l;
     if (idem__json_type(p, v) == IDEM__JSON_STRING) {
-        if (idem__json_string(p, v, out, cap, &l) != IDEM_OK || l > IDEM__JWT_MAX_CLAIM ||
-            l >= cap || memchr(out, '\0', l) != NULL)
+        /* An empty string names no one: every token that carries it would
+         * share one scope (and one set of keys) by accident. */
+        if (idem__json_string(p, v, out, cap, &l) != IDEM_OK || l == 0 ||
+            l > IDEM__JWT_MAX_CLAIM || l >= cap || memchr(out, '\0', l) != NULL)
             return IDEM__JWT_CLAIM;
     } else {
         int64_t iv;

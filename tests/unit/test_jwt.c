@@ -557,6 +557,11 @@ Test(jwt, claim_paths_and_types)
     cr_expect_str_eq(out, "alice");
     cr_expect_eq(check(k, t, "x", out), IDEM__JWT_CLAIM);
     cr_expect_eq(check(k, t, "b", out), IDEM__JWT_CLAIM);
+    /* An empty string names no one (found by fuzz_jwt): refused, so every
+     * token with "sub":"" does not share one scope. */
+    t = hs_token("{\"sub\":\"\",\"org\":{\"id\":\"\"}}", SECRET, SECRET_LEN);
+    cr_expect_eq(check(k, t, "sub", out), IDEM__JWT_CLAIM);
+    cr_expect_eq(check(k, t, "org.id", out), IDEM__JWT_CLAIM);
     /* Two members of one name: the payload is not JSON here. */
     t = hs_token("{\"sub\":\"alice\",\"sub\":\"mallory\"}", SECRET, SECRET_LEN);
     cr_expect_eq(check(k, t, "sub", out), IDEM__JWT_MALFORMED);
