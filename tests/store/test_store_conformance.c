@@ -819,9 +819,16 @@ STORE_CASE(token_used_stays_used_until_expiry_then_invalid)
     cr_expect_eq(use("anonymous", TOK, T0), IDEM_TOKEN_FIRST_USE);
     cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL - 1), IDEM_TOKEN_USED);
     cr_expect_eq(use("anonymous", TOK, T0 + TOKEN_TTL), IDEM_TOKEN_INVALID);
-    size_t removed = 0;
-    cr_expect_eq(idem_store_sweep(st, T0 + TOKEN_TTL + 1, 100, &removed), IDEM_OK);
-    cr_expect_eq(removed, 1, "the sweeper removes an expired token");
+    /* A sweep resumes where the last stopped (store.h): on a shared Redis
+     * holding many other keys one call may not reach ours, so the test sweeps
+     * on until it did, as the sweeper does. */
+    size_t total = 0;
+    for (int i = 0; i < 10000 && total == 0; i++) {
+        size_t removed = 0;
+        cr_assert_eq(idem_store_sweep(st, T0 + TOKEN_TTL + 1, 100, &removed), IDEM_OK);
+        total += removed;
+    }
+    cr_expect_eq(total, 1, "the sweeper removes an expired token");
 }
 
 STORE_CASE(token_issue_of_a_live_token_is_exists_and_changes_nothing)
