@@ -841,5 +841,30 @@ class LeaseRenewedLate(h.IdemTestCase):
         self.assertEqual(d.log_text().count(lapsed), 1, "said once")
 
 
+class CompletionRefusedForItsFence(h.IdemTestCase):
+    """A completion the store refuses for its fence while the lease is still
+    live by idemd's clock is logged as a lease lost (docs/guarantees.md):
+    here an operator removes the record (DELETE /keys/K) while its request
+    is at the upstream, on this run's store.  The client gets the repeat's
+    answer for a key with no record: 409."""
+
+    def test_a_completion_refused_for_its_fence_is_logged(self):
+        up, d = self.setup_pair({"defaults": {"lease": "60s"}})
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        up.behaviour = lambda seen: h.Reply(wait=gate, body=b'{"charged":1}')
+        key = h.new_key("refused")
+        bg = h.Background(lambda: d.post(key=key, timeout=90))
+        up.wait_seen(1, key=key)
+        self.assertEqual(d.delete_key(key).status, 204)
+        gate.set()
+        r = bg.result(60)
+        self.assertProblem(r, 409, "in-flight")
+        lost = ("lease on key %s (fence 1) was lost while its request ran: its completion was "
+                "refused" % key)
+        h.wait_until(lambda: lost in d.log_text(), 30, interval=0.1, what="the lost lease logged")
+        self.assertNotIn("could not renew the lease on key %s" % key, d.log_text())
+
+
 if __name__ == "__main__":
     unittest.main()
