@@ -120,8 +120,7 @@ static idem_op_t claim_op(const char *key, int64_t now)
     idem_op_t op;
     memset(&op, 0, sizeof op);
     op.kind = IDEM_OP_CLAIM;
-    snprintf(op.id.scope, sizeof op.id.scope, "anonymous");
-    snprintf(op.id.key, sizeof op.id.key, "%s", key);
+    op.id = fx_key(key);
     memset(op.fp, 7, IDEM_FP_LEN);
     op.now_ms = now;
     op.lease_until_ms = now + LEASE;
