@@ -650,7 +650,8 @@ static void req_lease_lapsed(idem_req_t *req, int64_t now)
 /* The store refused our fence (what) while our claim was still ours to
  * use: another claim took the key.  After our lease had ended unrenewed,
  * that is the store failing to renew it in time; before, the lease was lost
- * while it was live, which only a store that lost our writes explains. */
+ * while it was live: an operator removed the record, or the store lost our
+ * writes. */
 static void req_log_lease_lost(idem_req_t *req, const char *what)
 {
     int64_t now = idem_clock_now(NULL);
